@@ -1,0 +1,182 @@
+package consumer
+
+import (
+	"strconv"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Header names that inboxmq reads and writes on AMQP messages.
+const (
+	// HeaderAttempt carries the 1-based attempt number across broker-side
+	// retries. A message without it is attempt 1.
+	HeaderAttempt = "x-attempt"
+	// HeaderError carries the reason a message was dead-lettered or retried:
+	// "<reason>: <error text>".
+	HeaderError = "x-error"
+	// HeaderFirstFailedAt and HeaderLastFailedAt carry RFC 3339 times.
+	HeaderFirstFailedAt = "x-first-failed-at"
+	HeaderLastFailedAt  = "x-last-failed-at"
+	// HeaderOriginalQueue names the work queue a retried or dead-lettered
+	// message came from.
+	HeaderOriginalQueue = "x-original-queue"
+	// HeaderIdempotencyKey carries the idempotency key on dead letters and
+	// outbox messages, so operators can select by key.
+	HeaderIdempotencyKey = "x-idempotency-key"
+	// HeaderReplayCount counts how often a message was replayed from the DLQ.
+	HeaderReplayCount = "x-replay-count"
+	// HeaderDeliveryCount is set by quorum queues: how often the broker has
+	// delivered (and got back) the message.
+	HeaderDeliveryCount = "x-delivery-count"
+)
+
+// Status transitions of a delivery. Each one is reported to the observers
+// (and so becomes one structured log line).
+const (
+	StatusReceived     = "received"
+	StatusLocked       = "locked"
+	StatusProcessing   = "processing"
+	StatusCompleted    = "completed"
+	StatusDuplicate    = "duplicate"
+	StatusRetry        = "retry"
+	StatusFailed       = "failed"
+	StatusDeadLettered = "dead_lettered"
+	StatusRequeued     = "requeued"
+)
+
+// Delivery is one AMQP delivery on its way through the middleware chain. It
+// is untyped: middleware sees bytes and headers, never the decoded payload's
+// type. The consumer owns it; middleware may read every field and set the
+// annotation fields (Key, Lock*, Fence) but must not ack or nack Raw.
+type Delivery struct {
+	// Queue is the queue the delivery came from.
+	Queue string
+	// Consumer is the inbox namespace of the handler (HandlerOpts.Consumer,
+	// which defaults to the queue name).
+	Consumer string
+	// WorkerID identifies this worker process (Config.Name).
+	WorkerID string
+	// MessageID is the broker message id (may be empty; never used as the
+	// idempotency key).
+	MessageID string
+	// Body is the raw payload.
+	Body []byte
+	// Headers are the AMQP headers (read-only by convention).
+	Headers amqp.Table
+	// Attempt is the 1-based attempt number (HeaderAttempt, else 1).
+	Attempt int
+	// Redelivered is the broker's redelivered flag: a previous delivery of
+	// this message was not acked (crash, connection loss, requeue).
+	Redelivered bool
+	// DeliveryCount is the quorum queue's x-delivery-count (0 on classic
+	// queues and on first delivery).
+	DeliveryCount int
+	// ReceivedAt is when the consumer received the delivery.
+	ReceivedAt time.Time
+
+	// Key is the idempotency key from the payload's business identity. It is
+	// set after decoding, so it is empty in router-wide middleware until the
+	// inner chain runs.
+	Key string
+	// Value is the decoded payload (a *T), set after decoding.
+	Value any
+
+	// LockKey, LockResult and Fence are annotations set by the lock and
+	// inbox layers for logs and traces.
+	LockKey    string
+	LockResult string
+	Fence      int64
+
+	// Raw is the underlying delivery. Never ack, nack or reject it: only the
+	// consumer settles deliveries.
+	Raw *amqp.Delivery
+
+	mu        sync.Mutex
+	observers []Observer
+}
+
+// NewDelivery builds a Delivery from a raw AMQP delivery, reading the
+// attempt and delivery-count headers. The consumer uses it; tests and tools
+// may too.
+func NewDelivery(queue, consumerName, workerID string, raw *amqp.Delivery, observers ...Observer) *Delivery {
+	d := &Delivery{
+		Queue:       queue,
+		Consumer:    consumerName,
+		WorkerID:    workerID,
+		MessageID:   raw.MessageId,
+		Body:        raw.Body,
+		Headers:     raw.Headers,
+		Attempt:     max(HeaderInt(raw.Headers, HeaderAttempt), 1),
+		Redelivered: raw.Redelivered,
+		ReceivedAt:  time.Now(),
+		Raw:         raw,
+		observers:   observers,
+	}
+	d.DeliveryCount = HeaderInt(raw.Headers, HeaderDeliveryCount)
+	return d
+}
+
+// Transition reports a status transition (one of the Status constants) to
+// the consumer's observers. Layers call it as the delivery moves on: the
+// lock middleware reports StatusLocked, the inbox StatusProcessing.
+func (d *Delivery) Transition(status string, err error) {
+	d.mu.Lock()
+	obs := d.observers
+	d.mu.Unlock()
+	for _, o := range obs {
+		o.OnTransition(d, status, err)
+	}
+}
+
+// HeaderInt reads an integer header of any AMQP integer type (or a decimal
+// string); a missing or malformed header reads as 0.
+func HeaderInt(h amqp.Table, name string) int {
+	switch v := h[name].(type) {
+	case int:
+		return v
+	case int8:
+		return int(v)
+	case int16:
+		return int(v)
+	case int32:
+		return int(v)
+	case int64:
+		return int(v)
+	case uint8:
+		return int(v)
+	case uint16:
+		return int(v)
+	case uint32:
+		return int(v)
+	case string:
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return 0
+		}
+		return n
+	default:
+		return 0
+	}
+}
+
+// Message is a decoded delivery handed to a typed [Handler].
+type Message[T any] struct {
+	// ID is the broker message id (informational only).
+	ID string
+	// Key is the idempotency key (from the payload's IdempotencyKey method).
+	Key string
+	// Consumer is the inbox namespace of the handler.
+	Consumer string
+	// Body is the decoded payload.
+	Body T
+	// Headers are the AMQP headers.
+	Headers amqp.Table
+	// Attempt is the 1-based attempt number.
+	Attempt int
+	// Redelivered is the broker's redelivered flag.
+	Redelivered bool
+	// Delivery is the untyped delivery this message was decoded from.
+	Delivery *Delivery
+}

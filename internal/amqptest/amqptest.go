@@ -1,0 +1,163 @@
+// Package amqptest gives each test its own RabbitMQ queue names, a
+// connection, publishing with confirms and clean-up of everything the test
+// declared. It is for tests only; production code never imports it.
+package amqptest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/internal/testenv"
+)
+
+var unsafeChars = regexp.MustCompile(`[^A-Za-z0-9]+`)
+
+// QueueName returns a queue name unique to this test and run. Every queue
+// derived from it (DLQ, retry tiers) is deleted when the test ends.
+func QueueName(t testing.TB) string {
+	t.Helper()
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	name := strings.Trim(unsafeChars.ReplaceAllString(t.Name(), "-"), "-")
+	if len(name) > 80 {
+		name = name[:80]
+	}
+	q := fmt.Sprintf("t.%s.%s", name, hex.EncodeToString(b[:]))
+	conn := Dial(t)
+	t.Cleanup(func() { DeleteQueues(t, conn, q) })
+	return q
+}
+
+// Dial opens a connection to the test broker, closed when the test ends.
+func Dial(t testing.TB) *amqp.Connection {
+	t.Helper()
+	conn, err := amqp.DialConfig(testenv.AMQPURL(), amqp.Config{
+		Properties: amqp.Table{"connection_name": "inboxmq-test " + t.Name()},
+		Heartbeat:  10 * time.Second,
+	})
+	if err != nil {
+		testenv.Unavailable(t, "RabbitMQ", err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn
+}
+
+// DeleteQueues deletes queue, its DLQ and its default retry tiers (errors
+// ignored: some may never have been declared).
+func DeleteQueues(t testing.TB, conn *amqp.Connection, queue string) {
+	t.Helper()
+	names := []string{queue, queue + ".dlq"}
+	for _, tier := range consumer.DefaultRetryTiers {
+		names = append(names, consumer.RetryQueueName(queue, tier))
+	}
+	for _, tier := range extraTiers {
+		names = append(names, consumer.RetryQueueName(queue, tier))
+	}
+	for _, n := range names {
+		ch, err := conn.Channel()
+		if err != nil {
+			return
+		}
+		_, _ = ch.QueueDelete(n, false, false, false)
+		_ = ch.Close()
+	}
+}
+
+// extraTiers are short tiers tests commonly use.
+var extraTiers = []time.Duration{10 * time.Millisecond, 50 * time.Millisecond, 100 * time.Millisecond, 200 * time.Millisecond, 250 * time.Millisecond, 500 * time.Millisecond, 2 * time.Second, 3 * time.Second}
+
+// Publisher publishes persistent messages with publisher confirms.
+type Publisher struct {
+	t  testing.TB
+	ch *amqp.Channel
+}
+
+// NewPublisher opens a confirm-mode channel on conn.
+func NewPublisher(t testing.TB, conn *amqp.Connection) *Publisher {
+	t.Helper()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatalf("amqptest: channel: %v", err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		t.Fatalf("amqptest: confirm mode: %v", err)
+	}
+	t.Cleanup(func() { _ = ch.Close() })
+	return &Publisher{t: t, ch: ch}
+}
+
+// Publish sends body to queue through the default exchange and waits for
+// the broker's confirm.
+func (p *Publisher) Publish(queue string, body []byte, msg amqp.Publishing) {
+	p.t.Helper()
+	msg.Body = body
+	if msg.DeliveryMode == 0 {
+		msg.DeliveryMode = amqp.Persistent
+	}
+	if msg.ContentType == "" {
+		msg.ContentType = "application/json"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), testenv.Timeout())
+	defer cancel()
+	dc, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, true, false, msg)
+	if err != nil {
+		p.t.Fatalf("amqptest: publish: %v", err)
+	}
+	ok, err := dc.WaitContext(ctx)
+	if err != nil || !ok {
+		p.t.Fatalf("amqptest: publish not confirmed (ok=%v): %v", ok, err)
+	}
+}
+
+// Get fetches one message from queue without waiting (ok=false if empty) and
+// acks it.
+func Get(t testing.TB, conn *amqp.Connection, queue string) (amqp.Delivery, bool) {
+	t.Helper()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatalf("amqptest: channel: %v", err)
+	}
+	defer ch.Close()
+	d, ok, err := ch.Get(queue, true)
+	if err != nil {
+		t.Fatalf("amqptest: get %s: %v", queue, err)
+	}
+	return d, ok
+}
+
+// Drain fetches every message currently in queue (acking them).
+func Drain(t testing.TB, conn *amqp.Connection, queue string) []amqp.Delivery {
+	t.Helper()
+	var out []amqp.Delivery
+	for {
+		d, ok := Get(t, conn, queue)
+		if !ok {
+			return out
+		}
+		out = append(out, d)
+	}
+}
+
+// Depth returns the number of ready messages in queue (passive declare).
+func Depth(t testing.TB, conn *amqp.Connection, queue string) int {
+	t.Helper()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatalf("amqptest: channel: %v", err)
+	}
+	defer ch.Close()
+	q, err := ch.QueueDeclarePassive(queue, false, false, false, false, nil)
+	if err != nil {
+		t.Fatalf("amqptest: inspect %s: %v", queue, err)
+	}
+	return q.Messages
+}
