@@ -44,6 +44,11 @@ const (
 	StatusFailed       = "failed"
 	StatusDeadLettered = "dead_lettered"
 	StatusRequeued     = "requeued"
+	// StatusLockFailed: the Redis lock is held by another worker (the
+	// delivery is retried later). StatusLockExpired: the lock or lease was
+	// lost before completion (the handler's context is cancelled).
+	StatusLockFailed  = "lock_failed"
+	StatusLockExpired = "lock_expired"
 )
 
 // Delivery is one AMQP delivery on its way through the middleware chain. It
