@@ -1,0 +1,84 @@
+# inboxmq — `make help` lists the targets.
+#
+# `make test` and `make demo` do all set-up themselves on a fresh machine:
+# they start RabbitMQ, PostgreSQL and Redis (docker compose when a Docker
+# engine answers, the local servers otherwise) and install missing tools.
+
+SHELL := bash
+.DEFAULT_GOAL := help
+
+GO        ?= go
+PKGS      ?= ./...
+TIMEOUT   ?= 20m
+BIN_DIR   ?= bin
+WORKER    := $(BIN_DIR)/payment-worker
+
+.PHONY: help
+help: ## Show this help
+	@awk 'BEGIN {FS = ":.*##"} /^[a-zA-Z0-9_\/-]+:.*##/ {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: up
+up: ## Start RabbitMQ, PostgreSQL and Redis (docker compose, or the local servers)
+	@scripts/services.sh
+
+.PHONY: down
+down: ## Stop the docker compose stack (local servers are left running)
+	@if command -v docker >/dev/null && docker info >/dev/null 2>&1; then docker compose down; else echo "no Docker engine: local servers are left running"; fi
+
+.PHONY: tools
+tools: ## Install missing test tools (promtool) when running as root
+	@scripts/tools.sh
+
+.PHONY: test
+test: up tools ## Run every test with -race, then the alert-rule tests (the CI command)
+	$(GO) test -race -count=1 -timeout $(TIMEOUT) $(PKGS)
+	@if [ -x scripts/test-alerts.sh ] || [ -f scripts/test-alerts.sh ]; then bash scripts/test-alerts.sh; else echo "scripts/test-alerts.sh not present: no alert-rule tests"; fi
+
+.PHONY: test/race
+test/race: up ## Run the Go tests with the race detector
+	$(GO) test -race -count=1 -timeout $(TIMEOUT) $(PKGS)
+
+.PHONY: test/short
+test/short: up ## Run the Go tests with -short (skips slow reconnect and stress tests)
+	$(GO) test -short -count=1 -timeout $(TIMEOUT) $(PKGS)
+
+.PHONY: bench
+bench: up ## Run the benchmarks (no tests)
+	$(GO) test -run '^$$' -bench . -benchmem -count=1 -timeout $(TIMEOUT) $(PKGS)
+
+.PHONY: build
+build: ## Build the payment-worker example into bin/
+	$(GO) build -o $(WORKER) ./examples/payment-worker
+
+.PHONY: demo
+demo: ## One command: services, build, migrate, run a worker, publish a burst with duplicates, check the effects
+	@scripts/demo.sh
+
+.PHONY: lint
+lint: ## Run gofmt, go vet and golangci-lint (when installed)
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting"; exit 1; }
+	$(GO) vet $(PKGS)
+	@if command -v golangci-lint >/dev/null; then golangci-lint run; else echo "golangci-lint not installed: skipped"; fi
+
+.PHONY: tidy
+tidy: ## go mod tidy (do not run while others edit go.mod)
+	$(GO) mod tidy
+
+.PHONY: db/reset
+db/reset: up ## Drop and recreate the test database (inboxmq_test)
+	$(GO) run ./scripts/dbreset
+
+.PHONY: verify
+verify: lint ## Check formatting, vet and that go.mod/go.sum are tidy
+	$(GO) mod verify
+	@cp go.mod /tmp/inboxmq.go.mod.bak && cp go.sum /tmp/inboxmq.go.sum.bak; \
+	  $(GO) mod tidy; \
+	  if ! git diff --quiet -- go.mod go.sum; then git diff -- go.mod go.sum; cp /tmp/inboxmq.go.mod.bak go.mod; cp /tmp/inboxmq.go.sum.bak go.sum; echo "go.mod/go.sum are not tidy"; exit 1; fi
+
+.PHONY: chaos
+chaos: up ## Fault-injection scenarios (broker restart, Redis flush, worker kill)
+	@if [ -f scripts/chaos.sh ]; then bash scripts/chaos.sh; else echo "chaos scenarios are not written yet"; fi
+
+.PHONY: clean
+clean: ## Remove build output
+	rm -rf $(BIN_DIR)
