@@ -1,0 +1,416 @@
+// Command inboxbench measures inboxmq against the ceilings of its own stack,
+// in one run, on the local RabbitMQ, PostgreSQL and Redis:
+//
+//	(a) raw amqp091 drain, ack only            — the broker's ceiling
+//	(b) hand-written loop, one tx per delivery — the per-message ceiling
+//	(c) hand-written loop, batched tx          — the batched ceiling
+//	(d) inboxmq, per-message transactional mode
+//	(e) inboxmq, group commit
+//	(f) inboxmq, Redis lock + claim mode
+//
+// For each case it drains the same number of pre-published persistent
+// messages (median of -runs), then measures publish-to-commit latency at a
+// steady 50 % of that throughput, and prints msgs/s, allocations and CPU per
+// delivery, RSS and the ratios (d)/(b), (e)/(c), (e)/(b), (f)/(d).
+//
+//	go run ./cmd/inboxbench -n 20000 -runs 3
+package main
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"os"
+	"os/signal"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/inboxmq/inboxmq/migrations"
+)
+
+// runner starts a consumer on queue; done is called once per delivery after
+// its effect is committed and it is acked, with the message's publish time.
+// The returned stop function stops it.
+type runner func(ctx context.Context, queue string, done func(publishedAt time.Time)) (stop func() error, err error)
+
+type benchCase struct {
+	id, name string
+	run      runner
+}
+
+type env struct {
+	pool    *pgxpool.Pool
+	conn    *amqp.Connection
+	redis   redis.UniversalClient
+	amqpURL string
+	dbURL   string
+	schema  string
+	workers int
+	batch   int
+}
+
+type result struct {
+	c          benchCase
+	rates      []float64
+	allocs     float64 // per delivery
+	cpuUS      float64 // CPU µs per delivery
+	rss        float64 // MiB at the end of the drain
+	p50, p99   time.Duration
+	latencyErr string
+}
+
+func main() {
+	var (
+		n        = flag.Int("n", 20000, "messages per drain")
+		runs     = flag.Int("runs", 3, "drains per case (the median is reported)")
+		cases    = flag.String("cases", "a,b,c,d,e,f", "cases to run")
+		workers  = flag.Int("workers", 8, "handlers for the per-message cases")
+		batch    = flag.Int("batch", 64, "deliveries per transaction in the batched cases")
+		latDur   = flag.Duration("latency", 4*time.Second, "duration of the steady-load latency run (0 skips it)")
+		amqpURL  = flag.String("amqp", cmp.Or(os.Getenv("AMQP_URL"), "amqp://guest:guest@127.0.0.1:5672/"), "broker")
+		dbURL    = flag.String("db", cmp.Or(os.Getenv("DATABASE_URL"), "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"), "database")
+		redisURL = flag.String("redis", cmp.Or(os.Getenv("REDIS_URL"), "redis://127.0.0.1:6379/0"), "redis")
+		out      = flag.String("out", "", "also write the markdown report to this file")
+	)
+	flag.Parse()
+	log.SetFlags(0)
+	log.SetPrefix("inboxbench: ")
+
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer cancel()
+	e, err := setup(ctx, *amqpURL, *dbURL, *redisURL)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer e.close()
+	e.workers, e.batch = *workers, *batch
+
+	all := append([]benchCase{
+		{"a", "raw amqp091 drain, ack only (broker ceiling)", rawDrain(e)},
+		{"b", fmt.Sprintf("hand-written loop, 1 tx per delivery, %d handlers", *workers), perMessageLoop(e, *workers)},
+		{"c", fmt.Sprintf("hand-written loop, %d per tx, 4 batches in flight", *batch), batchedLoop(e, *batch, 4, 2*time.Millisecond)},
+	}, frameworkCases(e)...)
+	want := strings.Split(*cases, ",")
+	var results []*result
+	for _, c := range all {
+		if !slices.Contains(want, c.id) {
+			continue
+		}
+		r := &result{c: c}
+		for i := range *runs {
+			rate, allocs, cpu, err := drain(ctx, e, c, *n)
+			if err != nil {
+				log.Fatalf("case %s run %d: %v", c.id, i+1, err)
+			}
+			r.rates = append(r.rates, rate)
+			if i == 0 || allocs < r.allocs {
+				r.allocs, r.cpuUS = allocs, cpu
+			}
+			r.rss = max(r.rss, rssMiB())
+			log.Printf("(%s) run %d: %.0f msg/s, %.1f allocs/delivery, %.0f µs CPU/delivery", c.id, i+1, rate, allocs, cpu)
+		}
+		if *latDur > 0 {
+			r.p50, r.p99, err = latency(ctx, e, c, median(r.rates)/2, *latDur)
+			if err != nil {
+				r.latencyErr = err.Error()
+			}
+			log.Printf("(%s) latency at 50%% load: p50 %s p99 %s", c.id, r.p50, r.p99)
+		}
+		results = append(results, r)
+	}
+	report(os.Stdout, results, *n, *runs)
+	if *out != "" {
+		f, err := os.Create(*out)
+		if err != nil {
+			log.Fatal(err)
+		}
+		report(f, results, *n, *runs)
+		_ = f.Close()
+	}
+}
+
+func setup(ctx context.Context, amqpURL, dbURL, redisURL string) (*env, error) {
+	const schema = "inboxbench"
+	admin, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		return nil, fmt.Errorf("database: %w", err)
+	}
+	_, err = admin.Exec(ctx, "DROP SCHEMA IF EXISTS "+schema+" CASCADE; CREATE SCHEMA "+schema)
+	_ = admin.Close(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := pgxpool.ParseConfig(dbURL)
+	if err != nil {
+		return nil, err
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	cfg.MaxConns = 16
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := migrations.Up(ctx, pool); err != nil {
+		return nil, err
+	}
+	if _, err := pool.Exec(ctx, `
+CREATE TABLE bench_payments (order_id text PRIMARY KEY, amount_cents bigint NOT NULL, currency text NOT NULL, created_at timestamptz NOT NULL DEFAULT now());
+CREATE TABLE bench_ledger (id bigserial PRIMARY KEY, order_id text NOT NULL, amount_cents bigint NOT NULL, created_at timestamptz NOT NULL DEFAULT now());`); err != nil {
+		return nil, err
+	}
+	conn, err := amqp.DialConfig(amqpURL, amqp.Config{Properties: amqp.Table{"connection_name": "inboxbench"}})
+	if err != nil {
+		return nil, fmt.Errorf("broker: %w", err)
+	}
+	opt, err := redis.ParseURL(redisURL)
+	if err != nil {
+		return nil, err
+	}
+	return &env{pool: pool, conn: conn, redis: redis.NewClient(opt), amqpURL: amqpURL, dbURL: pgURLWithSchema(dbURL, schema), schema: schema}, nil
+}
+
+func pgURLWithSchema(u, schema string) string {
+	if strings.Contains(u, "?") {
+		return u + "&search_path=" + schema
+	}
+	return u + "?search_path=" + schema
+}
+
+func (e *env) close() {
+	_ = e.conn.Close()
+	_ = e.redis.Close()
+	e.pool.Close()
+}
+
+// reset empties the tables between drains so every case starts alike.
+func (e *env) reset(ctx context.Context) error {
+	_, err := e.pool.Exec(ctx, "TRUNCATE inboxmq_inbox, bench_payments, bench_ledger")
+	return err
+}
+
+var queueSeq atomic.Int64
+
+func (e *env) freshQueue() (string, error) {
+	q := fmt.Sprintf("inboxbench.%d.%d", os.Getpid(), queueSeq.Add(1))
+	ch, err := e.conn.Channel()
+	if err != nil {
+		return "", err
+	}
+	defer ch.Close()
+	_, err = ch.QueueDeclare(q, true, false, false, false, amqp.Table{"x-queue-type": "classic"})
+	return q, err
+}
+
+func (e *env) deleteQueue(q string) {
+	ch, err := e.conn.Channel()
+	if err != nil {
+		return
+	}
+	defer ch.Close()
+	for _, n := range []string{q, q + ".dlq"} {
+		_, _ = ch.QueueDelete(n, false, false, false)
+	}
+	for _, t := range []time.Duration{time.Second, 5 * time.Second, 30 * time.Second, 2 * time.Minute, 10 * time.Minute} {
+		_, _ = ch.QueueDelete(q+".retry."+t.String(), false, false, false)
+	}
+}
+
+var orderSeq atomic.Int64
+
+func body(i int64) []byte {
+	b, _ := json.Marshal(payment{OrderID: fmt.Sprintf("o-%d-%d", os.Getpid(), i), AmountCents: 100 + i%1000, Currency: "EUR"})
+	return b
+}
+
+// publish sends n persistent messages with publisher confirms, pipelined.
+func (e *env) publish(ctx context.Context, q string, n int) error {
+	ch, err := e.conn.Channel()
+	if err != nil {
+		return err
+	}
+	defer ch.Close()
+	if err := ch.Confirm(false); err != nil {
+		return err
+	}
+	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, n+1))
+	for range n {
+		i := orderSeq.Add(1)
+		err := ch.PublishWithContext(ctx, "", q, false, false, amqp.Publishing{
+			DeliveryMode: amqp.Persistent, ContentType: "application/json",
+			MessageId: fmt.Sprintf("m-%d", i), Body: body(i),
+			Headers: amqp.Table{"x-bench-ts": time.Now().UnixNano()},
+		})
+		if err != nil {
+			return err
+		}
+	}
+	for range n {
+		select {
+		case c := <-confirms:
+			if !c.Ack {
+				return fmt.Errorf("publish %d nacked", c.DeliveryTag)
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// drain pre-publishes n messages, then times the case draining them.
+func drain(ctx context.Context, e *env, c benchCase, n int) (rate, allocsPer, cpuPerUS float64, err error) {
+	if err := e.reset(ctx); err != nil {
+		return 0, 0, 0, err
+	}
+	q, err := e.freshQueue()
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	defer e.deleteQueue(q)
+	if err := e.publish(ctx, q, n); err != nil {
+		return 0, 0, 0, err
+	}
+	runtime.GC()
+	var count atomic.Int64
+	finished := make(chan struct{})
+	var once sync.Once
+	before := snapshot()
+	stop, err := c.run(ctx, q, func(time.Time) {
+		if count.Add(1) == int64(n) {
+			once.Do(func() { close(finished) })
+		}
+	})
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	select {
+	case <-finished:
+	case <-time.After(5 * time.Minute):
+		_ = stop()
+		return 0, 0, 0, fmt.Errorf("%w after %d of %d", errTimeout, count.Load(), n)
+	case <-ctx.Done():
+		_ = stop()
+		return 0, 0, 0, ctx.Err()
+	}
+	after := snapshot()
+	if err := stop(); err != nil {
+		log.Printf("(%s) stop: %v", c.id, err)
+	}
+	if c.id != "a" {
+		var rows int
+		if err := e.pool.QueryRow(ctx, "SELECT count(*) FROM bench_ledger").Scan(&rows); err != nil {
+			return 0, 0, 0, err
+		}
+		if rows != n {
+			return 0, 0, 0, fmt.Errorf("case %s wrote %d ledger rows for %d messages", c.id, rows, n)
+		}
+	}
+	el := after.at.Sub(before.at)
+	return float64(n) / el.Seconds(), float64(after.mallocs-before.mallocs) / float64(n), float64((after.cpu - before.cpu).Microseconds()) / float64(n), nil
+}
+
+// latency publishes at a steady rate for dur and records publish-to-commit
+// latency of every message.
+func latency(ctx context.Context, e *env, c benchCase, rate float64, dur time.Duration) (p50, p99 time.Duration, err error) {
+	if err := e.reset(ctx); err != nil {
+		return 0, 0, err
+	}
+	q, err := e.freshQueue()
+	if err != nil {
+		return 0, 0, err
+	}
+	defer e.deleteQueue(q)
+	var mu sync.Mutex
+	var lat []time.Duration
+	var got atomic.Int64
+	stop, err := c.run(ctx, q, func(at time.Time) {
+		d := time.Since(at)
+		mu.Lock()
+		lat = append(lat, d)
+		mu.Unlock()
+		got.Add(1)
+	})
+	if err != nil {
+		return 0, 0, err
+	}
+	defer func() { _ = stop() }()
+	ch, err := e.conn.Channel()
+	if err != nil {
+		return 0, 0, err
+	}
+	defer ch.Close()
+	total := int(rate * dur.Seconds())
+	interval := time.Duration(float64(time.Second) / max(rate, 1))
+	tick := time.NewTicker(max(interval, 50*time.Microsecond))
+	defer tick.Stop()
+	start := time.Now()
+	for i := 0; i < total; i++ {
+		// catch up when the ticker is coarser than the interval
+		due := start.Add(time.Duration(i) * interval)
+		if d := time.Until(due); d > 0 {
+			<-tick.C
+		}
+		j := orderSeq.Add(1)
+		if err := ch.PublishWithContext(ctx, "", q, false, false, amqp.Publishing{
+			DeliveryMode: amqp.Persistent, ContentType: "application/json",
+			MessageId: fmt.Sprintf("m-%d", j), Body: body(j),
+			Headers: amqp.Table{"x-bench-ts": time.Now().UnixNano()},
+		}); err != nil {
+			return 0, 0, err
+		}
+	}
+	deadline := time.Now().Add(time.Minute)
+	for got.Load() < int64(total) && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(lat) < total {
+		return percentile(lat, 0.5), percentile(lat, 0.99), fmt.Errorf("only %d of %d messages completed", len(lat), total)
+	}
+	return percentile(lat, 0.5), percentile(lat, 0.99), nil
+}
+
+func report(w io.Writer, rs []*result, n, runs int) {
+	byID := map[string]float64{}
+	fmt.Fprintf(w, "\n%d persistent messages per drain, median of %d; GOMAXPROCS=%d; Go %s\n\n", n, runs, runtime.GOMAXPROCS(0), runtime.Version())
+	fmt.Fprintln(w, "| case | msg/s (median) | runs | allocs/delivery | CPU µs/delivery | RSS MiB | p50 | p99 |")
+	fmt.Fprintln(w, "|---|---:|---|---:|---:|---:|---:|---:|")
+	for _, r := range rs {
+		m := median(r.rates)
+		byID[r.c.id] = m
+		var runsS []string
+		for _, x := range r.rates {
+			runsS = append(runsS, fmtRate(x))
+		}
+		lat := fmt.Sprintf("%s | %s", r.p50.Round(10*time.Microsecond), r.p99.Round(10*time.Microsecond))
+		if r.latencyErr != "" {
+			lat += " (" + r.latencyErr + ")"
+		}
+		fmt.Fprintf(w, "| (%s) %s | %.0f | %s | %.1f | %.0f | %.0f | %s |\n", r.c.id, r.c.name, m, strings.Join(runsS, " / "), r.allocs, r.cpuUS, r.rss, lat)
+	}
+	fmt.Fprintln(w)
+	ratio := func(a, b, target string) {
+		if byID[a] > 0 && byID[b] > 0 {
+			fmt.Fprintf(w, "- (%s)/(%s) = %.2f (target %s)\n", a, b, byID[a]/byID[b], target)
+		}
+	}
+	ratio("d", "b", "≥ 1.0")
+	ratio("e", "c", "≥ 0.80")
+	ratio("e", "b", "≥ 5")
+	ratio("f", "d", "≥ 0.75")
+	fmt.Fprintf(w, "- peak RSS of the benchmark process: %.0f MiB\n", peakRSSMiB())
+}
