@@ -1,0 +1,448 @@
+package metrics
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/retry"
+)
+
+// Reasons that the lock, inbox and consumer layers put on retries and dead
+// letters in addition to the retry.Reason* constants. They are bounded, so
+// they are safe as label values; [Metrics.Init] pre-initialises them.
+const (
+	ReasonLockUnavailable = "lock_unavailable" // another worker holds the Redis lock
+	ReasonLockExpired     = "lock_expired"     // the lock or lease was lost before completion
+	ReasonDBSerialization = "db_serialization" // PostgreSQL serialization failure (40001)
+	ReasonDBDeadlock      = "db_deadlock"      // PostgreSQL deadlock detected (40P01)
+	ReasonDBConnection    = "db_connection"    // the database connection failed
+	ReasonClaimHeld       = "claim_held"       // another worker holds a live claim
+	ReasonCrashLoop       = "crash_loop"       // the delivery count passed the crash-loop bound
+)
+
+// Conflict kinds: the bounded values of idempotency_conflict_total{kind}.
+const (
+	// ConflictKeyConflict: the same idempotency key arrived with a different
+	// payload (retry.ErrKeyConflict); the delivery is dead-lettered.
+	ConflictKeyConflict = "key_conflict"
+	// ConflictBusinessConstraint: a unique violation on a business table
+	// caught a duplicate the inbox did not (retry.SourceBusiness).
+	ConflictBusinessConstraint = "business_constraint"
+)
+
+// Outcomes: the bounded values of job_processing_duration_seconds{outcome}.
+// They mirror the final status of a delivery.
+const (
+	OutcomeCompleted    = "completed"     // the effect committed; acked
+	OutcomeDuplicate    = "duplicate"     // already done; acked
+	OutcomeRetry        = "retry"         // republished to a delay tier
+	OutcomeDeadLettered = "dead_lettered" // republished to the DLQ
+	OutcomeRequeued     = "requeued"      // nacked with requeue (shutdown)
+	OutcomeAbandoned    = "abandoned"     // could not be settled; the broker redelivers
+)
+
+var (
+	knownReasons = []string{
+		retry.ReasonError, retry.ReasonPermanent, retry.ReasonRequested, retry.ReasonTimeout,
+		retry.ReasonDecode, retry.ReasonInvalid, retry.ReasonKeyConflict, retry.ReasonPanic,
+		retry.ReasonExhausted,
+		ReasonLockUnavailable, ReasonLockExpired, ReasonDBSerialization, ReasonDBDeadlock,
+		ReasonDBConnection, ReasonClaimHeld, ReasonCrashLoop,
+	}
+	knownSources = []string{
+		retry.SourceCache, retry.SourceInbox, retry.SourceBusiness, retry.SourceFenced, retry.SourceClaimHeld,
+	}
+	knownKinds    = []string{ConflictKeyConflict, ConflictBusinessConstraint}
+	knownOutcomes = []string{
+		OutcomeCompleted, OutcomeDuplicate, OutcomeRetry, OutcomeDeadLettered, OutcomeRequeued, OutcomeAbandoned,
+	}
+	knownActions = []consumer.Action{
+		consumer.ActionAcked, consumer.ActionRetried, consumer.ActionDeadLettered,
+		consumer.ActionRequeued, consumer.ActionAbandoned,
+	}
+)
+
+// DefaultBuckets are the processing-time histogram buckets in seconds, from
+// a fast cached duplicate (1ms) to a slow outside call (60s).
+var DefaultBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
+
+// Config configures [New]. A nil *Config means all defaults.
+type Config struct {
+	// Namespace prefixes every series name ("<namespace>_<name>").
+	// Defaults to "inboxmq".
+	Namespace string
+	// ConstLabels are added to every series (say, {"service": "payments"}).
+	// Defaults to none.
+	ConstLabels prometheus.Labels
+	// Buckets are the job_processing_duration_seconds buckets in seconds.
+	// Defaults to [DefaultBuckets].
+	Buckets []float64
+	// ExtraReasons are further retry and dead-letter reasons (from your own
+	// retry.WithReason calls) that [Metrics.Init] pre-initialises. Defaults to
+	// none; the built-in reasons are always included.
+	ExtraReasons []string
+	// Inbox, when set, adds the inbox gauges (inbox_rows,
+	// oldest_processing_claim_age_seconds, inbox_expired_claims), read from
+	// the inbox table on scrape. Defaults to nil: no inbox gauges.
+	Inbox *InboxConfig
+}
+
+func (c *Config) withDefaults() Config {
+	var out Config
+	if c != nil {
+		out = *c
+	}
+	if out.Namespace == "" {
+		out.Namespace = "inboxmq"
+	}
+	if len(out.Buckets) == 0 {
+		out.Buckets = DefaultBuckets
+	}
+	return out
+}
+
+func (c Config) validate() error {
+	if !slices.IsSorted(c.Buckets) {
+		return errors.New("metrics: Buckets must be sorted in increasing order")
+	}
+	if c.Inbox != nil && c.Inbox.DB == nil {
+		return errors.New("metrics: Inbox.DB is required when Inbox is set")
+	}
+	return nil
+}
+
+// Metrics holds inboxmq's Prometheus series. It implements
+// [consumer.Observer], so the consumer reports every delivery to it, and has
+// methods the lock, cache and reconciler call ([Metrics.SetRedisDegraded],
+// [Metrics.StaleRecords]). It is safe for concurrent use. The zero value is
+// not usable: build one with [New].
+type Metrics struct {
+	consumer.NopObserver
+
+	extraReasons []string
+
+	received     *prometheus.CounterVec
+	redelivered  *prometheus.CounterVec
+	settled      *prometheus.CounterVec
+	inFlight     *prometheus.GaugeVec
+	duplicates   *prometheus.CounterVec
+	lockOK       *prometheus.CounterVec
+	lockFailed   *prometheus.CounterVec
+	lockExpired  *prometheus.CounterVec
+	retries      *prometheus.CounterVec
+	inProcess    *prometheus.CounterVec
+	duration     *prometheus.HistogramVec
+	conflicts    *prometheus.CounterVec
+	deadLettered *prometheus.CounterVec
+	stale        *prometheus.CounterVec
+	settleErrors *prometheus.CounterVec
+
+	redisDegraded   prometheus.Gauge
+	degraded        atomic.Bool
+	reconnects      prometheus.Counter
+	connected       prometheus.Gauge
+	everConnected   atomic.Bool
+	inbox           *inboxCollector
+	perRoute        sync.Map // routeKey -> *routeSeries
+	registeredOrder []prometheus.Collector
+}
+
+type routeKey struct{ queue, consumer string }
+
+// routeSeries caches the children whose only labels are queue and consumer,
+// so the hot path does no label hashing for them.
+type routeSeries struct {
+	received, redelivered, lockOK, lockFailed, lockExpired prometheus.Counter
+	inFlight                                               prometheus.Gauge
+}
+
+// New builds the series and registers them with reg. A nil reg means
+// prometheus.DefaultRegisterer. It fails if a series is already registered
+// (two Metrics with the same namespace on one registry) or the config is
+// invalid.
+func New(reg prometheus.Registerer, cfg *Config) (*Metrics, error) {
+	c := cfg.withDefaults()
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	if reg == nil {
+		reg = prometheus.DefaultRegisterer
+	}
+	ns := c.Namespace
+	qc := []string{"queue", "consumer"}
+	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: name, Help: help, ConstLabels: c.ConstLabels,
+		}, labels)
+	}
+	m := &Metrics{
+		extraReasons: slices.Clone(c.ExtraReasons),
+		received:     counter("deliveries_received_total", "Deliveries received from the broker.", qc...),
+		redelivered: counter("redelivered_total",
+			"Deliveries the broker flagged as redelivered (an earlier delivery was not acked).", qc...),
+		settled: counter("deliveries_settled_total",
+			"Deliveries settled, by what the consumer did (acked, retried, dead_lettered, requeued, abandoned).",
+			"queue", "consumer", "action"),
+		inFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Name: "in_flight", Help: "Deliveries received and not yet settled.",
+			ConstLabels: c.ConstLabels,
+		}, qc),
+		duplicates: counter("duplicate_detected_total",
+			"Duplicate deliveries acked without a second effect, by where they were caught.",
+			"queue", "consumer", "source"),
+		lockOK:     counter("lock_acquire_success_total", "Redis locks acquired.", qc...),
+		lockFailed: counter("lock_acquire_failed_total", "Redis lock acquisitions that failed (held elsewhere).", qc...),
+		lockExpired: counter("lock_expired_before_completion_total",
+			"Locks or leases lost before the handler completed (processing outlived the TTL).", qc...),
+		retries: counter("job_retry_total",
+			"Retries (in-process and broker-side), by reason.", "queue", "consumer", "reason"),
+		inProcess: counter("in_process_retry_total",
+			"In-process retries (a subset of job_retry_total), by reason.", "queue", "consumer", "reason"),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: ns, Name: "job_processing_duration_seconds",
+			Help:        "Time from receipt to settlement of a delivery, by outcome.",
+			ConstLabels: c.ConstLabels, Buckets: c.Buckets,
+		}, []string{"queue", "consumer", "outcome"}),
+		conflicts: counter("idempotency_conflict_total",
+			"Idempotency conflicts: a key reused with another payload (key_conflict) or a duplicate caught by a business unique constraint (business_constraint).",
+			"queue", "consumer", "kind"),
+		deadLettered: counter("dead_lettered_total", "Deliveries dead-lettered, by reason.",
+			"queue", "consumer", "reason"),
+		stale: counter("stale_processing_records_total",
+			"Claims found past their lease by the reconciler.", "consumer"),
+		settleErrors: counter("settle_errors_total",
+			"Deliveries whose ack, nack or republish failed.", "queue", "consumer", "action"),
+		redisDegraded: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Name: "redis_degraded", ConstLabels: c.ConstLabels,
+			Help: "1 while Redis is unreachable and the lock and cache are bypassed (correctness holds; speed drops).",
+		}),
+		reconnects: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Name: "broker_reconnects_total", ConstLabels: c.ConstLabels,
+			Help: "Reconnections to the broker after a lost connection.",
+		}),
+		connected: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Name: "broker_connected", ConstLabels: c.ConstLabels,
+			Help: "1 while connected to the broker and consuming.",
+		}),
+	}
+	cols := []prometheus.Collector{
+		m.received, m.redelivered, m.settled, m.inFlight, m.duplicates, m.lockOK, m.lockFailed,
+		m.lockExpired, m.retries, m.inProcess, m.duration, m.conflicts, m.deadLettered, m.stale,
+		m.settleErrors, m.redisDegraded, m.reconnects, m.connected,
+	}
+	if c.Inbox != nil {
+		m.inbox = newInboxCollector(ns, c.ConstLabels, *c.Inbox)
+		cols = append(cols, m.inbox)
+	}
+	for _, col := range cols {
+		if err := reg.Register(col); err != nil {
+			for _, done := range m.registeredOrder {
+				reg.Unregister(done)
+			}
+			return nil, fmt.Errorf("metrics: register: %w", err)
+		}
+		m.registeredOrder = append(m.registeredOrder, col)
+	}
+	return m, nil
+}
+
+// Unregister removes every series of m from reg (the registerer given to
+// [New]; nil means prometheus.DefaultRegisterer).
+func (m *Metrics) Unregister(reg prometheus.Registerer) {
+	if reg == nil {
+		reg = prometheus.DefaultRegisterer
+	}
+	for _, c := range m.registeredOrder {
+		reg.Unregister(c)
+	}
+}
+
+// Init pre-initialises every series of one route (queue and consumer) with
+// all its known label values (duplicate sources, retry and dead-letter
+// reasons, conflict kinds, outcomes, actions, inbox statuses), so that a
+// quiet system shows zeros rather than gaps and rate() works from the first
+// event. Call it once per registered handler at startup.
+func (m *Metrics) Init(queue, consumerName string) {
+	m.route(queue, consumerName)
+	reasons := slices.Concat(knownReasons, m.extraReasons)
+	for _, s := range knownSources {
+		m.duplicates.WithLabelValues(queue, consumerName, s)
+	}
+	for _, r := range reasons {
+		m.retries.WithLabelValues(queue, consumerName, r)
+		m.inProcess.WithLabelValues(queue, consumerName, r)
+		m.deadLettered.WithLabelValues(queue, consumerName, r)
+	}
+	for _, k := range knownKinds {
+		m.conflicts.WithLabelValues(queue, consumerName, k)
+	}
+	for _, o := range knownOutcomes {
+		m.duration.WithLabelValues(queue, consumerName, o)
+	}
+	for _, a := range knownActions {
+		m.settled.WithLabelValues(queue, consumerName, string(a))
+		m.settleErrors.WithLabelValues(queue, consumerName, string(a))
+	}
+	m.stale.WithLabelValues(consumerName)
+	if m.inbox != nil {
+		m.inbox.addConsumer(consumerName)
+	}
+}
+
+func (m *Metrics) route(queue, consumerName string) *routeSeries {
+	k := routeKey{queue, consumerName}
+	if v, ok := m.perRoute.Load(k); ok {
+		return v.(*routeSeries) //nolint:forcetypeassert // only *routeSeries is stored
+	}
+	rs := &routeSeries{
+		received:    m.received.WithLabelValues(queue, consumerName),
+		redelivered: m.redelivered.WithLabelValues(queue, consumerName),
+		lockOK:      m.lockOK.WithLabelValues(queue, consumerName),
+		lockFailed:  m.lockFailed.WithLabelValues(queue, consumerName),
+		lockExpired: m.lockExpired.WithLabelValues(queue, consumerName),
+		inFlight:    m.inFlight.WithLabelValues(queue, consumerName),
+	}
+	v, _ := m.perRoute.LoadOrStore(k, rs)
+	return v.(*routeSeries) //nolint:forcetypeassert // only *routeSeries is stored
+}
+
+// OnTransition counts the transitions that have their own series: received
+// (deliveries_received_total, in_flight, redelivered_total), locked,
+// lock_failed and lock_expired. Duplicates, retries and dead letters are
+// counted once per delivery in [Metrics.OnOutcome].
+func (m *Metrics) OnTransition(d *consumer.Delivery, status string, _ error) {
+	switch status {
+	case consumer.StatusReceived:
+		rs := m.route(d.Queue, d.Consumer)
+		rs.received.Inc()
+		rs.inFlight.Inc()
+		if d.Redelivered {
+			rs.redelivered.Inc()
+		}
+	case consumer.StatusLocked:
+		m.route(d.Queue, d.Consumer).lockOK.Inc()
+	case consumer.StatusLockFailed:
+		m.route(d.Queue, d.Consumer).lockFailed.Inc()
+	case consumer.StatusLockExpired:
+		m.route(d.Queue, d.Consumer).lockExpired.Inc()
+	}
+}
+
+// OnOutcome counts how a delivery ended: deliveries_settled_total{action},
+// job_processing_duration_seconds{outcome}, duplicate_detected_total{source},
+// job_retry_total{reason} (broker-side retries), dead_lettered_total{reason},
+// idempotency_conflict_total{kind} and settle_errors_total; it also takes
+// the delivery out of in_flight.
+func (m *Metrics) OnOutcome(d *consumer.Delivery, o consumer.Outcome) {
+	q, c := d.Queue, d.Consumer
+	m.route(q, c).inFlight.Dec()
+	m.settled.WithLabelValues(q, c, string(o.Action)).Inc()
+	if o.Err != nil {
+		m.settleErrors.WithLabelValues(q, c, string(o.Action)).Inc()
+	}
+	m.duration.WithLabelValues(q, c, outcomeOf(o)).Observe(o.Duration.Seconds())
+
+	dec := o.Decision
+	switch {
+	case dec.Kind == retry.KindDuplicate:
+		src := dec.Source
+		if src == "" {
+			src = retry.SourceInbox
+		}
+		m.duplicates.WithLabelValues(q, c, src).Inc()
+		if src == retry.SourceBusiness {
+			m.conflicts.WithLabelValues(q, c, ConflictBusinessConstraint).Inc()
+		}
+	case dec.Reason == retry.ReasonKeyConflict || errors.Is(dec.Err, retry.ErrKeyConflict):
+		m.conflicts.WithLabelValues(q, c, ConflictKeyConflict).Inc()
+	}
+	switch o.Action {
+	case consumer.ActionRetried:
+		m.retries.WithLabelValues(q, c, reasonOf(dec)).Inc()
+	case consumer.ActionDeadLettered:
+		m.deadLettered.WithLabelValues(q, c, reasonOf(dec)).Inc()
+	}
+}
+
+// OnInProcessRetry counts an in-process retry in job_retry_total and
+// in_process_retry_total.
+func (m *Metrics) OnInProcessRetry(d *consumer.Delivery, dec retry.Decision, _ time.Duration) {
+	r := reasonOf(dec)
+	m.retries.WithLabelValues(d.Queue, d.Consumer, r).Inc()
+	m.inProcess.WithLabelValues(d.Queue, d.Consumer, r).Inc()
+}
+
+// OnConnState sets broker_connected and counts broker_reconnects_total on
+// every connection after the first.
+func (m *Metrics) OnConnState(state consumer.ConnState, _ error) {
+	switch state {
+	case consumer.ConnConnected:
+		m.connected.Set(1)
+		if m.everConnected.Swap(true) {
+			m.reconnects.Inc()
+		}
+	case consumer.ConnDisconnected, consumer.ConnStopped:
+		m.connected.Set(0)
+	}
+}
+
+// SetRedisDegraded sets redis_degraded: the lock and completed-cache hooks
+// call it with true when Redis fails (and they fall back to PostgreSQL alone)
+// and with false when it answers again.
+func (m *Metrics) SetRedisDegraded(degraded bool) {
+	m.degraded.Store(degraded)
+	if degraded {
+		m.redisDegraded.Set(1)
+	} else {
+		m.redisDegraded.Set(0)
+	}
+}
+
+// RedisDegraded reports the last value given to [Metrics.SetRedisDegraded]
+// (false before any call). Readiness checks use it to flag, not fail.
+func (m *Metrics) RedisDegraded() bool { return m.degraded.Load() }
+
+// StaleRecords adds n to stale_processing_records_total{consumer}: the
+// reconciler calls it with the number of claims it found past their lease.
+// n <= 0 does nothing.
+func (m *Metrics) StaleRecords(consumerName string, n int) {
+	if n <= 0 {
+		return
+	}
+	m.stale.WithLabelValues(consumerName).Add(float64(n))
+}
+
+func outcomeOf(o consumer.Outcome) string {
+	switch o.Action {
+	case consumer.ActionAcked:
+		if o.Decision.Kind == retry.KindDuplicate {
+			return OutcomeDuplicate
+		}
+		return OutcomeCompleted
+	case consumer.ActionRetried:
+		return OutcomeRetry
+	case consumer.ActionDeadLettered:
+		return OutcomeDeadLettered
+	case consumer.ActionRequeued:
+		return OutcomeRequeued
+	default:
+		return OutcomeAbandoned
+	}
+}
+
+func reasonOf(dec retry.Decision) string {
+	if dec.Reason != "" {
+		return dec.Reason
+	}
+	if dec.Kind == retry.KindPermanent {
+		return retry.ReasonPermanent
+	}
+	return retry.ReasonError
+}
