@@ -23,13 +23,18 @@ var (
 
 // Client returns a client for the test Redis and a key prefix unique to this
 // test ("t:<n>:<name>:<unix-nano>:"). Keys under the prefix are deleted when
-// the test ends.
+// the test ends, as are keys that merely contain it (such as the lock
+// package's hash-tagged "{<prefix>…}" keys). The client has
+// ContextTimeoutEnabled set.
 func Client(t testing.TB) (redis.UniversalClient, string) {
 	t.Helper()
 	opt, err := redis.ParseURL(testenv.RedisURL())
 	if err != nil {
 		t.Fatalf("redistest: %v", err)
 	}
+	// Respect context deadlines on socket reads too, as production clients
+	// of the lock and middleware should.
+	opt.ContextTimeoutEnabled = true
 	c := redis.NewClient(opt)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -41,7 +46,7 @@ func Client(t testing.TB) (redis.UniversalClient, string) {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		iter := c.Scan(ctx, 0, prefix+"*", 500).Iterator()
+		iter := c.Scan(ctx, 0, "*"+prefix+"*", 500).Iterator()
 		for iter.Next(ctx) {
 			_ = c.Del(ctx, iter.Val()).Err()
 		}

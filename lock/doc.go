@@ -1,0 +1,52 @@
+// Package lock is a small distributed lock on Redis, with fencing tokens and
+// a capped keep-alive.
+//
+// It has a home of its own, outside the consumer and its middleware, because
+// nothing in it is about deliveries: the outbox relay, the operator CLI or a
+// user's cron job can take the same locks with the same guarantees, and the
+// package depends on nothing of inboxmq.
+//
+// # Obtaining and releasing
+//
+// [New] wraps any redis.UniversalClient (single, Sentinel or Cluster); it
+// needs only script evaluation ([Client]). [Locker.Obtain] sets the key to a
+// random token if it is absent (SET NX PX) and returns [ErrNotObtained]
+// when another holder has it. [Lock.Release] and [Lock.Refresh] compare the
+// token before they delete or extend, so an expired holder never touches its
+// successor's lock ([ErrNotHeld]).
+//
+//	locker, err := lock.New(rdb, nil)
+//	l, err := locker.Obtain(ctx, "invoice:42", 30*time.Second, nil)
+//	if errors.Is(err, lock.ErrNotObtained) {
+//		return // someone else is on it
+//	}
+//	defer l.Release(context.WithoutCancel(ctx))
+//
+// # Fencing
+//
+// A lock in Redis is a lease: a holder that pauses past its TTL still runs
+// but no longer holds it. [Lock.Fence] returns a counter that strictly
+// increases with every Obtain of the key (INCR in the same script as the
+// SET, so obtain and fence are atomic). Systems that accept writes from lock
+// holders keep the largest fence seen and refuse smaller ones. Both keys of
+// a lock share the hash tag "{key}" ([RedisKeys]), so they sit in one Redis
+// Cluster slot.
+//
+// # Keep-alive
+//
+// [Lock.KeepAlive] refreshes the lock every TTL/3 for at most MaxHold
+// (default 25 minutes, below RabbitMQ's consumer ack timeout) and returns a
+// context for the protected work. The context is cancelled with cause
+// [ErrLockLost] when the lock is gone or Redis stayed silent past the TTL,
+// and with [ErrMaxHoldReached] at the cap:
+//
+//	ctx, stop := l.KeepAlive(ctx, nil)
+//	err := work(ctx)
+//	stop()
+//	if errors.Is(context.Cause(ctx), lock.ErrLockLost) { … }
+//
+// # Errors
+//
+// Errors start with "lock: ". Redis failures are wrapped with %w; when the
+// caller's context ended, its error is joined (errors.Join(err, ctx.Err())).
+package lock
