@@ -1,0 +1,91 @@
+package middleware
+
+import (
+	"context"
+	"fmt"
+
+	"go.uber.org/zap"
+
+	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/control"
+	"github.com/inboxmq/inboxmq/retry"
+)
+
+// SourceParked is the duplicate source (Decision.Source, the
+// duplicate_detected_total{source} label) of a delivery that [Block]
+// parked: the consumer acks it like a duplicate because its copy is safe in
+// the parked queue.
+const SourceParked = "parked"
+
+// StatusParked is the transition [Block] reports when it parks a delivery.
+const StatusParked = "parked"
+
+// Parker parks a delivery: it makes a durable copy in the delivery's
+// parked queue and returns only once the broker confirmed it.
+// *control.Parker implements it.
+type Parker interface {
+	Park(ctx context.Context, d *consumer.Delivery, b control.Block) error
+}
+
+// BlockOpts configure [Block]. A nil *BlockOpts means the defaults.
+type BlockOpts struct {
+	// Logger logs each parked delivery at info level. Defaults to a no-op
+	// logger.
+	Logger *zap.Logger
+}
+
+// Block returns handler middleware that parks deliveries whose idempotency
+// key is blocked (inboxctl block) instead of processing them.
+//
+// Install it in HandlerOpts.Middleware, which runs after decoding: the key
+// (Delivery.Key) is empty in router-wide middleware, and a delivery without
+// a key passes through. The check is in memory ([control.Watcher.Blocked]);
+// only a hit costs a database round trip ([control.Watcher.Confirm]), so a
+// delivery that an unblock released is processed even by a worker whose
+// snapshot is a moment old. If that re-check fails, the snapshot decides.
+//
+// Parking keeps the house rule that middleware never acks: Block copies the
+// delivery to "<queue>.parked" through p, with publisher confirms, and then
+// returns a duplicate error (source [SourceParked]), which the consumer
+// executes as an ack. The original is therefore acked only after its copy
+// is durable (invariant 1). If parking fails, Block returns a retryable
+// error (reason "park") and the handler is not run. inboxctl unblock (or
+// [control.Release]) moves parked messages back to the work queue.
+func Block(w *control.Watcher, p Parker, opts *BlockOpts) (consumer.Middleware, error) {
+	if w == nil {
+		return nil, fmt.Errorf("middleware: Block needs a *control.Watcher")
+	}
+	if p == nil {
+		return nil, fmt.Errorf("middleware: Block needs a Parker")
+	}
+	log := zap.NewNop()
+	if opts != nil && opts.Logger != nil {
+		log = opts.Logger
+	}
+	return func(next consumer.DeliveryHandler) consumer.DeliveryHandler {
+		return func(ctx context.Context, d *consumer.Delivery) error {
+			if d.Key == "" {
+				return next(ctx, d)
+			}
+			b, ok := w.BlockedBy(d.Consumer, d.Key)
+			if !ok {
+				return next(ctx, d)
+			}
+			if fresh, still, err := w.Confirm(ctx, d.Consumer, d.Key); err == nil {
+				if !still {
+					return next(ctx, d)
+				}
+				b = fresh
+			}
+			if err := p.Park(ctx, d, b); err != nil {
+				return retry.WithReason("park", retry.Retryable(fmt.Errorf("middleware: park blocked key %q: %w", d.Key, err)))
+			}
+			d.Transition(StatusParked, nil)
+			log.Info("middleware: blocked delivery parked",
+				zap.String("queue", d.Queue), zap.String("consumer", d.Consumer), zap.String("key", d.Key),
+				zap.String("pattern", b.Pattern), zap.String("reason", b.Reason))
+			return retry.Duplicate(SourceParked, fmt.Errorf("middleware: key %q blocked (%s), parked in %s",
+				d.Key, b.Pattern, control.ParkedQueueName(d.Queue)))
+		}
+	}, nil
+}
