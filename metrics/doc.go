@@ -32,7 +32,8 @@
 //   - deliveries_received_total{queue,consumer}, redelivered_total{queue,consumer}
 //   - deliveries_settled_total{queue,consumer,action}, settle_errors_total{queue,consumer,action}
 //   - in_flight{queue,consumer}
-//   - job_processing_duration_seconds{queue,consumer,outcome} (histogram)
+//   - job_processing_duration_seconds{queue,consumer,outcome} (histogram, receipt to settlement)
+//   - handler_duration_seconds{queue,consumer,kind} (histogram, chain and handler only; from middleware.Metrics)
 //   - duplicate_detected_total{queue,consumer,source}
 //   - idempotency_conflict_total{queue,consumer,kind}
 //   - job_retry_total{queue,consumer,reason}, in_process_retry_total{queue,consumer,reason}

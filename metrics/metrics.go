@@ -143,6 +143,7 @@ type Metrics struct {
 	deadLettered *prometheus.CounterVec
 	stale        *prometheus.CounterVec
 	settleErrors *prometheus.CounterVec
+	handlerTime  *prometheus.HistogramVec
 
 	redisDegraded   prometheus.Gauge
 	degraded        atomic.Bool
@@ -219,6 +220,11 @@ func New(reg prometheus.Registerer, cfg *Config) (*Metrics, error) {
 			"Claims found past their lease by the reconciler.", "consumer"),
 		settleErrors: counter("settle_errors_total",
 			"Deliveries whose ack, nack or republish failed.", "queue", "consumer", "action"),
+		handlerTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: ns, Name: "handler_duration_seconds",
+			Help:        "Time spent in the middleware chain and handler (lock, inbox, business work), by result kind; observed by middleware.Metrics.",
+			ConstLabels: c.ConstLabels, Buckets: c.Buckets,
+		}, []string{"queue", "consumer", "kind"}),
 		redisDegraded: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: ns, Name: "redis_degraded", ConstLabels: c.ConstLabels,
 			Help: "1 while Redis is unreachable and the lock and cache are bypassed (correctness holds; speed drops).",
@@ -235,7 +241,7 @@ func New(reg prometheus.Registerer, cfg *Config) (*Metrics, error) {
 	cols := []prometheus.Collector{
 		m.received, m.redelivered, m.settled, m.inFlight, m.duplicates, m.lockOK, m.lockFailed,
 		m.lockExpired, m.retries, m.inProcess, m.duration, m.conflicts, m.deadLettered, m.stale,
-		m.settleErrors, m.redisDegraded, m.reconnects, m.connected,
+		m.settleErrors, m.handlerTime, m.redisDegraded, m.reconnects, m.connected,
 	}
 	if c.Inbox != nil {
 		m.inbox = newInboxCollector(ns, c.ConstLabels, *c.Inbox)
@@ -289,6 +295,9 @@ func (m *Metrics) Init(queue, consumerName string) {
 	for _, a := range knownActions {
 		m.settled.WithLabelValues(queue, consumerName, string(a))
 		m.settleErrors.WithLabelValues(queue, consumerName, string(a))
+	}
+	for _, k := range []retry.Kind{retry.KindSucceeded, retry.KindDuplicate, retry.KindRetry, retry.KindPermanent, retry.KindInterrupted} {
+		m.handlerTime.WithLabelValues(queue, consumerName, k.String())
 	}
 	m.stale.WithLabelValues(consumerName)
 	if m.inbox != nil {
@@ -417,6 +426,20 @@ func (m *Metrics) StaleRecords(consumerName string, n int) {
 		return
 	}
 	m.stale.WithLabelValues(consumerName).Add(float64(n))
+}
+
+// ObserveHandler records the time the middleware chain and handler took
+// for one delivery in handler_duration_seconds{kind} (kind is the
+// classification of the handler's error: succeeded, duplicate, retry,
+// permanent, interrupted). A non-empty traceID (hex) is attached as an
+// exemplar, linking the histogram to the trace. middleware.Metrics calls it.
+func (m *Metrics) ObserveHandler(queue, consumerName string, kind retry.Kind, d time.Duration, traceID string) {
+	obs := m.handlerTime.WithLabelValues(queue, consumerName, kind.String())
+	if ex, ok := obs.(prometheus.ExemplarObserver); ok && traceID != "" {
+		ex.ObserveWithExemplar(d.Seconds(), prometheus.Labels{"trace_id": traceID})
+		return
+	}
+	obs.Observe(d.Seconds())
 }
 
 func outcomeOf(o consumer.Outcome) string {

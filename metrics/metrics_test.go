@@ -139,6 +139,9 @@ func TestInit_AllSeriesAtZero(t *testing.T) {
 	for _, o := range []string{"completed", "duplicate", "retry", "dead_lettered", "requeued", "abandoned"} {
 		require.Zero(t, value(t, b.reg, "job_processing_duration_seconds", qc("outcome", o)))
 	}
+	for _, k := range []string{"succeeded", "duplicate", "retry", "permanent", "interrupted"} {
+		require.Zero(t, value(t, b.reg, "handler_duration_seconds", qc("kind", k)))
+	}
 	for _, a := range []string{"acked", "retried", "dead_lettered", "requeued", "abandoned"} {
 		require.Zero(t, value(t, b.reg, "deliveries_settled_total", qc("action", a)))
 		require.Zero(t, value(t, b.reg, "settle_errors_total", qc("action", a)))

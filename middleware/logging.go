@@ -1,0 +1,232 @@
+package middleware
+
+import (
+	"errors"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/retry"
+)
+
+// Log field names written by [NewLogObserver]. They are stable: the runbook's
+// jq queries and log-based dashboards select on them.
+const (
+	LogFieldStatus         = "status"
+	LogFieldMessageID      = "message_id"
+	LogFieldIdempotencyKey = "idempotency_key"
+	LogFieldConsumer       = "consumer"
+	LogFieldQueue          = "queue"
+	LogFieldWorkerID       = "worker_id"
+	LogFieldAttempt        = "attempt"
+	LogFieldRedelivered    = "redelivered"
+	LogFieldDeliveryCount  = "delivery_count"
+	LogFieldLockKey        = "lock_key"
+	LogFieldLockResult     = "lock_result"
+	LogFieldFence          = "fence"
+	LogFieldDuration       = "duration"
+	LogFieldSource         = "duplicate_source"
+	LogFieldReason         = "reason"
+	LogFieldAction         = "action"
+	LogFieldDelay          = "delay"
+)
+
+// LogOpts configures [NewLogObserver]. A nil *LogOpts means all defaults.
+type LogOpts struct {
+	// SuccessLevel is the level of the per-delivery success lines (received,
+	// locked, processing, completed). Defaults to zapcore.InfoLevel (the zero
+	// value).
+	SuccessLevel zapcore.Level
+	// SampleInterval is the sampling window for success lines. Defaults to 1s.
+	SampleInterval time.Duration
+	// SampleFirst is how many success lines of each status are written per
+	// SampleInterval before sampling starts. Defaults to 100; -1 disables
+	// sampling (every line is written).
+	SampleFirst int
+	// SampleThereafter: after SampleFirst, one success line in
+	// SampleThereafter is written per interval. Defaults to 100.
+	SampleThereafter int
+}
+
+func (o *LogOpts) withDefaults() LogOpts {
+	var out LogOpts
+	if o != nil {
+		out = *o
+	}
+	if out.SampleInterval <= 0 {
+		out.SampleInterval = time.Second
+	}
+	if out.SampleFirst == 0 {
+		out.SampleFirst = 100
+	}
+	if out.SampleThereafter <= 0 {
+		out.SampleThereafter = 100
+	}
+	return out
+}
+
+// logObserver writes one structured line per status transition.
+type logObserver struct {
+	all     *zap.Logger // never sampled: failures, retries, duplicates, dead letters
+	success *zap.Logger // sampled: received, locked, processing, completed
+	level   zapcore.Level
+}
+
+// NewLogObserver returns an observer that writes one log line per status
+// transition of every delivery, with the fields operators select on
+// (LogField* constants): status, message_id, idempotency_key, consumer,
+// queue, worker_id, attempt, redelivered, delivery_count, lock_key,
+// lock_result and fence (when the lock set them), duration since receipt,
+// and error.
+//
+// Levels: received, locked, processing and completed are written at
+// opts.SuccessLevel and sampled (per status, zap's sampler); duplicate lines
+// (with duplicate_source) are written at info, retry, lock_failed and
+// requeued at warn, failed, dead_lettered and lock_expired at error — and
+// none of these is ever sampled. In-process retries, settle failures and
+// broker connection changes are logged too. A nil logger means zap.NewNop().
+//
+// Give it to the consumer as one of its observers. Use a JSON encoder
+// (zap.NewProduction) so the lines are queryable with jq, as the runbook
+// does.
+func NewLogObserver(logger *zap.Logger, opts *LogOpts) consumer.Observer {
+	o := opts.withDefaults()
+	if logger == nil {
+		logger = zap.NewNop()
+	}
+	success := logger
+	if o.SampleFirst > 0 {
+		success = logger.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
+			return zapcore.NewSamplerWithOptions(c, o.SampleInterval, o.SampleFirst, o.SampleThereafter)
+		}))
+	}
+	return &logObserver{all: logger, success: success, level: o.SuccessLevel}
+}
+
+var _ consumer.Observer = (*logObserver)(nil)
+
+// OnTransition writes the line of one transition.
+func (l *logObserver) OnTransition(d *consumer.Delivery, status string, err error) {
+	logger, lvl := l.all, zapcore.InfoLevel
+	switch status {
+	case consumer.StatusReceived, consumer.StatusLocked, consumer.StatusProcessing, consumer.StatusCompleted:
+		logger, lvl = l.success, l.level
+	case consumer.StatusDuplicate:
+		lvl = zapcore.InfoLevel
+	case consumer.StatusRetry, consumer.StatusLockFailed, consumer.StatusRequeued:
+		lvl = zapcore.WarnLevel
+	case consumer.StatusFailed, consumer.StatusDeadLettered, consumer.StatusLockExpired:
+		lvl = zapcore.ErrorLevel
+	}
+	ce := logger.Check(lvl, "delivery "+status)
+	if ce == nil {
+		return
+	}
+	fields := make([]zap.Field, 0, 16)
+	fields = append(fields, zap.String(LogFieldStatus, status))
+	fields = deliveryFields(fields, d)
+	fields = append(fields, zap.Duration(LogFieldDuration, time.Since(d.ReceivedAt)))
+	if status == consumer.StatusDuplicate {
+		fields = append(fields, zap.String(LogFieldSource, duplicateSource(err)))
+	}
+	if err != nil {
+		if status == consumer.StatusRetry || status == consumer.StatusDeadLettered || status == consumer.StatusFailed {
+			fields = append(fields, zap.String(LogFieldReason, retry.Classify(err).Reason))
+		}
+		fields = append(fields, zap.Error(err))
+	}
+	ce.Write(fields...)
+}
+
+// OnOutcome writes a line only when settling failed (the ack or republish
+// returned an error, or the delivery was abandoned): the success path is
+// already covered by the transition lines.
+func (l *logObserver) OnOutcome(d *consumer.Delivery, o consumer.Outcome) {
+	if o.Err == nil && o.Action != consumer.ActionAbandoned {
+		return
+	}
+	ce := l.all.Check(zapcore.ErrorLevel, "delivery settle failed")
+	if ce == nil {
+		return
+	}
+	fields := make([]zap.Field, 0, 16)
+	fields = append(fields, zap.String(LogFieldAction, string(o.Action)))
+	fields = deliveryFields(fields, d)
+	fields = append(fields,
+		zap.Duration(LogFieldDuration, o.Duration),
+		zap.String(LogFieldReason, o.Decision.Reason),
+		zap.Error(o.Err))
+	ce.Write(fields...)
+}
+
+// OnInProcessRetry writes a warn line per in-process retry (never sampled).
+func (l *logObserver) OnInProcessRetry(d *consumer.Delivery, dec retry.Decision, delay time.Duration) {
+	ce := l.all.Check(zapcore.WarnLevel, "delivery in-process retry")
+	if ce == nil {
+		return
+	}
+	fields := make([]zap.Field, 0, 16)
+	fields = append(fields, zap.String(LogFieldStatus, consumer.StatusRetry))
+	fields = deliveryFields(fields, d)
+	fields = append(fields,
+		zap.String(LogFieldReason, dec.Reason),
+		zap.Duration(LogFieldDelay, delay),
+		zap.Error(dec.Err))
+	ce.Write(fields...)
+}
+
+// OnConnState logs broker connection changes: connected and stopped at
+// info, disconnected at warn with the cause.
+func (l *logObserver) OnConnState(state consumer.ConnState, err error) {
+	lvl := zapcore.InfoLevel
+	if state == consumer.ConnDisconnected {
+		lvl = zapcore.WarnLevel
+	}
+	ce := l.all.Check(lvl, "broker "+string(state))
+	if ce == nil {
+		return
+	}
+	if err != nil {
+		ce.Write(zap.String("state", string(state)), zap.Error(err))
+		return
+	}
+	ce.Write(zap.String("state", string(state)))
+}
+
+func deliveryFields(fields []zap.Field, d *consumer.Delivery) []zap.Field {
+	fields = append(fields,
+		zap.String(LogFieldMessageID, d.MessageID),
+		zap.String(LogFieldIdempotencyKey, d.Key),
+		zap.String(LogFieldConsumer, d.Consumer),
+		zap.String(LogFieldQueue, d.Queue),
+		zap.String(LogFieldWorkerID, d.WorkerID),
+		zap.Int(LogFieldAttempt, d.Attempt),
+		zap.Bool(LogFieldRedelivered, d.Redelivered),
+	)
+	if d.DeliveryCount > 0 {
+		fields = append(fields, zap.Int(LogFieldDeliveryCount, d.DeliveryCount))
+	}
+	if d.LockKey != "" {
+		fields = append(fields, zap.String(LogFieldLockKey, d.LockKey))
+	}
+	if d.LockResult != "" {
+		fields = append(fields, zap.String(LogFieldLockResult, d.LockResult))
+	}
+	if d.Fence != 0 {
+		fields = append(fields, zap.Int64(LogFieldFence, d.Fence))
+	}
+	return fields
+}
+
+// duplicateSource names where a duplicate was caught, from the error the
+// transition carries (a *retry.DuplicateError names it; a bare
+// retry.ErrDuplicate is the inbox's).
+func duplicateSource(err error) string {
+	var dup *retry.DuplicateError
+	if errors.As(err, &dup) && dup.Source != "" {
+		return dup.Source
+	}
+	return retry.SourceInbox
+}

@@ -1,0 +1,195 @@
+package middleware
+
+import (
+	"context"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/retry"
+)
+
+// TracerName is the instrumentation scope name of inboxmq's spans.
+const TracerName = "github.com/inboxmq/inboxmq"
+
+// Span attribute keys. The messaging.* keys follow the OpenTelemetry
+// messaging semantic conventions; inboxmq.* are this project's own.
+const (
+	AttrMessagingSystem      = attribute.Key("messaging.system")
+	AttrMessagingOperation   = attribute.Key("messaging.operation")
+	AttrMessagingOpType      = attribute.Key("messaging.operation.type")
+	AttrMessagingOpName      = attribute.Key("messaging.operation.name")
+	AttrMessagingDestination = attribute.Key("messaging.destination.name")
+	AttrMessagingMessageID   = attribute.Key("messaging.message.id")
+	AttrMessagingBodySize    = attribute.Key("messaging.message.body.size")
+	AttrMessagingGroup       = attribute.Key("messaging.consumer.group.name")
+	AttrRabbitRoutingKey     = attribute.Key("messaging.rabbitmq.destination.routing_key")
+	AttrRabbitDeliveryTag    = attribute.Key("messaging.rabbitmq.message.delivery_tag")
+	AttrIdempotencyKey       = attribute.Key("inboxmq.idempotency_key")
+	AttrAttempt              = attribute.Key("inboxmq.attempt")
+	AttrRedelivered          = attribute.Key("inboxmq.redelivered")
+	AttrOutcome              = attribute.Key("inboxmq.outcome")
+	AttrReason               = attribute.Key("inboxmq.reason")
+	AttrDuplicateSource      = attribute.Key("inboxmq.duplicate_source")
+	AttrLockKey              = attribute.Key("inboxmq.lock_key")
+	AttrLockResult           = attribute.Key("inboxmq.lock_result")
+	AttrFence                = attribute.Key("inboxmq.fence")
+)
+
+// TracingOpts configures [Tracing]. A nil *TracingOpts means all defaults.
+type TracingOpts struct {
+	// Propagator extracts the parent trace context from the delivery's
+	// headers. Defaults to propagation.TraceContext{} (the W3C traceparent
+	// and tracestate headers); pass a composite propagator to add baggage.
+	Propagator propagation.TextMapPropagator
+	// IdempotencyKeyAttribute controls whether the idempotency key is put on
+	// the span (inboxmq.idempotency_key). Keys usually name business
+	// entities (an order id); set it to false if those must not reach your
+	// tracing backend. Defaults to true (a nil pointer).
+	IdempotencyKeyAttribute *bool
+}
+
+func (o *TracingOpts) propagator() propagation.TextMapPropagator {
+	if o == nil || o.Propagator == nil {
+		return propagation.TraceContext{}
+	}
+	return o.Propagator
+}
+
+func (o *TracingOpts) keyAttribute() bool {
+	return o == nil || o.IdempotencyKeyAttribute == nil || *o.IdempotencyKeyAttribute
+}
+
+// Tracing returns router-wide middleware that starts one consumer span per
+// delivery, named "process <queue>", as a child of the trace context the
+// publisher wrote into the AMQP headers (see [InjectHeaders]); a delivery
+// without one starts a new trace. The span carries the messaging semantic
+// convention attributes (messaging.system=rabbitmq,
+// messaging.destination.name, messaging.message.id,
+// messaging.operation=process) and inboxmq's own (idempotency key, attempt,
+// redelivered, outcome, reason, duplicate source, lock key and fence).
+//
+// The handler's ctx carries the span, so database and HTTP instrumentation
+// below it nests under the delivery. A returned error is recorded and, unless
+// it is a duplicate (which is a success: the effect exists), sets the span
+// status to Error. Put Tracing near the outside of the chain (after Recover)
+// so that the span covers the lock and the inbox.
+//
+// A nil tp means otel.GetTracerProvider(), read when Tracing is called, which
+// is a no-op until the program installs an SDK: inboxmq forces no exporter.
+// The consumer copies headers onto retries and dead letters, so a retried
+// delivery stays in the publisher's trace.
+func Tracing(tp trace.TracerProvider, opts *TracingOpts) consumer.Middleware {
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+	}
+	tracer := tp.Tracer(TracerName)
+	prop := opts.propagator()
+	withKey := opts.keyAttribute()
+	return func(next consumer.DeliveryHandler) consumer.DeliveryHandler {
+		return func(ctx context.Context, d *consumer.Delivery) error {
+			ctx = prop.Extract(ctx, HeaderCarrier(d.Headers))
+			attrs := []attribute.KeyValue{
+				AttrMessagingSystem.String("rabbitmq"),
+				AttrMessagingOperation.String("process"),
+				AttrMessagingOpType.String("process"),
+				AttrMessagingOpName.String("process"),
+				AttrMessagingDestination.String(d.Queue),
+				AttrMessagingGroup.String(d.Consumer),
+				AttrMessagingBodySize.Int(len(d.Body)),
+				AttrAttempt.Int(d.Attempt),
+				AttrRedelivered.Bool(d.Redelivered),
+			}
+			if d.MessageID != "" {
+				attrs = append(attrs, AttrMessagingMessageID.String(d.MessageID))
+			}
+			if d.Raw != nil {
+				if d.Raw.RoutingKey != "" {
+					attrs = append(attrs, AttrRabbitRoutingKey.String(d.Raw.RoutingKey))
+				}
+				attrs = append(attrs, AttrRabbitDeliveryTag.Int64(int64(d.Raw.DeliveryTag))) //nolint:gosec // tags fit
+			}
+			ctx, span := tracer.Start(ctx, "process "+d.Queue,
+				trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
+			defer span.End()
+
+			err := next(ctx, d)
+
+			// The key and the lock annotations are set inside the chain.
+			if withKey && d.Key != "" {
+				span.SetAttributes(AttrIdempotencyKey.String(d.Key))
+			}
+			if d.LockKey != "" {
+				span.SetAttributes(AttrLockKey.String(d.LockKey))
+			}
+			if d.LockResult != "" {
+				span.SetAttributes(AttrLockResult.String(d.LockResult))
+			}
+			if d.Fence != 0 {
+				span.SetAttributes(AttrFence.Int64(d.Fence))
+			}
+			dec := retry.Classify(err)
+			span.SetAttributes(AttrOutcome.String(dec.Kind.String()))
+			switch dec.Kind {
+			case retry.KindSucceeded:
+			case retry.KindDuplicate:
+				span.SetAttributes(AttrDuplicateSource.String(dec.Source))
+			default:
+				span.SetAttributes(AttrReason.String(dec.Reason))
+				span.RecordError(err)
+				span.SetStatus(codes.Error, err.Error())
+			}
+			return err
+		}
+	}
+}
+
+// InjectHeaders writes the trace context of ctx (W3C traceparent and
+// tracestate) into the AMQP headers h and returns them; a nil h gets a new
+// table. Publishers call it (the outbox relay, a producer) so that the
+// consumer's span joins the publisher's trace. With no span in ctx it
+// writes nothing.
+func InjectHeaders(ctx context.Context, h amqp.Table) amqp.Table {
+	if h == nil {
+		h = amqp.Table{}
+	}
+	propagation.TraceContext{}.Inject(ctx, HeaderCarrier(h))
+	return h
+}
+
+// HeaderCarrier adapts AMQP headers to propagation.TextMapCarrier, so any
+// OpenTelemetry propagator can read and write them. Values written are
+// strings; values read may be strings or byte slices (as other clients
+// send them). A nil HeaderCarrier reads as empty and panics on Set.
+type HeaderCarrier amqp.Table
+
+var _ propagation.TextMapCarrier = HeaderCarrier(nil)
+
+// Get returns the header as a string, or "" if it is absent or not text.
+func (c HeaderCarrier) Get(key string) string {
+	switch v := c[key].(type) {
+	case string:
+		return v
+	case []byte:
+		return string(v)
+	default:
+		return ""
+	}
+}
+
+// Set writes the header as a string.
+func (c HeaderCarrier) Set(key, value string) { c[key] = value }
+
+// Keys lists the header names.
+func (c HeaderCarrier) Keys() []string {
+	keys := make([]string, 0, len(c))
+	for k := range c {
+		keys = append(keys, k)
+	}
+	return keys
+}
