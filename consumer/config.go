@@ -1,0 +1,167 @@
+package consumer
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Config configures a [Consumer]. Only URL and Router are required; every
+// other field has a default. A Config must not be changed after it is passed
+// to [New].
+type Config struct {
+	// URL is the broker's amqp:// or amqps:// URL. Required. Credentials in it
+	// never appear in logs or errors (see [RedactURL]).
+	URL string
+
+	// TLS configures TLS for amqps:// URLs. Defaults to nil: an amqps:// URL
+	// then uses an empty tls.Config (the system roots, the URL's host name).
+	TLS *tls.Config
+
+	// Name identifies this worker process. It is sent as the AMQP
+	// connection_name client property (operators see it in the management UI
+	// and in rabbitmqctl list_connections), becomes Delivery.WorkerID and is
+	// the prefix of consumer tags. Defaults to "<hostname>-<pid>".
+	Name string
+
+	// Router holds the handlers. Required.
+	Router *Router
+
+	// Logger receives connection-level events (connects, disconnects,
+	// settlement failures). Defaults to nil, which means zap.NewNop().
+	Logger *zap.Logger
+
+	// Observers receive every delivery transition and outcome and every
+	// connection state change (logging, metrics and tracing plug in here).
+	// Defaults to none.
+	Observers []Observer
+
+	// ReconnectInitialInterval is the first pause before reconnecting after
+	// a lost connection; pauses then grow exponentially with jitter.
+	// Defaults to 200ms.
+	ReconnectInitialInterval time.Duration
+
+	// ReconnectMaxInterval caps the pause between reconnect attempts.
+	// Defaults to 30s.
+	ReconnectMaxInterval time.Duration
+
+	// SoftStopTimeout is how long Stop lets in-flight handlers run before it
+	// cancels their contexts with cause [ErrStopped] (their deliveries are then
+	// requeued without counting an attempt). Defaults to 10s; -1 cancels at
+	// once when Stop is called.
+	SoftStopTimeout time.Duration
+
+	// PublishTimeout bounds the wait for the broker's publisher confirm of a
+	// retry or dead-letter copy. An unconfirmed copy leaves the original
+	// delivery requeued, never acked. Defaults to 10s.
+	PublishTimeout time.Duration
+
+	// Heartbeat is the AMQP heartbeat interval. Defaults to 10s.
+	Heartbeat time.Duration
+
+	// DialTimeout bounds establishing one connection (TCP, TLS and AMQP
+	// handshake). Defaults to 15s.
+	DialTimeout time.Duration
+}
+
+func (c *Config) withDefaults() Config {
+	var out Config
+	if c != nil {
+		out = *c
+	}
+	if out.Name == "" {
+		host, err := os.Hostname()
+		if err != nil || host == "" {
+			host = "inboxmq"
+		}
+		out.Name = host + "-" + strconv.Itoa(os.Getpid())
+	}
+	if out.Logger == nil {
+		out.Logger = zap.NewNop()
+	}
+	if out.ReconnectInitialInterval == 0 {
+		out.ReconnectInitialInterval = 200 * time.Millisecond
+	}
+	if out.ReconnectMaxInterval == 0 {
+		out.ReconnectMaxInterval = 30 * time.Second
+	}
+	if out.SoftStopTimeout == 0 {
+		out.SoftStopTimeout = 10 * time.Second
+	}
+	if out.PublishTimeout == 0 {
+		out.PublishTimeout = 10 * time.Second
+	}
+	if out.Heartbeat == 0 {
+		out.Heartbeat = 10 * time.Second
+	}
+	if out.DialTimeout == 0 {
+		out.DialTimeout = 15 * time.Second
+	}
+	return out
+}
+
+func (c *Config) validate() error {
+	if c.URL == "" {
+		return errors.New("consumer: Config.URL is required")
+	}
+	u, err := url.Parse(c.URL)
+	if err != nil {
+		// url.Parse echoes the input in its error: never wrap it.
+		return fmt.Errorf("consumer: Config.URL %q is not a valid URL", RedactURL(c.URL))
+	}
+	if u.Scheme != "amqp" && u.Scheme != "amqps" {
+		return fmt.Errorf("consumer: Config.URL %q must use amqp:// or amqps://", RedactURL(c.URL))
+	}
+	if c.Router == nil {
+		return errors.New("consumer: Config.Router is required")
+	}
+	if len(c.Router.Routes()) == 0 {
+		return errors.New("consumer: Config.Router has no handlers")
+	}
+	if strings.ContainsAny(c.Name, "\r\n\x00") || len(c.Name) > 200 {
+		return fmt.Errorf("consumer: invalid Config.Name %q", c.Name)
+	}
+	if c.ReconnectInitialInterval < 0 || c.ReconnectMaxInterval < 0 {
+		return errors.New("consumer: reconnect intervals must not be negative")
+	}
+	if c.ReconnectMaxInterval < c.ReconnectInitialInterval {
+		return fmt.Errorf("consumer: ReconnectMaxInterval %s is below ReconnectInitialInterval %s", c.ReconnectMaxInterval, c.ReconnectInitialInterval)
+	}
+	if c.SoftStopTimeout < -1 {
+		return fmt.Errorf("consumer: SoftStopTimeout %s is negative (use -1 to cancel at once)", c.SoftStopTimeout)
+	}
+	if c.PublishTimeout < 0 {
+		return fmt.Errorf("consumer: PublishTimeout %s is negative", c.PublishTimeout)
+	}
+	if c.Heartbeat < 0 {
+		return fmt.Errorf("consumer: Heartbeat %s is negative", c.Heartbeat)
+	}
+	if c.DialTimeout < 0 {
+		return fmt.Errorf("consumer: DialTimeout %s is negative", c.DialTimeout)
+	}
+	for _, r := range c.Router.Routes() {
+		if err := r.Opts.validateTopology(r.Queue); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// RedactURL returns rawURL with any password replaced by "xxxxx", so the
+// URL can be logged or put into an error. A string that does not parse as
+// a URL is reduced to "<unparseable url>" because it may still contain a
+// secret.
+func RedactURL(rawURL string) string {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return "<unparseable url>"
+	}
+	return u.Redacted()
+}

@@ -1,0 +1,446 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.uber.org/zap"
+)
+
+// Consumer consumes the queues of a [Router] and settles every delivery
+// according to its handler's result: ack after success, publish-with-confirm
+// to a delay tier or the dead-letter queue and then ack, or requeue on
+// shutdown. It owns one connection at a time, re-established with backoff
+// when it is lost. Build it with [New]; the zero value is not usable.
+type Consumer struct {
+	cfg     Config
+	log     *zap.Logger
+	routes  []*route
+	byQueue map[string]*route
+	hooks   atomic.Pointer[testHooks]
+
+	mu       sync.Mutex
+	state    ConnState
+	started  bool
+	stopping bool
+
+	stopCh      chan struct{} // closed by Stop: stop consuming
+	stopped     chan struct{} // closed once fully stopped
+	stoppedOnce sync.Once
+	workersQuit chan struct{} // closed once no loop dispatches any more
+	workers     sync.WaitGroup
+
+	baseCtx    context.Context //nolint:containedctx // the service's own run context (river style)
+	cancelBase context.CancelCauseFunc
+}
+
+// New validates cfg and returns a consumer ready to [Consumer.Start]. It does
+// not connect. A nil cfg is invalid (URL and Router are required).
+func New(cfg *Config) (*Consumer, error) {
+	if cfg == nil {
+		return nil, errors.New("consumer: nil Config")
+	}
+	c := cfg.withDefaults()
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	cons := &Consumer{
+		cfg:         c,
+		log:         c.Logger.With(zap.String("worker", c.Name)),
+		byQueue:     make(map[string]*route),
+		state:       ConnDisconnected,
+		stopCh:      make(chan struct{}),
+		stopped:     make(chan struct{}),
+		workersQuit: make(chan struct{}),
+	}
+	for _, r := range c.Router.Routes() {
+		rt := newRoute(r)
+		cons.routes = append(cons.routes, rt)
+		cons.byQueue[r.Queue] = rt
+	}
+	return cons, nil
+}
+
+// Start connects, declares every route's topology and starts consuming. It
+// returns once every queue that is not paused is being consumed, or with the
+// error of the first connection attempt (the URL in it is redacted). ctx
+// bounds that first attempt; its values (not its cancellation) are passed
+// on to handlers. Later connection losses are handled by the consumer
+// itself: it reconnects with backoff and resumes. Stop it with
+// [Consumer.Stop]. Start may be called again after it failed, but not after
+// it succeeded or after Stop.
+func (c *Consumer) Start(ctx context.Context) error {
+	c.mu.Lock()
+	switch {
+	case c.stopping:
+		c.mu.Unlock()
+		return fmt.Errorf("consumer: Start after Stop: %w", ErrStopped)
+	case c.started:
+		c.mu.Unlock()
+		return errors.New("consumer: already started")
+	}
+	c.started = true
+	c.baseCtx, c.cancelBase = context.WithCancelCause(context.WithoutCancel(ctx))
+	c.mu.Unlock()
+
+	if err := ctx.Err(); err != nil {
+		c.unstart(err)
+		return fmt.Errorf("consumer: start: %w", err)
+	}
+	sess, err := c.connect(ctx)
+	if err != nil {
+		c.unstart(err)
+		return err
+	}
+	for _, r := range c.routes {
+		for range r.Opts.Queue.Concurrency {
+			c.workers.Add(1)
+			go c.work(r)
+		}
+	}
+	c.setState(ConnConnected, nil)
+	go c.supervise(sess)
+	return nil
+}
+
+// unstart undoes a failed Start; a Stop that raced it is completed here.
+func (c *Consumer) unstart(cause error) {
+	c.cancelBase(cause)
+	c.mu.Lock()
+	c.started = false
+	stopping := c.stopping
+	c.mu.Unlock()
+	if stopping {
+		c.markStopped()
+	}
+}
+
+func (c *Consumer) markStopped() {
+	c.stoppedOnce.Do(func() {
+		c.setState(ConnStopped, nil)
+		close(c.stopped)
+	})
+}
+
+// Stop stops consuming (basic.cancel on every queue) and waits for in-flight
+// handlers to finish and settle. Deliveries that were prefetched but not
+// started are requeued. After Config.SoftStopTimeout, or when ctx is done,
+// handler contexts are cancelled with cause [ErrStopped]: interrupted
+// deliveries are requeued without counting an attempt. Stop then closes the
+// connection; whatever was not settled is redelivered by the broker. It
+// returns nil once everything stopped, or ctx's error if ctx ended first
+// (the consumer then finishes stopping in the background; see
+// [Consumer.Stopped]). Stop is idempotent and safe to call without Start.
+func (c *Consumer) Stop(ctx context.Context) error {
+	c.mu.Lock()
+	first := !c.stopping
+	c.stopping = true
+	started := c.started
+	c.mu.Unlock()
+	if !started {
+		c.markStopped()
+		return nil
+	}
+	if first {
+		close(c.stopCh)
+	}
+
+	var soft <-chan time.Time
+	if c.cfg.SoftStopTimeout < 0 {
+		c.cancelBase(ErrStopped)
+	} else {
+		t := time.NewTimer(c.cfg.SoftStopTimeout)
+		defer t.Stop()
+		soft = t.C
+	}
+	for {
+		select {
+		case <-c.stopped:
+			return nil
+		case <-soft:
+			soft = nil
+			c.log.Warn("consumer: soft stop timeout reached; cancelling handlers", zap.Duration("soft_stop_timeout", c.cfg.SoftStopTimeout))
+			c.cancelBase(ErrStopped)
+		case <-ctx.Done():
+			c.cancelBase(ErrStopped)
+			return fmt.Errorf("consumer: stop: %w", errors.Join(ErrStopped, ctx.Err()))
+		}
+	}
+}
+
+// Stopped returns a channel closed once the consumer has fully stopped
+// (after Stop: no handler runs and the connection is closed).
+func (c *Consumer) Stopped() <-chan struct{} { return c.stopped }
+
+// State reports the connection state (ConnDisconnected before Start).
+func (c *Consumer) State() ConnState {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.state
+}
+
+// Ready reports whether the consumer is connected, has declared its topology
+// and is consuming (paused queues count as ready): the check for a /readyz
+// endpoint.
+func (c *Consumer) Ready() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.state == ConnConnected && !c.stopping
+}
+
+func (c *Consumer) setState(s ConnState, err error) {
+	c.mu.Lock()
+	changed := c.state != s
+	c.state = s
+	c.mu.Unlock()
+	if !changed {
+		return
+	}
+	if err != nil {
+		c.log.Warn("consumer: connection state", zap.String("state", string(s)), zap.Error(err))
+	} else {
+		c.log.Info("consumer: connection state", zap.String("state", string(s)))
+	}
+	for _, o := range c.cfg.Observers {
+		o.OnConnState(s, err)
+	}
+}
+
+// supervise owns the connection: it waits for the session to fail or for
+// Stop, reconnects with backoff, and finally shuts down.
+func (c *Consumer) supervise(sess *session) {
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval = c.cfg.ReconnectInitialInterval
+	bo.MaxInterval = c.cfg.ReconnectMaxInterval
+	bo.MaxElapsedTime = 0
+	bo.Reset()
+	for {
+		select {
+		case <-c.stopCh:
+			c.shutdown(sess)
+			return
+		case <-sess.failed:
+		}
+		c.setState(ConnDisconnected, sess.failErr)
+		sess.close()
+		sess = nil
+		for sess == nil {
+			wait := time.NewTimer(bo.NextBackOff())
+			select {
+			case <-c.stopCh:
+				wait.Stop()
+				c.shutdown(nil)
+				return
+			case <-wait.C:
+			}
+			s, err := c.connect(c.baseCtx)
+			if err != nil {
+				c.log.Warn("consumer: reconnect failed", zap.Error(err))
+				continue
+			}
+			sess = s
+		}
+		bo.Reset()
+		c.setState(ConnConnected, nil)
+	}
+}
+
+// shutdown ends a graceful stop: consumers are cancelled, in-flight
+// handlers finish (or are cancelled by Stop), then the connection closes.
+func (c *Consumer) shutdown(sess *session) {
+	if sess != nil {
+		close(sess.stopConsuming)
+		sess.loops.Wait()
+	}
+	close(c.workersQuit)
+	c.workers.Wait()
+	if sess != nil {
+		sess.close()
+	}
+	c.cancelBase(ErrStopped)
+	c.markStopped()
+}
+
+// session is one connection with its channels and delivery loops.
+type session struct {
+	c             *Consumer
+	conn          *amqp.Connection
+	pub           *publisher
+	loops         sync.WaitGroup
+	stopConsuming chan struct{}
+
+	failOnce sync.Once
+	failed   chan struct{}
+	failErr  error
+}
+
+func (s *session) fail(err error) {
+	s.failOnce.Do(func() {
+		s.failErr = err
+		close(s.failed)
+	})
+}
+
+// gone reports whether the session's connection or one of its channels has
+// failed (acks on it are lost; the broker redelivers).
+func (s *session) gone() bool {
+	select {
+	case <-s.failed:
+		return true
+	default:
+		return false
+	}
+}
+
+func (s *session) close() {
+	s.fail(errors.New("consumer: session closed"))
+	_ = s.conn.Close()
+	s.loops.Wait()
+}
+
+// watch turns a close notification into the session's failure.
+func (s *session) watch(what string, closed <-chan *amqp.Error) {
+	go func() {
+		select {
+		case err, ok := <-closed:
+			if ok && err != nil {
+				s.fail(fmt.Errorf("consumer: %s closed: %w", what, err))
+			} else {
+				s.fail(fmt.Errorf("consumer: %s closed", what))
+			}
+		case <-s.failed:
+		}
+	}()
+}
+
+func (s *session) watchCancel(queue string, cancelled <-chan string) {
+	go func() {
+		select {
+		case tag, ok := <-cancelled:
+			if ok {
+				s.fail(fmt.Errorf("consumer: broker cancelled consumer %s of queue %q (queue deleted or failed over)", tag, queue))
+			}
+		case <-s.failed:
+		}
+	}()
+}
+
+// connect dials, declares the topology of every route, opens the publisher
+// and one channel per route, and starts consuming the queues that are not
+// paused.
+func (c *Consumer) connect(ctx context.Context) (*session, error) {
+	conn, err := c.dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s := &session{c: c, conn: conn, stopConsuming: make(chan struct{}), failed: make(chan struct{})}
+	if err := c.open(s); err != nil {
+		s.fail(err)
+		_ = conn.Close()
+		s.loops.Wait()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (c *Consumer) open(s *session) error {
+	s.watch("connection", s.conn.NotifyClose(make(chan *amqp.Error, 1)))
+	for _, r := range c.routes {
+		if err := declareTopology(s.conn, r.Route); err != nil {
+			return err
+		}
+	}
+	pub, err := newPublisher(s, c.cfg.PublishTimeout)
+	if err != nil {
+		return err
+	}
+	s.pub = pub
+	for _, r := range c.routes {
+		ch, err := s.conn.Channel()
+		if err != nil {
+			return fmt.Errorf("consumer: open channel for %q: %w", r.Queue, err)
+		}
+		if err := ch.Qos(r.Opts.Queue.Prefetch, 0, false); err != nil {
+			return fmt.Errorf("consumer: set prefetch on %q: %w", r.Queue, err)
+		}
+		s.watch("channel of "+r.Queue, ch.NotifyClose(make(chan *amqp.Error, 1)))
+		s.watchCancel(r.Queue, ch.NotifyCancel(make(chan string, 1)))
+		var deliveries <-chan amqp.Delivery
+		tag := ""
+		if !r.isPaused() {
+			tag = c.consumerTag(r.Queue)
+			deliveries, err = ch.Consume(r.Queue, tag, false, false, false, false, nil)
+			if err != nil {
+				return fmt.Errorf("consumer: consume %q: %w", r.Queue, err)
+			}
+		}
+		s.loops.Add(1)
+		go s.consumeLoop(r, ch, tag, deliveries)
+	}
+	return nil
+}
+
+var tagSeq atomic.Uint64
+
+func (c *Consumer) consumerTag(queue string) string {
+	tag := fmt.Sprintf("%s/%s/%d", c.cfg.Name, queue, tagSeq.Add(1))
+	if len(tag) > 255 {
+		tag = tag[len(tag)-255:]
+	}
+	return tag
+}
+
+// dial opens one connection, bounded by ctx and Config.DialTimeout. The
+// connection_name property carries Config.Name.
+func (c *Consumer) dial(ctx context.Context) (*amqp.Connection, error) {
+	timeout := c.cfg.DialTimeout
+	conn, err := amqp.DialConfig(c.cfg.URL, amqp.Config{
+		Heartbeat:       c.cfg.Heartbeat,
+		TLSClientConfig: c.cfg.TLS,
+		Locale:          "en_US",
+		Properties: amqp.Table{
+			"connection_name": c.cfg.Name,
+			"product":         "inboxmq",
+		},
+		Dial: func(network, addr string) (net.Conn, error) {
+			d := net.Dialer{Timeout: timeout}
+			nc, err := d.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			// Bounds the TLS and AMQP handshakes; amqp091 clears it after.
+			if err := nc.SetDeadline(time.Now().Add(timeout)); err != nil {
+				_ = nc.Close()
+				return nil, err
+			}
+			return nc, nil
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("consumer: connect to %s: %w", RedactURL(c.cfg.URL), redactErr(c.cfg.URL, err))
+	}
+	return conn, nil
+}
+
+// redactErr removes the URL's password from err's text, should a library
+// ever echo it.
+func redactErr(rawURL string, err error) error {
+	u, perr := url.Parse(rawURL)
+	if perr != nil || u.User == nil {
+		return err
+	}
+	pw, ok := u.User.Password()
+	if !ok || pw == "" || !strings.Contains(err.Error(), pw) {
+		return err
+	}
+	return errors.New(strings.ReplaceAll(err.Error(), pw, "xxxxx"))
+}

@@ -1,0 +1,73 @@
+// Package consumer runs inboxmq's RabbitMQ workers: a [Router] maps queues
+// to typed handlers, and a [Consumer] consumes them and settles every
+// delivery so that nothing is acked before its effect is durable.
+//
+// # Registering handlers
+//
+// Handlers are typed; registration is a free function because methods
+// cannot be generic. The payload is decoded (JSON by default) and
+// validated before the handler runs; a payload that cannot be decoded is
+// dead-lettered at once.
+//
+//	r := consumer.NewRouter()
+//	consumer.Register(r, "payments", consumer.HandlerFunc[Payment](handle), &consumer.HandlerOpts{
+//		Queue: consumer.QueueOpts{Type: consumer.Quorum, Concurrency: 16},
+//	})
+//	c, err := consumer.New(&consumer.Config{URL: url, Router: r, Logger: log})
+//	if err != nil { … }
+//	if err := c.Start(ctx); err != nil { … }
+//	defer c.Stop(context.Background())
+//
+// # Settlement
+//
+// A handler only returns an error; package retry classifies it and the
+// consumer is the only code that talks to the channel about a delivery:
+//
+//	nil, duplicate  -> ack
+//	retryable       -> copy to the delay tier <queue>.retry.<tier> (publisher confirm), then ack
+//	retries spent   -> copy to <queue>.dlq with x-error "exhausted: …" (confirm), then ack
+//	permanent       -> copy to <queue>.dlq with x-error "<reason>: …" (confirm), then ack
+//	stopped         -> nack with requeue; the attempt is not counted
+//
+// A copy that the broker does not confirm leaves the original requeued,
+// never acked. Short blips are first retried in process
+// (HandlerOpts.InProcess); each try starts from scratch. A panic in a
+// handler becomes an error with reason "panic" and the worker lives on.
+//
+// # Topology
+//
+// Unless QueueOpts.NoDeclare is set, Start declares per route a durable
+// work queue (classic or quorum), its DLQ "<queue>.dlq" and one wait queue
+// per delay tier ([RetryQueueName]) whose messages expire back into the
+// work queue, so a short delay never waits behind a long one. A quorum
+// queue gets a delivery limit and at-least-once dead-lettering into the
+// DLQ with reject-publish overflow: a crash loop ends in the DLQ and
+// nothing is silently dropped. A queue that exists with other arguments is
+// a start-up error naming the queue and the argument.
+//
+// # Connections and shutdown
+//
+// One supervisor goroutine owns the connection. When the connection or a
+// channel closes, or the broker cancels a consumer, it reconnects with
+// exponential backoff and jitter, re-declares the topology and resumes
+// consuming. Workers of the old connection settle on the old channel, where
+// a late ack simply fails and the broker redelivers.
+//
+// [Consumer.Stop] cancels the broker consumers, lets in-flight handlers
+// finish within Config.SoftStopTimeout, then cancels their contexts with
+// cause [ErrStopped] (those deliveries are requeued), and closes the
+// connection: whatever was not settled is redelivered. [Consumer.Ready]
+// serves a /readyz endpoint.
+//
+// # Runtime controls
+//
+// [Consumer.Pause] and [Consumer.Resume] stop and restart taking deliveries
+// from one queue (a paused queue stays paused across reconnects), and
+// [Consumer.SetConcurrency] lowers how many of its handlers run at once.
+//
+// # Dead letters
+//
+// [ReplayDLQ] moves selected dead letters (by reason, key or count) back to
+// the work queue with their body unchanged, so the inbox recognises them;
+// MaxReplays bounds how often one message comes back.
+package consumer

@@ -1,0 +1,177 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// HeaderReplayRefused marks a dead letter that [ReplayDLQ] selected but
+// refused to replay because it had been replayed MaxReplays times already.
+const HeaderReplayRefused = "x-replay-refused"
+
+// ReplayOpts select which dead letters [ReplayDLQ] moves back. A nil
+// *ReplayOpts replays every message (up to MaxReplays each).
+type ReplayOpts struct {
+	// Limit is the most messages to replay. Defaults to 0: no limit.
+	Limit int
+	// Reason selects messages whose x-error header starts with it (such as
+	// "exhausted" or "decode"), or, without x-error, whose first x-death
+	// reason equals it (such as "delivery_limit" from a quorum queue).
+	// Defaults to "": any reason.
+	Reason string
+	// Key selects the message with this x-idempotency-key. Defaults to "":
+	// any key.
+	Key string
+	// MaxReplays bounds how often one message may be replayed; a selected
+	// message at the bound stays in the DLQ with HeaderReplayRefused set.
+	// Defaults to 3; -1 means no bound.
+	MaxReplays int
+	// DeadLetterQueue is the DLQ to read. Defaults to "<queue>.dlq".
+	DeadLetterQueue string
+	// PublishTimeout bounds each publisher confirm. Defaults to 10s.
+	PublishTimeout time.Duration
+}
+
+// ReplayResult counts what [ReplayDLQ] did.
+type ReplayResult struct {
+	// Scanned is the number of dead letters looked at.
+	Scanned int
+	// Replayed is the number moved back to the work queue.
+	Replayed int
+	// Kept is the number not selected, left in the DLQ.
+	Kept int
+	// Refused is the number selected but left in the DLQ because they had
+	// reached MaxReplays.
+	Refused int
+}
+
+// ReplayDLQ moves dead letters of queue back to queue. It looks at most at
+// the messages that were in the DLQ when it started (so it terminates while
+// new dead letters arrive). A selected message is published to the work
+// queue with its body (and so its idempotency key) unchanged, x-attempt
+// reset to 1 and x-replay-count incremented; the failure headers are
+// dropped. Every other message is re-published to the DLQ, so it stays
+// there. Each publish is confirmed before the original is acked; on any
+// error the unsettled message stays in the DLQ. Because a replay goes
+// through the same inbox, replaying a message whose effect was already
+// committed is acked as a duplicate.
+func ReplayDLQ(ctx context.Context, conn *amqp.Connection, queue string, opts *ReplayOpts) (ReplayResult, error) {
+	var res ReplayResult
+	var o ReplayOpts
+	if opts != nil {
+		o = *opts
+	}
+	if o.DeadLetterQueue == "" {
+		o.DeadLetterQueue = queue + ".dlq"
+	}
+	if o.MaxReplays == 0 {
+		o.MaxReplays = 3
+	}
+	if o.PublishTimeout <= 0 {
+		o.PublishTimeout = 10 * time.Second
+	}
+	if !ValidName(queue) || !ValidName(o.DeadLetterQueue) {
+		return res, fmt.Errorf("consumer: replay: invalid queue name %q or %q", queue, o.DeadLetterQueue)
+	}
+	if conn == nil {
+		return res, errors.New("consumer: replay: nil connection")
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		return res, fmt.Errorf("consumer: replay: open channel: %w", err)
+	}
+	defer func() { _ = ch.Close() }()
+	if err := ch.Confirm(false); err != nil {
+		return res, fmt.Errorf("consumer: replay: confirm mode: %w", err)
+	}
+	q, err := ch.QueueDeclarePassive(o.DeadLetterQueue, true, false, false, false, nil)
+	if err != nil {
+		return res, fmt.Errorf("consumer: replay: inspect %q: %w", o.DeadLetterQueue, err)
+	}
+	pub := &publisher{ch: ch, timeout: o.PublishTimeout}
+	for range q.Messages {
+		if err := ctx.Err(); err != nil {
+			return res, fmt.Errorf("consumer: replay: %w", err)
+		}
+		m, ok, err := ch.Get(o.DeadLetterQueue, false)
+		if err != nil {
+			return res, fmt.Errorf("consumer: replay: get from %q: %w", o.DeadLetterQueue, err)
+		}
+		if !ok {
+			break
+		}
+		res.Scanned++
+		selected := (o.Limit <= 0 || res.Replayed < o.Limit) && replayMatches(m.Headers, &o)
+		replays := HeaderInt(m.Headers, HeaderReplayCount)
+		target, h := o.DeadLetterQueue, m.Headers
+		switch {
+		case selected && o.MaxReplays > 0 && replays >= o.MaxReplays:
+			h = cloneTable(m.Headers)
+			h[HeaderReplayRefused] = true
+		case selected:
+			target, h = queue, replayHeaders(m.Headers, replays)
+		}
+		if err := pub.publish(ctx, target, copyOf(&m, h)); err != nil {
+			_ = m.Nack(false, true)
+			return res, fmt.Errorf("consumer: replay: %w", err)
+		}
+		if err := m.Ack(false); err != nil {
+			return res, fmt.Errorf("consumer: replay: ack: %w", err)
+		}
+		switch {
+		case !selected:
+			res.Kept++
+		case target == queue:
+			res.Replayed++
+		default:
+			res.Refused++
+		}
+	}
+	return res, nil
+}
+
+func replayMatches(h amqp.Table, o *ReplayOpts) bool {
+	if o.Key != "" {
+		if k, _ := h[HeaderIdempotencyKey].(string); k != o.Key {
+			return false
+		}
+	}
+	if o.Reason == "" {
+		return true
+	}
+	if e, ok := h[HeaderError].(string); ok {
+		return strings.HasPrefix(e, o.Reason)
+	}
+	if deaths, ok := h["x-death"].([]any); ok && len(deaths) > 0 {
+		if t, ok := deaths[0].(amqp.Table); ok {
+			r, _ := t["reason"].(string)
+			return r == o.Reason
+		}
+	}
+	return false
+}
+
+// replayHeaders resets the attempt, counts the replay and drops the
+// failure and broker headers of the dead letter.
+func replayHeaders(h amqp.Table, replays int) amqp.Table {
+	out := cloneTable(h)
+	for _, k := range []string{HeaderError, HeaderLastFailedAt, HeaderDeliveryCount, HeaderReplayRefused, "x-death", "x-first-death-exchange", "x-first-death-queue", "x-first-death-reason"} {
+		delete(out, k)
+	}
+	out[HeaderAttempt] = int32(1)
+	out[HeaderReplayCount] = int32(replays + 1) //nolint:gosec // bounded by MaxReplays
+	return out
+}
+
+func cloneTable(h amqp.Table) amqp.Table {
+	out := make(amqp.Table, len(h)+2)
+	for k, v := range h {
+		out[k] = v
+	}
+	return out
+}

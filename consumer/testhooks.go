@@ -1,0 +1,25 @@
+package consumer
+
+// testHooks are fault-injection points for tests (river's testsignal
+// style). A nil *testHooks, and every nil field, does nothing. Tests set
+// them before Start through export_test.go.
+type testHooks struct {
+	// beforeAck runs after a handler succeeded (its effect is committed)
+	// and before the delivery is acked.
+	beforeAck func(d *Delivery)
+	// afterPublish runs after a retry or dead-letter copy was confirmed and
+	// before the original is acked.
+	afterPublish func(d *Delivery)
+}
+
+func (h *testHooks) runBeforeAck(d *Delivery) {
+	if h != nil && h.beforeAck != nil {
+		h.beforeAck(d)
+	}
+}
+
+func (h *testHooks) runAfterPublish(d *Delivery) {
+	if h != nil && h.afterPublish != nil {
+		h.afterPublish(d)
+	}
+}

@@ -1,0 +1,134 @@
+package consumer
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// AMQP queue arguments that inboxmq sets.
+const (
+	argQueueType        = "x-queue-type"
+	argDeliveryLimit    = "x-delivery-limit"
+	argDLX              = "x-dead-letter-exchange"
+	argDLRoutingKey     = "x-dead-letter-routing-key"
+	argDLStrategy       = "x-dead-letter-strategy"
+	argOverflow         = "x-overflow"
+	argMessageTTL       = "x-message-ttl"
+	strategyAtLeastOnce = "at-least-once"
+	overflowRejectPub   = "reject-publish"
+)
+
+// reservedArgs are managed by inboxmq; QueueOpts.Arguments may not set them
+// to anything else, because they decide whether a message can be dropped.
+var reservedArgs = []string{argQueueType, argDeliveryLimit, argDLX, argDLRoutingKey, argDLStrategy, argOverflow}
+
+// validateTopology checks the safety rules of a queue's topology: nothing
+// may be configured to drop messages silently.
+func (o HandlerOpts) validateTopology(queue string) error {
+	if err := o.validate(queue); err != nil {
+		return err
+	}
+	q := o.Queue
+	if q.Type == Quorum && q.DeliveryLimit <= 0 {
+		return fmt.Errorf("consumer: quorum queue %q needs a positive DeliveryLimit (got %d): without one a crash loop never ends", queue, q.DeliveryLimit)
+	}
+	for _, a := range reservedArgs {
+		if _, ok := q.Arguments[a]; ok {
+			return fmt.Errorf("consumer: queue %q: argument %s is managed by inboxmq (it decides whether messages can be dropped); remove it from QueueOpts.Arguments", queue, a)
+		}
+	}
+	for _, tier := range q.RetryTiers {
+		if n := RetryQueueName(queue, tier); !ValidName(n) {
+			return fmt.Errorf("consumer: retry queue name %q is invalid", n)
+		}
+	}
+	return nil
+}
+
+// workQueueArgs are the arguments of the work queue.
+func workQueueArgs(queue string, q QueueOpts) amqp.Table {
+	args := amqp.Table{}
+	for k, v := range q.Arguments {
+		args[k] = v
+	}
+	args[argQueueType] = string(q.Type)
+	if q.Type == Quorum {
+		args[argDeliveryLimit] = int64(q.DeliveryLimit)
+		args[argDLX] = ""
+		args[argDLRoutingKey] = q.DeadLetterQueue
+		args[argDLStrategy] = strategyAtLeastOnce
+		args[argOverflow] = overflowRejectPub
+	}
+	return args
+}
+
+// queueDecl is one queue of a route's topology.
+type queueDecl struct {
+	name string
+	args amqp.Table
+}
+
+// topology lists the queues of a route: the DLQ first (the work queue
+// dead-letters into it), the work queue, then one wait queue per tier.
+func topology(queue string, q QueueOpts) []queueDecl {
+	typ := string(q.Type)
+	dlq := amqp.Table{argQueueType: typ}
+	out := []queueDecl{
+		{name: q.DeadLetterQueue, args: dlq},
+		{name: queue, args: workQueueArgs(queue, q)},
+	}
+	for _, tier := range q.RetryTiers {
+		args := amqp.Table{
+			argQueueType:    typ,
+			argMessageTTL:   int64(tier / time.Millisecond),
+			argDLX:          "",
+			argDLRoutingKey: queue,
+		}
+		if q.Type == Quorum {
+			args[argDLStrategy] = strategyAtLeastOnce
+			args[argOverflow] = overflowRejectPub
+		}
+		out = append(out, queueDecl{name: RetryQueueName(queue, tier), args: args})
+	}
+	return out
+}
+
+var inequivalentArg = regexp.MustCompile(`inequivalent arg '([^']+)'`)
+
+// declareTopology declares every queue of the route. Each declaration uses
+// its own channel, because a PRECONDITION_FAILED closes the channel.
+func declareTopology(conn *amqp.Connection, r Route) error {
+	if r.Opts.Queue.NoDeclare {
+		return nil
+	}
+	for _, qd := range topology(r.Queue, r.Opts.Queue) {
+		if err := declareQueue(conn, qd); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func declareQueue(conn *amqp.Connection, qd queueDecl) error {
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("consumer: open channel to declare %q: %w", qd.name, err)
+	}
+	defer func() { _ = ch.Close() }()
+	if _, err := ch.QueueDeclare(qd.name, true, false, false, false, qd.args); err != nil {
+		var ae *amqp.Error
+		if errors.As(err, &ae) && ae.Code == amqp.PreconditionFailed {
+			arg := "an argument"
+			if m := inequivalentArg.FindStringSubmatch(ae.Reason); m != nil {
+				arg = "argument " + m[1]
+			}
+			return fmt.Errorf("consumer: queue %q already exists with a different %s than configured (delete it or align QueueOpts): %w", qd.name, arg, err)
+		}
+		return fmt.Errorf("consumer: declare queue %q: %w", qd.name, err)
+	}
+	return nil
+}

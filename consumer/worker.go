@@ -1,0 +1,317 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.uber.org/zap"
+
+	"github.com/inboxmq/inboxmq/retry"
+)
+
+// errChannelGone: the delivery's channel closed before it could be settled;
+// the broker redelivers it.
+var errChannelGone = errors.New("consumer: channel closed before settlement; the broker redelivers")
+
+// job is one delivery handed from a delivery loop to a worker. It carries
+// its session, so a worker settles on the channel (and publishes on the
+// connection) the delivery came from, never on a newer one.
+type job struct {
+	raw  amqp.Delivery
+	sess *session
+}
+
+// consumeLoop feeds route r's workers from one channel of one session. It
+// pauses and resumes with the route and ends with the session or on Stop.
+func (s *session) consumeLoop(r *route, ch *amqp.Channel, tag string, deliveries <-chan amqp.Delivery) {
+	defer s.loops.Done()
+	for {
+		if deliveries == nil {
+			if !s.waitResumed(r) {
+				return
+			}
+			tag = s.c.consumerTag(r.Queue)
+			var err error
+			deliveries, err = ch.Consume(r.Queue, tag, false, false, false, false, nil)
+			if err != nil {
+				s.fail(fmt.Errorf("consumer: consume %q: %w", r.Queue, err))
+				return
+			}
+		}
+		if !s.pump(r, ch, tag, deliveries) {
+			return
+		}
+		deliveries = nil
+	}
+}
+
+func (s *session) waitResumed(r *route) bool {
+	for {
+		paused, changed := r.pauseState()
+		if !paused {
+			return true
+		}
+		select {
+		case <-changed:
+		case <-s.stopConsuming:
+			return false
+		case <-s.failed:
+			return false
+		}
+	}
+}
+
+// pump hands deliveries to the workers. It returns true when the route was
+// paused (the broker consumer is cancelled and drained) and false when the
+// loop must end (Stop, or the session failed).
+func (s *session) pump(r *route, ch *amqp.Channel, tag string, deliveries <-chan amqp.Delivery) bool {
+	for {
+		paused, changed := r.pauseState()
+		if paused {
+			s.cancel(ch, tag, deliveries, nil)
+			return true
+		}
+		select { // Stop wins over a ready delivery
+		case <-s.stopConsuming:
+			s.cancel(ch, tag, deliveries, nil)
+			return false
+		default:
+		}
+		select {
+		case raw, ok := <-deliveries:
+			if !ok {
+				s.fail(fmt.Errorf("consumer: deliveries of %q ended (channel closed or consumer cancelled)", r.Queue))
+				return false
+			}
+			select {
+			case r.jobs <- job{raw: raw, sess: s}:
+			case <-changed:
+				_ = raw.Nack(false, true)
+			case <-s.stopConsuming:
+				s.cancel(ch, tag, deliveries, &raw)
+				return false
+			case <-s.failed:
+				return false
+			}
+		case <-changed:
+		case <-s.stopConsuming:
+			s.cancel(ch, tag, deliveries, nil)
+			return false
+		case <-s.failed:
+			return false
+		}
+	}
+}
+
+// cancel cancels the broker consumer and requeues what it had prefetched
+// (held included) but no worker started.
+func (s *session) cancel(ch *amqp.Channel, tag string, deliveries <-chan amqp.Delivery, held *amqp.Delivery) {
+	if held != nil {
+		_ = held.Nack(false, true)
+	}
+	if err := ch.Cancel(tag, false); err != nil {
+		return // the channel is gone: the broker requeues everything
+	}
+	for raw := range deliveries {
+		_ = raw.Nack(false, true)
+	}
+}
+
+// work is one worker of route r's fixed pool.
+func (c *Consumer) work(r *route) {
+	defer c.workers.Done()
+	for {
+		if !r.sem.acquire(c.workersQuit) {
+			return
+		}
+		select {
+		case j := <-r.jobs:
+			c.process(r, &j)
+			r.sem.release()
+		case <-c.workersQuit:
+			r.sem.release()
+			return
+		}
+	}
+}
+
+// process runs one delivery through the handler chain and settles it.
+func (c *Consumer) process(r *route, j *job) {
+	opts := &r.Opts
+	d := NewDelivery(r.Queue, opts.Consumer, c.cfg.Name, &j.raw, c.cfg.Observers...)
+	d.Transition(StatusReceived, nil)
+	ctx := c.baseCtx
+	tries := 0
+	maxTries := inProcessTries(opts.InProcess)
+	err := opts.InProcess.Do(ctx, func(ctx context.Context) error {
+		tries++
+		err := c.call(ctx, r.Handler, d)
+		if err != nil && tries <= maxTries && len(c.cfg.Observers) > 0 && ctx.Err() == nil {
+			if dec := retry.Classify(err, opts.Rules...); dec.Kind == retry.KindRetry && dec.Delay == 0 {
+				delay := nominalInProcessDelay(opts.InProcess, tries)
+				for _, o := range c.cfg.Observers {
+					o.OnInProcessRetry(d, dec, delay)
+				}
+			}
+		}
+		return err
+	}, opts.Rules...)
+	dec := decide(ctx, err, opts.Rules)
+	c.settle(r, j, d, dec, max(tries-1, 0))
+}
+
+// call runs the handler with a last-guard recover: a panic becomes an error
+// with reason "panic" and the worker lives on.
+func (c *Consumer) call(ctx context.Context, h DeliveryHandler, d *Delivery) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			c.log.Error("consumer: handler panicked", zap.String("queue", d.Queue), zap.String("message_id", d.MessageID),
+				zap.Any("panic", p), zap.ByteString("stack", debug.Stack()))
+			err = retry.WithReason(retry.ReasonPanic, fmt.Errorf("consumer: handler panicked: %v", p))
+		}
+	}()
+	return h(ctx, d)
+}
+
+// decide classifies the handler's final error. Work whose context was
+// cancelled by Stop is interrupted (requeued, attempt not counted), unless
+// it succeeded or was a duplicate: those are committed and must be acked.
+func decide(ctx context.Context, err error, rules []retry.Rule) retry.Decision {
+	dec := retry.Classify(err, rules...)
+	switch dec.Kind {
+	case retry.KindSucceeded, retry.KindDuplicate, retry.KindInterrupted:
+		return dec
+	}
+	if errors.Is(context.Cause(ctx), ErrStopped) {
+		return retry.Decision{Kind: retry.KindInterrupted, Reason: "stopped", Err: err}
+	}
+	return dec
+}
+
+// settle turns the decision into broker actions and reports the outcome.
+// Nothing is acked before it is committed or durably re-published.
+func (c *Consumer) settle(r *route, j *job, d *Delivery, dec retry.Decision, inProcess int) {
+	out := Outcome{Decision: dec, InProcessRetries: inProcess}
+	var status string
+	switch {
+	case j.sess.gone():
+		out.Action, out.Err, status = ActionAbandoned, errChannelGone, StatusFailed
+	case dec.Kind == retry.KindSucceeded || dec.Kind == retry.KindDuplicate:
+		c.hooks.Load().runBeforeAck(d)
+		status = StatusCompleted
+		if dec.Kind == retry.KindDuplicate {
+			status = StatusDuplicate
+		}
+		out.Action = ActionAcked
+		status = settled(&out, j.raw.Ack(false), status)
+	case dec.Kind == retry.KindRetry:
+		delay, ok := r.Opts.Policy.NextDelay(d.Attempt, dec.Err)
+		if !ok {
+			out.Decision.Reason = retry.ReasonExhausted
+			status = c.deadLetter(r, j, d, &out)
+			break
+		}
+		tier := retry.Tier(r.Opts.Queue.RetryTiers, max(dec.Delay, delay))
+		h := failureHeaders(d.Headers, r.Queue, dec.Reason, dec.Err, time.Now())
+		h[HeaderAttempt] = int32(d.Attempt + 1) //nolint:gosec // attempts are small
+		if err := j.sess.pub.publish(c.baseCtx, RetryQueueName(r.Queue, tier), copyOf(&j.raw, h)); err != nil {
+			status = requeueAfter(j, &out, err)
+			break
+		}
+		c.hooks.Load().runAfterPublish(d)
+		out.Action, out.Delay = ActionRetried, tier
+		status = settled(&out, j.raw.Ack(false), StatusRetry)
+	case dec.Kind == retry.KindPermanent:
+		status = c.deadLetter(r, j, d, &out)
+	default: // interrupted
+		out.Action = ActionRequeued
+		status = settled(&out, j.raw.Nack(false, true), StatusRequeued)
+	}
+	out.Duration = time.Since(d.ReceivedAt)
+	if out.Err != nil {
+		c.log.Warn("consumer: settlement failed", zap.String("queue", r.Queue), zap.String("message_id", d.MessageID),
+			zap.String("action", string(out.Action)), zap.Error(out.Err))
+	}
+	statusErr := dec.Err
+	if out.Err != nil {
+		statusErr = out.Err
+	}
+	d.Transition(status, statusErr)
+	for _, o := range c.cfg.Observers {
+		o.OnOutcome(d, out)
+	}
+}
+
+// deadLetter publishes a copy to the DLQ with confirm, then acks.
+func (c *Consumer) deadLetter(r *route, j *job, d *Delivery, out *Outcome) string {
+	h := failureHeaders(d.Headers, r.Queue, out.Decision.Reason, out.Decision.Err, time.Now())
+	h[HeaderAttempt] = int32(d.Attempt) //nolint:gosec // attempts are small
+	if d.Key != "" {
+		h[HeaderIdempotencyKey] = d.Key
+	}
+	if err := j.sess.pub.publish(c.baseCtx, r.Opts.Queue.DeadLetterQueue, copyOf(&j.raw, h)); err != nil {
+		return requeueAfter(j, out, err)
+	}
+	c.hooks.Load().runAfterPublish(d)
+	out.Action = ActionDeadLettered
+	return settled(out, j.raw.Ack(false), StatusDeadLettered)
+}
+
+// settled records the result of the final ack or nack: if it failed, the
+// channel is gone, nothing was settled and the broker redelivers.
+func settled(out *Outcome, err error, status string) string {
+	if err == nil {
+		return status
+	}
+	out.Action, out.Err = ActionAbandoned, err
+	return StatusFailed
+}
+
+// requeueAfter handles a failed or unconfirmed copy: the original is
+// requeued, never acked.
+func requeueAfter(j *job, out *Outcome, pubErr error) string {
+	out.Action = ActionRequeued
+	if err := j.raw.Nack(false, true); err != nil {
+		out.Action = ActionAbandoned
+		pubErr = errors.Join(pubErr, err)
+	}
+	out.Err = pubErr
+	if out.Action == ActionAbandoned {
+		return StatusFailed
+	}
+	return StatusRequeued
+}
+
+// inProcessTries mirrors retry.InProcess's defaults: extra tries after the
+// first call.
+func inProcessTries(p retry.InProcess) int {
+	switch {
+	case p.Tries == 0:
+		return 2
+	case p.Tries < 0:
+		return 0
+	default:
+		return p.Tries
+	}
+}
+
+// nominalInProcessDelay is the un-jittered pause before extra try n (1-based)
+// under backoff/v4's default multiplier of 1.5, for observers.
+func nominalInProcessDelay(p retry.InProcess, n int) time.Duration {
+	initial, maxI := p.InitialInterval, p.MaxInterval
+	if initial <= 0 {
+		initial = 20 * time.Millisecond
+	}
+	if maxI <= 0 {
+		maxI = 200 * time.Millisecond
+	}
+	d := float64(initial)
+	for i := 1; i < n; i++ {
+		d *= 1.5
+	}
+	return min(time.Duration(d), maxI)
+}
