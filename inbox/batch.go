@@ -1,0 +1,403 @@
+package inbox
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/inboxmq/inboxmq/retry"
+)
+
+const tracerName = "github.com/inboxmq/inboxmq/inbox"
+
+// startSpan starts a child span of the caller's span; a no-op when ctx
+// carries none (no global provider is consulted).
+func startSpan(ctx context.Context, name string) (context.Context, trace.Span) {
+	return trace.SpanFromContext(ctx).TracerProvider().Tracer(tracerName).Start(ctx, name)
+}
+
+func endSpan(span trace.Span, err error) {
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
+}
+
+// unit is one delivery on its way through a (group) commit.
+type unit struct {
+	ctx       context.Context
+	consumer  string
+	key       string
+	messageID string
+	fp        []byte
+	payload   []byte // nil unless the handler stores payloads
+	run       func(ctx context.Context, tx pgx.Tx) error
+	onClaim   func(fence int64)
+
+	err  error
+	done chan struct{}
+}
+
+type unitKey struct{ consumer, key string }
+
+// execBatch runs units: the batch of one (per-message mode) and group
+// commit share it. Deliveries of the same key within the batch are deferred
+// to a following transaction, so they meet the first one's committed
+// outcome exactly as a concurrent duplicate would.
+func (s *Store) execBatch(units []*unit) {
+	for len(units) > 0 {
+		var first, later []*unit
+		if len(units) == 1 {
+			first = units
+		} else {
+			seen := make(map[unitKey]struct{}, len(units))
+			for _, u := range units {
+				k := unitKey{u.consumer, u.key}
+				if _, dup := seen[k]; dup {
+					later = append(later, u)
+					continue
+				}
+				seen[k] = struct{}{}
+				first = append(first, u)
+			}
+		}
+		s.execDistinct(first)
+		for _, u := range first {
+			close(u.done)
+		}
+		units = later
+	}
+}
+
+// batchContext governs the batch's own statements: it ends when every
+// delivery's context has ended (a single caller's context otherwise).
+func batchContext(units []*unit) (context.Context, func()) {
+	if len(units) == 1 {
+		return units[0].ctx, func() {}
+	}
+	ctx, cancel := context.WithCancelCause(context.WithoutCancel(units[0].ctx))
+	var left atomic.Int64
+	left.Store(int64(len(units)))
+	stops := make([]func() bool, len(units))
+	for i, u := range units {
+		stops[i] = context.AfterFunc(u.ctx, func() {
+			if left.Add(-1) == 0 {
+				cancel(context.Cause(u.ctx))
+			}
+		})
+	}
+	return ctx, func() {
+		for _, stop := range stops {
+			stop()
+		}
+		cancel(nil)
+	}
+}
+
+func failAll(units []*unit, err error) {
+	for _, u := range units {
+		if u.err == nil {
+			u.err = err
+		}
+	}
+}
+
+// execDistinct runs one transaction for units with distinct keys. Round
+// trips: BEGIN, one claim statement, then per delivery its handler's
+// statements (plus SAVEPOINT when more than one delivery was claimed, and
+// ROLLBACK TO SAVEPOINT with the failure record, pipelined, when it fails),
+// and one COMMIT.
+func (s *Store) execDistinct(units []*unit) {
+	ctx, done := batchContext(units)
+	defer done()
+	slices.SortFunc(units, func(a, b *unit) int {
+		return cmp.Or(cmp.Compare(a.consumer, b.consumer), cmp.Compare(a.key, b.key))
+	})
+
+	spans := make([]trace.Span, len(units))
+	for i, u := range units {
+		_, spans[i] = startSpan(u.ctx, "inbox.claim")
+	}
+	endSpans := func(err error) {
+		for i, sp := range spans {
+			if sp != nil {
+				endSpan(sp, cmp.Or(err, units[i].err))
+				spans[i] = nil
+			}
+		}
+	}
+
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		err = infraError(ReasonDBConnection, fmt.Errorf("inbox: begin: %w", err))
+		failAll(units, err)
+		endSpans(err)
+		return
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+
+	claimed, err := s.claimBatch(ctx, tx, units)
+	endSpans(err)
+	if err != nil {
+		failAll(units, err)
+		return
+	}
+	if len(claimed) == 0 {
+		return
+	}
+
+	savepoints := len(claimed) > 1
+	var ok []*unit
+	for _, cu := range claimed {
+		u := cu.u
+		if u.onClaim != nil {
+			u.onClaim(cu.fence)
+		}
+		if savepoints {
+			if _, err := tx.Exec(ctx, "SAVEPOINT inboxmq_delivery"); err != nil {
+				failAll(units, infraError(ReasonDBConnection, fmt.Errorf("inbox: savepoint: %w", err)))
+				return
+			}
+		}
+		herr := runHandler(u, tx)
+		if herr == nil {
+			ok = append(ok, u)
+			continue
+		}
+		u.err = MapError(herr)
+		if !savepoints {
+			// The batch of one: roll the whole transaction back, then record
+			// the failed attempt on its own.
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+			s.recordFailure(u, herr)
+			return
+		}
+		b := &pgx.Batch{}
+		b.Queue("ROLLBACK TO SAVEPOINT inboxmq_delivery")
+		b.Queue(s.sql.failInTx, u.consumer, u.key, errorText(herr))
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			failAll(units, infraError(ReasonDBConnection, fmt.Errorf("inbox: roll back delivery: %w", err)))
+			return
+		}
+	}
+
+	_, span := startSpan(claimed[0].u.ctx, "inbox.commit")
+	err = tx.Commit(ctx)
+	if err != nil {
+		err = infraError(ReasonDBCommit, fmt.Errorf("inbox: commit: %w", err))
+		failAll(ok, err)
+	}
+	endSpan(span, err)
+}
+
+type claimedUnit struct {
+	u     *unit
+	fence int64
+}
+
+// claimBatch claims units' keys in one statement. Units whose key is not
+// claimed get their verdict (duplicate, key conflict, claim held) in u.err.
+func (s *Store) claimBatch(ctx context.Context, tx pgx.Tx, units []*unit) ([]claimedUnit, error) {
+	n := len(units)
+	consumers := make([]string, n)
+	keys := make([]string, n)
+	fps := make([][]byte, n)
+	mids := make([]*string, n)
+	payloads := make([][]byte, n)
+	for i, u := range units {
+		consumers[i], keys[i], fps[i], payloads[i] = u.consumer, u.key, u.fp, u.payload
+		if u.messageID != "" {
+			mids[i] = &u.messageID
+		}
+	}
+	rows, err := tx.Query(ctx, s.sql.claim, consumers, keys, fps, mids, payloads)
+	if err != nil {
+		return nil, infraError(ReasonDBConnection, fmt.Errorf("inbox: claim: %w", err))
+	}
+	fences := make(map[unitKey]int64, n)
+	var k unitKey
+	var fence int64
+	_, err = pgx.ForEachRow(rows, []any{&k.consumer, &k.key, &fence}, func() error {
+		fences[k] = fence
+		return nil
+	})
+	if err != nil {
+		return nil, infraError(ReasonDBConnection, fmt.Errorf("inbox: claim: %w", err))
+	}
+	claimed := make([]claimedUnit, 0, len(fences))
+	var missing []*unit
+	for _, u := range units {
+		if f, ok := fences[unitKey{u.consumer, u.key}]; ok {
+			claimed = append(claimed, claimedUnit{u: u, fence: f})
+		} else {
+			missing = append(missing, u)
+		}
+	}
+	if len(missing) > 0 {
+		if err := s.explainUnclaimed(ctx, tx, missing); err != nil {
+			return nil, err
+		}
+	}
+	return claimed, nil
+}
+
+// explainUnclaimed sets the verdict of units whose key was not claimed.
+func (s *Store) explainUnclaimed(ctx context.Context, tx pgx.Tx, units []*unit) error {
+	consumers := make([]string, len(units))
+	keys := make([]string, len(units))
+	for i, u := range units {
+		consumers[i], keys[i] = u.consumer, u.key
+	}
+	rows, err := tx.Query(ctx, s.sql.lookup, consumers, keys)
+	if err != nil {
+		return infraError(ReasonDBConnection, fmt.Errorf("inbox: look up duplicates: %w", err))
+	}
+	type state struct {
+		status string
+		fp     []byte
+		lease  float64
+	}
+	found := make(map[unitKey]state, len(units))
+	var k unitKey
+	var st state
+	var lease *float64
+	_, err = pgx.ForEachRow(rows, []any{&k.consumer, &k.key, &st.status, &st.fp, &lease}, func() error {
+		st.lease = 0
+		if lease != nil {
+			st.lease = *lease
+		}
+		found[k] = st
+		return nil
+	})
+	if err != nil {
+		return infraError(ReasonDBConnection, fmt.Errorf("inbox: look up duplicates: %w", err))
+	}
+	for _, u := range units {
+		st, ok := found[unitKey{u.consumer, u.key}]
+		u.err = verdict(u, st.status, st.fp, time.Duration(st.lease*float64(time.Second)), ok)
+	}
+	return nil
+}
+
+// verdict explains why a key could not be claimed.
+func verdict(u *unit, status string, fp []byte, lease time.Duration, found bool) error {
+	switch {
+	case found && status == RecordCompleted && fp != nil && u.fp != nil && !bytes.Equal(fp, u.fp):
+		return retry.Permanent(fmt.Errorf("inbox: key %q of consumer %q: %w", u.key, u.consumer, ErrKeyConflict))
+	case found && status == RecordCompleted:
+		return retry.Duplicate(retry.SourceInbox, fmt.Errorf("inbox: key %q of consumer %q is completed", u.key, u.consumer))
+	case found && status == RecordProcessing:
+		return retry.WithReason(ReasonClaimHeld, retry.After(max(lease, time.Second),
+			fmt.Errorf("inbox: key %q of consumer %q is claimed by another worker", u.key, u.consumer)))
+	default:
+		// The row changed between the claim and the look-up (such as a
+		// retention delete): try again.
+		return retry.WithReason(ReasonClaimHeld, retry.Retryable(
+			fmt.Errorf("inbox: key %q of consumer %q could not be claimed (status %q)", u.key, u.consumer, status)))
+	}
+}
+
+// runHandler runs u's handler in tx, turning a panic into an error.
+func runHandler(u *unit, tx pgx.Tx) (err error) {
+	ctx, span := startSpan(u.ctx, "inbox.handler")
+	defer func() {
+		if p := recover(); p != nil {
+			err = retry.WithReason(ReasonPanic, fmt.Errorf("inbox: handler panicked: %v", p))
+		}
+		endSpan(span, err)
+	}()
+	return u.run(ctx, tx)
+}
+
+// recordFailure records a failed attempt after its transaction rolled
+// back, so that the row shows the history. Errors are logged only: the
+// delivery's own error is what matters to the consumer.
+func (s *Store) recordFailure(u *unit, herr error) {
+	ctx, cancel := s.cleanupCtx(u.ctx)
+	defer cancel()
+	var mid *string
+	if u.messageID != "" {
+		mid = &u.messageID
+	}
+	if _, err := s.pool.Exec(ctx, s.sql.failAuto, u.consumer, u.key, u.fp, mid, errorText(herr)); err != nil {
+		s.cfg.Logger.Warn("inbox: record failed attempt")
+	}
+}
+
+// errorText bounds the stored error text.
+func errorText(err error) string {
+	const limit = 2000
+	s := err.Error()
+	if len(s) > limit {
+		s = s[:limit]
+	}
+	return s
+}
+
+// batcher collects deliveries handled concurrently into group commits. The
+// first delivery of a batch leads it: it waits up to MaxWait for others (or
+// until MaxBatch arrived) and for a free slot (MaxInFlight), then runs the
+// batch; the others wait for their result. No goroutine outlives a call.
+type batcher struct {
+	s   *Store
+	cfg GroupCommit
+	sem chan struct{}
+
+	mu  sync.Mutex
+	cur *pendingBatch
+}
+
+type pendingBatch struct {
+	units []*unit
+	full  chan struct{}
+}
+
+func newBatcher(s *Store, cfg GroupCommit) *batcher {
+	return &batcher{s: s, cfg: cfg, sem: make(chan struct{}, cfg.MaxInFlight)}
+}
+
+func (b *batcher) do(u *unit) {
+	b.mu.Lock()
+	pb := b.cur
+	lead := pb == nil
+	if lead {
+		pb = &pendingBatch{full: make(chan struct{})}
+		b.cur = pb
+	}
+	pb.units = append(pb.units, u)
+	if len(pb.units) >= b.cfg.MaxBatch {
+		b.cur = nil
+		close(pb.full)
+	}
+	b.mu.Unlock()
+	if !lead {
+		<-u.done
+		return
+	}
+
+	t := time.NewTimer(b.cfg.MaxWait)
+	select {
+	case <-t.C:
+	case <-pb.full:
+	}
+	t.Stop()
+	b.sem <- struct{}{}
+	defer func() { <-b.sem }()
+	b.mu.Lock()
+	if b.cur == pb {
+		b.cur = nil
+	}
+	units := pb.units
+	b.mu.Unlock()
+	b.s.execBatch(units)
+}

@@ -1,0 +1,134 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"net"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/inboxmq/inboxmq/retry"
+)
+
+// ErrDuplicate is retry.ErrDuplicate, re-exported: the key's effect is
+// already committed. Every duplicate the inbox reports matches it with
+// errors.Is; the consumer acks such deliveries.
+var ErrDuplicate = retry.ErrDuplicate
+
+// ErrKeyConflict is retry.ErrKeyConflict, re-exported: a completed key was
+// reused with a different payload fingerprint. It is permanent.
+var ErrKeyConflict = retry.ErrKeyConflict
+
+// ErrLeaseLost is the cause with which a claim handler's context is
+// cancelled when its lease could not be extended (another worker took the
+// claim over, the database was unreachable) or reached ClaimOpts.MaxLease.
+var ErrLeaseLost = errors.New("inbox: lease lost")
+
+// ErrNotFound is returned by [Store.Get] when the inbox has no row for the
+// key.
+var ErrNotFound = errors.New("inbox: record not found")
+
+// ErrReplica is returned by [NewStore] when the pool points at a read
+// replica (or a read-only session): replicas lag, so the final "was this
+// done?" check must run on the primary.
+var ErrReplica = errors.New("inbox: the database is a read replica or read-only; the inbox needs the primary (replicas lag, so the final check must be on the primary)")
+
+// ErrNoTable is returned by [NewStore] when the inbox table is missing.
+var ErrNoTable = errors.New("inbox: inbox table not found; run the migrations first (migrations.Up)")
+
+// Reasons given to database errors mapped into the retry taxonomy. They are
+// bounded and so safe as metric labels.
+const (
+	ReasonDBSerialization = "db_serialization" // SQLSTATE 40001
+	ReasonDBDeadlock      = "db_deadlock"      // SQLSTATE 40P01
+	ReasonDBConnection    = "db_connection"    // shutdown, connection loss, too many connections
+	ReasonDBTimeout       = "db_timeout"       // statement or lock timeout
+	ReasonDBReadOnly      = "db_read_only"     // a write reached a read-only server (fail-over)
+	ReasonDBCommit        = "db_commit"        // COMMIT failed
+	ReasonClaimHeld       = "claim_held"       // another worker holds a live claim
+	ReasonCrashLoop       = "crash_loop"       // redelivered more than StoreConfig.CrashLimit times
+	ReasonPanic           = retry.ReasonPanic  // the handler panicked
+)
+
+// classified reports whether err already carries a decision of the retry
+// taxonomy (the handler's own Permanent, After, Duplicate, Interrupted or
+// key-conflict errors), which the inbox passes through unchanged.
+func classified(err error) bool {
+	var (
+		perm *retry.PermanentError
+		rt   *retry.RetryableError
+		dup  *retry.DuplicateError
+		intr *retry.InterruptedError
+	)
+	return errors.As(err, &perm) || errors.As(err, &rt) || errors.As(err, &dup) ||
+		errors.As(err, &intr) || errors.Is(err, retry.ErrDuplicate) || errors.Is(err, retry.ErrKeyConflict)
+}
+
+// MapError maps a database error into the retry taxonomy, so that package
+// retry stays free of pgx. Errors that are already classified pass through,
+// as does a nil error. The mapping:
+//
+//   - 40001 serialization_failure → retryable, reason db_serialization;
+//   - 40P01 deadlock_detected → retryable, reason db_deadlock;
+//   - 57P01/57P02/57P03 (shutdown), 53300 (too many connections), class 08
+//     (connection exception), pgconn.SafeToRetry and net errors → retryable,
+//     reason db_connection;
+//   - 57014 query_canceled, 55P03 lock_not_available and pgconn.Timeout →
+//     retryable, reason db_timeout (unless the caller's context ended: that
+//     error passes through so the consumer can read the cause);
+//   - 25006 read_only_sql_transaction → retryable, reason db_read_only;
+//   - 23505 unique_violation → duplicate with source business_constraint (the
+//     inbox's own key never raises it: the claim uses ON CONFLICT);
+//   - anything else passes through unchanged (the retry policy bounds it).
+func MapError(err error) error {
+	m, _ := mapError(err)
+	return m
+}
+
+// mapError is MapError that also reports whether err was mapped (or was
+// already classified).
+func mapError(err error) (error, bool) {
+	if err == nil || classified(err) {
+		return err, true
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch {
+		case pgErr.Code == "40001":
+			return retry.WithReason(ReasonDBSerialization, retry.Retryable(err)), true
+		case pgErr.Code == "40P01":
+			return retry.WithReason(ReasonDBDeadlock, retry.Retryable(err)), true
+		case pgErr.Code == "57P01", pgErr.Code == "57P02", pgErr.Code == "57P03", pgErr.Code == "53300",
+			len(pgErr.Code) == 5 && pgErr.Code[:2] == "08":
+			return retry.WithReason(ReasonDBConnection, retry.Retryable(err)), true
+		case pgErr.Code == "57014", pgErr.Code == "55P03":
+			return retry.WithReason(ReasonDBTimeout, retry.Retryable(err)), true
+		case pgErr.Code == "25006":
+			return retry.WithReason(ReasonDBReadOnly, retry.Retryable(err)), true
+		case pgErr.Code == "23505":
+			return retry.Duplicate(retry.SourceBusiness, err), true
+		}
+		return err, false
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err, true
+	}
+	if pgconn.Timeout(err) {
+		return retry.WithReason(ReasonDBTimeout, retry.Retryable(err)), true
+	}
+	var netErr net.Error
+	if pgconn.SafeToRetry(err) || errors.As(err, &netErr) {
+		return retry.WithReason(ReasonDBConnection, retry.Retryable(err)), true
+	}
+	return err, false
+}
+
+// infraError maps an error of the inbox's own statements (begin, claim,
+// commit): like MapError, but anything unmapped is retryable with reason,
+// since the job itself did not fail.
+func infraError(reason string, err error) error {
+	if m, ok := mapError(err); ok {
+		return m
+	}
+	return retry.WithReason(reason, retry.Retryable(err))
+}

@@ -1,0 +1,171 @@
+package inbox
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/retry"
+)
+
+// TxHandlerFunc handles one message inside the transaction that records
+// it in the inbox. Every business write must go through tx, so that it
+// commits together with the inbox row or not at all. It must not commit or
+// roll back tx (it may open nested transactions with tx.Begin or
+// pgx.BeginFunc: they are savepoints).
+type TxHandlerFunc[T any] func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[T]) error
+
+// Fingerprinter is implemented by payloads that choose their own
+// fingerprint: the bytes that tell "the same job again" from "another job
+// reusing the key". Without it the fingerprint is the SHA-256 of the raw
+// body.
+type Fingerprinter interface {
+	Fingerprint() []byte
+}
+
+// HandlerOpts are per-handler settings of [Handler]. A nil *HandlerOpts
+// means defaults.
+type HandlerOpts struct {
+	// GroupCommit, when non-nil, collects deliveries handled concurrently
+	// into one transaction (each in its own savepoint) with one COMMIT. Its
+	// zero fields take StoreConfig.GroupCommit's values. Defaults to nil:
+	// one transaction per delivery (the batch of one).
+	GroupCommit *GroupCommit
+	// StorePayload stores the raw body in the inbox row, for replay by
+	// operators. Defaults to false.
+	StorePayload bool
+}
+
+// Handler adapts h into a consumer handler that runs it exactly once per
+// idempotency key. Per delivery:
+//
+//  1. on a redelivered delivery (classic queues), the row's delivery
+//     counter is incremented in its own statement; past
+//     StoreConfig.CrashLimit the delivery fails permanently (crash_loop);
+//  2. BEGIN, and the key (msg.Consumer, msg.Key) is claimed with INSERT …
+//     ON CONFLICT DO UPDATE … WHERE status <> 'completed' (a failed or
+//     received row is taken up again);
+//  3. no row came back: the key is completed, and the delivery is a
+//     duplicate (an error matching [ErrDuplicate]), or, if the payload's
+//     fingerprint differs, a key conflict (permanent); a live claim of claim
+//     mode asks for a retry after its lease;
+//  4. otherwise msg.Delivery.Fence is set, StatusProcessing reported, and h
+//     runs with the same transaction;
+//  5. h returned nil: COMMIT (the consumer acks after Handle returns nil);
+//     h failed: ROLLBACK, and the failed attempt (attempts, last_error,
+//     last_failed_at) is recorded on the row.
+//
+// A concurrent duplicate blocks on the primary key until the first
+// transaction commits (then it is a duplicate) or rolls back (then it
+// proceeds). h's errors are mapped with [MapError]: database errors become
+// retryable with a reason, a unique violation on a business table a
+// duplicate; h's own retry errors pass through. An empty key is permanent.
+//
+// With opts.GroupCommit set, deliveries handled concurrently share one
+// transaction: one claim statement for all keys in key order, a savepoint
+// per delivery (a failure rolls back only its own writes), one COMMIT. A
+// commit failure fails every delivery of the batch (retryable).
+//
+// Handler panics if s or h is nil (a start-up bug).
+func Handler[T any](s *Store, h TxHandlerFunc[T], opts *HandlerOpts) consumer.Handler[T] {
+	if s == nil || h == nil {
+		panic("inbox: Handler needs a store and a handler")
+	}
+	var o HandlerOpts
+	if opts != nil {
+		o = *opts
+	}
+	var b *batcher
+	if o.GroupCommit != nil {
+		b = newBatcher(s, o.GroupCommit.or(s.cfg.GroupCommit))
+	}
+	return consumer.HandlerFunc[T](func(ctx context.Context, msg *consumer.Message[T]) error {
+		u, err := s.newUnit(ctx, msg.Consumer, msg.Key, msg.ID, msg.Delivery, fingerprint(msg), o.StorePayload)
+		if err != nil {
+			return err
+		}
+		if msg.Redelivered {
+			if err := s.countRedelivery(ctx, u); err != nil {
+				return err
+			}
+		}
+		u.run = func(ctx context.Context, tx pgx.Tx) error { return h(ctx, tx, msg) }
+		if b != nil {
+			b.do(u)
+		} else {
+			s.execBatch([]*unit{u})
+		}
+		return u.err
+	})
+}
+
+func (s *Store) newUnit(ctx context.Context, consumerName, key, messageID string, d *consumer.Delivery, fp []byte, storePayload bool) (*unit, error) {
+	if key == "" {
+		return nil, retry.Permanent(retry.WithReason(retry.ReasonInvalid, errors.New("inbox: empty idempotency key")))
+	}
+	if consumerName == "" {
+		return nil, retry.Permanent(retry.WithReason(retry.ReasonInvalid, errors.New("inbox: empty consumer name")))
+	}
+	u := &unit{ctx: ctx, consumer: consumerName, key: key, messageID: messageID, fp: fp, done: make(chan struct{})}
+	if d != nil {
+		if storePayload {
+			u.payload = d.Body
+		}
+		u.onClaim = func(fence int64) {
+			d.Fence = fence
+			d.Transition(consumer.StatusProcessing, nil)
+		}
+	}
+	return u, nil
+}
+
+// countRedelivery is the crash-loop bound: one autocommit statement, only
+// for deliveries the broker redelivered.
+func (s *Store) countRedelivery(ctx context.Context, u *unit) error {
+	if s.cfg.CrashLimit < 0 {
+		return nil
+	}
+	var mid *string
+	if u.messageID != "" {
+		mid = &u.messageID
+	}
+	var status string
+	var deliveries int
+	err := s.pool.QueryRow(ctx, s.sql.redelivered, u.consumer, u.key, mid, s.cfg.CrashLimit).Scan(&status, &deliveries)
+	if err != nil {
+		return infraError(ReasonDBConnection, fmt.Errorf("inbox: count redelivery: %w", err))
+	}
+	if status != RecordCompleted && deliveries > s.cfg.CrashLimit {
+		return retry.Permanent(retry.WithReason(ReasonCrashLoop, fmt.Errorf(
+			"inbox: key %q of consumer %q was redelivered %d times (crash limit %d)", u.key, u.consumer, deliveries, s.cfg.CrashLimit)))
+	}
+	return nil
+}
+
+// fingerprint is the payload's own Fingerprint, else the SHA-256 of the raw
+// body (or of the body's JSON when the message has no delivery).
+func fingerprint[T any](msg *consumer.Message[T]) []byte {
+	if f, ok := any(msg.Body).(Fingerprinter); ok {
+		return f.Fingerprint()
+	}
+	if f, ok := any(&msg.Body).(Fingerprinter); ok {
+		return f.Fingerprint()
+	}
+	var raw []byte
+	if msg.Delivery != nil {
+		raw = msg.Delivery.Body
+	} else {
+		b, err := json.Marshal(msg.Body)
+		if err != nil {
+			return nil
+		}
+		raw = b
+	}
+	sum := sha256.Sum256(raw)
+	return sum[:]
+}

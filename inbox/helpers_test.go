@@ -1,0 +1,77 @@
+package inbox_test
+
+import (
+	"context"
+	"encoding/json"
+	"strconv"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/internal/pgtest"
+)
+
+// order is the test payload.
+type order struct {
+	OrderID string `json:"order_id"`
+	Amount  int    `json:"amount"`
+}
+
+func (o order) IdempotencyKey() string { return "order:" + o.OrderID }
+
+type testBundle struct {
+	pool  *pgxpool.Pool
+	store *inbox.Store
+}
+
+func setup(t *testing.T, cfg *inbox.StoreConfig) *testBundle {
+	t.Helper()
+	pool, _ := pgtest.Schema(t)
+	ctx := t.Context()
+	_, err := pool.Exec(ctx, `
+		CREATE TABLE effects (id bigserial PRIMARY KEY, key text NOT NULL, amount int NOT NULL);
+		CREATE TABLE ledger (id bigserial PRIMARY KEY, key text NOT NULL);
+		CREATE TABLE orders (order_id text PRIMARY KEY);
+		CREATE TABLE parent (id int PRIMARY KEY);
+		CREATE TABLE child (id int REFERENCES parent DEFERRABLE INITIALLY DEFERRED);`)
+	require.NoError(t, err)
+	store, err := inbox.NewStore(ctx, pool, cfg)
+	require.NoError(t, err)
+	return &testBundle{pool: pool, store: store}
+}
+
+var msgSeq atomic.Int64
+
+// newMsg builds a message as the consumer would hand it to a handler.
+func newMsg(t *testing.T, consumerName string, o order, redelivered bool) *consumer.Message[order] {
+	t.Helper()
+	body, err := json.Marshal(o)
+	require.NoError(t, err)
+	id := "m-" + strconv.FormatInt(msgSeq.Add(1), 10)
+	d := consumer.NewDelivery("q", consumerName, "w1", &amqp.Delivery{MessageId: id, Body: body, Redelivered: redelivered})
+	d.Key = o.IdempotencyKey()
+	d.Value = &o
+	return &consumer.Message[order]{
+		ID: id, Key: d.Key, Consumer: consumerName, Body: o, Headers: d.Headers,
+		Attempt: 1, Redelivered: redelivered, Delivery: d,
+	}
+}
+
+func (b *testBundle) count(t *testing.T, sql string, args ...any) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.pool.QueryRow(context.Background(), sql, args...).Scan(&n))
+	return n
+}
+
+func (b *testBundle) get(t *testing.T, consumerName, key string) *inbox.Record {
+	t.Helper()
+	r, err := b.store.Get(context.Background(), consumerName, key)
+	require.NoError(t, err)
+	return r
+}

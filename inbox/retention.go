@@ -1,0 +1,263 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// DefaultRetentionWindow is how long completed inbox rows are kept when
+// RetentionConfig.Window is zero: the dedup window. A copy of a message
+// that arrives after its row was deleted is processed again, so the window
+// must exceed every way a message can come back (see [CheckWindow]).
+const DefaultRetentionWindow = 7 * 24 * time.Hour
+
+// ErrWindowTooShort is returned by [CheckWindow] (and so by [NewRetention])
+// when the retention window is shorter than the redelivery horizon.
+var ErrWindowTooShort = errors.New("inbox: retention window shorter than the redelivery horizon")
+
+// RedeliveryHorizon is the longest time after its first delivery that a
+// copy of a message can still arrive through inboxmq's own paths:
+// attempts broker retries of at most maxRetryDelay each, plus the time an
+// operator may take to replay it from the DLQ (replayWindow). Producer-side
+// redelivery (an outbox relay re-publishing after a crash) is usually
+// seconds and is covered by a window of days.
+func RedeliveryHorizon(maxRetryDelay time.Duration, attempts int, replayWindow time.Duration) time.Duration {
+	return maxRetryDelay*time.Duration(max(attempts, 0)) + replayWindow
+}
+
+// CheckWindow refuses a retention window shorter than horizon (see
+// [RedeliveryHorizon]): deleting a completed row while a copy of its
+// message may still arrive would let that copy run the effect twice. A
+// zero or negative horizon is not checked. Run it at start-up.
+func CheckWindow(window, horizon time.Duration) error {
+	if window <= 0 {
+		return fmt.Errorf("inbox: retention window %s must be positive", window)
+	}
+	if horizon > 0 && window < horizon {
+		return fmt.Errorf("%w: window %s < horizon %s (max retry delay × attempts + DLQ replay window)",
+			ErrWindowTooShort, window, horizon)
+	}
+	return nil
+}
+
+// RetentionConfig configures a [Retention] job. A nil *RetentionConfig means
+// the defaults.
+type RetentionConfig struct {
+	// Window is how long completed rows are kept after completed_at (the
+	// dedup window). Defaults to DefaultRetentionWindow (7 days).
+	Window time.Duration
+	// RedeliveryHorizon, when positive, makes NewRetention refuse a Window
+	// shorter than it ([CheckWindow]). Defaults to 0: not checked.
+	RedeliveryHorizon time.Duration
+	// BatchSize is the most rows one DELETE removes (one short transaction
+	// each). Defaults to 1000.
+	BatchSize int
+	// BatchDelay is the pause between two batches, which leaves room to the
+	// inserting workers. Defaults to 10ms; -1 means no pause.
+	BatchDelay time.Duration
+	// MaxBatches bounds the batches of one run. Defaults to 0: run until no
+	// expired row is left.
+	MaxBatches int
+	// Interval is the period between runs of a started job. Defaults to 5
+	// minutes.
+	Interval time.Duration
+	// Logger logs each run that deleted rows. Defaults to the store's
+	// logger.
+	Logger *zap.Logger
+}
+
+// RetentionRun reports one retention run.
+type RetentionRun struct {
+	// Deleted is the number of rows deleted.
+	Deleted int64
+	// Batches is the number of DELETE statements run.
+	Batches int
+	// Skipped is true when another process held the retention lock, so
+	// this run did nothing.
+	Skipped bool
+}
+
+// Retention deletes completed inbox rows older than the window, in small
+// batches, in the background. Only one process runs it at a time per inbox
+// table: each run holds a PostgreSQL advisory lock (keyed by the table's
+// oid) for its duration and skips when another process holds it, so every
+// worker may start the job.
+//
+// Each batch is one statement that selects the oldest expired rows through
+// the partial index on completed_at (WHERE status = 'completed') with FOR
+// UPDATE SKIP LOCKED and deletes them by ctid: no full scan, no long lock,
+// and rows that workers are touching are skipped rather than waited for.
+type Retention struct {
+	store *Store
+	cfg   RetentionConfig
+	lock  string
+	del   string
+
+	mu     sync.Mutex
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// NewRetention returns a retention job for s's table. It refuses a window
+// shorter than cfg.RedeliveryHorizon.
+func NewRetention(s *Store, cfg *RetentionConfig) (*Retention, error) {
+	if s == nil {
+		return nil, errors.New("inbox: nil store")
+	}
+	var c RetentionConfig
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.Window == 0 {
+		c.Window = DefaultRetentionWindow
+	}
+	if c.BatchSize <= 0 {
+		c.BatchSize = 1000
+	}
+	if c.BatchDelay == 0 {
+		c.BatchDelay = 10 * time.Millisecond
+	}
+	if c.Interval <= 0 {
+		c.Interval = 5 * time.Minute
+	}
+	if c.Logger == nil {
+		c.Logger = s.cfg.Logger
+	}
+	if err := CheckWindow(c.Window, c.RedeliveryHorizon); err != nil {
+		return nil, err
+	}
+	return &Retention{
+		store: s,
+		cfg:   c,
+		// One lock per table: the high half names the job, the low half is
+		// the table's oid.
+		lock: `(hashtext('inboxmq_retention')::bigint << 32) | to_regclass($1)::oid::bigint`,
+		del: `DELETE FROM ` + s.table + ` WHERE ctid = ANY(ARRAY(
+	SELECT ctid FROM ` + s.table + `
+	WHERE status = 'completed' AND completed_at < $1
+	ORDER BY completed_at LIMIT $2
+	FOR UPDATE SKIP LOCKED))`,
+	}, nil
+}
+
+// Window returns the configured retention window.
+func (r *Retention) Window() time.Duration { return r.cfg.Window }
+
+// RunOnce deletes the rows completed before now − Window, batch by batch,
+// if no other process is running retention on this table (else it returns
+// a run with Skipped set).
+func (r *Retention) RunOnce(ctx context.Context) (RetentionRun, error) {
+	return r.purge(ctx, time.Now().Add(-r.cfg.Window))
+}
+
+// PurgeBefore is RunOnce with an explicit cut-off: it deletes the rows
+// completed before cutoff (inboxctl purge --older-than). It does not apply
+// the window check: the caller chose the cut-off.
+func (r *Retention) PurgeBefore(ctx context.Context, cutoff time.Time) (RetentionRun, error) {
+	return r.purge(ctx, cutoff)
+}
+
+func (r *Retention) purge(ctx context.Context, cutoff time.Time) (RetentionRun, error) {
+	var run RetentionRun
+	conn, err := r.store.pool.Acquire(ctx)
+	if err != nil {
+		return run, fmt.Errorf("inbox: retention: acquire: %w", err)
+	}
+	defer conn.Release()
+
+	var got bool
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock(`+r.lock+`)`, r.store.table).Scan(&got); err != nil {
+		return run, fmt.Errorf("inbox: retention: lock: %w", err)
+	}
+	if !got {
+		run.Skipped = true
+		return run, nil
+	}
+	defer func() {
+		// Unlock even if ctx ended; a broken connection drops the lock anyway.
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if _, err := conn.Exec(uctx, `SELECT pg_advisory_unlock(`+r.lock+`)`, r.store.table); err != nil {
+			conn.Conn().Close(uctx) //nolint:errcheck // the session (and its lock) is gone either way
+		}
+	}()
+
+	for r.cfg.MaxBatches <= 0 || run.Batches < r.cfg.MaxBatches {
+		tag, err := conn.Exec(ctx, r.del, cutoff, r.cfg.BatchSize)
+		if err != nil {
+			return run, fmt.Errorf("inbox: retention: delete: %w", err)
+		}
+		run.Batches++
+		run.Deleted += tag.RowsAffected()
+		if tag.RowsAffected() < int64(r.cfg.BatchSize) {
+			break
+		}
+		if r.cfg.BatchDelay > 0 {
+			t := time.NewTimer(r.cfg.BatchDelay)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return run, ctx.Err()
+			case <-t.C:
+			}
+		}
+	}
+	if run.Deleted > 0 {
+		r.cfg.Logger.Info("inbox: retention deleted completed rows",
+			zap.Int64("deleted", run.Deleted), zap.Int("batches", run.Batches), zap.Time("cutoff", cutoff))
+	}
+	return run, nil
+}
+
+// Start runs the job every Interval (the first run at once) until Stop.
+// Errors are logged and the next run tries again.
+func (r *Retention) Start(ctx context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cancel != nil {
+		return errors.New("inbox: retention already started")
+	}
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	r.cancel, r.done = cancel, make(chan struct{})
+	go r.loop(runCtx)
+	return nil
+}
+
+func (r *Retention) loop(ctx context.Context) {
+	defer close(r.done)
+	t := time.NewTicker(r.cfg.Interval)
+	defer t.Stop()
+	for {
+		if _, err := r.RunOnce(ctx); err != nil && ctx.Err() == nil {
+			r.cfg.Logger.Warn("inbox: retention run failed", zap.Error(err))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Stop ends the job, interrupting a run between batches, and waits for it
+// within ctx. It is idempotent and safe without Start.
+func (r *Retention) Stop(ctx context.Context) error {
+	r.mu.Lock()
+	cancel, done := r.cancel, r.done
+	r.mu.Unlock()
+	if cancel == nil {
+		return nil
+	}
+	cancel()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return errors.Join(errors.New("inbox: retention stop"), ctx.Err())
+	}
+}

@@ -1,0 +1,109 @@
+package inbox
+
+// statements are the store's SQL, built once per table name (quoted with
+// pgx.Identifier). Every value is a parameter.
+type statements struct {
+	// claim takes up a batch of keys in one statement, in a fixed
+	// (consumer, key) order so that two batches sharing keys lock them in the
+	// same order and never deadlock. A completed row, or a live claim of
+	// claim mode, is not taken: no row comes back for it.
+	claim string
+	// lookup reads the rows of keys the claim did not return.
+	lookup string
+	// failInTx records a failed attempt on a row claimed in this transaction.
+	failInTx string
+	// failAuto records a failed attempt after the transaction rolled back.
+	failAuto string
+	// redelivered counts a broker redelivery (the crash-loop bound).
+	redelivered string
+
+	claimLease   string
+	extendLease  string
+	completeWith string
+	releaseClaim string
+	recordStep   string
+
+	staleForUpdate    string
+	reconcileComplete string
+	reconcileRelease  string
+}
+
+func buildStatements(t string) statements {
+	return statements{
+		claim: `INSERT INTO ` + t + ` AS i (consumer, key, status, fingerprint, message_id, payload, fence, attempts, completed_at)
+SELECT k.consumer, k.key, 'completed', k.fp, k.mid, k.payload, 1, 1, now()
+FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::bytea[]) AS k(consumer, key, fp, mid, payload)
+ORDER BY k.consumer, k.key
+ON CONFLICT (consumer, key) DO UPDATE SET
+	status = 'completed', fingerprint = EXCLUDED.fingerprint, message_id = EXCLUDED.message_id,
+	payload = COALESCE(EXCLUDED.payload, i.payload), fence = i.fence + 1, attempts = i.attempts + 1,
+	owner = NULL, lease_until = NULL, completed_at = now(), updated_at = now()
+WHERE i.status <> 'completed' AND NOT (i.status = 'processing' AND i.lease_until > now())
+RETURNING consumer, key, fence`,
+
+		lookup: `SELECT consumer, key, status, fingerprint,
+	GREATEST(EXTRACT(EPOCH FROM (lease_until - now())), 0)::float8
+FROM ` + t + `
+WHERE (consumer, key) IN (SELECT * FROM unnest($1::text[], $2::text[]))`,
+
+		failInTx: `UPDATE ` + t + ` SET status = 'failed', completed_at = NULL, last_error = $3,
+	last_failed_at = now(), updated_at = now()
+WHERE consumer = $1 AND key = $2`,
+
+		failAuto: `INSERT INTO ` + t + ` AS i (consumer, key, status, fingerprint, message_id, attempts, last_error, last_failed_at)
+VALUES ($1, $2, 'failed', $3, $4, 1, $5, now())
+ON CONFLICT (consumer, key) DO UPDATE SET
+	status = 'failed', fingerprint = EXCLUDED.fingerprint, message_id = EXCLUDED.message_id,
+	attempts = i.attempts + 1, last_error = EXCLUDED.last_error, last_failed_at = now(), updated_at = now()
+WHERE i.status NOT IN ('completed', 'processing')`,
+
+		redelivered: `INSERT INTO ` + t + ` AS i (consumer, key, status, message_id, deliveries)
+VALUES ($1, $2, 'received', $3, 1)
+ON CONFLICT (consumer, key) DO UPDATE SET
+	deliveries = CASE WHEN i.status = 'dead' THEN 1 ELSE i.deliveries + 1 END,
+	status = CASE
+		WHEN i.status = 'dead' THEN 'received'
+		WHEN i.status IN ('received', 'failed') AND $4::int >= 0 AND i.deliveries + 1 > $4::int THEN 'dead'
+		ELSE i.status END,
+	updated_at = now()
+RETURNING status, deliveries`,
+
+		claimLease: `INSERT INTO ` + t + ` AS i (consumer, key, status, owner, fence, lease_until, attempts, fingerprint, message_id, payload)
+VALUES ($1, $2, 'processing', $3, 1, now() + $4::bigint * interval '1 microsecond', 1, $5, $6, $7)
+ON CONFLICT (consumer, key) DO UPDATE SET
+	status = 'processing', owner = EXCLUDED.owner, fence = i.fence + 1, lease_until = EXCLUDED.lease_until,
+	attempts = i.attempts + 1, fingerprint = EXCLUDED.fingerprint, message_id = EXCLUDED.message_id,
+	payload = COALESCE(EXCLUDED.payload, i.payload), updated_at = now()
+WHERE i.status IN ('received', 'failed', 'dead') OR (i.status = 'processing' AND i.lease_until <= now())
+RETURNING fence, attempts, steps, now(), lease_until`,
+
+		extendLease: `UPDATE ` + t + ` SET lease_until = LEAST(now() + $5::bigint * interval '1 microsecond', $6::timestamptz), updated_at = now()
+WHERE consumer = $1 AND key = $2 AND owner = $3 AND fence = $4 AND status = 'processing'
+RETURNING lease_until, lease_until >= $6::timestamptz`,
+
+		completeWith: `UPDATE ` + t + ` SET status = 'completed', owner = NULL, lease_until = NULL,
+	completed_at = now(), updated_at = now(), result = COALESCE($5::jsonb, result)
+WHERE consumer = $1 AND key = $2 AND owner = $3 AND fence = $4 AND status = 'processing'`,
+
+		releaseClaim: `UPDATE ` + t + ` SET status = 'failed', owner = NULL, lease_until = NULL,
+	last_error = $5, last_failed_at = now(), updated_at = now()
+WHERE consumer = $1 AND key = $2 AND owner = $3 AND fence = $4 AND status = 'processing'`,
+
+		recordStep: `UPDATE ` + t + ` SET steps = steps || jsonb_build_object($5::text, $6::jsonb), updated_at = now()
+WHERE consumer = $1 AND key = $2 AND owner = $3 AND fence = $4 AND status = 'processing'`,
+
+		staleForUpdate: `SELECT consumer, key, owner, fence, attempts, last_error, lease_until FROM ` + t + `
+WHERE status = 'processing' AND lease_until < now() - $1::bigint * interval '1 microsecond'
+ORDER BY lease_until
+LIMIT $2
+FOR UPDATE SKIP LOCKED`,
+
+		reconcileComplete: `UPDATE ` + t + ` SET status = 'completed', owner = NULL, lease_until = NULL,
+	completed_at = now(), updated_at = now()
+WHERE consumer = $1 AND key = $2 AND fence = $3 AND status = 'processing'`,
+
+		reconcileRelease: `UPDATE ` + t + ` SET status = $4, owner = NULL, lease_until = NULL,
+	last_error = $5, last_failed_at = now(), updated_at = now()
+WHERE consumer = $1 AND key = $2 AND fence = $3 AND status = 'processing'`,
+	}
+}

@@ -1,0 +1,266 @@
+package inbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+)
+
+// DefaultTable is the inbox table created by package migrations.
+const DefaultTable = "inboxmq_inbox"
+
+// Record statuses, the values of the status column.
+const (
+	// RecordReceived: seen on a redelivery (the crash-loop counter), nothing
+	// committed yet.
+	RecordReceived = "received"
+	// RecordProcessing: claimed in claim/lease mode.
+	RecordProcessing = "processing"
+	// RecordCompleted: the effect is committed; duplicates are acked.
+	RecordCompleted = "completed"
+	// RecordFailed: the last attempt failed; a retry may take the key up.
+	RecordFailed = "failed"
+	// RecordDead: dead-lettered; a replay may take the key up again.
+	RecordDead = "dead"
+)
+
+// StoreConfig configures a [Store]. A nil *StoreConfig means defaults.
+type StoreConfig struct {
+	// Table is the inbox table, optionally schema-qualified ("app.inbox").
+	// Each part must be a plain identifier (letters, digits, underscores);
+	// it is quoted in every statement. Defaults to DefaultTable, resolved
+	// through the connection's search_path.
+	Table string
+	// Logger receives the store's warnings and the reconciler's findings.
+	// Defaults to zap.NewNop().
+	Logger *zap.Logger
+	// GroupCommit holds the defaults for handlers that opt into group commit
+	// (HandlerOpts.GroupCommit); its zero fields default to 64 deliveries,
+	// 2ms and 2 batches in flight.
+	GroupCommit GroupCommit
+	// CrashLimit bounds crash loops on classic queues: a delivery that the
+	// broker has redelivered (the previous worker died or lost its
+	// connection before settling it) more than CrashLimit times fails
+	// permanently with reason crash_loop. Defaults to 10; -1 disables it.
+	CrashLimit int
+	// CleanupTimeout bounds the statements the inbox runs after a handler's
+	// context may have ended (recording a failure, releasing a claim).
+	// Defaults to 5s.
+	CleanupTimeout time.Duration
+}
+
+// GroupCommit configures group commit: deliveries handled concurrently are
+// collected into one transaction. The zero value of a field takes the
+// store's default (StoreConfig.GroupCommit), else the built-in one.
+type GroupCommit struct {
+	// MaxBatch is the most deliveries in one transaction. Defaults to 64.
+	MaxBatch int
+	// MaxWait is how long the first delivery of a batch waits for others.
+	// Defaults to 2ms.
+	MaxWait time.Duration
+	// MaxInFlight is the most batches of one handler executing at once
+	// (each holds a pool connection). Defaults to 2.
+	MaxInFlight int
+}
+
+func (g GroupCommit) or(def GroupCommit) GroupCommit {
+	if g.MaxBatch <= 0 {
+		g.MaxBatch = def.MaxBatch
+	}
+	if g.MaxWait <= 0 {
+		g.MaxWait = def.MaxWait
+	}
+	if g.MaxInFlight <= 0 {
+		g.MaxInFlight = def.MaxInFlight
+	}
+	return g
+}
+
+var builtinGroupCommit = GroupCommit{MaxBatch: 64, MaxWait: 2 * time.Millisecond, MaxInFlight: 2}
+
+func (c *StoreConfig) withDefaults() StoreConfig {
+	var out StoreConfig
+	if c != nil {
+		out = *c
+	}
+	if out.Table == "" {
+		out.Table = DefaultTable
+	}
+	if out.Logger == nil {
+		out.Logger = zap.NewNop()
+	}
+	out.GroupCommit = out.GroupCommit.or(builtinGroupCommit)
+	if out.CrashLimit == 0 {
+		out.CrashLimit = 10
+	}
+	if out.CleanupTimeout <= 0 {
+		out.CleanupTimeout = 5 * time.Second
+	}
+	return out
+}
+
+var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
+
+func parseTable(s string) (pgx.Identifier, error) {
+	parts := strings.Split(s, ".")
+	if len(parts) > 2 {
+		return nil, fmt.Errorf("inbox: invalid table name %q", s)
+	}
+	for _, p := range parts {
+		if !identRE.MatchString(p) {
+			return nil, fmt.Errorf("inbox: invalid table name %q", s)
+		}
+	}
+	return pgx.Identifier(parts), nil
+}
+
+func (c StoreConfig) validate() (pgx.Identifier, error) {
+	id, err := parseTable(c.Table)
+	if err != nil {
+		return nil, err
+	}
+	if c.CrashLimit < -1 {
+		return nil, fmt.Errorf("inbox: CrashLimit %d: want -1 (disabled) or a positive bound", c.CrashLimit)
+	}
+	if c.GroupCommit.MaxBatch > 10000 {
+		return nil, fmt.Errorf("inbox: GroupCommit.MaxBatch %d is too large (at most 10000)", c.GroupCommit.MaxBatch)
+	}
+	return id, nil
+}
+
+// Store is the PostgreSQL inbox: one row per (consumer, idempotency key),
+// the source of truth for "has this job's effect been committed?". It is
+// safe for concurrent use. Build it with [NewStore].
+type Store struct {
+	pool  *pgxpool.Pool
+	cfg   StoreConfig
+	table string // quoted, ready for SQL
+	sql   statements
+}
+
+// NewStore checks that pool reaches a writable primary holding the inbox
+// table and returns a Store on it. It refuses a read replica or a read-only
+// session ([ErrReplica]): replicas lag, so the final check must run on the
+// primary. A missing table returns [ErrNoTable] (run the migrations).
+func NewStore(ctx context.Context, pool *pgxpool.Pool, cfg *StoreConfig) (*Store, error) {
+	if pool == nil {
+		return nil, errors.New("inbox: nil pool")
+	}
+	c := cfg.withDefaults()
+	id, err := c.validate()
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{pool: pool, cfg: c, table: id.Sanitize()}
+	s.sql = buildStatements(s.table)
+
+	var inRecovery, readOnly bool
+	var reg *string
+	err = pool.QueryRow(ctx,
+		`SELECT pg_is_in_recovery(), current_setting('transaction_read_only') = 'on', to_regclass($1)::text`,
+		s.table).Scan(&inRecovery, &readOnly, &reg)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: check database: %w", err)
+	}
+	if inRecovery || readOnly {
+		return nil, ErrReplica
+	}
+	if reg == nil {
+		return nil, fmt.Errorf("%w (table %s)", ErrNoTable, s.table)
+	}
+	return s, nil
+}
+
+// Pool returns the pool the store runs on.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// Table returns the quoted name of the inbox table.
+func (s *Store) Table() string { return s.table }
+
+// Record is one inbox row. Pointer fields are nil when the column is NULL.
+type Record struct {
+	Consumer     string
+	Key          string
+	Status       string
+	Fingerprint  []byte
+	Owner        *string
+	Fence        int64
+	LeaseUntil   *time.Time
+	Attempts     int
+	Deliveries   int
+	LastError    *string
+	LastFailedAt *time.Time
+	MessageID    *string
+	Result       json.RawMessage
+	Steps        map[string]json.RawMessage
+	FirstSeenAt  time.Time
+	UpdatedAt    time.Time
+	CompletedAt  *time.Time
+}
+
+const recordColumns = `consumer, key, status, fingerprint, owner, fence, lease_until, attempts, deliveries,
+	last_error, last_failed_at, message_id, result, steps, first_seen_at, updated_at, completed_at`
+
+func scanRecord(row pgx.Row) (*Record, error) {
+	var r Record
+	err := row.Scan(&r.Consumer, &r.Key, &r.Status, &r.Fingerprint, &r.Owner, &r.Fence, &r.LeaseUntil,
+		&r.Attempts, &r.Deliveries, &r.LastError, &r.LastFailedAt, &r.MessageID, &r.Result, &r.Steps,
+		&r.FirstSeenAt, &r.UpdatedAt, &r.CompletedAt)
+	if err != nil {
+		return nil, err
+	}
+	return &r, nil
+}
+
+// Get returns the inbox row of (consumer, key), or [ErrNotFound].
+func (s *Store) Get(ctx context.Context, consumerName, key string) (*Record, error) {
+	r, err := scanRecord(s.pool.QueryRow(ctx,
+		`SELECT `+recordColumns+` FROM `+s.table+` WHERE consumer = $1 AND key = $2`, consumerName, key))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, ErrNotFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("inbox: get: %w", err)
+	}
+	return r, nil
+}
+
+// Stale returns the claims (status processing) whose lease ended more than
+// olderThan ago, oldest first, at most 1000 rows. It only reads; the
+// [Reconciler] acts on them.
+func (s *Store) Stale(ctx context.Context, olderThan time.Duration) ([]*Record, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+recordColumns+` FROM `+s.table+`
+		WHERE status = 'processing' AND lease_until < now() - $1::bigint * interval '1 microsecond'
+		ORDER BY lease_until LIMIT 1000`, olderThan.Microseconds())
+	if err != nil {
+		return nil, fmt.Errorf("inbox: stale: %w", err)
+	}
+	defer rows.Close()
+	var out []*Record
+	for rows.Next() {
+		r, err := scanRecord(rows)
+		if err != nil {
+			return nil, fmt.Errorf("inbox: stale: %w", err)
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("inbox: stale: %w", err)
+	}
+	return out, nil
+}
+
+// cleanupCtx is a context for statements that must run even though the
+// handler's context ended: not cancelled with ctx, bounded by
+// CleanupTimeout.
+func (s *Store) cleanupCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), s.cfg.CleanupTimeout)
+}
