@@ -1,0 +1,280 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.uber.org/zap"
+)
+
+// pendingRow is one claimed outbox row.
+type pendingRow struct {
+	id          int64
+	messageID   string
+	exchange    string
+	routingKey  string
+	headers     []byte
+	contentType string
+	body        []byte
+	attempts    int
+}
+
+const claimSQL = `SELECT id, message_id, exchange, routing_key, headers, content_type, body, attempts
+FROM inboxmq_outbox
+WHERE sent_at IS NULL AND available_at <= clock_timestamp()
+ORDER BY id
+LIMIT $1
+FOR UPDATE SKIP LOCKED`
+
+// claimOrderedSQL takes only the head of each ordering key: a row whose key
+// has an earlier unsent row (claimed by another relay, backing off, or not
+// yet published) waits.
+const claimOrderedSQL = `SELECT o.id, o.message_id, o.exchange, o.routing_key, o.headers, o.content_type, o.body, o.attempts
+FROM inboxmq_outbox o
+WHERE o.sent_at IS NULL AND o.available_at <= clock_timestamp()
+  AND (o.ordering_key IS NULL OR NOT EXISTS (
+        SELECT 1 FROM inboxmq_outbox p
+        WHERE p.ordering_key = o.ordering_key AND p.sent_at IS NULL AND p.id < o.id))
+ORDER BY o.id
+LIMIT $1
+FOR UPDATE OF o SKIP LOCKED`
+
+const markSentSQL = `UPDATE inboxmq_outbox SET sent_at = clock_timestamp(), last_error = NULL
+WHERE id = ANY($1)
+RETURNING extract(epoch FROM sent_at - created_at)::float8`
+
+const markFailedSQL = `UPDATE inboxmq_outbox
+SET attempts = attempts + 1, last_error = $2, available_at = clock_timestamp() + make_interval(secs => $3)
+WHERE id = $1`
+
+// relayBatch claims up to BatchSize rows, publishes them, waits for the
+// confirms and marks the confirmed rows sent, in one transaction that holds
+// the rows' locks throughout. It returns the number of rows claimed.
+//
+// The batch runs on a context detached from ctx's cancellation, so a
+// stopping relay finishes it (bounded by PublishTimeout) instead of leaving
+// confirmed rows unmarked.
+func (r *Relay) relayBatch(ctx context.Context) (int, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.PublishTimeout)
+	defer cancel()
+	start := time.Now()
+
+	tx, err := r.pool.Begin(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+
+	q := claimSQL
+	if r.cfg.Ordered {
+		q = claimOrderedSQL
+	}
+	rows, err := tx.Query(ctx, q, r.cfg.BatchSize)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: claim: %w", err)
+	}
+	batch, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (pendingRow, error) {
+		var p pendingRow
+		err := row.Scan(&p.id, &p.messageID, &p.exchange, &p.routingKey, &p.headers, &p.contentType, &p.body, &p.attempts)
+		return p, err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("outbox: claim: %w", err)
+	}
+	if len(batch) == 0 {
+		return 0, tx.Commit(ctx)
+	}
+
+	res := r.publish(ctx, batch)
+
+	if r.hooks.afterConfirm != nil && len(res.sent) > 0 {
+		ids := make([]string, 0, len(res.sent))
+		for _, i := range res.sent {
+			ids = append(ids, batch[i].messageID)
+		}
+		if err := r.hooks.afterConfirm(ids); err != nil {
+			return len(batch), &killedError{err: err}
+		}
+	}
+
+	var lags []float64
+	if len(res.sent) > 0 {
+		ids := make([]int64, len(res.sent))
+		for k, i := range res.sent {
+			ids[k] = batch[i].id
+		}
+		rows, err := tx.Query(ctx, markSentSQL, ids)
+		if err == nil {
+			lags, err = pgx.CollectRows(rows, pgx.RowTo[float64])
+		}
+		if err != nil {
+			return len(batch), fmt.Errorf("outbox: mark sent: %w", err)
+		}
+	}
+	for _, f := range res.failed {
+		p := batch[f.index]
+		delay := r.retryDelay(p.attempts + 1)
+		if _, err := tx.Exec(ctx, markFailedSQL, p.id, f.reason+": "+f.detail, delay.Seconds()); err != nil {
+			return len(batch), fmt.Errorf("outbox: mark failed: %w", err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return len(batch), fmt.Errorf("outbox: commit: %w", err)
+	}
+
+	r.metrics.published.Add(float64(len(res.sent)))
+	for _, l := range lags {
+		r.metrics.lag.Observe(l)
+	}
+	for _, f := range res.failed {
+		r.metrics.failed.WithLabelValues(f.reason).Inc()
+	}
+	if res.unconfirmed > 0 {
+		r.metrics.failed.WithLabelValues(reasonUnconfirmed).Add(float64(res.unconfirmed))
+	}
+	fields := []zap.Field{
+		zap.Int("claimed", len(batch)), zap.Int("published", len(res.sent)),
+		zap.Int("failed", len(res.failed)), zap.Int("unconfirmed", res.unconfirmed),
+		zap.Duration("duration", time.Since(start)),
+	}
+	if len(res.failed) > 0 || res.err != nil {
+		r.log.Warn("outbox relay: batch partly failed", append(fields, zap.Error(res.err))...)
+	} else {
+		r.log.Debug("outbox relay: batch published", fields...)
+	}
+	if res.err != nil {
+		return len(batch), &brokerError{err: res.err}
+	}
+	return len(batch), nil
+}
+
+type failure struct {
+	index          int
+	reason, detail string
+}
+
+type publishResult struct {
+	sent        []int     // indexes of confirmed (and routed) rows
+	failed      []failure // nacked or returned rows: back off
+	unconfirmed int       // rows with no answer (connection lost): left as they were
+	err         error     // the broker failure, if any
+}
+
+// publish sends every row of batch on the confirm channel, then waits for
+// all the confirms.
+func (r *Relay) publish(ctx context.Context, batch []pendingRow) publishResult {
+	var res publishResult
+	confirms := make([]*amqp.DeferredConfirmation, 0, len(batch))
+	for _, p := range batch {
+		headers, err := decodeHeaders(p.headers)
+		if err != nil { // corrupt row: keep it, back off, tell the operator
+			res.failed = append(res.failed, failure{index: len(confirms), reason: "invalid", detail: err.Error()})
+			confirms = append(confirms, nil)
+			continue
+		}
+		dc, err := r.ch.PublishWithDeferredConfirmWithContext(ctx, p.exchange, p.routingKey, !r.cfg.AllowUnroutable, false, amqp.Publishing{
+			Headers:      headers,
+			ContentType:  p.contentType,
+			DeliveryMode: amqp.Persistent,
+			MessageId:    p.messageID,
+			Timestamp:    time.Now(),
+			Body:         p.body,
+		})
+		if err != nil {
+			res.err = err
+			break
+		}
+		confirms = append(confirms, dc)
+	}
+	res.unconfirmed = len(batch) - len(confirms)
+
+	acked := make([]bool, len(confirms))
+	for i, dc := range confirms {
+		if dc == nil {
+			continue
+		}
+		ok, err := dc.WaitContext(ctx)
+		if err != nil {
+			res.err = errors.Join(res.err, err)
+			for _, rest := range confirms[i:] {
+				if rest != nil {
+					res.unconfirmed++
+				}
+			}
+			confirms = confirms[:i]
+			break
+		}
+		acked[i] = ok
+	}
+	// A closed channel nacks every pending confirm: that is "no answer",
+	// not a broker nack.
+	closed := r.ch.IsClosed()
+	if closed && res.err == nil {
+		res.err = amqp.ErrClosed
+	}
+
+	// The broker sends basic.return before the ack of the same message, and
+	// the client queues it (the channel has room for a whole batch), so
+	// every return for a confirmed message is buffered by now.
+	returned := map[string]string{}
+	for drained := false; !drained; {
+		select {
+		case ret, ok := <-r.returns:
+			if !ok {
+				drained = true
+				break
+			}
+			returned[ret.MessageId] = fmt.Sprintf("%d %s", ret.ReplyCode, ret.ReplyText)
+		default:
+			drained = true
+		}
+	}
+
+	for i, dc := range confirms {
+		switch {
+		case dc == nil:
+		case acked[i]:
+			if text, ok := returned[batch[i].messageID]; ok {
+				res.failed = append(res.failed, failure{index: i, reason: reasonUnroutable, detail: text})
+			} else {
+				res.sent = append(res.sent, i)
+			}
+		case closed:
+			res.unconfirmed++
+		default:
+			res.failed = append(res.failed, failure{index: i, reason: reasonNack, detail: "broker nacked the publish"})
+		}
+	}
+	return res
+}
+
+// retryDelay is RetryMinDelay·2^(attempt-1), capped at RetryMaxDelay.
+func (r *Relay) retryDelay(attempt int) time.Duration {
+	d := r.cfg.RetryMinDelay
+	for i := 1; i < attempt && d < r.cfg.RetryMaxDelay; i++ {
+		d *= 2
+	}
+	return min(d, r.cfg.RetryMaxDelay)
+}
+
+const statsSQL = `SELECT count(*), coalesce(extract(epoch FROM clock_timestamp() - min(created_at)), 0)::float8
+FROM inboxmq_outbox WHERE sent_at IS NULL`
+
+func (r *Relay) refreshStats(ctx context.Context) {
+	var (
+		n   int64
+		age float64
+	)
+	if err := r.pool.QueryRow(ctx, statsSQL).Scan(&n, &age); err != nil {
+		if ctx.Err() == nil {
+			r.log.Warn("outbox relay: stats query failed", zap.Error(err))
+		}
+		return
+	}
+	r.metrics.pending.Set(float64(n))
+	r.metrics.oldestAge.Set(age)
+}

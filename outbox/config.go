@@ -1,0 +1,166 @@
+package outbox
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.uber.org/zap"
+)
+
+// RelayConfig configures a [Relay]. Only URL is required; every other field
+// has a default.
+type RelayConfig struct {
+	// URL is the AMQP URL of the broker (amqp:// or amqps://). Required. It
+	// is never logged with its password.
+	URL string
+	// ConnectionName is the connection_name client property, shown in the
+	// broker's management UI and rabbitmqctl. Defaults to
+	// "inboxmq-outbox-relay".
+	ConnectionName string
+
+	// BatchSize is how many rows one claim takes (and publishes in one
+	// pipelined burst before waiting for the confirms). Defaults to 100.
+	BatchSize int
+	// PollInterval is the fallback wake-up when no NOTIFY arrives (and the
+	// time after which rows that backed off are picked up). Defaults to 1s.
+	PollInterval time.Duration
+	// PublishTimeout bounds one batch: claim, publish, confirms and mark.
+	// A batch in flight when the relay stops still gets this long.
+	// Defaults to 30s.
+	PublishTimeout time.Duration
+	// Ordered publishes rows that share a Message.OrderingKey one at a
+	// time, in enqueue order: a row goes out only after every earlier row
+	// with its key was confirmed and marked sent, even across several
+	// relays. Defaults to false (rows go out in id order per batch, but
+	// several relays may interleave them, and a failed row does not hold
+	// back later ones).
+	Ordered bool
+	// AllowUnroutable publishes without the mandatory flag, so the broker
+	// silently drops a message that no queue is bound for and the row is
+	// marked sent. Defaults to false: mandatory publishes, and a returned
+	// (unroutable) message stays pending and is retried with backoff.
+	AllowUnroutable bool
+
+	// RetryMinDelay is the delay before a row whose publish was nacked or
+	// returned is tried again; it doubles per attempt. Rows are retried
+	// forever (watch outbox_oldest_pending_age_seconds).
+	// Defaults to 1s.
+	RetryMinDelay time.Duration
+	// RetryMaxDelay caps the per-row delay. Defaults to 5m.
+	RetryMaxDelay time.Duration
+	// ReconnectMinDelay is the first delay of the exponential backoff used
+	// to reconnect to the broker and to PostgreSQL's LISTEN connection.
+	// Defaults to 100ms.
+	ReconnectMinDelay time.Duration
+	// ReconnectMaxDelay caps the reconnect backoff. Defaults to 30s.
+	ReconnectMaxDelay time.Duration
+
+	// Retention is how long sent rows are kept before the relay deletes
+	// them. Keep it longer than the receivers' inbox needs to recognise a
+	// re-enqueue of the same id as a no-op. Defaults to 24h; -1 disables
+	// deletion.
+	Retention time.Duration
+	// RetentionInterval is how often the relay deletes old sent rows.
+	// Defaults to 1m.
+	RetentionInterval time.Duration
+	// RetentionBatchSize is how many rows one DELETE removes, so retention
+	// never holds long locks. Defaults to 1000.
+	RetentionBatchSize int
+	// StatsInterval is how often the relay refreshes the pending-rows
+	// gauges (one count query). Defaults to 5s.
+	StatsInterval time.Duration
+
+	// Logger receives one debug line per batch, and warnings for failures
+	// and reconnects. Nil means no logging.
+	Logger *zap.Logger
+	// Registerer registers the relay's metrics. Nil means
+	// prometheus.DefaultRegisterer. Relays sharing a Registerer share the
+	// collectors.
+	Registerer prometheus.Registerer
+}
+
+func (c *RelayConfig) withDefaults() RelayConfig {
+	var out RelayConfig
+	if c != nil {
+		out = *c
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	if out.ConnectionName == "" {
+		out.ConnectionName = "inboxmq-outbox-relay"
+	}
+	if out.BatchSize == 0 {
+		out.BatchSize = 100
+	}
+	def(&out.PollInterval, time.Second)
+	def(&out.PublishTimeout, 30*time.Second)
+	def(&out.RetryMinDelay, time.Second)
+	def(&out.RetryMaxDelay, 5*time.Minute)
+	def(&out.ReconnectMinDelay, 100*time.Millisecond)
+	def(&out.ReconnectMaxDelay, 30*time.Second)
+	def(&out.Retention, 24*time.Hour)
+	def(&out.RetentionInterval, time.Minute)
+	if out.RetentionBatchSize == 0 {
+		out.RetentionBatchSize = 1000
+	}
+	def(&out.StatsInterval, 5*time.Second)
+	if out.Logger == nil {
+		out.Logger = zap.NewNop()
+	}
+	if out.Registerer == nil {
+		out.Registerer = prometheus.DefaultRegisterer
+	}
+	return out
+}
+
+func (c *RelayConfig) validate() error {
+	var errs []error
+	if c.URL == "" {
+		errs = append(errs, errors.New("outbox: RelayConfig.URL is required"))
+	} else if _, err := amqp.ParseURI(c.URL); err != nil {
+		errs = append(errs, fmt.Errorf("outbox: RelayConfig.URL %s is not an AMQP URL", redactURL(c.URL)))
+	}
+	if c.BatchSize < 1 {
+		errs = append(errs, fmt.Errorf("outbox: RelayConfig.BatchSize must be positive, got %d", c.BatchSize))
+	}
+	if c.RetentionBatchSize < 1 {
+		errs = append(errs, fmt.Errorf("outbox: RelayConfig.RetentionBatchSize must be positive, got %d", c.RetentionBatchSize))
+	}
+	if c.Retention < 0 && c.Retention != -1 {
+		errs = append(errs, fmt.Errorf("outbox: RelayConfig.Retention must be positive or -1, got %s", c.Retention))
+	}
+	for name, d := range map[string]time.Duration{
+		"PollInterval": c.PollInterval, "PublishTimeout": c.PublishTimeout,
+		"RetryMinDelay": c.RetryMinDelay, "RetryMaxDelay": c.RetryMaxDelay,
+		"ReconnectMinDelay": c.ReconnectMinDelay, "ReconnectMaxDelay": c.ReconnectMaxDelay,
+		"RetentionInterval": c.RetentionInterval, "StatsInterval": c.StatsInterval,
+	} {
+		if d < 0 {
+			errs = append(errs, fmt.Errorf("outbox: RelayConfig.%s must be positive, got %s", name, d))
+		}
+	}
+	if c.RetryMaxDelay < c.RetryMinDelay {
+		errs = append(errs, errors.New("outbox: RelayConfig.RetryMaxDelay is below RetryMinDelay"))
+	}
+	if c.ReconnectMaxDelay < c.ReconnectMinDelay {
+		errs = append(errs, errors.New("outbox: RelayConfig.ReconnectMaxDelay is below ReconnectMinDelay"))
+	}
+	return errors.Join(errs...)
+}
+
+// redactURL returns u with its password replaced, for logs and errors. An
+// unparsable URL is not echoed at all.
+func redactURL(u string) string {
+	p, err := url.Parse(u)
+	if err != nil {
+		return "<invalid URL>"
+	}
+	return p.Redacted()
+}

@@ -1,0 +1,180 @@
+package outbox
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"maps"
+
+	"github.com/jackc/pgx/v5"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/propagation"
+
+	"github.com/inboxmq/inboxmq/consumer"
+)
+
+// NotifyChannel is the PostgreSQL NOTIFY channel on which Enqueue wakes the
+// relays. The payload is the schema of the outbox table (current_schema()),
+// so relays of other schemas in the same database ignore it.
+const NotifyChannel = "inboxmq_outbox"
+
+// Message is one outgoing AMQP message. The zero value is not valid: it
+// needs a destination (Exchange and/or RoutingKey) and a stable identity (ID
+// or IdempotencyKey).
+type Message struct {
+	// Exchange is the exchange to publish to. Empty means the default
+	// exchange, where RoutingKey names the queue.
+	Exchange string
+	// RoutingKey is the routing key (the queue name on the default exchange).
+	RoutingKey string
+	// ID is the AMQP message id. It must be stable: the same for every run of
+	// the handler that enqueues the message, so a re-run or a relay crash
+	// only ever produces a duplicate the receiver's inbox absorbs. Empty
+	// means DeriveID(Exchange, RoutingKey, IdempotencyKey). It is never
+	// random.
+	ID string
+	// IdempotencyKey is the business identity of the message. It is sent in
+	// the header x-idempotency-key ([consumer.HeaderIdempotencyKey]) and,
+	// when ID is empty, the message id is derived from it. Empty means no
+	// such header (ID must then be set).
+	IdempotencyKey string
+	// OrderingKey groups messages that must go out in order (typically the
+	// aggregate's id). When the relay runs with RelayConfig.Ordered, rows
+	// with the same key are published one at a time, in enqueue order.
+	// Empty means no ordering constraint.
+	OrderingKey string
+	// ContentType is the AMQP content type. Empty means none.
+	ContentType string
+	// Headers are extra AMQP headers. Nil means none. Enqueue adds the W3C
+	// trace context (traceparent, tracestate) when ctx carries a span and
+	// the headers have no traceparent yet.
+	Headers amqp.Table
+	// Body is the payload. Nil is stored as empty.
+	Body []byte
+}
+
+// DeriveID returns the message id derived from an idempotency key and the
+// destination: a UUID-formatted SHA-256 of the three, so the same key sent
+// to two destinations gets two ids, and the same key sent again to the same
+// destination gets the same id.
+func DeriveID(exchange, routingKey, key string) string {
+	h := sha256.New()
+	for _, s := range []string{exchange, routingKey, key} {
+		_, _ = fmt.Fprintf(h, "%d:%s;", len(s), s)
+	}
+	var u [16]byte
+	copy(u[:], h.Sum(nil))
+	u[6] = (u[6] & 0x0f) | 0x80 // version 8: custom (RFC 9562)
+	u[8] = (u[8] & 0x3f) | 0x80 // RFC 9562 variant
+	b := hex.EncodeToString(u[:])
+	return b[0:8] + "-" + b[8:12] + "-" + b[12:16] + "-" + b[16:20] + "-" + b[20:32]
+}
+
+// row is a validated Message ready for the INSERT.
+type row struct {
+	id, exchange, routingKey, contentType string
+	orderingKey, idempotencyKey           *string
+	headers, body                         []byte
+}
+
+func prepare(ctx context.Context, m Message) (row, error) {
+	if m.Exchange == "" && m.RoutingKey == "" {
+		return row{}, ErrNoDestination
+	}
+	id := m.ID
+	if id == "" {
+		if m.IdempotencyKey == "" {
+			return row{}, ErrNoID
+		}
+		id = DeriveID(m.Exchange, m.RoutingKey, m.IdempotencyKey)
+	}
+	h := maps.Clone(m.Headers)
+	if h == nil {
+		h = amqp.Table{}
+	}
+	if m.IdempotencyKey != "" {
+		h[consumer.HeaderIdempotencyKey] = m.IdempotencyKey
+	}
+	if _, ok := h["traceparent"]; !ok {
+		propagation.TraceContext{}.Inject(ctx, tableCarrier(h))
+	}
+	headers, err := encodeHeaders(h)
+	if err != nil {
+		return row{}, err
+	}
+	r := row{id: id, exchange: m.Exchange, routingKey: m.RoutingKey, contentType: m.ContentType, headers: headers, body: m.Body}
+	if r.body == nil {
+		r.body = []byte{}
+	}
+	if m.OrderingKey != "" {
+		r.orderingKey = &m.OrderingKey
+	}
+	if m.IdempotencyKey != "" {
+		r.idempotencyKey = &m.IdempotencyKey
+	}
+	return r, nil
+}
+
+const insertSQL = `INSERT INTO inboxmq_outbox
+	(message_id, exchange, routing_key, headers, content_type, body, ordering_key, idempotency_key)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+ON CONFLICT (message_id) DO NOTHING`
+
+const notifySQL = `SELECT pg_notify('` + NotifyChannel + `', current_schema())`
+
+// Enqueue writes msg to the outbox in the caller's transaction tx, and
+// schedules a NOTIFY that PostgreSQL delivers to the relays only if tx
+// commits. If tx rolls back, nothing is published.
+//
+// Enqueueing a message id that is already in the outbox is a no-op, so a
+// handler that runs twice enqueues once (while the first row is retained).
+// ctx governs the statements and supplies the trace context.
+func Enqueue(ctx context.Context, tx pgx.Tx, msg Message) error {
+	return EnqueueBatch(ctx, tx, []Message{msg})
+}
+
+// EnqueueBatch is Enqueue for several messages in one round trip. It
+// validates every message before writing any; an empty batch does nothing.
+func EnqueueBatch(ctx context.Context, tx pgx.Tx, msgs []Message) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	rows := make([]row, len(msgs))
+	for i, m := range msgs {
+		r, err := prepare(ctx, m)
+		if err != nil {
+			return fmt.Errorf("outbox: message %d: %w", i, err)
+		}
+		rows[i] = r
+	}
+	b := &pgx.Batch{}
+	for _, r := range rows {
+		b.Queue(insertSQL, r.id, r.exchange, r.routingKey, r.headers, r.contentType, r.body, r.orderingKey, r.idempotencyKey)
+	}
+	b.Queue(notifySQL)
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("outbox: enqueue: %w", err)
+	}
+	return nil
+}
+
+// tableCarrier lets otel's propagators read and write AMQP headers.
+type tableCarrier amqp.Table
+
+var _ propagation.TextMapCarrier = tableCarrier(nil)
+
+func (c tableCarrier) Get(key string) string {
+	s, _ := c[key].(string)
+	return s
+}
+
+func (c tableCarrier) Set(key, value string) { c[key] = value }
+
+func (c tableCarrier) Keys() []string {
+	keys := make([]string, 0, len(c))
+	for k := range c {
+		keys = append(keys, k)
+	}
+	return keys
+}

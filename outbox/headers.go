@@ -1,0 +1,218 @@
+package outbox
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// The headers column keeps AMQP's field types, so a header written as int32
+// goes out as int32: every value is stored as {"t": type, "v": value}.
+// Plain JSON would turn every number into a float.
+
+type taggedValue struct {
+	T string          `json:"t"`
+	V json.RawMessage `json:"v,omitempty"`
+}
+
+type decimalValue struct {
+	Scale uint8 `json:"s"`
+	Value int32 `json:"v"`
+}
+
+// encodeHeaders encodes h (nil gives an empty object). It rejects values
+// that AMQP cannot carry.
+func encodeHeaders(h amqp.Table) ([]byte, error) {
+	if h == nil {
+		return []byte("{}"), nil
+	}
+	if err := h.Validate(); err != nil {
+		return nil, fmt.Errorf("outbox: headers: %w", err)
+	}
+	m, err := encodeTable(h)
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(m)
+}
+
+func encodeTable(h amqp.Table) (map[string]taggedValue, error) {
+	m := make(map[string]taggedValue, len(h))
+	for k, v := range h {
+		tv, err := encodeValue(v)
+		if err != nil {
+			return nil, fmt.Errorf("outbox: header %q: %w", k, err)
+		}
+		m[k] = tv
+	}
+	return m, nil
+}
+
+func encodeValue(v any) (taggedValue, error) {
+	var (
+		tag string
+		raw any
+	)
+	switch x := v.(type) {
+	case nil:
+		return taggedValue{T: "nil"}, nil
+	case bool:
+		tag, raw = "bool", x
+	case byte:
+		tag, raw = "uint8", x
+	case int8:
+		tag, raw = "int8", x
+	case int16:
+		tag, raw = "int16", x
+	case uint16:
+		tag, raw = "uint16", x
+	case int32:
+		tag, raw = "int32", x
+	case uint32:
+		tag, raw = "uint32", x
+	case int:
+		tag, raw = "int64", int64(x)
+	case int64:
+		tag, raw = "int64", x
+	case float32:
+		tag, raw = "float32", x
+	case float64:
+		tag, raw = "float64", x
+	case string:
+		tag, raw = "string", x
+	case []byte:
+		tag, raw = "bytes", x
+	case time.Time:
+		tag, raw = "time", x.UTC().Format(time.RFC3339Nano)
+	case amqp.Decimal:
+		tag, raw = "decimal", decimalValue{Scale: x.Scale, Value: x.Value}
+	case amqp.Table:
+		t, err := encodeTable(x)
+		if err != nil {
+			return taggedValue{}, err
+		}
+		tag, raw = "table", t
+	case []any:
+		arr := make([]taggedValue, len(x))
+		for i, e := range x {
+			tv, err := encodeValue(e)
+			if err != nil {
+				return taggedValue{}, err
+			}
+			arr[i] = tv
+		}
+		tag, raw = "array", arr
+	default:
+		return taggedValue{}, fmt.Errorf("unsupported AMQP field type %T", v)
+	}
+	b, err := json.Marshal(raw)
+	if err != nil {
+		return taggedValue{}, err
+	}
+	return taggedValue{T: tag, V: b}, nil
+}
+
+// decodeHeaders is the inverse of encodeHeaders (an empty object gives nil).
+func decodeHeaders(b []byte) (amqp.Table, error) {
+	var m map[string]taggedValue
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, fmt.Errorf("outbox: headers: %w", err)
+	}
+	if len(m) == 0 {
+		return nil, nil
+	}
+	return decodeTable(m)
+}
+
+func decodeTable(m map[string]taggedValue) (amqp.Table, error) {
+	t := make(amqp.Table, len(m))
+	for k, tv := range m {
+		v, err := decodeValue(tv)
+		if err != nil {
+			return nil, fmt.Errorf("outbox: header %q: %w", k, err)
+		}
+		t[k] = v
+	}
+	return t, nil
+}
+
+func decodeValue(tv taggedValue) (any, error) {
+	intOf := func(bits int) (int64, error) { return strconv.ParseInt(string(tv.V), 10, bits) }
+	uintOf := func(bits int) (uint64, error) { return strconv.ParseUint(string(tv.V), 10, bits) }
+	switch tv.T {
+	case "nil":
+		return nil, nil
+	case "bool":
+		var b bool
+		err := json.Unmarshal(tv.V, &b)
+		return b, err
+	case "uint8":
+		n, err := uintOf(8)
+		return uint8(n), err
+	case "int8":
+		n, err := intOf(8)
+		return int8(n), err
+	case "int16":
+		n, err := intOf(16)
+		return int16(n), err
+	case "uint16":
+		n, err := uintOf(16)
+		return uint16(n), err
+	case "int32":
+		n, err := intOf(32)
+		return int32(n), err
+	case "uint32":
+		n, err := uintOf(32)
+		return uint32(n), err
+	case "int64":
+		return intOf(64)
+	case "float32":
+		f, err := strconv.ParseFloat(string(tv.V), 32)
+		return float32(f), err
+	case "float64":
+		return strconv.ParseFloat(string(tv.V), 64)
+	case "string":
+		var s string
+		err := json.Unmarshal(tv.V, &s)
+		return s, err
+	case "bytes":
+		var b []byte
+		err := json.Unmarshal(tv.V, &b)
+		return b, err
+	case "time":
+		var s string
+		if err := json.Unmarshal(tv.V, &s); err != nil {
+			return nil, err
+		}
+		return time.Parse(time.RFC3339Nano, s)
+	case "decimal":
+		var d decimalValue
+		err := json.Unmarshal(tv.V, &d)
+		return amqp.Decimal{Scale: d.Scale, Value: d.Value}, err
+	case "table":
+		var m map[string]taggedValue
+		if err := json.Unmarshal(tv.V, &m); err != nil {
+			return nil, err
+		}
+		return decodeTable(m)
+	case "array":
+		var arr []taggedValue
+		if err := json.Unmarshal(tv.V, &arr); err != nil {
+			return nil, err
+		}
+		out := make([]any, len(arr))
+		for i, e := range arr {
+			v, err := decodeValue(e)
+			if err != nil {
+				return nil, err
+			}
+			out[i] = v
+		}
+		return out, nil
+	default:
+		return nil, fmt.Errorf("unknown field type %q", tv.T)
+	}
+}

@@ -1,0 +1,63 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+)
+
+// listen holds a dedicated connection (outside the pool) that LISTENs on
+// NotifyChannel and wakes the relay loop for notifications about its own
+// schema. Notifications are only hints: the loop also polls, so a lost
+// LISTEN connection delays rows by at most PollInterval.
+func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
+	bo := r.newBackOff()
+	for ctx.Err() == nil {
+		err := r.listenOnce(ctx, wake, bo.Reset)
+		if ctx.Err() != nil {
+			return
+		}
+		d := bo.NextBackOff()
+		r.log.Warn("outbox relay: LISTEN connection lost; polling meanwhile", zap.Error(err), zap.Duration("retry_in", d))
+		sleep(ctx, d)
+	}
+}
+
+func (r *Relay) listenOnce(ctx context.Context, wake chan<- struct{}, connected func()) error {
+	conn, err := pgx.ConnectConfig(ctx, r.pool.Config().ConnConfig.Copy())
+	if err != nil {
+		return fmt.Errorf("outbox: listen connect: %w", err)
+	}
+	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+	var schema string
+	if err := conn.QueryRow(ctx, "SELECT current_schema()").Scan(&schema); err != nil {
+		return fmt.Errorf("outbox: listen: %w", err)
+	}
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{NotifyChannel}.Sanitize()); err != nil {
+		return fmt.Errorf("outbox: listen: %w", err)
+	}
+	connected()
+	if r.hooks.listening != nil {
+		r.hooks.listening()
+	}
+	notify(wake) // rows may have been enqueued while nobody listened
+	for {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
+			return fmt.Errorf("outbox: listen: %w", err)
+		}
+		if n.Payload == schema {
+			notify(wake)
+		}
+	}
+}
+
+// notify wakes the loop without blocking (one pending wake is enough).
+func notify(wake chan<- struct{}) {
+	select {
+	case wake <- struct{}{}:
+	default:
+	}
+}

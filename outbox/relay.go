@@ -1,0 +1,264 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.uber.org/zap"
+)
+
+// Relay publishes the outbox's pending rows to RabbitMQ with publisher
+// confirms and marks them sent after the confirm. Several relays (in one
+// process or many) may run against the same table: each claims its batch
+// with FOR UPDATE SKIP LOCKED, so in normal operation every row is
+// published once. A relay that dies between the confirm and the mark leaves
+// its rows pending; they are published again with the same message id, a
+// duplicate that the receiver's inbox absorbs.
+//
+// A Relay is safe for concurrent use; it runs once at a time (Run, or
+// Start/Stop).
+type Relay struct {
+	pool    *pgxpool.Pool
+	cfg     RelayConfig
+	log     *zap.Logger
+	metrics *metrics
+	hooks   testHooks
+
+	running atomic.Bool
+
+	// Broker state, owned by the Run goroutine.
+	conn    *amqp.Connection
+	ch      *amqp.Channel
+	returns chan amqp.Return
+
+	mu      sync.Mutex
+	cancel  context.CancelFunc
+	stopped chan struct{}
+	runErr  error
+}
+
+// testHooks let internal tests inject faults. The zero value does nothing.
+type testHooks struct {
+	// afterConfirm runs after the broker confirmed a batch and before the
+	// rows are marked sent. A non-nil error aborts the batch (its
+	// transaction rolls back) and Run returns it: the relay "dies".
+	afterConfirm func(messageIDs []string) error
+	// listening runs each time the LISTEN connection is ready.
+	listening func()
+}
+
+// NewRelay returns a relay that publishes the outbox table of pool's
+// search_path. cfg must set URL; nil is an invalid config.
+func NewRelay(pool *pgxpool.Pool, cfg *RelayConfig) (*Relay, error) {
+	if pool == nil {
+		return nil, errors.New("outbox: NewRelay: nil pool")
+	}
+	if cfg == nil {
+		return nil, errors.New("outbox: NewRelay: nil config (RelayConfig.URL is required)")
+	}
+	c := cfg.withDefaults()
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(c.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: register metrics: %w", err)
+	}
+	stopped := make(chan struct{})
+	close(stopped)
+	return &Relay{
+		pool:    pool,
+		cfg:     c,
+		log:     c.Logger.With(zap.String("component", "outbox-relay"), zap.String("connection_name", c.ConnectionName)),
+		metrics: m,
+		stopped: stopped,
+	}, nil
+}
+
+// Run relays until ctx is done, then returns nil. It keeps going through
+// broker and database outages (rows wait in the table and go out after the
+// reconnect), so it returns an error only if it is already running. The
+// batch in flight when ctx ends is finished, bounded by PublishTimeout.
+func (r *Relay) Run(ctx context.Context) error {
+	if !r.running.CompareAndSwap(false, true) {
+		return ErrRelayRunning
+	}
+	defer r.running.Store(false)
+	defer r.closeBroker()
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	wake := make(chan struct{}, 1)
+	var wg sync.WaitGroup
+	wg.Go(func() { r.listen(ctx, wake) })
+	if r.cfg.Retention > 0 {
+		wg.Go(func() { r.retain(ctx) })
+	}
+	defer wg.Wait()
+	defer cancel()
+
+	r.log.Info("outbox relay starting", zap.String("url", redactURL(r.cfg.URL)), zap.Bool("ordered", r.cfg.Ordered))
+	bo := r.newBackOff()
+	var lastStats time.Time
+	for ctx.Err() == nil {
+		if time.Since(lastStats) >= r.cfg.StatsInterval {
+			lastStats = time.Now()
+			r.refreshStats(ctx)
+		}
+		if r.ch == nil {
+			if err := r.connect(ctx); err != nil {
+				d := bo.NextBackOff()
+				r.log.Warn("outbox relay: broker connect failed", zap.Error(err), zap.Duration("retry_in", d))
+				sleep(ctx, d)
+				continue
+			}
+		}
+		n, err := r.relayBatch(ctx)
+		var killed *killedError
+		if errors.As(err, &killed) {
+			return killed.err
+		}
+		if err != nil {
+			var be *brokerError
+			if errors.As(err, &be) {
+				r.closeBroker()
+			}
+			d := bo.NextBackOff()
+			r.log.Warn("outbox relay: batch failed", zap.Error(err), zap.Int("rows", n), zap.Duration("retry_in", d))
+			sleep(ctx, d)
+			continue
+		}
+		bo.Reset()
+		if n == r.cfg.BatchSize {
+			continue // more may be waiting
+		}
+		t := time.NewTimer(r.cfg.PollInterval)
+		select {
+		case <-ctx.Done():
+		case <-wake:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+	r.log.Info("outbox relay stopped")
+	return nil
+}
+
+// Start runs the relay in the background until Stop is called or ctx is
+// done. It returns ErrRelayRunning if the relay is running.
+func (r *Relay) Start(ctx context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.running.Load() || r.cancel != nil {
+		return ErrRelayRunning
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	stopped := make(chan struct{})
+	r.cancel, r.stopped = cancel, stopped
+	go func() {
+		err := r.Run(ctx)
+		r.mu.Lock()
+		r.runErr = err
+		r.mu.Unlock()
+		close(stopped)
+	}()
+	return nil
+}
+
+// Stop stops a relay started with Start and waits for it, bounded by ctx.
+// The batch in flight is finished first (bounded by PublishTimeout). Stop
+// is idempotent and safe without a Start.
+func (r *Relay) Stop(ctx context.Context) error {
+	r.mu.Lock()
+	cancel, stopped := r.cancel, r.stopped
+	r.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+	select {
+	case <-stopped:
+	case <-ctx.Done():
+		return fmt.Errorf("outbox: stop: %w", ctx.Err())
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.cancel = nil
+	return r.runErr
+}
+
+// Stopped returns a channel closed when the relay started by Start has
+// stopped (already closed if it never started).
+func (r *Relay) Stopped() <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.stopped
+}
+
+func (r *Relay) newBackOff() *backoff.ExponentialBackOff {
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval = r.cfg.ReconnectMinDelay
+	bo.MaxInterval = r.cfg.ReconnectMaxDelay
+	bo.MaxElapsedTime = 0 // never give up: rows wait for the broker
+	bo.Reset()
+	return bo
+}
+
+// sleep waits d or until ctx is done.
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// brokerError marks a failure of the AMQP connection or channel: the relay
+// drops the connection and reconnects.
+type brokerError struct{ err error }
+
+func (e *brokerError) Error() string { return "outbox: broker: " + e.err.Error() }
+func (e *brokerError) Unwrap() error { return e.err }
+
+// killedError carries a test hook's error out of Run.
+type killedError struct{ err error }
+
+func (e *killedError) Error() string { return e.err.Error() }
+func (e *killedError) Unwrap() error { return e.err }
+
+func (r *Relay) connect(ctx context.Context) error {
+	conn, err := amqp.DialConfig(r.cfg.URL, amqp.Config{
+		Properties: amqp.Table{"connection_name": r.cfg.ConnectionName},
+		Heartbeat:  10 * time.Second,
+		Dial:       amqp.DefaultDial(10 * time.Second),
+	})
+	if err != nil {
+		return fmt.Errorf("outbox: dial %s: %w", redactURL(r.cfg.URL), err)
+	}
+	ch, err := conn.Channel()
+	if err == nil {
+		err = ch.Confirm(false)
+	}
+	if err != nil {
+		_ = conn.Close()
+		return fmt.Errorf("outbox: open confirm channel: %w", err)
+	}
+	r.conn, r.ch = conn, ch
+	r.returns = ch.NotifyReturn(make(chan amqp.Return, r.cfg.BatchSize))
+	r.log.Info("outbox relay connected", zap.String("url", redactURL(r.cfg.URL)))
+	return ctx.Err()
+}
+
+func (r *Relay) closeBroker() {
+	if r.conn != nil {
+		_ = r.conn.Close()
+	}
+	r.conn, r.ch, r.returns = nil, nil, nil
+}
