@@ -1,0 +1,159 @@
+package observe_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"sync/atomic"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inboxmq/inboxmq/internal/pgtest"
+	"github.com/inboxmq/inboxmq/internal/testenv"
+	"github.com/inboxmq/inboxmq/observe"
+)
+
+type testBundle struct {
+	srv    *observe.Server
+	ready  *atomic.Bool
+	redis  *atomic.Bool
+	reg    *prometheus.Registry
+	client *http.Client
+}
+
+func setup(t *testing.T, extra ...observe.Check) *testBundle {
+	t.Helper()
+	b := &testBundle{ready: &atomic.Bool{}, redis: &atomic.Bool{}, reg: prometheus.NewRegistry(), client: &http.Client{}}
+	b.ready.Store(true)
+	checks := append([]observe.Check{
+		observe.Ready("broker", b.ready.Load),
+		observe.DegradedFlag("redis", b.redis.Load),
+	}, extra...)
+	b.srv = observe.NewServer(&observe.ServerConfig{Addr: "127.0.0.1:0", Gatherer: b.reg, Checks: checks})
+	require.NoError(t, b.srv.Start(t.Context()))
+	t.Cleanup(func() { require.NoError(t, b.srv.Shutdown(context.Background())) })
+	return b
+}
+
+func (b *testBundle) get(t *testing.T, path string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, "http://"+b.srv.Addr()+path, nil)
+	require.NoError(t, err)
+	resp, err := b.client.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, string(body)
+}
+
+func readiness(t *testing.T, body string) observe.Readiness {
+	t.Helper()
+	var r observe.Readiness
+	require.NoError(t, json.Unmarshal([]byte(body), &r))
+	return r
+}
+
+func TestServer_Healthz(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.ready.Store(false)
+	code, body := b.get(t, "/healthz")
+	require.Equal(t, http.StatusOK, code, "liveness ignores readiness")
+	require.JSONEq(t, `{"status":"ok"}`, body)
+}
+
+func TestServer_Readyz(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+
+	code, body := b.get(t, "/readyz")
+	require.Equal(t, http.StatusOK, code)
+	require.Equal(t, "ready", readiness(t, body).Status)
+
+	b.ready.Store(false)
+	code, body = b.get(t, "/readyz")
+	require.Equal(t, http.StatusServiceUnavailable, code)
+	r := readiness(t, body)
+	require.Equal(t, "not_ready", r.Status)
+	require.False(t, r.Checks["broker"].OK)
+	require.Contains(t, r.Checks["broker"].Error, "broker not ready")
+	require.True(t, r.Checks["redis"].OK)
+
+	b.ready.Store(true)
+	code, _ = b.get(t, "/readyz")
+	require.Equal(t, http.StatusOK, code, "ready again once the check passes")
+
+	b.redis.Store(true)
+	code, body = b.get(t, "/readyz")
+	require.Equal(t, http.StatusOK, code, "a degraded Redis keeps the worker ready")
+	r = readiness(t, body)
+	require.Equal(t, "degraded", r.Status)
+	require.True(t, r.Checks["redis"].Degraded)
+}
+
+func TestServer_ReadyzDatabasePing(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.Schema(t)
+	b := setup(t, observe.Ping("database", pool))
+	code, body := b.get(t, "/readyz")
+	require.Equal(t, http.StatusOK, code, body)
+	require.True(t, readiness(t, body).Checks["database"].OK)
+
+	pool.Close()
+	code, body = b.get(t, "/readyz")
+	require.Equal(t, http.StatusServiceUnavailable, code)
+	require.False(t, readiness(t, body).Checks["database"].OK)
+}
+
+func TestServer_CheckTimeout(t *testing.T) {
+	t.Parallel()
+	srv := observe.NewServer(&observe.ServerConfig{CheckTimeout: 1, Checks: []observe.Check{{
+		Name: "slow", Func: func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() },
+	}}})
+	r := srv.Ready(t.Context())
+	require.Equal(t, "not_ready", r.Status)
+	require.Contains(t, r.Checks["slow"].Error, "deadline")
+}
+
+func TestServer_Metrics(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := prometheus.NewCounter(prometheus.CounterOpts{Name: "inboxmq_test_total", Help: "A test counter."})
+	b.reg.MustRegister(c)
+	c.Add(3)
+	code, body := b.get(t, "/metrics")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, body, "inboxmq_test_total 3")
+}
+
+func TestServer_Lifecycle(t *testing.T) {
+	t.Parallel()
+	srv := observe.NewServer(&observe.ServerConfig{Addr: "127.0.0.1:0"})
+	require.Equal(t, "127.0.0.1:0", srv.Addr())
+	require.NoError(t, srv.Shutdown(t.Context()), "shutdown without start")
+	require.NoError(t, srv.Start(t.Context()))
+	require.Error(t, srv.Start(t.Context()), "second start")
+	require.NotEqual(t, "127.0.0.1:0", srv.Addr())
+	require.NoError(t, srv.Shutdown(t.Context()))
+	require.NoError(t, srv.Shutdown(t.Context()), "idempotent")
+
+	require.Equal(t, observe.DefaultAddr, observe.NewServer(nil).Addr())
+
+	bad := observe.NewServer(&observe.ServerConfig{Addr: "256.0.0.1:1"})
+	require.Error(t, bad.Start(t.Context()))
+}
+
+func TestServer_ListenAndServeStopsOnCtx(t *testing.T) {
+	t.Parallel()
+	srv := observe.NewServer(&observe.ServerConfig{Addr: "127.0.0.1:0"})
+	ctx, cancel := context.WithCancel(t.Context())
+	errc := make(chan error, 1)
+	go func() { errc <- srv.ListenAndServe(ctx) }()
+	testenv.WaitFor(t, "the server listens", func() bool { return srv.Addr() != "127.0.0.1:0" })
+	cancel()
+	require.NoError(t, testenv.WaitChan(t, errc, "ListenAndServe returns"))
+}
