@@ -183,7 +183,7 @@ func (r *Retention) purge(ctx context.Context, cutoff time.Time) (RetentionRun, 
 		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
 		if _, err := conn.Exec(uctx, `SELECT pg_advisory_unlock(`+r.lock+`)`, r.store.table); err != nil {
-			conn.Conn().Close(uctx) //nolint:errcheck // the session (and its lock) is gone either way
+			_ = conn.Conn().Close(uctx) // the session, and with it the lock, is gone
 		}
 	}()
 

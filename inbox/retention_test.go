@@ -1,0 +1,206 @@
+package inbox_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/internal/pgtest"
+	"github.com/inboxmq/inboxmq/internal/testenv"
+)
+
+// seedCompleted inserts n completed rows of consumer whose completed_at is
+// age ago.
+func seedCompleted(t testing.TB, pool *pgxpool.Pool, consumerName string, n int, age time.Duration) {
+	t.Helper()
+	_, err := pool.Exec(context.Background(), `INSERT INTO inboxmq_inbox (consumer, key, status, completed_at)
+		SELECT $1, $1 || ':' || g, 'completed', now() - $3::bigint * interval '1 microsecond'
+		FROM generate_series(1, $2) g`, consumerName, n, age.Microseconds())
+	require.NoError(t, err)
+}
+
+func countRows(t testing.TB, pool *pgxpool.Pool, where string, args ...any) int {
+	t.Helper()
+	var n int
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM inboxmq_inbox WHERE `+where, args...).Scan(&n))
+	return n
+}
+
+func newRetention(t *testing.T, pool *pgxpool.Pool, cfg *inbox.RetentionConfig) *inbox.Retention {
+	t.Helper()
+	s, err := inbox.NewStore(t.Context(), pool, nil)
+	require.NoError(t, err)
+	r, err := inbox.NewRetention(s, cfg)
+	require.NoError(t, err)
+	return r
+}
+
+func TestRetention_DeletesOnlyExpiredCompletedRowsInBatches(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.Schema(t)
+	seedCompleted(t, pool, "old", 250, 48*time.Hour)
+	seedCompleted(t, pool, "young", 40, time.Hour)
+	// Old rows that are not completed are never touched.
+	_, err := pool.Exec(t.Context(), `INSERT INTO inboxmq_inbox (consumer, key, status, updated_at, first_seen_at)
+		VALUES ('old', 'failed:1', 'failed', now() - interval '30 days', now() - interval '30 days'),
+		       ('old', 'claim:1', 'processing', now() - interval '30 days', now() - interval '30 days')`)
+	require.NoError(t, err)
+
+	r := newRetention(t, pool, &inbox.RetentionConfig{Window: 24 * time.Hour, BatchSize: 100, BatchDelay: -1})
+	run, err := r.RunOnce(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, inbox.RetentionRun{Deleted: 250, Batches: 3}, run)
+	require.Zero(t, countRows(t, pool, `status = 'completed' AND consumer = 'old'`))
+	require.Equal(t, 40, countRows(t, pool, `consumer = 'young'`))
+	require.Equal(t, 2, countRows(t, pool, `consumer = 'old'`))
+
+	run, err = r.RunOnce(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, inbox.RetentionRun{Batches: 1}, run)
+}
+
+func TestRetention_MaxBatches(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.Schema(t)
+	seedCompleted(t, pool, "c", 50, 48*time.Hour)
+	r := newRetention(t, pool, &inbox.RetentionConfig{Window: time.Hour, BatchSize: 10, MaxBatches: 2, BatchDelay: -1})
+	run, err := r.RunOnce(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, inbox.RetentionRun{Deleted: 20, Batches: 2}, run)
+	require.Equal(t, 30, countRows(t, pool, "true"))
+
+	run, err = r.PurgeBefore(t.Context(), time.Now())
+	require.NoError(t, err)
+	require.Equal(t, int64(20), run.Deleted)
+}
+
+// Only one process runs retention on a table at a time.
+func TestRetention_SkipsWhileAnotherHoldsTheLock(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.Schema(t)
+	seedCompleted(t, pool, "c", 10, 48*time.Hour)
+	r := newRetention(t, pool, &inbox.RetentionConfig{Window: time.Hour})
+
+	conn, err := pool.Acquire(t.Context())
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = conn.Exec(t.Context(), `SELECT pg_advisory_lock((hashtext('inboxmq_retention')::bigint << 32) | to_regclass('inboxmq_inbox')::oid::bigint)`)
+	require.NoError(t, err)
+
+	run, err := r.RunOnce(t.Context())
+	require.NoError(t, err)
+	require.True(t, run.Skipped)
+	require.Equal(t, 10, countRows(t, pool, "true"))
+
+	_, err = conn.Exec(t.Context(), `SELECT pg_advisory_unlock_all()`)
+	require.NoError(t, err)
+	run, err = r.RunOnce(t.Context())
+	require.NoError(t, err)
+	require.False(t, run.Skipped)
+	require.Equal(t, int64(10), run.Deleted)
+}
+
+// Retention runs while workers keep inserting and completing rows: no
+// deadlock, no error, expired rows go, rows inside the window stay.
+func TestRetention_WithConcurrentInserters(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.Schema(t)
+	seedCompleted(t, pool, "old", 3000, 72*time.Hour)
+	r := newRetention(t, pool, &inbox.RetentionConfig{Window: 24 * time.Hour, BatchSize: 200, BatchDelay: -1})
+
+	ctx := t.Context()
+	var stop atomic.Bool
+	var inserted atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for w := range 4 {
+		wg.Go(func() {
+			for i := 0; !stop.Load(); i++ {
+				// An insert and a completion, like the inbox's claim.
+				_, err := pool.Exec(ctx, `INSERT INTO inboxmq_inbox (consumer, key, status, completed_at)
+					VALUES ('new', $1, 'completed', now()) ON CONFLICT DO NOTHING`, fmt.Sprintf("w%d:%d", w, i))
+				if err != nil {
+					errs <- err
+					return
+				}
+				inserted.Add(1)
+			}
+		})
+	}
+	// Let the inserters get going before and during the run.
+	testenv.WaitFor(t, "inserters running", func() bool { return inserted.Load() >= 20 })
+	run, err := r.RunOnce(t.Context())
+	stop.Store(true)
+	wg.Wait()
+	close(errs)
+	require.NoError(t, err)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	require.Equal(t, int64(3000), run.Deleted)
+	require.Zero(t, countRows(t, pool, `consumer = 'old'`))
+	require.Equal(t, int(inserted.Load()), countRows(t, pool, `consumer = 'new'`))
+}
+
+func TestRetention_StartStop(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.Schema(t)
+	seedCompleted(t, pool, "c", 5, 48*time.Hour)
+	r := newRetention(t, pool, &inbox.RetentionConfig{Window: time.Hour, Interval: time.Hour})
+	require.NoError(t, r.Stop(t.Context()), "Stop without Start")
+	require.NoError(t, r.Start(t.Context()))
+	require.Error(t, r.Start(t.Context()))
+	// The first run happens at once.
+	testenv.WaitFor(t, "expired rows deleted", func() bool { return countRows(t, pool, "true") == 0 })
+	require.NoError(t, r.Stop(t.Context()))
+	require.NoError(t, r.Stop(t.Context()))
+}
+
+func TestCheckWindow(t *testing.T) {
+	t.Parallel()
+	horizon := inbox.RedeliveryHorizon(10*time.Minute, 5, 72*time.Hour)
+	require.Equal(t, 72*time.Hour+50*time.Minute, horizon)
+	for _, tc := range []struct {
+		name    string
+		window  time.Duration
+		horizon time.Duration
+		ok      bool
+	}{
+		{"default window covers a 3-day replay window", inbox.DefaultRetentionWindow, horizon, true},
+		{"shorter than the horizon", 72 * time.Hour, horizon, false},
+		{"equal", horizon, horizon, true},
+		{"no horizon configured", time.Minute, 0, true},
+		{"non-positive window", 0, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			err := inbox.CheckWindow(tc.window, tc.horizon)
+			if tc.ok {
+				require.NoError(t, err)
+			} else {
+				require.Error(t, err)
+			}
+		})
+	}
+	require.ErrorIs(t, inbox.CheckWindow(time.Hour, 2*time.Hour), inbox.ErrWindowTooShort)
+}
+
+// The start-up check trips when the configured window is too short.
+func TestNewRetention_RefusesWindowShorterThanHorizon(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.Schema(t)
+	s, err := inbox.NewStore(t.Context(), pool, nil)
+	require.NoError(t, err)
+	_, err = inbox.NewRetention(s, &inbox.RetentionConfig{
+		Window:            time.Hour,
+		RedeliveryHorizon: inbox.RedeliveryHorizon(2*time.Minute, 20, time.Hour),
+	})
+	require.ErrorIs(t, err, inbox.ErrWindowTooShort)
+}
