@@ -1,0 +1,65 @@
+package middleware_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/middleware"
+	"github.com/inboxmq/inboxmq/retry"
+)
+
+// ExampleNewLogObserver writes one JSON line per transition. The consumer
+// calls the observer; here the transitions are reported by hand.
+func ExampleNewLogObserver() {
+	enc := zap.NewProductionEncoderConfig()
+	enc.TimeKey = "" // stable output for the example
+	enc.EncodeDuration = func(d time.Duration, e zapcore.PrimitiveArrayEncoder) { e.AppendString(d.Truncate(time.Second).String()) }
+	logger := zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(enc), zapcore.AddSync(os.Stdout), zapcore.InfoLevel))
+	obs := middleware.NewLogObserver(logger, nil)
+
+	d := consumer.NewDelivery("payments", "payments", "worker-1", &amqp.Delivery{MessageId: "m-1", Redelivered: true})
+	d.Key = "payment:order-42"
+	obs.OnTransition(d, consumer.StatusDuplicate, retry.Duplicate(retry.SourceInbox, nil))
+	// Output:
+	// {"level":"info","msg":"delivery duplicate","status":"duplicate","message_id":"m-1","idempotency_key":"payment:order-42","consumer":"payments","queue":"payments","worker_id":"worker-1","attempt":1,"redelivered":true,"duration":"0s","duplicate_source":"inbox","error":"retry: duplicate message (inbox)"}
+}
+
+// ExampleTracing joins the publisher's trace: the producer injects its span
+// into the headers and the consumer span becomes its child.
+func ExampleTracing() {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	defer func() { _ = tp.Shutdown(context.Background()) }()
+
+	// Publisher side.
+	ctx, send := tp.Tracer("producer").Start(context.Background(), "send payments")
+	headers := middleware.InjectHeaders(ctx, nil)
+	send.End()
+
+	// Consumer side.
+	handler := middleware.Tracing(tp, nil)(func(context.Context, *consumer.Delivery) error {
+		return retry.Permanent(errors.New("card declined"))
+	})
+	d := consumer.NewDelivery("payments", "payments", "worker-1", &amqp.Delivery{Headers: headers})
+	_ = handler(context.Background(), d)
+
+	spans := rec.Ended()
+	process := spans[len(spans)-1]
+	fmt.Println(process.Name())
+	fmt.Println(process.Parent().SpanID() == send.SpanContext().SpanID())
+	fmt.Println(process.Status().Code)
+	// Output:
+	// process payments
+	// true
+	// Error
+}
