@@ -23,7 +23,9 @@ import (
 func ExampleNewLogObserver() {
 	enc := zap.NewProductionEncoderConfig()
 	enc.TimeKey = "" // stable output for the example
-	enc.EncodeDuration = func(d time.Duration, e zapcore.PrimitiveArrayEncoder) { e.AppendString(d.Truncate(time.Second).String()) }
+	enc.EncodeDuration = func(d time.Duration, e zapcore.PrimitiveArrayEncoder) {
+		e.AppendString(d.Truncate(time.Second).String())
+	}
 	logger := zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(enc), zapcore.AddSync(os.Stdout), zapcore.InfoLevel))
 	obs := middleware.NewLogObserver(logger, nil)
 
