@@ -115,8 +115,8 @@ func failAll(units []*unit, err error) {
 // execDistinct runs one transaction for units with distinct keys. Round
 // trips: BEGIN, one claim statement, then per delivery its handler's
 // statements (plus SAVEPOINT when more than one delivery was claimed, and
-// ROLLBACK TO SAVEPOINT with the failure record, pipelined, when it fails),
-// and one COMMIT.
+// ROLLBACK TO SAVEPOINT and the failure record when it fails), and one
+// COMMIT.
 func (s *Store) execDistinct(units []*unit) {
 	ctx, done := batchContext(units)
 	defer done()
@@ -182,10 +182,11 @@ func (s *Store) execDistinct(units []*unit) {
 			s.recordFailure(u, herr)
 			return
 		}
-		b := &pgx.Batch{}
-		b.Queue("ROLLBACK TO SAVEPOINT inboxmq_delivery")
-		b.Queue(s.sql.failInTx, u.consumer, u.key, errorText(herr))
-		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		_, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT inboxmq_delivery")
+		if err == nil {
+			_, err = tx.Exec(ctx, s.sql.failInTx, u.consumer, u.key, errorText(herr))
+		}
+		if err != nil {
 			failAll(units, infraError(ReasonDBConnection, fmt.Errorf("inbox: roll back delivery: %w", err)))
 			return
 		}

@@ -1,0 +1,203 @@
+package inbox_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/retry"
+)
+
+// fullBatch makes a batch of exactly n: it only closes when n deliveries
+// arrived (the long MaxWait is never reached in a passing test).
+func fullBatch(n int) *inbox.HandlerOpts {
+	return &inbox.HandlerOpts{GroupCommit: &inbox.GroupCommit{MaxBatch: n, MaxWait: time.Minute, MaxInFlight: 1}}
+}
+
+// handleAll runs h on msgs concurrently and returns their errors in order.
+func handleAll(t *testing.T, h consumer.Handler[order], msgs []*consumer.Message[order]) []error {
+	t.Helper()
+	errs := make([]error, len(msgs))
+	var wg sync.WaitGroup
+	for i, m := range msgs {
+		wg.Go(func() { errs[i] = h.Handle(t.Context(), m) })
+	}
+	wg.Wait()
+	return errs
+}
+
+func TestGroupCommit_FailureInTheMiddleRollsBackOnlyItsSavepoint(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	var mu sync.Mutex
+	txids := map[string]int64{}
+	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[order]) error {
+		var txid int64
+		if err := tx.QueryRow(ctx, `SELECT txid_current()`).Scan(&txid); err != nil {
+			return err
+		}
+		mu.Lock()
+		txids[msg.Key] = txid
+		mu.Unlock()
+		if err := effectHandler(nil)(ctx, tx, msg); err != nil {
+			return err
+		}
+		if msg.Body.OrderID == "3" {
+			// A failed statement aborts the transaction: only the savepoint
+			// can bring it back.
+			_, err := tx.Exec(ctx, `SELECT 1/0`)
+			return err
+		}
+		return nil
+	}, fullBatch(5))
+
+	msgs := make([]*consumer.Message[order], 5)
+	for i := range msgs {
+		msgs[i] = newMsg(t, "payments", order{OrderID: strconv.Itoa(i + 1), Amount: i}, false)
+	}
+	errs := handleAll(t, h, msgs)
+	for i, err := range errs {
+		if i == 2 {
+			require.ErrorContains(t, err, "division by zero")
+			continue
+		}
+		require.NoError(t, err)
+	}
+	require.Equal(t, 4, b.count(t, `SELECT count(*) FROM effects`))
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM effects WHERE key = 'order:3'`))
+	require.Equal(t, 4, b.count(t, `SELECT count(*) FROM ledger`))
+	r := b.get(t, "payments", "order:3")
+	require.Equal(t, inbox.RecordFailed, r.Status)
+	require.Equal(t, 1, r.Attempts)
+	require.Contains(t, *r.LastError, "division by zero")
+	require.Nil(t, r.CompletedAt)
+	require.Equal(t, 4, b.count(t, `SELECT count(*) FROM inboxmq_inbox WHERE status = 'completed'`))
+
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, txids, 5)
+	for _, id := range txids {
+		require.Equal(t, txids["order:1"], id, "one transaction for the whole batch")
+	}
+}
+
+func TestGroupCommit_DuplicatesInsideOneBatch(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	var calls atomic.Int64
+	h := inbox.Handler(b.store, effectHandler(&calls), fullBatch(6))
+	var msgs []*consumer.Message[order]
+	for _, id := range []string{"a", "b", "a", "c", "b", "a"} {
+		msgs = append(msgs, newMsg(t, "payments", order{OrderID: id}, false))
+	}
+	errs := handleAll(t, h, msgs)
+	var ok, dup int
+	for _, err := range errs {
+		if err == nil {
+			ok++
+			continue
+		}
+		require.ErrorIs(t, err, inbox.ErrDuplicate)
+		dup++
+	}
+	require.Equal(t, 3, ok)
+	require.Equal(t, 3, dup)
+	require.Equal(t, int64(3), calls.Load())
+	require.Equal(t, 3, b.count(t, `SELECT count(*) FROM effects`))
+}
+
+func TestGroupCommit_DuplicateOfAFailedDeliveryInTheSameBatchProceeds(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	var calls atomic.Int64
+	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[order]) error {
+		if calls.Add(1) == 1 {
+			return errors.New("first copy fails")
+		}
+		return effectHandler(nil)(ctx, tx, msg)
+	}, fullBatch(2))
+	errs := handleAll(t, h, []*consumer.Message[order]{
+		newMsg(t, "payments", order{OrderID: "x"}, false),
+		newMsg(t, "payments", order{OrderID: "x"}, false),
+	})
+	require.ElementsMatch(t, []bool{true, false}, []bool{errs[0] == nil, errs[1] == nil})
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`))
+	r := b.get(t, "payments", "order:x")
+	require.Equal(t, inbox.RecordCompleted, r.Status)
+	require.Equal(t, 2, r.Attempts)
+}
+
+func TestGroupCommit_OverlappingBatchesInOppositeOrderDoNotDeadlock(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	const n = 24
+	var calls atomic.Int64
+	opts := &inbox.HandlerOpts{GroupCommit: &inbox.GroupCommit{MaxBatch: n, MaxWait: 20 * time.Millisecond, MaxInFlight: 2}}
+	h1 := inbox.Handler(b.store, effectHandler(&calls), opts)
+	h2 := inbox.Handler(b.store, effectHandler(&calls), opts)
+
+	errs := make([]error, 2*n)
+	var wg sync.WaitGroup
+	for round := range 3 {
+		for i := range n {
+			asc := newMsg(t, "payments", order{OrderID: strconv.Itoa(round*n + i)}, false)
+			desc := newMsg(t, "payments", order{OrderID: strconv.Itoa(round*n + n - 1 - i)}, false)
+			wg.Go(func() { errs[i] = h1.Handle(t.Context(), asc) })
+			wg.Go(func() { errs[n+i] = h2.Handle(t.Context(), desc) })
+		}
+		wg.Wait()
+		for _, err := range errs {
+			if err != nil {
+				require.ErrorIs(t, err, inbox.ErrDuplicate)
+			}
+		}
+	}
+	require.Equal(t, int64(3*n), calls.Load())
+	require.Equal(t, 3*n, b.count(t, `SELECT count(*) FROM effects`))
+	require.Equal(t, 3*n, b.count(t, `SELECT count(DISTINCT key) FROM effects`))
+}
+
+func TestGroupCommit_CommitFailureFailsEveryDelivery(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[order]) error {
+		if err := effectHandler(nil)(ctx, tx, msg); err != nil {
+			return err
+		}
+		if msg.Body.OrderID == "2" {
+			// A deferred foreign key: the statement succeeds, COMMIT fails.
+			_, err := tx.Exec(ctx, `INSERT INTO child (id) VALUES (42)`)
+			return err
+		}
+		return nil
+	}, fullBatch(4))
+	msgs := make([]*consumer.Message[order], 4)
+	for i := range msgs {
+		msgs[i] = newMsg(t, "payments", order{OrderID: strconv.Itoa(i + 1)}, false)
+	}
+	for _, err := range handleAll(t, h, msgs) {
+		d := retry.Classify(err)
+		require.Equal(t, retry.KindRetry, d.Kind, "%v", err)
+		require.Equal(t, inbox.ReasonDBCommit, d.Reason)
+	}
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM effects`))
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM inboxmq_inbox`))
+}
+
+func TestGroupCommit_LoneDeliveryIsNotHeldBeyondMaxWait(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	h := inbox.Handler(b.store, effectHandler(nil), &inbox.HandlerOpts{GroupCommit: &inbox.GroupCommit{}})
+	require.NoError(t, h.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "lone"}, false)))
+	require.ErrorIs(t, h.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "lone"}, false)), inbox.ErrDuplicate)
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`))
+}
