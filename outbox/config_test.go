@@ -1,0 +1,72 @@
+package outbox
+
+import (
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+)
+
+func TestConfigValidate(t *testing.T) {
+	t.Parallel()
+	for name, tc := range map[string]struct {
+		cfg  RelayConfig
+		want string // substring of the error; empty: valid
+	}{
+		"defaults":        {RelayConfig{URL: "amqp://guest:guest@127.0.0.1:5672/"}, ""},
+		"no url":          {RelayConfig{}, "URL is required"},
+		"bad url":         {RelayConfig{URL: "http://user:s3cret@host/"}, "not an AMQP URL"},
+		"batch":           {RelayConfig{URL: "amqp://h/", BatchSize: -1}, "BatchSize"},
+		"retention":       {RelayConfig{URL: "amqp://h/", Retention: -2}, "Retention"},
+		"retention off":   {RelayConfig{URL: "amqp://h/", Retention: -1}, ""},
+		"negative poll":   {RelayConfig{URL: "amqp://h/", PollInterval: -time.Second}, "PollInterval"},
+		"retry inverted":  {RelayConfig{URL: "amqp://h/", RetryMinDelay: time.Minute, RetryMaxDelay: time.Second}, "RetryMaxDelay"},
+		"reconnect order": {RelayConfig{URL: "amqp://h/", ReconnectMinDelay: time.Minute, ReconnectMaxDelay: time.Second}, "ReconnectMaxDelay"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			c := tc.cfg.withDefaults()
+			err := c.validate()
+			if tc.want == "" {
+				require.NoError(t, err)
+				return
+			}
+			require.ErrorContains(t, err, tc.want)
+			require.NotContains(t, err.Error(), "s3cret")
+		})
+	}
+}
+
+func TestNewRelayConfig(t *testing.T) {
+	t.Parallel()
+	_, err := NewRelay(nil, &RelayConfig{URL: "amqp://h/"})
+	require.Error(t, err)
+
+	b := setup(t)
+	_, err = NewRelay(b.pool, nil)
+	require.ErrorContains(t, err, "URL is required")
+
+	reg := prometheus.NewRegistry()
+	r1, err := NewRelay(b.pool, &RelayConfig{URL: "amqp://h/", Registerer: reg})
+	require.NoError(t, err)
+	r2, err := NewRelay(b.pool, &RelayConfig{URL: "amqp://h/", Registerer: reg})
+	require.NoError(t, err, "relays share a registerer")
+	require.Same(t, r1.metrics.published, r2.metrics.published)
+	require.Equal(t, 100, r1.cfg.BatchSize)
+	require.Equal(t, 24*time.Hour, r1.cfg.Retention)
+}
+
+func TestRedactURL(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, "amqp://guest:xxxxx@host:5672/vh", redactURL("amqp://guest:s3cret@host:5672/vh"))
+	require.Equal(t, "<invalid URL>", redactURL("amqp://%zz"))
+}
+
+func TestRetryDelay(t *testing.T) {
+	t.Parallel()
+	r := &Relay{cfg: RelayConfig{RetryMinDelay: time.Second, RetryMaxDelay: 5 * time.Second}}
+	for attempt, want := range map[int]time.Duration{1: time.Second, 2: 2 * time.Second, 3: 4 * time.Second, 4: 5 * time.Second, 40: 5 * time.Second} {
+		require.Equal(t, want, r.retryDelay(attempt), "attempt %d", attempt)
+	}
+}
