@@ -1,0 +1,60 @@
+// Package middleware holds inboxmq's delivery middleware: decorators of
+// [consumer.DeliveryHandler] that run around the decode and handler step,
+// and the observers that turn delivery events into logs, metrics and traces.
+//
+// Middleware never acks or nacks. It returns an error (or nil), and the
+// consumer classifies the final error (package retry) into an AMQP outcome.
+//
+// # Order
+//
+// Router-wide middleware (Router.Use) runs before decoding; handler
+// middleware (HandlerOpts.Middleware) runs after it, so it sees
+// Delivery.Key. Outermost first:
+//
+//	Recover -> Timeout -> [decode] -> Dedupe -> Lock -> inbox handler
+//
+//	r.Use(middleware.Recover(&middleware.RecoverOpts{Logger: logger}),
+//		middleware.Timeout(2*time.Minute))
+//	consumer.Register(r, "payments", h, &consumer.HandlerOpts{
+//		Middleware: []consumer.Middleware{
+//			middleware.Dedupe(rdb, nil),
+//			middleware.Lock(rdb, nil),
+//		},
+//	})
+//
+// # Recover and Timeout
+//
+// [Recover] turns a panic into a *[PanicError] with reason "panic", so the
+// worker lives on and a crashing message is retried and finally
+// dead-lettered. [Timeout] gives each delivery a deadline whose cause is
+// [ErrTimeout].
+//
+// # Redis: an accelerator, never the judge
+//
+// [Dedupe] (the completed-cache) and [Lock] use Redis to save work, never
+// to decide correctness: the PostgreSQL inbox keeps every effect single
+// with Redis absent, flushed, slow or partitioned.
+//
+//   - Dedupe stores positive entries only. A hit ("completed") acks the
+//     delivery as a duplicate from source "cache"; a miss or an error falls
+//     through to the inbox. Entries are written only after a commit.
+//   - Lock holds a lock per (consumer, key) with a keep-alive, so two
+//     workers do not both run a handler for the same key; the other one is
+//     retried later with reason "lock_unavailable". Its fencing token is
+//     set on Delivery.Fence. Its primitives live in package lock, usable on
+//     their own.
+//
+// Each Redis call has a short timeout (150ms by default). When Redis errors
+// or times out, the delivery proceeds without it, and the change is reported
+// once through the OnDegraded hook and the logger; while degraded, Redis is
+// probed at most once per ProbeInterval, and the middleware recovers by
+// itself when Redis answers. Build the client with ContextTimeoutEnabled so
+// the timeouts bound socket reads too.
+//
+// # Observability
+//
+// [NewLogObserver] writes one structured zap line per delivery transition;
+// the package's metrics and tracing observers report the same events to
+// Prometheus and OpenTelemetry. Lock starts a "lock.acquire" span under the
+// span in the context.
+package middleware

@@ -1,0 +1,300 @@
+package middleware
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+	"go.uber.org/zap"
+
+	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/lock"
+	"github.com/inboxmq/inboxmq/retry"
+)
+
+// Values of consumer.Delivery.LockResult set by [Lock].
+const (
+	// LockAcquired: this worker holds the lock while the handler runs.
+	LockAcquired = "acquired"
+	// LockHeld: another worker holds the lock; the delivery is retried later.
+	LockHeld = "held"
+	// LockDegraded: Redis did not answer in time; the handler ran without the
+	// lock (the inbox still keeps the effect single).
+	LockDegraded = "degraded"
+)
+
+// Retry reasons returned by [Lock]. They are bounded metric labels.
+const (
+	// ReasonLockUnavailable: another worker holds the key's lock.
+	ReasonLockUnavailable = "lock_unavailable"
+	// ReasonLockExpired: the lock was lost (or its MaxHold reached) before
+	// the handler completed.
+	ReasonLockExpired = "lock_expired"
+)
+
+// tracerName is the instrumentation scope of this package's spans.
+const tracerName = "github.com/inboxmq/inboxmq/middleware"
+
+// LockOpts configure [Lock]. A nil *LockOpts means defaults.
+type LockOpts struct {
+	// Prefix starts every lock key: "<Prefix><consumer>:<idempotency key>".
+	// Defaults to "inboxmq:lock:".
+	Prefix string
+	// TTL is the lock's time to live; a keep-alive refreshes it every TTL/3
+	// while the handler runs. Defaults to 30s.
+	TTL time.Duration
+	// MaxHold caps how long one delivery may hold the lock; at the cap the
+	// handler's context is cancelled and the delivery retried (reason
+	// lock_expired). Keep it below RabbitMQ's consumer ack timeout. Defaults
+	// to lock.DefaultMaxHold (25m); -1 means no cap.
+	MaxHold time.Duration
+	// RetryDelay is the delay asked for (retry.After) when another worker
+	// holds the lock, so a contended key never hot-loops through the queue.
+	// Defaults to 5s.
+	RetryDelay time.Duration
+	// CallTimeout bounds each Redis call (obtain, refresh, release). Past it
+	// the handler proceeds without the lock. Build the client with
+	// ContextTimeoutEnabled so the bound covers socket reads. Defaults to
+	// 150ms.
+	CallTimeout time.Duration
+	// ProbeInterval: while Redis is degraded, it is tried at most once per
+	// ProbeInterval; other deliveries proceed without the lock at once
+	// instead of each waiting CallTimeout. Defaults to 1s; -1 tries Redis on
+	// every delivery.
+	ProbeInterval time.Duration
+	// Logger logs each change between healthy and degraded (once per
+	// change, at warn and info). Defaults to no logging.
+	Logger *zap.Logger
+	// OnDegraded is called on each change between healthy and degraded:
+	// true when Redis stopped answering, false when it answers again. It is
+	// called synchronously on the delivery path, once per change; keep it
+	// fast. Defaults to nothing.
+	OnDegraded func(degraded bool)
+}
+
+func (o *LockOpts) withDefaults() LockOpts {
+	var out LockOpts
+	if o != nil {
+		out = *o
+	}
+	if out.Prefix == "" {
+		out.Prefix = "inboxmq:lock:"
+	}
+	if out.TTL < time.Millisecond {
+		out.TTL = 30 * time.Second
+	}
+	if out.MaxHold == 0 || out.MaxHold < -1 {
+		out.MaxHold = lock.DefaultMaxHold
+	}
+	if out.RetryDelay <= 0 {
+		out.RetryDelay = 5 * time.Second
+	}
+	if out.CallTimeout <= 0 {
+		out.CallTimeout = 150 * time.Millisecond
+	}
+	if out.ProbeInterval == 0 || out.ProbeInterval < -1 {
+		out.ProbeInterval = time.Second
+	}
+	return out
+}
+
+// Lock returns a handler middleware that holds a Redis lock on the
+// delivery's idempotency key while the rest of the chain runs. It belongs
+// in HandlerOpts.Middleware (after decoding, so Delivery.Key is set); a
+// delivery without a key passes through unlocked.
+//
+// The lock only saves work: the inbox in PostgreSQL keeps the effect single
+// whatever Redis does. So:
+//
+//   - acquired: Delivery.LockKey, LockResult "acquired" and Fence are set,
+//     StatusLocked is reported, and next runs with a context that a
+//     keep-alive cancels if the lock is lost; the lock is released
+//     (compare-and-delete) when next returns;
+//   - held by another worker: next is not called; the result is
+//     retry.After(RetryDelay) with reason "lock_unavailable" and
+//     StatusLockFailed is reported;
+//   - lost before completion (deleted, expired while Redis was silent, or
+//     MaxHold reached): next's context is cancelled with the cause
+//     (lock.ErrLockLost or lock.ErrMaxHoldReached), StatusLockExpired is
+//     reported, and an error from next becomes retryable with reason
+//     "lock_expired" (nil and duplicates pass unchanged);
+//   - Redis error or timeout: next runs without the lock (LockResult
+//     "degraded"), reported through OnDegraded and the logger once per
+//     change; the middleware recovers by itself when Redis answers again.
+//
+// A "lock.acquire" span is started as a child of the span in ctx (none
+// without one). Lock panics if client is nil.
+func Lock(client redis.UniversalClient, opts *LockOpts) consumer.Middleware {
+	if client == nil {
+		panic("middleware: Lock: nil redis client")
+	}
+	o := opts.withDefaults()
+	locker, err := lock.New(client, nil)
+	if err != nil {
+		panic("middleware: Lock: " + err.Error())
+	}
+	m := &lockMiddleware{
+		opts:   o,
+		locker: locker,
+		health: newHealth("lock", o.ProbeInterval, o.Logger, o.OnDegraded),
+	}
+	return m.wrap
+}
+
+type lockMiddleware struct {
+	opts   LockOpts
+	locker *lock.Locker
+	health *health
+}
+
+func (m *lockMiddleware) wrap(next consumer.DeliveryHandler) consumer.DeliveryHandler {
+	return func(ctx context.Context, d *consumer.Delivery) error {
+		if d.Key == "" {
+			return next(ctx, d)
+		}
+		key := m.opts.Prefix + d.Consumer + ":" + d.Key
+		d.LockKey = key
+		if !m.health.allow() {
+			d.LockResult = LockDegraded
+			return next(ctx, d)
+		}
+
+		sctx, span := trace.SpanFromContext(ctx).TracerProvider().Tracer(tracerName).Start(ctx, "lock.acquire",
+			trace.WithAttributes(attribute.String("inboxmq.lock.key", key)))
+		cctx, cancel := context.WithTimeout(sctx, m.opts.CallTimeout)
+		l, err := m.locker.Obtain(cctx, key, m.opts.TTL, nil)
+		cancel()
+
+		switch {
+		case err == nil:
+			m.health.set(false, nil)
+			d.LockResult = LockAcquired
+			d.Fence = l.Fence()
+			span.SetAttributes(attribute.String("inboxmq.lock.result", LockAcquired), attribute.Int64("inboxmq.lock.fence", l.Fence()))
+			span.End()
+			d.Transition(consumer.StatusLocked, nil)
+			return m.runLocked(ctx, d, l, next)
+
+		case errors.Is(err, lock.ErrNotObtained):
+			m.health.set(false, nil)
+			d.LockResult = LockHeld
+			span.SetAttributes(attribute.String("inboxmq.lock.result", LockHeld))
+			span.End()
+			herr := retry.WithReason(ReasonLockUnavailable, retry.After(m.opts.RetryDelay,
+				fmt.Errorf("middleware: lock %q is held by another worker: %w", key, err)))
+			d.Transition(consumer.StatusLockFailed, herr)
+			return herr
+
+		case ctx.Err() != nil:
+			// The delivery's own context ended (shutdown): not a Redis fault.
+			span.RecordError(err)
+			span.SetStatus(codes.Error, "context ended")
+			span.End()
+			return err
+
+		default:
+			m.health.set(true, err)
+			d.LockResult = LockDegraded
+			span.SetAttributes(attribute.String("inboxmq.lock.result", LockDegraded))
+			span.RecordError(err)
+			span.SetStatus(codes.Error, "redis unavailable")
+			span.End()
+			return next(ctx, d)
+		}
+	}
+}
+
+func (m *lockMiddleware) runLocked(ctx context.Context, d *consumer.Delivery, l *lock.Lock, next consumer.DeliveryHandler) error {
+	kctx, stop := l.KeepAlive(ctx, &lock.KeepAliveOpts{
+		TTL:         m.opts.TTL,
+		MaxHold:     m.opts.MaxHold,
+		CallTimeout: m.opts.CallTimeout,
+	})
+	err := next(kctx, d)
+	stop()
+	cause := context.Cause(kctx)
+
+	// Release even when ctx has ended; compare-and-delete never touches a
+	// successor's lock.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.opts.CallTimeout)
+	rerr := l.Release(rctx)
+	cancel()
+	if rerr != nil && !errors.Is(rerr, lock.ErrNotHeld) {
+		// The lock expires by its TTL; later deliveries of the key wait.
+		m.health.set(true, rerr)
+	}
+
+	if !errors.Is(cause, lock.ErrLockLost) && !errors.Is(cause, lock.ErrMaxHoldReached) {
+		return err
+	}
+	d.Transition(consumer.StatusLockExpired, cause)
+	if err == nil || errors.Is(err, retry.ErrDuplicate) {
+		// Committed (or already done) before the loss mattered.
+		return err
+	}
+	return retry.WithReason(ReasonLockExpired, retry.Retryable(
+		fmt.Errorf("middleware: lock %q lost before completion: %w", l.Key(), errors.Join(cause, err))))
+}
+
+// health tracks whether Redis answers, for the Redis-backed middleware. It
+// reports each change once (hook and log) and, while degraded, lets one
+// probe through per probe interval.
+type health struct {
+	name     string
+	probe    time.Duration
+	logger   *zap.Logger
+	hook     func(bool)
+	degraded atomic.Bool
+	// nextProbe is the UnixNano time after which a probe may run.
+	nextProbe atomic.Int64
+	mu        sync.Mutex
+}
+
+func newHealth(name string, probe time.Duration, logger *zap.Logger, hook func(bool)) *health {
+	if logger == nil {
+		logger = zap.NewNop()
+	}
+	return &health{name: name, probe: probe, logger: logger, hook: hook}
+}
+
+// allow reports whether this call should try Redis.
+func (h *health) allow() bool {
+	if !h.degraded.Load() || h.probe < 0 {
+		return true
+	}
+	now := time.Now().UnixNano()
+	next := h.nextProbe.Load()
+	return now >= next && h.nextProbe.CompareAndSwap(next, now+int64(h.probe))
+}
+
+// set records the outcome of a Redis call: degraded after an error, healthy
+// after an answer.
+func (h *health) set(degraded bool, err error) {
+	if h.degraded.Load() == degraded {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.degraded.Load() == degraded {
+		return
+	}
+	if degraded {
+		h.nextProbe.Store(time.Now().Add(h.probe).UnixNano())
+	}
+	h.degraded.Store(degraded)
+	if degraded {
+		h.logger.Warn("redis unavailable: proceeding without it", zap.String("middleware", h.name), zap.Error(err))
+	} else {
+		h.logger.Info("redis answers again", zap.String("middleware", h.name))
+	}
+	if h.hook != nil {
+		h.hook(degraded)
+	}
+}

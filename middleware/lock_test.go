@@ -1,0 +1,329 @@
+package middleware_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/internal/testenv"
+	"github.com/inboxmq/inboxmq/lock"
+	"github.com/inboxmq/inboxmq/middleware"
+	"github.com/inboxmq/inboxmq/retry"
+)
+
+// redisLockKey is the Redis key of the middleware's lock on key for
+// consumer "svc".
+func redisLockKey(prefix, key string) string {
+	k, _ := lock.RedisKeys(prefix + "svc:" + key)
+	return k
+}
+
+func TestLock_AcquiredRunsNextAndReleases(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setupRedis(t)
+	rec := &transitionRecorder{}
+	d := keyedDelivery("order-1", rec)
+	mw := middleware.Lock(b.flaky, &middleware.LockOpts{Prefix: b.prefix})
+
+	calls := 0
+	err := mw(func(ctx context.Context, d *consumer.Delivery) error {
+		calls++
+		require.Equal(t, middleware.LockAcquired, d.LockResult)
+		require.Equal(t, b.prefix+"svc:order-1", d.LockKey)
+		require.Positive(t, d.Fence)
+		ttl, err := b.rdb.PTTL(ctx, redisLockKey(b.prefix, "order-1")).Result()
+		require.NoError(t, err)
+		require.Greater(t, ttl, 25*time.Second, "default TTL is 30s")
+		require.NoError(t, ctx.Err())
+		return nil
+	})(ctx, d)
+	require.NoError(t, err)
+	require.Equal(t, 1, calls)
+	require.Equal(t, []string{consumer.StatusLocked}, rec.statuses())
+	require.Equal(t, int64(0), b.rdb.Exists(ctx, redisLockKey(b.prefix, "order-1")).Val(), "released")
+	require.Equal(t, int64(2), b.flaky.calls.Load(), "two round trips: obtain and release")
+
+	// The next holder gets a larger fence.
+	first := d.Fence
+	d2 := keyedDelivery("order-1")
+	require.NoError(t, mw(func(context.Context, *consumer.Delivery) error { return nil })(ctx, d2))
+	require.Greater(t, d2.Fence, first)
+}
+
+func TestLock_HandlerErrorPassesThrough(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setupRedis(t)
+	mw := middleware.Lock(b.flaky, &middleware.LockOpts{Prefix: b.prefix})
+
+	boom := retry.Permanent(errors.New("boom"))
+	err := mw(func(context.Context, *consumer.Delivery) error { return boom })(ctx, keyedDelivery("k"))
+	require.ErrorIs(t, err, boom)
+	require.Equal(t, int64(0), b.rdb.Exists(ctx, redisLockKey(b.prefix, "k")).Val(), "released after a failure too")
+}
+
+func TestLock_ConcurrentSameKey(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setupRedis(t)
+	mw := middleware.Lock(b.flaky, &middleware.LockOpts{Prefix: b.prefix, RetryDelay: 7 * time.Second})
+
+	entered := make(chan struct{})
+	release := make(chan struct{})
+	firstDone := make(chan error, 1)
+	go func() {
+		firstDone <- mw(func(context.Context, *consumer.Delivery) error {
+			close(entered)
+			<-release
+			return nil
+		})(ctx, keyedDelivery("order-2"))
+	}()
+	testenv.WaitChan(t, entered, "first delivery to hold the lock")
+
+	rec := &transitionRecorder{}
+	d := keyedDelivery("order-2", rec)
+	called := false
+	err := mw(func(context.Context, *consumer.Delivery) error {
+		called = true
+		return nil
+	})(ctx, d)
+	close(release)
+	require.NoError(t, testenv.WaitChan(t, firstDone, "first delivery to finish"))
+
+	require.False(t, called, "only one run of next per key at a time")
+	require.Equal(t, middleware.LockHeld, d.LockResult)
+	dec := retry.Classify(err)
+	require.Equal(t, retry.KindRetry, dec.Kind)
+	require.Equal(t, 7*time.Second, dec.Delay, "no hot requeue loop")
+	require.Equal(t, middleware.ReasonLockUnavailable, dec.Reason)
+	require.ErrorIs(t, err, lock.ErrNotObtained)
+	require.Equal(t, []string{consumer.StatusLockFailed}, rec.statuses())
+}
+
+func TestLock_LostBeforeCompletion(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setupRedis(t)
+	// Refreshes every 100ms.
+	mw := middleware.Lock(b.flaky, &middleware.LockOpts{Prefix: b.prefix, TTL: 300 * time.Millisecond})
+
+	t.Run("HandlerFails", func(t *testing.T) {
+		t.Parallel()
+		rec := &transitionRecorder{}
+		err := mw(func(ctx context.Context, d *consumer.Delivery) error {
+			require.NoError(t, b.rdb.Del(ctx, redisLockKey(b.prefix, "lost-1")).Err())
+			testenv.WaitChan(t, ctx.Done(), "handler context to be cancelled")
+			require.ErrorIs(t, context.Cause(ctx), lock.ErrLockLost)
+			return ctx.Err()
+		})(ctx, keyedDelivery("lost-1", rec))
+		dec := retry.Classify(err)
+		require.Equal(t, retry.KindRetry, dec.Kind)
+		require.Equal(t, middleware.ReasonLockExpired, dec.Reason)
+		require.ErrorIs(t, err, lock.ErrLockLost)
+		require.Equal(t, []string{consumer.StatusLocked, consumer.StatusLockExpired}, rec.statuses())
+		require.ErrorIs(t, rec.got[1].err, lock.ErrLockLost)
+	})
+	t.Run("HandlerCommittedAnyway", func(t *testing.T) {
+		t.Parallel()
+		rec := &transitionRecorder{}
+		err := mw(func(ctx context.Context, d *consumer.Delivery) error {
+			require.NoError(t, b.rdb.Del(ctx, redisLockKey(b.prefix, "lost-2")).Err())
+			testenv.WaitChan(t, ctx.Done(), "handler context to be cancelled")
+			return nil // the commit won the race: the effect is done
+		})(ctx, keyedDelivery("lost-2", rec))
+		require.NoError(t, err)
+		require.Equal(t, []string{consumer.StatusLocked, consumer.StatusLockExpired}, rec.statuses())
+	})
+	t.Run("ThiefKeepsItsLock", func(t *testing.T) {
+		t.Parallel()
+		locker, err := lock.New(b.rdb, nil)
+		require.NoError(t, err)
+		var thief *lock.Lock
+		err = mw(func(ctx context.Context, d *consumer.Delivery) error {
+			require.NoError(t, b.rdb.Del(ctx, redisLockKey(b.prefix, "lost-3")).Err())
+			var oerr error
+			thief, oerr = locker.Obtain(ctx, b.prefix+"svc:lost-3", time.Minute, nil)
+			require.NoError(t, oerr)
+			require.Greater(t, thief.Fence(), d.Fence)
+			testenv.WaitChan(t, ctx.Done(), "handler context to be cancelled")
+			return ctx.Err()
+		})(ctx, keyedDelivery("lost-3"))
+		require.Equal(t, middleware.ReasonLockExpired, retry.Classify(err).Reason)
+		// The middleware's release did not delete the new holder's lock.
+		ttl, err := thief.TTL(ctx)
+		require.NoError(t, err)
+		require.Positive(t, ttl)
+		require.NoError(t, thief.Release(ctx))
+	})
+}
+
+func TestLock_MaxHold(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setupRedis(t)
+	mw := middleware.Lock(b.flaky, &middleware.LockOpts{Prefix: b.prefix, TTL: time.Second, MaxHold: 200 * time.Millisecond})
+
+	rec := &transitionRecorder{}
+	err := mw(func(ctx context.Context, d *consumer.Delivery) error {
+		testenv.WaitChan(t, ctx.Done(), "handler context to be cancelled at MaxHold")
+		return ctx.Err()
+	})(ctx, keyedDelivery("slow", rec))
+	require.ErrorIs(t, err, lock.ErrMaxHoldReached)
+	require.Equal(t, middleware.ReasonLockExpired, retry.Classify(err).Reason)
+	require.Equal(t, []string{consumer.StatusLocked, consumer.StatusLockExpired}, rec.statuses())
+	require.Equal(t, int64(0), b.rdb.Exists(ctx, redisLockKey(b.prefix, "slow")).Val(), "released at the cap")
+}
+
+func TestLock_DegradedProceedsAndRecovers(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setupRedis(t)
+	hook, events := degradedHook()
+	core, logs := observer.New(zapcore.InfoLevel)
+	mw := middleware.Lock(b.flaky, &middleware.LockOpts{
+		Prefix:        b.prefix,
+		CallTimeout:   50 * time.Millisecond,
+		ProbeInterval: -1,
+		Logger:        zap.New(core),
+		OnDegraded:    hook,
+	})
+	run := func(key string) (*consumer.Delivery, int, error) {
+		d := keyedDelivery(key)
+		calls := 0
+		err := mw(func(context.Context, *consumer.Delivery) error {
+			calls++
+			return nil
+		})(ctx, d)
+		return d, calls, err
+	}
+
+	// Redis refuses connections: every delivery proceeds without the lock,
+	// and the change is reported once.
+	b.flaky.fail.Store(true)
+	for range 3 {
+		d, calls, err := run("k")
+		require.NoError(t, err)
+		require.Equal(t, 1, calls)
+		require.Equal(t, middleware.LockDegraded, d.LockResult)
+		require.Zero(t, d.Fence)
+	}
+	// Redis hangs: the call timeout ends the wait.
+	b.flaky.fail.Store(false)
+	b.flaky.hang.Store(true)
+	d, calls, err := run("k")
+	require.NoError(t, err)
+	require.Equal(t, 1, calls)
+	require.Equal(t, middleware.LockDegraded, d.LockResult)
+
+	// Redis answers again: the lock is back.
+	b.flaky.hang.Store(false)
+	d, calls, err = run("k")
+	require.NoError(t, err)
+	require.Equal(t, 1, calls)
+	require.Equal(t, middleware.LockAcquired, d.LockResult)
+
+	require.True(t, testenv.WaitChan(t, events, "OnDegraded(true)"))
+	require.False(t, testenv.WaitChan(t, events, "OnDegraded(false)"))
+	require.Empty(t, events, "one call per change")
+	require.Equal(t, 1, logs.FilterMessage("redis unavailable: proceeding without it").Len())
+	require.Equal(t, 1, logs.FilterMessage("redis answers again").Len())
+}
+
+func TestLock_DegradedProbesOncePerInterval(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setupRedis(t)
+	mw := middleware.Lock(b.flaky, &middleware.LockOpts{Prefix: b.prefix, ProbeInterval: time.Hour})
+
+	b.flaky.fail.Store(true)
+	for range 5 {
+		d := keyedDelivery("k")
+		require.NoError(t, mw(func(context.Context, *consumer.Delivery) error { return nil })(ctx, d))
+		require.Equal(t, middleware.LockDegraded, d.LockResult)
+	}
+	require.Equal(t, int64(1), b.flaky.calls.Load(), "while degraded, deliveries skip Redis until the next probe")
+}
+
+func TestLock_ContextEndedIsNotDegraded(t *testing.T) {
+	t.Parallel()
+	b := setupRedis(t)
+	hook, events := degradedHook()
+	mw := middleware.Lock(b.flaky, &middleware.LockOpts{Prefix: b.prefix, OnDegraded: hook})
+
+	cctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	called := false
+	err := mw(func(context.Context, *consumer.Delivery) error {
+		called = true
+		return nil
+	})(cctx, keyedDelivery("k"))
+	require.ErrorIs(t, err, context.Canceled)
+	require.False(t, called)
+	require.Empty(t, events)
+}
+
+func TestLock_NoKeyPassesThrough(t *testing.T) {
+	t.Parallel()
+	b := setupRedis(t)
+	mw := middleware.Lock(b.flaky, nil)
+	d := keyedDelivery("")
+	require.NoError(t, mw(func(context.Context, *consumer.Delivery) error { return nil })(t.Context(), d))
+	require.Empty(t, d.LockResult)
+	require.Zero(t, b.flaky.calls.Load())
+	require.Panics(t, func() { middleware.Lock(nil, nil) })
+}
+
+func TestLock_Span(t *testing.T) {
+	t.Parallel()
+	b := setupRedis(t)
+	sr := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	mw := middleware.Lock(b.flaky, &middleware.LockOpts{Prefix: b.prefix})
+
+	ctx, parent := tp.Tracer("test").Start(t.Context(), "deliver")
+	require.NoError(t, mw(func(context.Context, *consumer.Delivery) error { return nil })(ctx, keyedDelivery("k")))
+	parent.End()
+
+	spans := sr.Ended()
+	require.Len(t, spans, 2)
+	acquire := spans[0]
+	require.Equal(t, "lock.acquire", acquire.Name())
+	require.Equal(t, parent.SpanContext().SpanID(), acquire.Parent().SpanID())
+	require.Equal(t, "github.com/inboxmq/inboxmq/middleware", acquire.InstrumentationScope().Name)
+	attrs := map[string]string{}
+	for _, kv := range acquire.Attributes() {
+		attrs[string(kv.Key)] = kv.Value.Emit()
+	}
+	require.Equal(t, middleware.LockAcquired, attrs["inboxmq.lock.result"])
+	require.Equal(t, b.prefix+"svc:k", attrs["inboxmq.lock.key"])
+}
+
+// BenchmarkLockMiddleware compares a delivery through the lock middleware
+// (distinct keys, 8 goroutines, as a consumer with Concurrency 8 sees them)
+// with the bare handler.
+func BenchmarkLockMiddleware(b *testing.B) {
+	noop := func(context.Context, *consumer.Delivery) error { return nil }
+	b.Run("None", func(b *testing.B) {
+		h := consumer.DeliveryHandler(noop)
+		runParallel8(b, func(i int64) error { return h(b.Context(), keyedDelivery("k")) })
+	})
+	b.Run("Lock", func(b *testing.B) {
+		rb := setupRedis(b)
+		h := middleware.Lock(rb.flaky, &middleware.LockOpts{Prefix: rb.prefix})(noop)
+		runParallel8(b, func(i int64) error {
+			return h(b.Context(), keyedDelivery("k"+itoa(i)))
+		})
+		b.ReportMetric(float64(rb.flaky.calls.Load())/float64(b.N), "roundtrips/delivery")
+	})
+}

@@ -1,0 +1,152 @@
+package middleware_test
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/internal/redistest"
+)
+
+// flakyRedis injects faults into the commands the Redis middleware uses:
+// with fail set they return an error at once (connection refused), with
+// hang set they block until the call's context ends (a Redis that does not
+// answer). calls counts the round trips attempted.
+type flakyRedis struct {
+	redis.UniversalClient
+	fail  atomic.Bool
+	hang  atomic.Bool
+	calls atomic.Int64
+}
+
+func (c *flakyRedis) fault(ctx context.Context) error {
+	c.calls.Add(1)
+	if c.hang.Load() {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	if c.fail.Load() {
+		return errors.New("flaky: connection refused")
+	}
+	return nil
+}
+
+func (c *flakyRedis) EvalSha(ctx context.Context, sha1 string, keys []string, args ...any) *redis.Cmd {
+	if err := c.fault(ctx); err != nil {
+		cmd := redis.NewCmd(ctx)
+		cmd.SetErr(err)
+		return cmd
+	}
+	return c.UniversalClient.EvalSha(ctx, sha1, keys, args...)
+}
+
+func (c *flakyRedis) Eval(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd {
+	if err := c.fault(ctx); err != nil {
+		cmd := redis.NewCmd(ctx)
+		cmd.SetErr(err)
+		return cmd
+	}
+	return c.UniversalClient.Eval(ctx, script, keys, args...)
+}
+
+func (c *flakyRedis) Get(ctx context.Context, key string) *redis.StringCmd {
+	if err := c.fault(ctx); err != nil {
+		cmd := redis.NewStringCmd(ctx)
+		cmd.SetErr(err)
+		return cmd
+	}
+	return c.UniversalClient.Get(ctx, key)
+}
+
+func (c *flakyRedis) Set(ctx context.Context, key string, value any, expiration time.Duration) *redis.StatusCmd {
+	if err := c.fault(ctx); err != nil {
+		cmd := redis.NewStatusCmd(ctx)
+		cmd.SetErr(err)
+		return cmd
+	}
+	return c.UniversalClient.Set(ctx, key, value, expiration)
+}
+
+// redisBundle is the per-test Redis state of the lock and dedupe tests.
+type redisBundle struct {
+	rdb    redis.UniversalClient // the real client, for assertions
+	flaky  *flakyRedis           // what the middleware gets
+	prefix string                // unique to the test; use as key prefix
+}
+
+func setupRedis(t testing.TB) *redisBundle {
+	t.Helper()
+	rdb, prefix := redistest.Client(t)
+	return &redisBundle{rdb: rdb, flaky: &flakyRedis{UniversalClient: rdb}, prefix: prefix}
+}
+
+// transition is one recorded Delivery.Transition call.
+type transition struct {
+	status string
+	err    error
+}
+
+// transitionRecorder is an observer that records transitions.
+type transitionRecorder struct {
+	consumer.NopObserver
+	mu  sync.Mutex
+	got []transition
+}
+
+func (r *transitionRecorder) OnTransition(_ *consumer.Delivery, status string, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.got = append(r.got, transition{status: status, err: err})
+}
+
+func (r *transitionRecorder) statuses() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]string, 0, len(r.got))
+	for _, tr := range r.got {
+		out = append(out, tr.status)
+	}
+	return out
+}
+
+// keyedDelivery returns a decoded delivery of consumer "svc" with key.
+func keyedDelivery(key string, obs ...consumer.Observer) *consumer.Delivery {
+	d := consumer.NewDelivery("payments", "svc", "worker-1", &amqp.Delivery{MessageId: "m-" + key}, obs...)
+	d.Key = key
+	return d
+}
+
+// degradedHook returns an OnDegraded hook that records every call on a
+// buffered channel.
+func degradedHook() (func(bool), chan bool) {
+	ch := make(chan bool, 16)
+	return func(degraded bool) { ch <- degraded }, ch
+}
+
+// runParallel8 runs fn b.N times from 8 goroutines and reports ops/s.
+func runParallel8(b *testing.B, fn func(i int64) error) {
+	b.Helper()
+	var n atomic.Int64
+	b.SetParallelism(max(1, 8/runtime.GOMAXPROCS(0)))
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if err := fn(n.Add(1)); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "deliveries/s")
+}
+
+func itoa(i int64) string { return strconv.FormatInt(i, 10) }
