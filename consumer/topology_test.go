@@ -1,0 +1,300 @@
+package consumer_test
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/internal/amqptest"
+	"github.com/inboxmq/inboxmq/internal/testenv"
+	"github.com/inboxmq/inboxmq/retry"
+)
+
+// closeConnectionByName closes, from the server side, the connection whose
+// connection_name is name (rabbitmqctl, as an operator or a broker restart
+// would).
+func closeConnectionByName(t *testing.T, name string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), testenv.Timeout())
+	defer cancel()
+	var pid string
+	testenv.WaitFor(t, "connection "+name+" listed by rabbitmqctl", func() bool {
+		out, err := exec.CommandContext(ctx, "rabbitmqctl", "-q", "list_connections", "pid", "client_properties").CombinedOutput()
+		require.NoError(t, err, "rabbitmqctl list_connections: %s", out)
+		for line := range strings.SplitSeq(string(out), "\n") {
+			if strings.Contains(line, `"`+name+`"`) {
+				pid = strings.Fields(line)[0]
+				return true
+			}
+		}
+		return false
+	})
+	out, err := exec.CommandContext(ctx, "rabbitmqctl", "-q", "close_connection", pid, "inboxmq test: server-side close").CombinedOutput()
+	require.NoError(t, err, "rabbitmqctl close_connection: %s", out)
+}
+
+func TestConsumer_ReconnectsAfterServerSideClose(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	pausedQueue := amqptest.QueueName(t)
+	gate := make(chan struct{})
+	reached := make(chan struct{})
+	var gated atomic.Bool
+	acked := map[string]bool{}
+	r := consumer.NewRouter()
+	opts := fastOpts()
+	opts.Queue.Concurrency = 1
+	consumer.Register(r, b.queue, consumer.HandlerFunc[order](func(_ context.Context, m *consumer.Message[order]) error {
+		if m.Body.ID == "5" && gated.CompareAndSwap(false, true) {
+			close(reached)
+			<-gate
+		}
+		return nil
+	}), opts)
+	consumer.Register(r, pausedQueue, consumer.HandlerFunc[order](func(context.Context, *consumer.Message[order]) error {
+		return nil
+	}), fastOpts())
+	c := b.newConsumer(t, r, nil)
+	require.NoError(t, c.Pause(pausedQueue))
+	require.NoError(t, c.Start(t.Context()))
+	b.rec.waitState(t, consumer.ConnConnected)
+	b.publish(t, pausedQueue, `{"id":"parked"}`)
+	for i := range 20 {
+		b.publish(t, b.queue, fmt.Sprintf(`{"id":"%d"}`, i))
+	}
+
+	testenv.WaitChan(t, reached, "the gated handler")
+	closeConnectionByName(t, "inboxmq-test-"+b.queue)
+	b.rec.waitState(t, consumer.ConnDisconnected)
+	close(gate)
+	b.rec.waitState(t, consumer.ConnConnected)
+
+	for len(acked) < 20 {
+		o := b.rec.next(t)
+		if o.Outcome.Action == consumer.ActionAcked {
+			acked[o.ID] = true
+		}
+	}
+	require.True(t, c.Ready())
+	require.True(t, c.Paused(pausedQueue), "a paused queue stays paused across reconnects")
+	require.Equal(t, 0, consumers(t, b.conn, pausedQueue))
+	require.Equal(t, 1, amqptest.Depth(t, b.conn, pausedQueue))
+	b.stop(t, c)
+	require.Equal(t, 0, amqptest.Depth(t, b.conn, b.queue), "the queue was finished after the reconnect")
+}
+
+func TestConsumer_QuorumTopologyHasSafetyArguments(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	r := consumer.NewRouter()
+	opts := fastOpts(100 * time.Millisecond)
+	opts.Queue.Type, opts.Queue.DeliveryLimit = consumer.Quorum, 4
+	consumer.Register(r, b.queue, consumer.HandlerFunc[order](func(context.Context, *consumer.Message[order]) error { return nil }), opts)
+	c := b.start(t, r, nil)
+	b.stop(t, c)
+
+	// Re-declaring with exactly these arguments succeeds only if the
+	// consumer declared them (the broker checks equivalence).
+	redeclare := func(name string, args amqp.Table) {
+		ch, err := b.conn.Channel()
+		require.NoError(t, err)
+		defer ch.Close()
+		_, err = ch.QueueDeclare(name, true, false, false, false, args)
+		require.NoError(t, err, name)
+	}
+	redeclare(b.queue, amqp.Table{
+		"x-queue-type":              "quorum",
+		"x-delivery-limit":          int64(4),
+		"x-dead-letter-exchange":    "",
+		"x-dead-letter-routing-key": b.queue + ".dlq",
+		"x-dead-letter-strategy":    "at-least-once",
+		"x-overflow":                "reject-publish",
+	})
+	redeclare(b.queue+".dlq", amqp.Table{"x-queue-type": "quorum"})
+	redeclare(consumer.RetryQueueName(b.queue, 100*time.Millisecond), amqp.Table{
+		"x-queue-type":              "quorum",
+		"x-message-ttl":             int64(100),
+		"x-dead-letter-exchange":    "",
+		"x-dead-letter-routing-key": b.queue,
+		"x-dead-letter-strategy":    "at-least-once",
+		"x-overflow":                "reject-publish",
+	})
+}
+
+func TestConsumer_ExistingQueueWithOtherArgumentsIsAClearError(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ch, err := b.conn.Channel()
+	require.NoError(t, err)
+	_, err = ch.QueueDeclare(b.queue, true, false, false, false, amqp.Table{"x-queue-type": "classic"})
+	require.NoError(t, err)
+	require.NoError(t, ch.Close())
+
+	r := consumer.NewRouter()
+	opts := fastOpts()
+	opts.Queue.Type = consumer.Quorum
+	consumer.Register(r, b.queue, consumer.HandlerFunc[order](func(context.Context, *consumer.Message[order]) error { return nil }), opts)
+	c := b.newConsumer(t, r, nil)
+	err = c.Start(t.Context())
+	require.Error(t, err)
+	require.Contains(t, err.Error(), `"`+b.queue+`"`)
+	require.Regexp(t, `different argument x-[a-z-]+ than configured`, err.Error(), "the argument is named")
+	require.False(t, c.Ready())
+}
+
+// A handler that makes the consumer lose its channel every time never
+// settles; the quorum queue's delivery limit ends the loop in the DLQ.
+func TestConsumer_QuorumCrashLoopEndsInDLQ(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var calls atomic.Int32
+	r := consumer.NewRouter()
+	opts := fastOpts()
+	opts.Queue.Type, opts.Queue.DeliveryLimit = consumer.Quorum, 2
+	consumer.Register(r, b.queue, consumer.HandlerFunc[order](func(_ context.Context, m *consumer.Message[order]) error {
+		calls.Add(1)
+		ch, ok := m.Delivery.Raw.Acknowledger.(*amqp.Channel)
+		require.True(t, ok)
+		_ = ch.Close() // the worker "crashes": nothing is settled
+		return nil
+	}), opts)
+	c := b.start(t, r, nil)
+	b.publish(t, b.queue, `{"id":"poison"}`)
+
+	testenv.WaitFor(t, "the poison message in the DLQ", func() bool { return amqptest.Depth(t, b.conn, b.queue+".dlq") == 1 })
+	b.stop(t, c)
+	dead := amqptest.Drain(t, b.conn, b.queue+".dlq")
+	require.Len(t, dead, 1)
+	deaths, ok := dead[0].Headers["x-death"].([]any)
+	require.True(t, ok, "x-death header: %v", dead[0].Headers)
+	death, ok := deaths[0].(amqp.Table)
+	require.True(t, ok)
+	require.Equal(t, "delivery_limit", death["reason"])
+	require.LessOrEqual(t, calls.Load(), int32(3), "bounded by the delivery limit")
+	require.Equal(t, 0, amqptest.Depth(t, b.conn, b.queue))
+}
+
+func TestReplayDLQ_MovesSelectedKeepsOthers(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	dlq := b.queue + ".dlq"
+	ch, err := b.conn.Channel()
+	require.NoError(t, err)
+	for _, q := range []string{b.queue, dlq} {
+		_, err := ch.QueueDeclare(q, true, false, false, false, nil)
+		require.NoError(t, err)
+	}
+	require.NoError(t, ch.Close())
+	dead := func(id, xerr string, replays int) {
+		h := amqp.Table{consumer.HeaderError: xerr, consumer.HeaderIdempotencyKey: "order:" + id, consumer.HeaderAttempt: int32(5)}
+		if replays > 0 {
+			h[consumer.HeaderReplayCount] = int32(replays)
+		}
+		b.pub.Publish(dlq, []byte(`{"id":"`+id+`"}`), amqp.Publishing{MessageId: id, Headers: h})
+	}
+	dead("a", "decode: bad json", 0)
+	dead("b", "exhausted: gateway down", 0)
+	dead("c", "exhausted: gateway down", 3)
+	dead("d", "exhausted: gateway down", 1)
+
+	res, err := consumer.ReplayDLQ(t.Context(), b.conn, b.queue, &consumer.ReplayOpts{Reason: retry.ReasonExhausted})
+	require.NoError(t, err)
+	require.Equal(t, consumer.ReplayResult{Scanned: 4, Replayed: 2, Kept: 1, Refused: 1}, res)
+
+	back := amqptest.Drain(t, b.conn, b.queue)
+	require.Len(t, back, 2)
+	byID := map[string]amqp.Delivery{}
+	for _, m := range back {
+		byID[m.MessageId] = m
+	}
+	require.JSONEq(t, `{"id":"b"}`, string(byID["b"].Body), "the body (and key) never change")
+	require.Equal(t, 1, consumer.HeaderInt(byID["b"].Headers, consumer.HeaderAttempt))
+	require.Equal(t, 1, consumer.HeaderInt(byID["b"].Headers, consumer.HeaderReplayCount))
+	require.Equal(t, 2, consumer.HeaderInt(byID["d"].Headers, consumer.HeaderReplayCount))
+	require.NotContains(t, byID["b"].Headers, consumer.HeaderError)
+
+	left := amqptest.Drain(t, b.conn, dlq)
+	require.Len(t, left, 2)
+	kept := map[string]amqp.Table{}
+	for _, m := range left {
+		kept[m.MessageId] = m.Headers
+	}
+	require.Equal(t, "decode: bad json", kept["a"][consumer.HeaderError])
+	require.NotContains(t, kept["a"], consumer.HeaderReplayRefused)
+	require.Equal(t, true, kept["c"][consumer.HeaderReplayRefused])
+
+	// Limit and Key select too.
+	dead("e", "exhausted: x", 0)
+	dead("f", "exhausted: x", 0)
+	res, err = consumer.ReplayDLQ(t.Context(), b.conn, b.queue, &consumer.ReplayOpts{Key: "order:f", Limit: 1})
+	require.NoError(t, err)
+	require.Equal(t, consumer.ReplayResult{Scanned: 2, Replayed: 1, Kept: 1}, res)
+	m, ok := amqptest.Get(t, b.conn, b.queue)
+	require.True(t, ok)
+	require.Equal(t, "f", m.MessageId)
+	require.Equal(t, 1, amqptest.Depth(t, b.conn, dlq))
+}
+
+func TestConsumer_PauseResumeAndConcurrency(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	started := make(chan string, 16)
+	release := make(chan struct{})
+	r := consumer.NewRouter()
+	opts := fastOpts()
+	opts.Queue.Concurrency = 3
+	consumer.Register(r, b.queue, consumer.HandlerFunc[order](func(_ context.Context, m *consumer.Message[order]) error {
+		started <- m.Body.ID
+		<-release
+		return nil
+	}), opts)
+	c := b.start(t, r, nil)
+	require.Equal(t, 3, c.Concurrency(b.queue))
+	require.Error(t, c.SetConcurrency(b.queue, 4))
+	require.Error(t, c.SetConcurrency("nope", 1))
+	require.Error(t, c.Pause("nope"))
+	require.NoError(t, c.SetConcurrency(b.queue, 1))
+	require.Equal(t, 1, c.Concurrency(b.queue))
+
+	for i := range 3 {
+		b.publish(t, b.queue, fmt.Sprintf(`{"id":"%d"}`, i))
+	}
+	testenv.WaitChan(t, started, "the first handler")
+	select {
+	case id := <-started:
+		t.Fatalf("handler %s started beyond the concurrency limit of 1", id)
+	case <-time.After(200 * time.Millisecond): // a negative check needs a bound
+	}
+	require.NoError(t, c.SetConcurrency(b.queue, 0), "0 restores the configured 3")
+	require.Equal(t, 3, c.Concurrency(b.queue))
+	testenv.WaitChan(t, started, "the second handler")
+	testenv.WaitChan(t, started, "the third handler")
+
+	require.NoError(t, c.Pause(b.queue))
+	require.True(t, c.Paused(b.queue))
+	close(release) // in-flight ones finish and settle normally while paused
+	for range 3 {
+		require.Equal(t, consumer.ActionAcked, b.rec.next(t).Outcome.Action)
+	}
+	testenv.WaitFor(t, "basic.cancel", func() bool { return consumers(t, b.conn, b.queue) == 0 })
+	b.publish(t, b.queue, `{"id":"p1"}`)
+	b.publish(t, b.queue, `{"id":"p2"}`)
+	require.Equal(t, 2, amqptest.Depth(t, b.conn, b.queue), "nothing is taken while paused")
+	require.True(t, c.Ready(), "a paused queue still counts as ready")
+
+	require.NoError(t, c.Resume(b.queue))
+	require.False(t, c.Paused(b.queue))
+	for range 2 {
+		require.Equal(t, consumer.ActionAcked, b.rec.next(t).Outcome.Action)
+	}
+	b.stop(t, c)
+	require.Equal(t, 0, amqptest.Depth(t, b.conn, b.queue))
+}
