@@ -1,0 +1,156 @@
+package middleware
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/retry"
+)
+
+// CompletedValue is the value [Dedupe] stores for a completed key. Any
+// other value is ignored (treated as a miss).
+const CompletedValue = "completed"
+
+// DedupeOpts configure [Dedupe]. A nil *DedupeOpts means defaults.
+type DedupeOpts struct {
+	// Prefix starts every cache key: "<Prefix><consumer>:<idempotency key>".
+	// Defaults to "inboxmq:done:".
+	Prefix string
+	// TTL is how long a completed entry is kept. Past it, a duplicate is
+	// still caught by the inbox, only more slowly. Defaults to 24h.
+	TTL time.Duration
+	// CallTimeout bounds each Redis call (GET, SET). Past it the delivery
+	// goes on without the cache. Build the client with
+	// ContextTimeoutEnabled so the bound covers socket reads. Defaults to
+	// 150ms.
+	CallTimeout time.Duration
+	// ProbeInterval: while Redis is degraded, it is tried at most once per
+	// ProbeInterval; other deliveries skip the cache at once. Defaults to 1s;
+	// -1 tries Redis on every delivery.
+	ProbeInterval time.Duration
+	// Logger logs each change between healthy and degraded. Defaults to no
+	// logging.
+	Logger *zap.Logger
+	// OnDegraded is called on each change between healthy and degraded
+	// (true when Redis stopped answering, false when it answers again),
+	// synchronously and once per change. Defaults to nothing.
+	OnDegraded func(degraded bool)
+}
+
+func (o *DedupeOpts) withDefaults() DedupeOpts {
+	var out DedupeOpts
+	if o != nil {
+		out = *o
+	}
+	if out.Prefix == "" {
+		out.Prefix = "inboxmq:done:"
+	}
+	if out.TTL < time.Millisecond {
+		out.TTL = 24 * time.Hour
+	}
+	if out.CallTimeout <= 0 {
+		out.CallTimeout = 150 * time.Millisecond
+	}
+	if out.ProbeInterval == 0 || out.ProbeInterval < -1 {
+		out.ProbeInterval = time.Second
+	}
+	return out
+}
+
+// Dedupe returns a handler middleware that keeps a cache of completed
+// idempotency keys in Redis: a fast path in front of the inbox. It belongs
+// in HandlerOpts.Middleware (after decoding, so Delivery.Key is set); a
+// delivery without a key passes through.
+//
+// The cache holds positive entries only, so it can say "completed" but
+// never "not done":
+//
+//   - before next, it reads "<Prefix><consumer>:<key>"; the value
+//     [CompletedValue] returns retry.Duplicate(retry.SourceCache, nil)
+//     without calling next (the consumer acks it);
+//   - a miss, any other value and any Redis error or timeout fall through
+//     to next: the inbox decides;
+//   - after next returns nil (committed) or an inbox duplicate
+//     (retry.ErrDuplicate from source inbox), it writes the entry with TTL.
+//     It never writes after a failure, nor after a duplicate from another
+//     source (a live claim of another worker is not a completion).
+//
+// Redis errors and timeouts are reported through OnDegraded and the logger
+// once per change; the middleware recovers by itself. Dedupe panics if
+// client is nil.
+func Dedupe(client redis.UniversalClient, opts *DedupeOpts) consumer.Middleware {
+	if client == nil {
+		panic("middleware: Dedupe: nil redis client")
+	}
+	o := opts.withDefaults()
+	m := &dedupeMiddleware{
+		opts:   o,
+		client: client,
+		health: newHealth("dedupe", o.ProbeInterval, o.Logger, o.OnDegraded),
+	}
+	return m.wrap
+}
+
+type dedupeMiddleware struct {
+	opts   DedupeOpts
+	client redis.UniversalClient
+	health *health
+}
+
+func (m *dedupeMiddleware) wrap(next consumer.DeliveryHandler) consumer.DeliveryHandler {
+	return func(ctx context.Context, d *consumer.Delivery) error {
+		if d.Key == "" {
+			return next(ctx, d)
+		}
+		key := m.opts.Prefix + d.Consumer + ":" + d.Key
+		if m.health.allow() {
+			cctx, cancel := context.WithTimeout(ctx, m.opts.CallTimeout)
+			val, err := m.client.Get(cctx, key).Result()
+			cancel()
+			switch {
+			case err == nil:
+				m.health.set(false, nil)
+				if val == CompletedValue {
+					return retry.Duplicate(retry.SourceCache, nil)
+				}
+			case errors.Is(err, redis.Nil):
+				m.health.set(false, nil)
+			case ctx.Err() != nil:
+				// The delivery's context ended; not a Redis fault.
+			default:
+				m.health.set(true, err)
+			}
+		}
+
+		err := next(ctx, d)
+		if completed(err) && m.health.allow() {
+			// Written even if ctx has ended: the effect is committed.
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.opts.CallTimeout)
+			serr := m.client.Set(cctx, key, CompletedValue, m.opts.TTL).Err()
+			cancel()
+			m.health.set(serr != nil, serr)
+		}
+		return err
+	}
+}
+
+// completed reports whether err says the key's effect is committed: nil, or
+// a duplicate caught by the inbox.
+func completed(err error) bool {
+	if err == nil {
+		return true
+	}
+	if !errors.Is(err, retry.ErrDuplicate) {
+		return false
+	}
+	var dup *retry.DuplicateError
+	if errors.As(err, &dup) {
+		return dup.Source == retry.SourceInbox
+	}
+	return true // the bare sentinel, which the classifier attributes to the inbox
+}

@@ -1,0 +1,201 @@
+package middleware_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/internal/testenv"
+	"github.com/inboxmq/inboxmq/middleware"
+	"github.com/inboxmq/inboxmq/retry"
+)
+
+// countingHandler returns a handler that counts its calls and returns err.
+func countingHandler(calls *int, err error) consumer.DeliveryHandler {
+	return func(context.Context, *consumer.Delivery) error {
+		*calls++
+		return err
+	}
+}
+
+func TestDedupe_HitShortCircuits(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setupRedis(t)
+	mw := middleware.Dedupe(b.flaky, &middleware.DedupeOpts{Prefix: b.prefix})
+	require.NoError(t, b.rdb.Set(ctx, b.prefix+"svc:order-1", middleware.CompletedValue, time.Minute).Err())
+
+	calls := 0
+	err := mw(countingHandler(&calls, nil))(ctx, keyedDelivery("order-1"))
+	require.Zero(t, calls, "a cached completion skips the handler")
+	dec := retry.Classify(err)
+	require.Equal(t, retry.KindDuplicate, dec.Kind)
+	require.Equal(t, retry.SourceCache, dec.Source)
+	require.Equal(t, int64(1), b.flaky.calls.Load(), "one GET, no write")
+}
+
+func TestDedupe_MissRunsAndRecordsSuccess(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setupRedis(t)
+	mw := middleware.Dedupe(b.flaky, &middleware.DedupeOpts{Prefix: b.prefix})
+	key := b.prefix + "svc:order-2"
+
+	calls := 0
+	require.NoError(t, mw(countingHandler(&calls, nil))(ctx, keyedDelivery("order-2")))
+	require.Equal(t, 1, calls)
+	val, err := b.rdb.Get(ctx, key).Result()
+	require.NoError(t, err)
+	require.Equal(t, middleware.CompletedValue, val)
+	ttl := b.rdb.PTTL(ctx, key).Val()
+	require.Greater(t, ttl, 23*time.Hour, "default TTL is 24h")
+
+	// The redelivery is caught by the cache.
+	err = mw(countingHandler(&calls, nil))(ctx, keyedDelivery("order-2"))
+	require.Equal(t, 1, calls)
+	require.ErrorIs(t, err, retry.ErrDuplicate)
+}
+
+func TestDedupe_WritesOnlyAfterCompletion(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setupRedis(t)
+	mw := middleware.Dedupe(b.flaky, &middleware.DedupeOpts{Prefix: b.prefix, TTL: time.Minute})
+
+	tests := []struct {
+		name   string
+		err    error
+		cached bool
+	}{
+		{name: "Success", err: nil, cached: true},
+		{name: "InboxDuplicate", err: retry.Duplicate(retry.SourceInbox, nil), cached: true},
+		{name: "BareDuplicate", err: retry.ErrDuplicate, cached: true},
+		{name: "ClaimHeldElsewhere", err: retry.Duplicate(retry.SourceClaimHeld, nil), cached: false},
+		{name: "FencedOut", err: retry.Duplicate(retry.SourceFenced, nil), cached: false},
+		{name: "Retryable", err: retry.After(time.Second, errors.New("gateway 503")), cached: false},
+		{name: "Permanent", err: retry.Permanent(errors.New("invalid")), cached: false},
+		{name: "Unknown", err: errors.New("boom"), cached: false},
+		{name: "Timeout", err: context.DeadlineExceeded, cached: false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			calls := 0
+			err := mw(countingHandler(&calls, tt.err))(ctx, keyedDelivery(tt.name))
+			require.Equal(t, 1, calls)
+			if tt.err == nil {
+				require.NoError(t, err)
+			} else {
+				require.ErrorIs(t, err, tt.err, "the handler's result is returned unchanged")
+			}
+			n := b.rdb.Exists(ctx, b.prefix+"svc:"+tt.name).Val()
+			if tt.cached {
+				require.Equal(t, int64(1), n)
+			} else {
+				require.Equal(t, int64(0), n, "never written after a failure")
+			}
+		})
+	}
+}
+
+func TestDedupe_WrongOrDeletedEntryNeverBlocks(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setupRedis(t)
+	mw := middleware.Dedupe(b.flaky, &middleware.DedupeOpts{Prefix: b.prefix})
+	key := b.prefix + "svc:order-3"
+
+	// A foreign value is a miss; success overwrites it.
+	require.NoError(t, b.rdb.Set(ctx, key, "processing", time.Minute).Err())
+	calls := 0
+	require.NoError(t, mw(countingHandler(&calls, nil))(ctx, keyedDelivery("order-3")))
+	require.Equal(t, 1, calls)
+	require.Equal(t, middleware.CompletedValue, b.rdb.Get(ctx, key).Val())
+
+	// A deleted entry (eviction, FLUSHALL) sends the delivery to the inbox,
+	// which has the final word.
+	require.NoError(t, b.rdb.Del(ctx, key).Err())
+	inboxSaysDone := retry.Duplicate(retry.SourceInbox, nil)
+	err := mw(countingHandler(&calls, inboxSaysDone))(ctx, keyedDelivery("order-3"))
+	require.Equal(t, 2, calls)
+	require.Equal(t, retry.SourceInbox, retry.Classify(err).Source)
+	require.Equal(t, middleware.CompletedValue, b.rdb.Get(ctx, key).Val(), "re-cached from the inbox's answer")
+}
+
+func TestDedupe_DegradedFallsThroughAndRecovers(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setupRedis(t)
+	hook, events := degradedHook()
+	core, logs := observer.New(zapcore.InfoLevel)
+	mw := middleware.Dedupe(b.flaky, &middleware.DedupeOpts{
+		Prefix:        b.prefix,
+		CallTimeout:   50 * time.Millisecond,
+		ProbeInterval: -1,
+		Logger:        zap.New(core),
+		OnDegraded:    hook,
+	})
+	// The entry says completed, but Redis cannot be read: the delivery
+	// goes on to the inbox.
+	require.NoError(t, b.rdb.Set(ctx, b.prefix+"svc:k", middleware.CompletedValue, time.Minute).Err())
+
+	calls := 0
+	b.flaky.fail.Store(true)
+	require.NoError(t, mw(countingHandler(&calls, nil))(ctx, keyedDelivery("k")))
+	require.Equal(t, 1, calls)
+	b.flaky.fail.Store(false)
+	b.flaky.hang.Store(true)
+	require.NoError(t, mw(countingHandler(&calls, nil))(ctx, keyedDelivery("k")))
+	require.Equal(t, 2, calls)
+	require.True(t, testenv.WaitChan(t, events, "OnDegraded(true)"))
+
+	b.flaky.hang.Store(false)
+	err := mw(countingHandler(&calls, nil))(ctx, keyedDelivery("k"))
+	require.Equal(t, 2, calls)
+	require.ErrorIs(t, err, retry.ErrDuplicate)
+	require.False(t, testenv.WaitChan(t, events, "OnDegraded(false)"))
+	require.Empty(t, events)
+	require.Equal(t, 1, logs.FilterMessage("redis unavailable: proceeding without it").Len())
+	require.Equal(t, 1, logs.FilterMessage("redis answers again").Len())
+}
+
+func TestDedupe_WritesAfterContextEnded(t *testing.T) {
+	t.Parallel()
+	b := setupRedis(t)
+	mw := middleware.Dedupe(b.flaky, &middleware.DedupeOpts{Prefix: b.prefix})
+	cctx, cancel := context.WithCancel(t.Context())
+	err := mw(func(context.Context, *consumer.Delivery) error {
+		cancel() // the worker is stopping, but this delivery committed
+		return nil
+	})(cctx, keyedDelivery("k"))
+	require.NoError(t, err)
+	require.Equal(t, middleware.CompletedValue, b.rdb.Get(t.Context(), b.prefix+"svc:k").Val())
+}
+
+func TestDedupe_NoKeyPassesThrough(t *testing.T) {
+	t.Parallel()
+	b := setupRedis(t)
+	mw := middleware.Dedupe(b.flaky, nil)
+	calls := 0
+	require.NoError(t, mw(countingHandler(&calls, nil))(t.Context(), keyedDelivery("")))
+	require.Equal(t, 1, calls)
+	require.Zero(t, b.flaky.calls.Load())
+	require.Panics(t, func() { middleware.Dedupe(nil, nil) })
+}
+
+// BenchmarkDedupeMiddleware measures a first delivery through the cache
+// (GET miss, handler, SET): two round trips.
+func BenchmarkDedupeMiddleware(b *testing.B) {
+	rb := setupRedis(b)
+	h := middleware.Dedupe(rb.flaky, &middleware.DedupeOpts{Prefix: rb.prefix, TTL: time.Minute})(
+		func(context.Context, *consumer.Delivery) error { return nil })
+	runParallel8(b, func(i int64) error { return h(b.Context(), keyedDelivery("k"+itoa(i))) })
+	b.ReportMetric(float64(rb.flaky.calls.Load())/float64(b.N), "roundtrips/delivery")
+}

@@ -1,0 +1,127 @@
+package middleware_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/internal/testenv"
+	"github.com/inboxmq/inboxmq/lock"
+	"github.com/inboxmq/inboxmq/middleware"
+	"github.com/inboxmq/inboxmq/retry"
+)
+
+// exampleRedis connects to the local test Redis and returns a key prefix
+// unique to this run.
+func exampleRedis() (*redis.Client, string) {
+	opt, err := redis.ParseURL(testenv.RedisURL())
+	if err != nil {
+		panic(err)
+	}
+	opt.ContextTimeoutEnabled = true // lets the middleware's call timeouts bound socket reads
+	return redis.NewClient(opt), "example:" + strconv.FormatInt(time.Now().UnixNano(), 36) + ":"
+}
+
+// exampleDelivery is a decoded delivery of consumer "payments" with key.
+func exampleDelivery(key string) *consumer.Delivery {
+	d := consumer.NewDelivery("payments", "payments", "worker-1", &amqp.Delivery{})
+	d.Key = key
+	return d
+}
+
+func ExampleLock() {
+	ctx := context.Background()
+	rdb, prefix := exampleRedis()
+	defer rdb.Close()
+
+	// In a real worker: HandlerOpts{Middleware: []consumer.Middleware{lockMW}}.
+	lockKey, fenceKey := lock.RedisKeys(prefix + "payments:order-42")
+	defer rdb.Del(ctx, lockKey, fenceKey)
+
+	lockMW := middleware.Lock(rdb, &middleware.LockOpts{Prefix: prefix, RetryDelay: 5 * time.Second})
+
+	inHandler := make(chan struct{})
+	finish := make(chan struct{})
+	done := make(chan error)
+	go func() {
+		done <- lockMW(func(ctx context.Context, d *consumer.Delivery) error {
+			fmt.Println("first worker:", d.LockResult, "fence", d.Fence)
+			close(inHandler)
+			<-finish // the first worker is busy with order-42
+			return nil
+		})(ctx, exampleDelivery("order-42"))
+	}()
+	<-inHandler
+
+	// A copy of the same message reaches a second worker meanwhile.
+	d := exampleDelivery("order-42")
+	err := lockMW(func(context.Context, *consumer.Delivery) error {
+		fmt.Println("never runs")
+		return nil
+	})(ctx, d)
+	dec := retry.Classify(err)
+	fmt.Println("second worker:", d.LockResult, dec.Kind, dec.Reason, dec.Delay)
+
+	close(finish)
+	fmt.Println("first worker returned:", <-done)
+
+	// Output:
+	// first worker: acquired fence 1
+	// second worker: held retry lock_unavailable 5s
+	// first worker returned: <nil>
+}
+
+func ExampleDedupe() {
+	ctx := context.Background()
+	rdb, prefix := exampleRedis()
+	defer rdb.Close()
+	defer rdb.Del(ctx, prefix+"payments:order-42")
+
+	dedupe := middleware.Dedupe(rdb, &middleware.DedupeOpts{Prefix: prefix, TTL: time.Minute})
+	handler := dedupe(func(context.Context, *consumer.Delivery) error {
+		fmt.Println("charging order-42") // in a real worker: the inbox handler
+		return nil
+	})
+
+	fmt.Println("first delivery:", handler(ctx, exampleDelivery("order-42")))
+	dec := retry.Classify(handler(ctx, exampleDelivery("order-42")))
+	fmt.Println("redelivery:", dec.Kind, "from", dec.Source)
+
+	// Output:
+	// charging order-42
+	// first delivery: <nil>
+	// redelivery: duplicate from cache
+}
+
+func ExampleRecover() {
+	handler := middleware.Recover(nil)(func(context.Context, *consumer.Delivery) error {
+		var m map[string]int
+		m["boom"]++ // a bug
+		return nil
+	})
+	err := handler(context.Background(), exampleDelivery("order-42"))
+	dec := retry.Classify(err)
+	fmt.Println(dec.Kind, dec.Reason)
+	fmt.Println(err)
+
+	// Output:
+	// retry panic
+	// middleware: panic: assignment to entry in nil map
+}
+
+func ExampleTimeout() {
+	handler := middleware.Timeout(10 * time.Millisecond)(func(ctx context.Context, _ *consumer.Delivery) error {
+		<-ctx.Done() // a call that honours ctx
+		return ctx.Err()
+	})
+	dec := retry.Classify(handler(context.Background(), exampleDelivery("order-42")))
+	fmt.Println(dec.Kind, dec.Reason)
+
+	// Output:
+	// retry timeout
+}

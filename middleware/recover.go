@@ -1,0 +1,72 @@
+package middleware
+
+import (
+	"context"
+	"fmt"
+	"runtime/debug"
+
+	"go.uber.org/zap"
+
+	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/retry"
+)
+
+// PanicError is the error [Recover] returns for a recovered panic. It
+// classifies like any unknown error (retried under the handler's policy,
+// then dead-lettered), with reason retry.ReasonPanic.
+type PanicError struct {
+	// Value is the value passed to panic.
+	Value any
+	// Stack is the panicking goroutine's stack trace.
+	Stack []byte
+}
+
+func (e *PanicError) Error() string { return fmt.Sprintf("middleware: panic: %v", e.Value) }
+
+// Unwrap returns the panic value if it is an error, else nil.
+func (e *PanicError) Unwrap() error {
+	err, _ := e.Value.(error)
+	return err
+}
+
+// RecoverOpts configure [Recover]. A nil *RecoverOpts means defaults.
+type RecoverOpts struct {
+	// Logger logs each recovered panic at error level with its stack (the
+	// error itself carries only the value, to keep the dead letter's
+	// x-error header short). Defaults to no logging.
+	Logger *zap.Logger
+}
+
+// Recover returns a middleware that turns a panic in the rest of the chain
+// into an error, so the worker lives on: a *[PanicError] with the stack,
+// wrapped with reason retry.ReasonPanic. A message that panics every time
+// is retried under the handler's policy and then dead-lettered, never
+// hot-looped. Put it outermost.
+func Recover(opts *RecoverOpts) consumer.Middleware {
+	var logger *zap.Logger
+	if opts != nil {
+		logger = opts.Logger
+	}
+	return func(next consumer.DeliveryHandler) consumer.DeliveryHandler {
+		return func(ctx context.Context, d *consumer.Delivery) (err error) {
+			defer func() {
+				v := recover()
+				if v == nil {
+					return
+				}
+				perr := &PanicError{Value: v, Stack: debug.Stack()}
+				if logger != nil {
+					logger.Error("handler panicked",
+						zap.String(LogFieldQueue, d.Queue),
+						zap.String(LogFieldConsumer, d.Consumer),
+						zap.String(LogFieldMessageID, d.MessageID),
+						zap.String(LogFieldIdempotencyKey, d.Key),
+						zap.Any("panic", v),
+						zap.ByteString("stack", perr.Stack))
+				}
+				err = retry.WithReason(retry.ReasonPanic, perr)
+			}()
+			return next(ctx, d)
+		}
+	}
+}
