@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
+	"go.uber.org/zap"
 
 	"github.com/inboxmq/inboxmq/retry"
 )
@@ -331,7 +332,7 @@ func (s *Store) recordFailure(u *unit, herr error) {
 		mid = &u.messageID
 	}
 	if _, err := s.pool.Exec(ctx, s.sql.failAuto, u.consumer, u.key, u.fp, mid, errorText(herr)); err != nil {
-		s.cfg.Logger.Warn("inbox: record failed attempt")
+		s.cfg.Logger.Warn("inbox: record failed attempt", zap.String("consumer", u.consumer), zap.String("key", u.key), zap.Error(err))
 	}
 }
 

@@ -46,6 +46,7 @@ const (
 	ReasonDBReadOnly      = "db_read_only"     // a write reached a read-only server (fail-over)
 	ReasonDBCommit        = "db_commit"        // COMMIT failed
 	ReasonClaimHeld       = "claim_held"       // another worker holds a live claim
+	ReasonLeaseLost       = "lease_lost"       // the claim's lease was lost or reached its cap
 	ReasonCrashLoop       = "crash_loop"       // redelivered more than StoreConfig.CrashLimit times
 	ReasonPanic           = retry.ReasonPanic  // the handler panicked
 )

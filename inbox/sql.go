@@ -75,11 +75,11 @@ ON CONFLICT (consumer, key) DO UPDATE SET
 	attempts = i.attempts + 1, fingerprint = EXCLUDED.fingerprint, message_id = EXCLUDED.message_id,
 	payload = COALESCE(EXCLUDED.payload, i.payload), updated_at = now()
 WHERE i.status IN ('received', 'failed', 'dead') OR (i.status = 'processing' AND i.lease_until <= now())
-RETURNING fence, attempts, steps, now(), lease_until`,
+RETURNING fence, attempts, steps, now()`,
 
 		extendLease: `UPDATE ` + t + ` SET lease_until = LEAST(now() + $5::bigint * interval '1 microsecond', $6::timestamptz), updated_at = now()
 WHERE consumer = $1 AND key = $2 AND owner = $3 AND fence = $4 AND status = 'processing'
-RETURNING lease_until, lease_until >= $6::timestamptz`,
+RETURNING lease_until >= $6::timestamptz, GREATEST(EXTRACT(EPOCH FROM (lease_until - now())), 0)::float8`,
 
 		completeWith: `UPDATE ` + t + ` SET status = 'completed', owner = NULL, lease_until = NULL,
 	completed_at = now(), updated_at = now(), result = COALESCE($5::jsonb, result)

@@ -1,0 +1,368 @@
+package inbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+
+	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/retry"
+)
+
+// ClaimFunc handles one message in claim/lease mode: for effects outside
+// PostgreSQL (a payment gateway, an e-mail). It should pass c.Key
+// downstream as the Idempotency-Key, wrap each outside call in c.Step, and
+// commit its business writes with c.Complete. Returning nil without calling
+// Complete completes the claim with no business writes.
+type ClaimFunc[T any] func(ctx context.Context, c *Claim, msg *consumer.Message[T]) error
+
+// ClaimOpts are per-handler settings of [ClaimHandler]. A nil *ClaimOpts
+// means defaults.
+type ClaimOpts struct {
+	// Lease is how long a claim stays valid without a heartbeat; a crashed
+	// worker's claim may be taken over after it. Defaults to 30s.
+	Lease time.Duration
+	// MaxLease caps the heartbeat's extensions, measured from the claim.
+	// Past it the handler's context is cancelled with ErrLeaseLost. Size it
+	// below RabbitMQ's consumer ack timeout (30 minutes by default), or the
+	// broker closes the channel first. Defaults to 10 minutes.
+	MaxLease time.Duration
+	// Heartbeat is the interval between lease extensions. Defaults to
+	// Lease/3.
+	Heartbeat time.Duration
+	// StorePayload stores the raw body in the inbox row, for replay by
+	// operators. Defaults to false.
+	StorePayload bool
+}
+
+func (o *ClaimOpts) withDefaults() (ClaimOpts, error) {
+	var out ClaimOpts
+	if o != nil {
+		out = *o
+	}
+	if out.Lease <= 0 {
+		out.Lease = 30 * time.Second
+	}
+	if out.MaxLease <= 0 {
+		out.MaxLease = 10 * time.Minute
+	}
+	if out.Heartbeat <= 0 {
+		out.Heartbeat = out.Lease / 3
+	}
+	if out.MaxLease < out.Lease {
+		return out, fmt.Errorf("inbox: MaxLease %s is below Lease %s", out.MaxLease, out.Lease)
+	}
+	if out.Heartbeat >= out.Lease {
+		return out, fmt.Errorf("inbox: Heartbeat %s must be shorter than Lease %s", out.Heartbeat, out.Lease)
+	}
+	return out, nil
+}
+
+// Claim is a worker's hold on one idempotency key in claim/lease mode. Its
+// methods are safe for concurrent use. The zero value is not usable; the
+// claim handler builds it.
+type Claim struct {
+	// Consumer is the inbox namespace.
+	Consumer string
+	// Key is the idempotency key: pass it downstream (as Idempotency-Key) so
+	// that a repeated outside call after a crash is recognised there.
+	Key string
+	// Token is this claim's random owner token.
+	Token string
+	// Fence increases with every claim of the key; a completion is accepted
+	// only with the current owner token and fence.
+	Fence int64
+	// Attempt is the 1-based number of this claim of the key.
+	Attempt int
+
+	s     *Store
+	mu    sync.Mutex // serialises the row's updates: heartbeat, Step, Complete
+	steps map[string]json.RawMessage
+	done  bool
+}
+
+// Step runs fn as recovery point name, once per key across attempts: if an
+// earlier attempt recorded the step, fn is skipped and the recorded result
+// returned. Otherwise fn runs and its result (JSON-encoded; nil becomes
+// null; keep it small) is recorded on the claim, fenced. If the claim was
+// taken over meanwhile, Step returns the result with an error matching
+// ErrDuplicate (source fenced): the handler should return it.
+func (c *Claim) Step(ctx context.Context, name string, fn func(ctx context.Context) (any, error)) (json.RawMessage, error) {
+	c.mu.Lock()
+	if r, ok := c.steps[name]; ok {
+		c.mu.Unlock()
+		return r, nil
+	}
+	c.mu.Unlock()
+	v, err := fn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	raw, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: step %q result: %w", name, err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	tag, err := c.s.pool.Exec(ctx, c.s.sql.recordStep, c.Consumer, c.Key, c.Token, c.Fence, name, string(raw))
+	if err != nil {
+		return raw, infraError(ReasonDBConnection, fmt.Errorf("inbox: record step %q: %w", name, err))
+	}
+	if tag.RowsAffected() == 0 {
+		return raw, c.fenced()
+	}
+	c.steps[name] = raw
+	return raw, nil
+}
+
+// Completed reports whether Complete succeeded.
+func (c *Claim) Completed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.done
+}
+
+func (c *Claim) fenced() error {
+	return retry.Duplicate(retry.SourceFenced,
+		fmt.Errorf("inbox: claim %d on key %q of consumer %q was taken over", c.Fence, c.Key, c.Consumer))
+}
+
+// Complete commits the claim: in one transaction it marks the row
+// completed — fenced on this claim's owner token and fence — and runs fn
+// (the business writes; nil for none). If the claim was taken over, nothing
+// is written and the error matches ErrDuplicate (source fenced). fn's
+// errors roll everything back and are mapped with MapError. Calling
+// Complete again after it succeeded returns nil without doing anything.
+func (c *Claim) Complete(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) (err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.done {
+		return nil
+	}
+	ctx, span := startSpan(ctx, "inbox.commit")
+	defer func() { endSpan(span, err) }()
+	tx, err := c.s.pool.Begin(ctx)
+	if err != nil {
+		return infraError(ReasonDBConnection, fmt.Errorf("inbox: begin: %w", err))
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	tag, err := tx.Exec(ctx, c.s.sql.completeWith, c.Consumer, c.Key, c.Token, c.Fence, nil)
+	if err != nil {
+		return infraError(ReasonDBConnection, fmt.Errorf("inbox: complete: %w", err))
+	}
+	if tag.RowsAffected() == 0 {
+		return c.fenced()
+	}
+	if fn != nil {
+		if err := fn(ctx, tx); err != nil {
+			return MapError(err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return infraError(ReasonDBCommit, fmt.Errorf("inbox: commit: %w", err))
+	}
+	c.done = true
+	return nil
+}
+
+// ClaimHandler adapts h into a consumer handler for effects outside
+// PostgreSQL. Per delivery:
+//
+//  1. the key is claimed in one short statement: status processing, a
+//     random owner token, fence+1, lease_until = now()+Lease, attempts+1.
+//     Only a free (received, failed, dead) row or an expired claim is taken;
+//     a live claim of another worker asks for a retry after its lease
+//     (reason claim_held: the other may still fail), and a completed key is
+//     a duplicate (or a key conflict if the fingerprint differs);
+//  2. a heartbeat extends the lease every Heartbeat, up to MaxLease; if an
+//     extension fails or the cap is reached, h's context is cancelled with
+//     cause ErrLeaseLost and StatusLockExpired reported;
+//  3. h runs; Complete commits its business writes with the fenced
+//     completion, and a late worker whose claim was taken over is fenced out
+//     (a duplicate, nothing written);
+//  4. if h fails, the claim is released (status failed, attempts,
+//     last_error, last_failed_at; owner cleared) so a retry can take it.
+//
+// ClaimHandler panics if s or h is nil or opts is invalid (a start-up bug).
+func ClaimHandler[T any](s *Store, h ClaimFunc[T], opts *ClaimOpts) consumer.Handler[T] {
+	if s == nil || h == nil {
+		panic("inbox: ClaimHandler needs a store and a handler")
+	}
+	o, err := opts.withDefaults()
+	if err != nil {
+		panic(err)
+	}
+	return consumer.HandlerFunc[T](func(ctx context.Context, msg *consumer.Message[T]) error {
+		u, err := s.newUnit(ctx, msg.Consumer, msg.Key, msg.ID, msg.Delivery, fingerprint(msg), o.StorePayload)
+		if err != nil {
+			return err
+		}
+		if msg.Redelivered {
+			if err := s.countRedelivery(ctx, u); err != nil {
+				return err
+			}
+		}
+		c, capAt, err := s.claimLease(ctx, u, o)
+		if err != nil {
+			return err
+		}
+		if u.onClaim != nil {
+			u.onClaim(c.Fence)
+		}
+		hctx, cancel := context.WithCancelCause(ctx)
+		defer cancel(nil)
+		stop := s.heartbeat(hctx, cancel, c, o, capAt, msg.Delivery)
+		herr := runClaimFunc(hctx, h, c, msg)
+		stop()
+		if herr == nil && !c.Completed() {
+			herr = c.Complete(hctx, nil)
+		}
+		if herr == nil {
+			return nil
+		}
+		if cause := context.Cause(hctx); errors.Is(cause, ErrLeaseLost) && ctx.Err() == nil {
+			herr = retry.WithReason(ReasonLeaseLost, retry.Retryable(errors.Join(herr, cause)))
+		}
+		if !c.Completed() {
+			s.release(ctx, c, herr)
+		}
+		return MapError(herr)
+	})
+}
+
+func runClaimFunc[T any](ctx context.Context, h ClaimFunc[T], c *Claim, msg *consumer.Message[T]) (err error) {
+	ctx, span := startSpan(ctx, "inbox.handler")
+	defer func() {
+		if p := recover(); p != nil {
+			err = retry.WithReason(ReasonPanic, fmt.Errorf("inbox: handler panicked: %v", p))
+		}
+		endSpan(span, err)
+	}()
+	return h(ctx, c, msg)
+}
+
+func newToken() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// claimLease takes the key in claim mode; it returns the claim and the
+// database time at which its lease can be extended no further.
+func (s *Store) claimLease(ctx context.Context, u *unit, o ClaimOpts) (c *Claim, capAt time.Time, err error) {
+	ctx, span := startSpan(ctx, "inbox.claim")
+	defer func() { endSpan(span, err) }()
+	var mid *string
+	if u.messageID != "" {
+		mid = &u.messageID
+	}
+	c = &Claim{Consumer: u.consumer, Key: u.key, Token: newToken(), s: s}
+	var now time.Time
+	err = s.pool.QueryRow(ctx, s.sql.claimLease, u.consumer, u.key, c.Token, o.Lease.Microseconds(), u.fp, mid, u.payload).
+		Scan(&c.Fence, &c.Attempt, &c.steps, &now)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, time.Time{}, s.explainOne(ctx, u)
+	}
+	if err != nil {
+		return nil, time.Time{}, infraError(ReasonDBConnection, fmt.Errorf("inbox: claim: %w", err))
+	}
+	if c.steps == nil {
+		c.steps = map[string]json.RawMessage{}
+	}
+	return c, now.Add(o.MaxLease), nil
+}
+
+// explainOne is explainUnclaimed for a key claimed outside a transaction.
+func (s *Store) explainOne(ctx context.Context, u *unit) error {
+	var status string
+	var fp []byte
+	var lease float64
+	err := s.pool.QueryRow(ctx, s.sql.lookup, []string{u.consumer}, []string{u.key}).Scan(new(string), new(string), &status, &fp, &lease)
+	found := err == nil
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return infraError(ReasonDBConnection, fmt.Errorf("inbox: look up claim: %w", err))
+	}
+	return verdict(u, status, fp, time.Duration(lease*float64(time.Second)), found)
+}
+
+// heartbeat extends c's lease until the returned stop is called. When an
+// extension fails, or once the lease reached capAt and ran out, it cancels
+// the handler's context with ErrLeaseLost.
+func (s *Store) heartbeat(ctx context.Context, cancel context.CancelCauseFunc, c *Claim, o ClaimOpts, capAt time.Time, d *consumer.Delivery) (stop func()) {
+	hbCtx, hbCancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	lost := func(err error) {
+		if d != nil {
+			d.Transition(consumer.StatusLockExpired, err)
+		}
+		cancel(err)
+	}
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(o.Heartbeat)
+		defer tick.Stop()
+		for {
+			select {
+			case <-hbCtx.Done():
+				return
+			case <-tick.C:
+			}
+			capped, left, err := s.extend(hbCtx, c, o, capAt)
+			if hbCtx.Err() != nil {
+				return
+			}
+			if err != nil {
+				lost(fmt.Errorf("%w: %w", ErrLeaseLost, err))
+				return
+			}
+			if capped {
+				t := time.NewTimer(left)
+				select {
+				case <-hbCtx.Done():
+					t.Stop()
+				case <-t.C:
+					lost(fmt.Errorf("%w: MaxLease %s reached", ErrLeaseLost, o.MaxLease))
+				}
+				return
+			}
+		}
+	}()
+	return func() {
+		hbCancel()
+		<-done
+	}
+}
+
+var errTakenOver = errors.New("inbox: claim taken over")
+
+func (s *Store) extend(ctx context.Context, c *Claim, o ClaimOpts, capAt time.Time) (capped bool, left time.Duration, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.done {
+		return false, 0, nil
+	}
+	var secs float64
+	err = s.pool.QueryRow(ctx, s.sql.extendLease, c.Consumer, c.Key, c.Token, c.Fence, o.Lease.Microseconds(), capAt).Scan(&capped, &secs)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, 0, errTakenOver
+	}
+	return capped, time.Duration(secs * float64(time.Second)), err
+}
+
+// release gives the claim up after a failed attempt, so that a retry can
+// take it; it is fenced, so it never touches another owner's claim.
+func (s *Store) release(ctx context.Context, c *Claim, herr error) {
+	ctx, cancel := s.cleanupCtx(ctx)
+	defer cancel()
+	if _, err := s.pool.Exec(ctx, s.sql.releaseClaim, c.Consumer, c.Key, c.Token, c.Fence, errorText(herr)); err != nil {
+		s.cfg.Logger.Warn("inbox: release claim failed; the reconciler will find it after its lease", zap.String("consumer", c.Consumer), zap.String("key", c.Key), zap.Error(err))
+	}
+}
