@@ -87,7 +87,9 @@ func TestClaim_ExpiredLeaseFencesOutTheLateWorker(t *testing.T) {
 		return c.Complete(ctx, completeWithEffect(msg))
 	}, nil)
 	lateErr := make(chan error, 1)
-	go func() { lateErr <- late.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "2", Amount: 1}, false)) }()
+	go func() {
+		lateErr <- late.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "2", Amount: 1}, false))
+	}()
 	lateClaim := testenv.WaitChan(t, claimed, "late worker claimed")
 
 	// Time passes: the late worker's lease runs out (it stalled in GC, lost
