@@ -1,0 +1,336 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/migrations"
+)
+
+func (c *cli) migrateCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "migrate",
+		Short: "Apply pending inboxmq migrations to the database",
+		Long: `migrate applies every pending inboxmq migration (inbox, outbox, controls)
+in the first schema of the connection's search_path. It is safe to run
+concurrently and again: applied migrations are skipped.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := c.ctx(cmd)
+			defer cancel()
+			pool, err := c.openDB(ctx)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			if err := migrations.Up(ctx, pool); err != nil {
+				return err
+			}
+			var version int64
+			if err := pool.QueryRow(ctx, `SELECT coalesce(max(version_id), 0) FROM `+migrations.VersionTable+` WHERE is_applied`).Scan(&version); err != nil {
+				return fmt.Errorf("read schema version: %w", err)
+			}
+			return c.emit(map[string]any{"version": version}, func(w io.Writer) {
+				fmt.Fprintf(w, "migrated: schema version %d\n", version)
+			})
+		},
+	}
+}
+
+// recordView is an inbox row as inboxctl prints it.
+type recordView struct {
+	Consumer     string     `json:"consumer"`
+	Key          string     `json:"key"`
+	Status       string     `json:"status"`
+	Fence        int64      `json:"fence"`
+	Owner        *string    `json:"owner"`
+	LeaseUntil   *time.Time `json:"lease_until"`
+	Attempts     int        `json:"attempts"`
+	Deliveries   int        `json:"deliveries"`
+	LastError    *string    `json:"last_error"`
+	LastFailedAt *time.Time `json:"last_failed_at"`
+	MessageID    *string    `json:"message_id"`
+	FirstSeenAt  time.Time  `json:"first_seen_at"`
+	UpdatedAt    time.Time  `json:"updated_at"`
+	CompletedAt  *time.Time `json:"completed_at"`
+}
+
+func viewOf(r *inbox.Record) recordView {
+	return recordView{
+		Consumer: r.Consumer, Key: r.Key, Status: r.Status, Fence: r.Fence, Owner: r.Owner, LeaseUntil: r.LeaseUntil,
+		Attempts: r.Attempts, Deliveries: r.Deliveries, LastError: r.LastError, LastFailedAt: r.LastFailedAt,
+		MessageID: r.MessageID, FirstSeenAt: r.FirstSeenAt, UpdatedAt: r.UpdatedAt, CompletedAt: r.CompletedAt,
+	}
+}
+
+func str(p *string) string {
+	if p == nil {
+		return "-"
+	}
+	return *p
+}
+
+func tm(p *time.Time) string {
+	if p == nil {
+		return "-"
+	}
+	return p.UTC().Format(time.RFC3339)
+}
+
+func (c *cli) statusCmd() *cobra.Command {
+	var consumerName string
+	cmd := &cobra.Command{
+		Use:   "status KEY --consumer C",
+		Short: "Show the inbox row of one idempotency key",
+		Long: `status prints the inbox row of (consumer, KEY): status, fence, owner and
+lease, attempts, deliveries, last error and times. It exits with code 3 if
+the inbox has no such row (the message was never seen, or retention
+deleted it).`,
+		Example: `  inboxctl status payment:42 --consumer payments
+  inboxctl status payment:42 --consumer payments -o json`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, cancel := c.ctx(cmd)
+			defer cancel()
+			pool, err := c.openDB(ctx)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			s, err := inbox.NewStore(ctx, pool, nil)
+			if err != nil {
+				return err
+			}
+			r, err := s.Get(ctx, consumerName, args[0])
+			if errors.Is(err, inbox.ErrNotFound) {
+				return notFoundError{fmt.Errorf("no inbox row for consumer %q, key %q", consumerName, args[0])}
+			}
+			if err != nil {
+				return err
+			}
+			v := viewOf(r)
+			return c.emit(v, func(w io.Writer) {
+				tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+				for _, kv := range [][2]string{
+					{"consumer", v.Consumer}, {"key", v.Key}, {"status", v.Status},
+					{"fence", fmt.Sprint(v.Fence)}, {"owner", str(v.Owner)}, {"lease_until", tm(v.LeaseUntil)},
+					{"attempts", fmt.Sprint(v.Attempts)}, {"deliveries", fmt.Sprint(v.Deliveries)},
+					{"last_error", str(v.LastError)}, {"last_failed_at", tm(v.LastFailedAt)},
+					{"message_id", str(v.MessageID)}, {"first_seen_at", tm(&v.FirstSeenAt)},
+					{"updated_at", tm(&v.UpdatedAt)}, {"completed_at", tm(v.CompletedAt)},
+				} {
+					fmt.Fprintf(tw, "%s:\t%s\n", kv[0], kv[1])
+				}
+				_ = tw.Flush()
+			})
+		},
+	}
+	cmd.Flags().StringVar(&consumerName, "consumer", "", "consumer (inbox namespace) of the key (required)")
+	_ = cmd.MarkFlagRequired("consumer")
+	return cmd
+}
+
+func printRecords(w io.Writer, recs []recordView) {
+	if len(recs) == 0 {
+		fmt.Fprintln(w, "no stale claims")
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "CONSUMER\tKEY\tOWNER\tFENCE\tLEASE_UNTIL\tATTEMPTS\tLAST_ERROR")
+	for _, r := range recs {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d\t%s\n", r.Consumer, r.Key, str(r.Owner), r.Fence, tm(r.LeaseUntil), r.Attempts, str(r.LastError))
+	}
+	_ = tw.Flush()
+}
+
+func (c *cli) staleCmd() *cobra.Command {
+	var olderThan time.Duration
+	cmd := &cobra.Command{
+		Use:   "stale",
+		Short: "List claims whose lease has expired",
+		Long: `stale lists claim-mode rows (status processing) whose lease ended more
+than --older-than ago, oldest first (at most 1000). Such a claim belongs to
+a worker that died or hung; reconcile makes it safe to retry.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := c.ctx(cmd)
+			defer cancel()
+			pool, err := c.openDB(ctx)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			s, err := inbox.NewStore(ctx, pool, nil)
+			if err != nil {
+				return err
+			}
+			recs, err := s.Stale(ctx, olderThan)
+			if err != nil {
+				return err
+			}
+			views := make([]recordView, 0, len(recs))
+			for _, r := range recs {
+				views = append(views, viewOf(r))
+			}
+			return c.emit(views, func(w io.Writer) { printRecords(w, views) })
+		},
+	}
+	cmd.Flags().DurationVar(&olderThan, "older-than", 0, "only claims whose lease ended at least this long ago")
+	return cmd
+}
+
+func (c *cli) purgeCmd() *cobra.Command {
+	var (
+		olderThan time.Duration
+		batch     int
+	)
+	cmd := &cobra.Command{
+		Use:   "purge --older-than DURATION",
+		Short: "Delete completed inbox rows older than DURATION (retention, batched)",
+		Long: `purge runs one retention pass: it deletes completed inbox rows whose
+completed_at is older than --older-than, in batches of --batch-size rows
+(one short transaction each, oldest first, skipping locked rows). Only one
+retention pass runs at a time per table; if a worker's retention job is
+running, purge reports "skipped".
+
+A copy of a message that arrives after its row was deleted is processed
+again: never purge inside the redelivery horizon (retry delays × attempts
+plus the DLQ replay window).`,
+		Example: `  inboxctl purge --older-than 168h`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if olderThan <= 0 {
+				return usagef("--older-than must be a positive duration such as 168h")
+			}
+			ctx, cancel := c.ctx(cmd)
+			defer cancel()
+			pool, err := c.openDB(ctx)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			s, err := inbox.NewStore(ctx, pool, nil)
+			if err != nil {
+				return err
+			}
+			r, err := inbox.NewRetention(s, &inbox.RetentionConfig{Window: olderThan, BatchSize: batch})
+			if err != nil {
+				return err
+			}
+			run, err := r.RunOnce(ctx)
+			if err != nil {
+				return err
+			}
+			return c.emit(map[string]any{"deleted": run.Deleted, "batches": run.Batches, "skipped": run.Skipped}, func(w io.Writer) {
+				if run.Skipped {
+					fmt.Fprintln(w, "skipped: another retention pass holds the lock")
+					return
+				}
+				fmt.Fprintf(w, "deleted %d completed rows in %d batches\n", run.Deleted, run.Batches)
+			})
+		},
+	}
+	cmd.Flags().DurationVar(&olderThan, "older-than", 0, "delete completed rows older than this (required), e.g. 168h")
+	cmd.Flags().IntVar(&batch, "batch-size", 1000, "rows per DELETE")
+	_ = cmd.MarkFlagRequired("older-than")
+	return cmd
+}
+
+// statsView is the output of stats.
+type statsView struct {
+	Rows []struct {
+		Consumer string `json:"consumer"`
+		Status   string `json:"status"`
+		Count    int64  `json:"count"`
+	} `json:"rows"`
+	OldestClaimAgeSeconds *float64 `json:"oldest_claim_age_seconds"`
+	StaleClaims           int64    `json:"stale_claims"`
+	TableBytes            int64    `json:"table_bytes"`
+	IndexBytes            int64    `json:"index_bytes"`
+	TotalBytes            int64    `json:"total_bytes"`
+	EstimatedRows         int64    `json:"estimated_rows"`
+}
+
+func (c *cli) statsCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "stats",
+		Short: "Inbox rows by consumer and status, oldest claim, table and index sizes",
+		Long: `stats counts inbox rows by consumer and status, reports the age of the
+oldest live claim and the number of claims past their lease, and the size
+of the inbox table and its indexes. Counting is a full scan of the table:
+on a very large inbox prefer the estimate (estimated_rows).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := c.ctx(cmd)
+			defer cancel()
+			pool, err := c.openDB(ctx)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			var v statsView
+			rows, err := pool.Query(ctx, `SELECT consumer, status, count(*) FROM inboxmq_inbox GROUP BY 1, 2 ORDER BY 1, 2`)
+			if err != nil {
+				return fmt.Errorf("stats: %w", err)
+			}
+			for rows.Next() {
+				var r struct {
+					Consumer string `json:"consumer"`
+					Status   string `json:"status"`
+					Count    int64  `json:"count"`
+				}
+				if err := rows.Scan(&r.Consumer, &r.Status, &r.Count); err != nil {
+					return fmt.Errorf("stats: %w", err)
+				}
+				v.Rows = append(v.Rows, r)
+			}
+			if err := rows.Err(); err != nil {
+				return fmt.Errorf("stats: %w", err)
+			}
+			err = pool.QueryRow(ctx, `SELECT
+				(SELECT EXTRACT(EPOCH FROM now() - min(updated_at))::float8 FROM inboxmq_inbox WHERE status = 'processing'),
+				(SELECT count(*) FROM inboxmq_inbox WHERE status = 'processing' AND lease_until < now()),
+				pg_relation_size(to_regclass('inboxmq_inbox')),
+				pg_indexes_size(to_regclass('inboxmq_inbox')),
+				pg_total_relation_size(to_regclass('inboxmq_inbox')),
+				(SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = to_regclass('inboxmq_inbox'))`,
+			).Scan(&v.OldestClaimAgeSeconds, &v.StaleClaims, &v.TableBytes, &v.IndexBytes, &v.TotalBytes, &v.EstimatedRows)
+			if err != nil {
+				return fmt.Errorf("stats: %w", err)
+			}
+			return c.emit(v, func(w io.Writer) {
+				tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "CONSUMER\tSTATUS\tROWS")
+				for _, r := range v.Rows {
+					fmt.Fprintf(tw, "%s\t%s\t%d\n", r.Consumer, r.Status, r.Count)
+				}
+				_ = tw.Flush()
+				age := "-"
+				if v.OldestClaimAgeSeconds != nil {
+					age = (time.Duration(*v.OldestClaimAgeSeconds * float64(time.Second))).Round(time.Second).String()
+				}
+				fmt.Fprintf(w, "oldest claim: %s\nstale claims: %d\ntable: %s  indexes: %s  total: %s\n",
+					age, v.StaleClaims, bytesText(v.TableBytes), bytesText(v.IndexBytes), bytesText(v.TotalBytes))
+			})
+		},
+	}
+}
+
+func bytesText(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}

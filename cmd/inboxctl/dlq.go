@@ -1,0 +1,230 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"text/tabwriter"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/spf13/cobra"
+
+	"github.com/inboxmq/inboxmq/consumer"
+)
+
+func (c *cli) dlqCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "dlq",
+		Short: "Inspect, replay and purge a queue's dead-letter queue",
+		Long: `dlq works on the dead-letter queue of QUEUE ("<QUEUE>.dlq" unless --dlq
+names another). Replayed messages go through the same inbox, so replaying a
+message whose effect was committed is acked as a duplicate.`,
+	}
+	cmd.AddCommand(c.dlqListCmd(), c.dlqReplayCmd(), c.dlqPurgeCmd())
+	return cmd
+}
+
+func dlqName(queue, override string) (string, error) {
+	if !consumer.ValidName(queue) {
+		return "", usagef("invalid queue name %q", queue)
+	}
+	if override == "" {
+		return queue + ".dlq", nil
+	}
+	if !consumer.ValidName(override) {
+		return "", usagef("invalid queue name %q", override)
+	}
+	return override, nil
+}
+
+// deadLetterView is one dead letter as dlq list prints it.
+type deadLetterView struct {
+	MessageID     string `json:"message_id"`
+	Key           string `json:"key"`
+	Error         string `json:"error"`
+	Attempt       int    `json:"attempt"`
+	ReplayCount   int    `json:"replay_count"`
+	OriginalQueue string `json:"original_queue"`
+	FirstFailedAt string `json:"first_failed_at"`
+	LastFailedAt  string `json:"last_failed_at"`
+	Bytes         int    `json:"bytes"`
+}
+
+func headerString(h amqp.Table, name string) string {
+	if s, ok := h[name].(string); ok {
+		return s
+	}
+	return ""
+}
+
+func (c *cli) dlqListCmd() *cobra.Command {
+	var dlq string
+	var limit int
+	cmd := &cobra.Command{
+		Use:   "list QUEUE",
+		Short: "List dead letters of QUEUE without removing them",
+		Long: `list shows up to --limit dead letters: message id, idempotency key, error
+(reason: text), attempt, replay count and failure times. Messages are read
+without acknowledgement and returned to the DLQ when list ends.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			name, err := dlqName(args[0], dlq)
+			if err != nil {
+				return err
+			}
+			conn, err := c.dialBroker()
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			ch, err := conn.Channel()
+			if err != nil {
+				return fmt.Errorf("channel: %w", err)
+			}
+			// Closing the channel returns every unacked message to the DLQ.
+			defer ch.Close()
+			q, err := ch.QueueDeclarePassive(name, false, false, false, false, nil)
+			if err != nil {
+				return notFoundError{fmt.Errorf("dead-letter queue %s: %w", name, err)}
+			}
+			n := q.Messages
+			if limit > 0 {
+				n = min(n, limit)
+			}
+			views := []deadLetterView{}
+			for range n {
+				d, ok, err := ch.Get(name, false)
+				if err != nil {
+					return fmt.Errorf("get: %w", err)
+				}
+				if !ok {
+					break
+				}
+				views = append(views, deadLetterView{
+					MessageID: d.MessageId, Key: headerString(d.Headers, consumer.HeaderIdempotencyKey),
+					Error: headerString(d.Headers, consumer.HeaderError), Attempt: consumer.HeaderInt(d.Headers, consumer.HeaderAttempt),
+					ReplayCount: consumer.HeaderInt(d.Headers, consumer.HeaderReplayCount), OriginalQueue: headerString(d.Headers, consumer.HeaderOriginalQueue),
+					FirstFailedAt: headerString(d.Headers, consumer.HeaderFirstFailedAt), LastFailedAt: headerString(d.Headers, consumer.HeaderLastFailedAt),
+					Bytes: len(d.Body),
+				})
+			}
+			if len(views) > 0 {
+				if err := ch.Nack(0, true, true); err != nil {
+					return fmt.Errorf("return messages to %s: %w", name, err)
+				}
+			}
+			out := map[string]any{"queue": name, "messages": q.Messages, "dead_letters": views}
+			return c.emit(out, func(w io.Writer) {
+				fmt.Fprintf(w, "%s: %d messages\n", name, q.Messages)
+				if len(views) == 0 {
+					return
+				}
+				tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "MESSAGE_ID\tKEY\tATTEMPT\tREPLAYS\tLAST_FAILED_AT\tERROR")
+				for _, v := range views {
+					fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\n", v.MessageID, v.Key, v.Attempt, v.ReplayCount, v.LastFailedAt, v.Error)
+				}
+				_ = tw.Flush()
+			})
+		},
+	}
+	cmd.Flags().StringVar(&dlq, "dlq", "", `dead-letter queue name (default "<QUEUE>.dlq")`)
+	cmd.Flags().IntVar(&limit, "limit", 100, "most dead letters to show (0: all)")
+	return cmd
+}
+
+func (c *cli) dlqReplayCmd() *cobra.Command {
+	var (
+		dlq, reason, key  string
+		count, maxReplays int
+	)
+	cmd := &cobra.Command{
+		Use:   "replay QUEUE",
+		Short: "Move dead letters back to QUEUE",
+		Long: `replay moves dead letters of QUEUE back to QUEUE (selected by --reason, the
+prefix of their x-error header, and --key), at most --count of them. Each
+one is republished with confirm before it leaves the DLQ, with its body and
+so its idempotency key unchanged: the inbox processes it at most once.
+Messages replayed --max-replays times already stay in the DLQ.`,
+		Example: `  inboxctl dlq replay payments --reason exhausted --count 100
+  inboxctl dlq replay payments --key payment:42`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			name, err := dlqName(args[0], dlq)
+			if err != nil {
+				return err
+			}
+			if count < 0 {
+				return usagef("--count must not be negative")
+			}
+			ctx, cancel := c.ctx(cmd)
+			defer cancel()
+			conn, err := c.dialBroker()
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			res, err := consumer.ReplayDLQ(ctx, conn, args[0], &consumer.ReplayOpts{
+				Limit: count, Reason: reason, Key: key, MaxReplays: maxReplays, DeadLetterQueue: name,
+			})
+			if err != nil {
+				return err
+			}
+			return c.emit(res, func(w io.Writer) {
+				fmt.Fprintf(w, "replayed %d of %d scanned (kept %d, refused %d) from %s to %s\n",
+					res.Replayed, res.Scanned, res.Kept, res.Refused, name, args[0])
+			})
+		},
+	}
+	cmd.Flags().StringVar(&dlq, "dlq", "", `dead-letter queue name (default "<QUEUE>.dlq")`)
+	cmd.Flags().IntVar(&count, "count", 0, "most messages to replay (0: all)")
+	cmd.Flags().StringVar(&reason, "reason", "", "only dead letters whose x-error starts with this reason")
+	cmd.Flags().StringVar(&key, "key", "", "only the dead letters with this idempotency key")
+	cmd.Flags().IntVar(&maxReplays, "max-replays", 0, "refuse messages replayed this often already (0: default 3, -1: no bound)")
+	return cmd
+}
+
+func (c *cli) dlqPurgeCmd() *cobra.Command {
+	var dlq string
+	var yes bool
+	cmd := &cobra.Command{
+		Use:   "purge QUEUE --yes",
+		Short: "Delete every dead letter of QUEUE",
+		Long: `purge deletes every message in the dead-letter queue of QUEUE. It cannot be
+undone; --yes is required.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			name, err := dlqName(args[0], dlq)
+			if err != nil {
+				return err
+			}
+			if !yes {
+				return usagef("dlq purge deletes every message in %s: add --yes to confirm", name)
+			}
+			conn, err := c.dialBroker()
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			ch, err := conn.Channel()
+			if err != nil {
+				return fmt.Errorf("channel: %w", err)
+			}
+			defer ch.Close()
+			n, err := ch.QueuePurge(name, false)
+			var ae *amqp.Error
+			if errors.As(err, &ae) && ae.Code == amqp.NotFound {
+				return notFoundError{fmt.Errorf("dead-letter queue %s does not exist", name)}
+			}
+			if err != nil {
+				return fmt.Errorf("purge %s: %w", name, err)
+			}
+			return c.emit(map[string]any{"queue": name, "purged": n}, func(w io.Writer) {
+				fmt.Fprintf(w, "purged %d messages from %s\n", n, name)
+			})
+		},
+	}
+	cmd.Flags().StringVar(&dlq, "dlq", "", `dead-letter queue name (default "<QUEUE>.dlq")`)
+	cmd.Flags().BoolVar(&yes, "yes", false, "confirm the deletion")
+	return cmd
+}
