@@ -1,0 +1,162 @@
+package chaos
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os/exec"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+)
+
+// Fault names, as used in Config.Faults and in the report.
+const (
+	// FaultKill SIGKILLs a worker and restarts it.
+	FaultKill = "kill"
+	// FaultRestart SIGTERMs a worker (a graceful stop) and restarts it.
+	FaultRestart = "restart"
+	// FaultBrokerConn closes a worker's broker connections from the server
+	// side (rabbitmqctl close_connection).
+	FaultBrokerConn = "broker-conn"
+	// FaultPGTerminate terminates a worker's PostgreSQL backends
+	// (pg_terminate_backend on its application_name).
+	FaultPGTerminate = "pg-terminate"
+	// FaultRedisFlush deletes every Redis key of the run (keys containing the
+	// run id; never FLUSHALL).
+	FaultRedisFlush = "redis-flush"
+	// FaultRedisRestart shuts the shared Redis server down and starts it
+	// again. Only with Config.RestartRedis.
+	FaultRedisRestart = "redis-restart"
+	// FaultStop SIGSTOPs a worker for longer than LOCK_TTL, then SIGCONTs it.
+	FaultStop = "stop"
+	// FaultGatewaySlow makes the fake gateway slow for a while.
+	FaultGatewaySlow = "gateway-slow"
+	// FaultGatewayFail makes the fake gateway fail part of its calls for a
+	// while: some with 503 before charging, some charged but answered 500.
+	FaultGatewayFail = "gateway-fail"
+)
+
+// AllFaults are the faults a run injects by default (FaultRedisRestart is
+// added by Config.RestartRedis; the gateway faults only apply to scenarios
+// with a gateway).
+var AllFaults = []string{FaultKill, FaultRestart, FaultBrokerConn, FaultPGTerminate, FaultRedisFlush, FaultStop, FaultGatewaySlow, FaultGatewayFail}
+
+// RedisServerArgs are the arguments with which FaultRedisRestart starts the
+// shared Redis server again.
+var RedisServerArgs = []string{"--daemonize", "yes", "--bind", "127.0.0.1", "-::1", "--port", "6379", "--save", "", "--appendonly", "no", "--dir", "/var/lib/redis", "--logfile", "/var/log/redis/ci.log"}
+
+// CloseBrokerConnections closes, from the server side, every broker
+// connection of process pid: those whose client port belongs to pid (read
+// from /proc) or whose connection_name ends in "-<pid>". It returns how
+// many it closed.
+func CloseBrokerConnections(ctx context.Context, pid int) (int, error) {
+	ports, err := localPorts(pid)
+	if err != nil {
+		return 0, err
+	}
+	out, err := exec.CommandContext(ctx, "rabbitmqctl", "-q", "list_connections", "pid", "name", "client_properties").Output()
+	if err != nil {
+		return 0, fmt.Errorf("chaos: rabbitmqctl list_connections: %w", err)
+	}
+	suffix := "-" + strconv.Itoa(pid) + `"`
+	n := 0
+	for _, line := range strings.Split(string(out), "\n") {
+		fields := strings.SplitN(line, "\t", 3)
+		if len(fields) < 3 {
+			continue
+		}
+		erlPid, name, props := fields[0], fields[1], fields[2]
+		mine := strings.Contains(props, suffix)
+		if client, _, ok := strings.Cut(name, " -> "); ok {
+			if i := strings.LastIndexByte(client, ':'); i >= 0 {
+				if p, err := strconv.Atoi(client[i+1:]); err == nil && ports[p] {
+					mine = true
+				}
+			}
+		}
+		if !mine {
+			continue
+		}
+		cmd := exec.CommandContext(ctx, "rabbitmqctl", "-q", "close_connection", erlPid, "inboxmq chaos: injected connection loss")
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		if err := cmd.Run(); err != nil {
+			return n, fmt.Errorf("chaos: rabbitmqctl close_connection: %w: %s", err, stderr.String())
+		}
+		n++
+	}
+	return n, nil
+}
+
+// TerminateBackends terminates the PostgreSQL backends of one worker
+// process: those whose application_name is appName, and those whose client
+// port belongs to process pid (when pid is not 0), in case the worker sets
+// its own application_name. It returns how many it terminated.
+func TerminateBackends(ctx context.Context, pool *pgxpool.Pool, appName string, pid int) (int, error) {
+	ports := []int32{}
+	if pid != 0 {
+		if m, err := localPorts(pid); err == nil {
+			for p := range m {
+				ports = append(ports, int32(p))
+			}
+		}
+	}
+	var n int
+	err := pool.QueryRow(ctx, `SELECT count(*) FROM (
+		SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+		WHERE (application_name = $1 OR (client_port = ANY($2) AND client_addr IN ('127.0.0.1', '::1')))
+		  AND pid <> pg_backend_pid()) t`, appName, ports).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("chaos: terminate backends: %w", err)
+	}
+	return n, nil
+}
+
+// FlushRedisKeys deletes every key containing substr (SCAN + DEL, never
+// FLUSHALL/FLUSHDB) and returns how many it deleted. substr must not be
+// empty.
+func FlushRedisKeys(ctx context.Context, rdb redis.UniversalClient, substr string) (int, error) {
+	if substr == "" {
+		return 0, fmt.Errorf("chaos: refusing to flush every Redis key")
+	}
+	n := 0
+	iter := rdb.Scan(ctx, 0, "*"+substr+"*", 1000).Iterator()
+	for iter.Next(ctx) {
+		if err := rdb.Del(ctx, iter.Val()).Err(); err != nil {
+			return n, fmt.Errorf("chaos: del: %w", err)
+		}
+		n++
+	}
+	if err := iter.Err(); err != nil {
+		return n, fmt.Errorf("chaos: scan: %w", err)
+	}
+	return n, nil
+}
+
+// RestartRedis shuts the local Redis server down (without saving), waits
+// down for the outage, and starts it again with RedisServerArgs.
+func RestartRedis(ctx context.Context, down time.Duration) error {
+	_ = exec.CommandContext(ctx, "redis-cli", "-p", "6379", "shutdown", "nosave").Run()
+	t := time.NewTimer(down)
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+		t.Stop()
+	}
+	// Always start it again, even if ctx ended: other users share it.
+	out, err := exec.Command("redis-server", RedisServerArgs...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("chaos: start redis-server: %w: %s", err, out)
+	}
+	for range 100 {
+		if exec.Command("redis-cli", "-p", "6379", "ping").Run() == nil {
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return fmt.Errorf("chaos: redis-server did not come back")
+}

@@ -1,0 +1,174 @@
+package chaos
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// ContractMetrics are the suffixes of the metric names the payment-worker
+// contract says are exported from startup.
+var ContractMetrics = []string{
+	"duplicate_detected_total",
+	"lock_acquire_success_total",
+	"lock_acquire_failed_total",
+	"lock_expired_before_completion_total",
+	"job_retry_total",
+	"job_processing_duration_seconds",
+	"idempotency_conflict_total",
+	"stale_processing_records_total",
+}
+
+// scraper keeps the last scraped counters of one worker slot, across
+// restarts: a restart folds the last values of the previous process into
+// the slot's total, so counts survive kills (up to one scrape interval).
+type scraper struct {
+	url string
+
+	mu   sync.Mutex
+	cur  map[string]float64
+	done map[string]float64
+	seen map[string]bool // metric name suffixes seen (contract check)
+}
+
+func newScraper(addr string) *scraper {
+	return &scraper{url: "http://" + addr + "/metrics", cur: map[string]float64{}, done: map[string]float64{}, seen: map[string]bool{}}
+}
+
+// restarted folds the current process's counters into the total.
+func (s *scraper) restarted() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k, v := range s.cur {
+		s.done[k] += v
+	}
+	s.cur = map[string]float64{}
+}
+
+// totals returns done + cur.
+func (s *scraper) totals() map[string]float64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string]float64, len(s.cur))
+	for k, v := range s.done {
+		out[k] += v
+	}
+	for k, v := range s.cur {
+		out[k] += v
+	}
+	return out
+}
+
+// scrape fetches the metrics once; errors (a killed or stopped worker) leave
+// the last values in place.
+func (s *scraper) scrape(ctx context.Context) bool {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.url, nil)
+	if err != nil {
+		return false
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return false
+	}
+	vals, names := parseMetrics(resp.Body)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.cur = vals
+	for n := range names {
+		for _, c := range ContractMetrics {
+			if strings.HasSuffix(n, c) || strings.HasSuffix(n, c+"_bucket") || strings.HasSuffix(n, c+"_count") {
+				s.seen[c] = true
+			}
+		}
+	}
+	return true
+}
+
+// missing returns the contract metrics never seen in a scrape.
+func (s *scraper) missing() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for _, c := range ContractMetrics {
+		if !s.seen[c] {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// counted are the counters the report shows, by name suffix. Duplicates are
+// also split by their source label.
+var counted = []string{
+	"duplicate_detected_total",
+	"job_retry_total",
+	"lock_acquire_failed_total",
+	"lock_expired_before_completion_total",
+	"idempotency_conflict_total",
+	"stale_processing_records_total",
+}
+
+// parseMetrics reads the Prometheus text format and sums the counted
+// series: "<suffix>" over all labels and "duplicate_detected_total/<source>"
+// per source. It also returns every metric name seen.
+func parseMetrics(r io.Reader) (map[string]float64, map[string]bool) {
+	vals := make(map[string]float64)
+	names := make(map[string]bool)
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64*1024), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		sp := strings.LastIndexByte(line, ' ')
+		if sp < 0 {
+			continue
+		}
+		series, valStr := line[:sp], line[sp+1:]
+		name, labels, _ := strings.Cut(series, "{")
+		names[name] = true
+		v, err := strconv.ParseFloat(valStr, 64)
+		if err != nil {
+			continue
+		}
+		for _, c := range counted {
+			if !strings.HasSuffix(name, c) {
+				continue
+			}
+			vals[c] += v
+			if c == "duplicate_detected_total" {
+				vals[c+"/"+labelValue(labels, "source")] += v
+			}
+		}
+	}
+	return vals, names
+}
+
+// labelValue returns the value of label name in a `a="x",b="y"}` list.
+func labelValue(labels, name string) string {
+	var rest string
+	if strings.HasPrefix(labels, name+`="`) {
+		rest = labels[len(name)+2:]
+	} else if i := strings.Index(labels, ","+name+`="`); i >= 0 {
+		rest = labels[i+len(name)+3:]
+	} else {
+		return "unknown"
+	}
+	j := strings.IndexByte(rest, '"')
+	if j < 0 {
+		return "unknown"
+	}
+	return rest[:j]
+}

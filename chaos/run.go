@@ -1,0 +1,669 @@
+package chaos
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
+)
+
+// retryTiers are the payment-worker's broker delay tiers (the consumer's
+// defaults); their wait queues must be empty at the end of a run.
+var retryTiers = []time.Duration{time.Second, 5 * time.Second, 30 * time.Second, 2 * time.Minute, 10 * time.Minute}
+
+// FaultEvent is one injected fault.
+type FaultEvent struct {
+	// At is the time since the scenario's fault phase began.
+	At time.Duration
+	// Kind is one of the Fault constants.
+	Kind string
+	// Worker is the target worker's index (-1 for faults without one).
+	Worker int
+	// Detail says what was done ("closed 1 connection", "deleted 12 keys").
+	Detail string
+	// Recovery is the time from the end of the fault until the target
+	// worker was ready again and the run made progress (a new ledger entry,
+	// or nothing left to do). Zero when not measured.
+	Recovery time.Duration
+	// Err is set when the fault could not be injected or the run did not
+	// recover.
+	Err string
+}
+
+// ScenarioReport is the outcome of one scenario.
+type ScenarioReport struct {
+	// Name is the scenario (ScenarioInbox or ScenarioGateway).
+	Name string
+	// Queue and Schema are the run's queue and schema names.
+	Queue, Schema string
+	// Orders, Declined and Poison count what was published; Publishes counts
+	// every message sent, duplicate copies included.
+	Orders, Declined, Poison, Publishes int
+	// Faults are the faults injected, in order.
+	Faults []FaultEvent
+	// Metrics are the workers' counters summed over all processes (by
+	// metric-name suffix; duplicates also as "duplicate_detected_total/<source>").
+	Metrics map[string]float64
+	// Check is the checker's result (nil if the run broke off before it).
+	Check *Result
+	// Violations are every broken guarantee: the checker's and the
+	// lifecycle's (exit codes, missing metrics, a drain that never ended).
+	Violations []string
+	// Drain is how long the queue took to settle after the faults stopped.
+	Drain time.Duration
+	// Elapsed is the scenario's wall time.
+	Elapsed time.Duration
+	// LogDir holds the workers' logs.
+	LogDir string
+}
+
+// Report is the outcome of a [Run].
+type Report struct {
+	// Seed is the seed the run used; pass it again to replay the run.
+	Seed uint64
+	// Scenarios are in the order run.
+	Scenarios []*ScenarioReport
+}
+
+// OK reports whether every scenario kept every guarantee.
+func (r *Report) OK() bool {
+	for _, s := range r.Scenarios {
+		if len(s.Violations) > 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// Run runs the chaos suite: for each scenario, a fresh schema and queue,
+// cfg.Workers payment-worker subprocesses, a publisher that sends every
+// order 1–3 times plus poison messages, a seeded fault injector, and then
+// the checker. It returns an error only when the run could not be carried
+// out (a service down, the build failing); broken guarantees are in the
+// report.
+func Run(ctx context.Context, cfg *Config) (*Report, error) {
+	c := cfg.withDefaults()
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(c.Log, "chaos: seed %d (replay with -seed %d)\n", c.Seed, c.Seed)
+	rep := &Report{Seed: c.Seed}
+	workDir := c.WorkDir
+	if workDir == "" {
+		d, err := os.MkdirTemp("", "inboxchaos-")
+		if err != nil {
+			return nil, fmt.Errorf("chaos: %w", err)
+		}
+		workDir = d
+		defer func() {
+			if rep.OK() && !c.Keep {
+				_ = os.RemoveAll(d)
+			}
+		}()
+	}
+	if c.Binary == "" {
+		root := c.RepoRoot
+		if root == "" {
+			r, err := RepoRoot()
+			if err != nil {
+				return nil, err
+			}
+			root = r
+		}
+		fmt.Fprintln(c.Log, "chaos: building payment-worker")
+		bin, err := BuildWorker(ctx, root, workDir)
+		if err != nil {
+			return nil, err
+		}
+		c.Binary = bin
+	}
+	rnd := mrand.New(mrand.NewPCG(c.Seed, 0xc4a05))
+	for _, name := range c.Scenarios {
+		s, err := runScenario(ctx, &c, name, rnd, workDir)
+		if s != nil {
+			rep.Scenarios = append(rep.Scenarios, s)
+		}
+		if err != nil {
+			return rep, err
+		}
+	}
+	return rep, nil
+}
+
+type scenarioRun struct {
+	cfg     *Config
+	rnd     *mrand.Rand
+	rep     *ScenarioReport
+	runID   string
+	queue   string
+	schema  string
+	dbURL   string
+	pool    *pgxpool.Pool
+	rdb     *redis.Client
+	conn    *amqp.Connection
+	gw      *Gateway
+	workers []*worker
+	start   time.Time
+
+	mu         sync.Mutex
+	violations []string
+}
+
+func (r *scenarioRun) violate(format string, args ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.violations = append(r.violations, fmt.Sprintf(format, args...))
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// withParams adds query parameters to a database URL.
+func withParams(u string, params ...string) string {
+	sep := "?"
+	if strings.Contains(u, "?") {
+		sep = "&"
+	}
+	return u + sep + strings.Join(params, "&")
+}
+
+func runScenario(ctx context.Context, cfg *Config, name string, rnd *mrand.Rand, workDir string) (*ScenarioReport, error) {
+	began := time.Now()
+	id := randomHex(4)
+	r := &scenarioRun{
+		cfg:    cfg,
+		rnd:    rnd,
+		runID:  id,
+		queue:  "chaos." + id + "." + name,
+		schema: "chaos_" + id + "_" + name,
+	}
+	r.rep = &ScenarioReport{Name: name, Queue: r.queue, Schema: r.schema, LogDir: filepath.Join(workDir, name+"-"+id)}
+	r.dbURL = withParams(cfg.DatabaseURL, "search_path="+r.schema)
+	fmt.Fprintf(cfg.Log, "chaos: scenario %s: queue %s, schema %s, logs %s\n", name, r.queue, r.schema, r.rep.LogDir)
+	if err := os.MkdirAll(r.rep.LogDir, 0o755); err != nil {
+		return r.rep, fmt.Errorf("chaos: %w", err)
+	}
+
+	if err := r.setup(ctx); err != nil {
+		r.teardown()
+		return r.rep, err
+	}
+	defer r.teardown()
+	if name == ScenarioGateway {
+		r.gw = NewGateway(rnd.Uint64())
+		defer r.gw.Close()
+	}
+	exp, msgs := r.messages()
+	r.rep.Orders, r.rep.Declined, r.rep.Poison, r.rep.Publishes = len(exp.Orders), len(exp.Declined), len(exp.Poison), len(msgs)
+
+	if err := r.startWorkers(ctx); err != nil {
+		r.stopWorkers()
+		return r.rep, err
+	}
+
+	// Fault phase: publish over the first 60 %, inject throughout, scrape.
+	r.start = time.Now()
+	phaseCtx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	pubErr := make(chan error, 1)
+	wg.Go(func() { pubErr <- r.publish(phaseCtx, msgs, cfg.Duration*6/10) })
+	wg.Go(func() { r.scrapeLoop(phaseCtx) })
+	r.injectLoop(phaseCtx)
+	if err := <-pubErr; err != nil {
+		cancel()
+		wg.Wait()
+		r.stopWorkers()
+		return r.rep, err
+	}
+
+	// Heal, then wait for the drain.
+	r.heal(ctx)
+	drainStart := time.Now()
+	drained := r.waitDrain(ctx, exp)
+	r.rep.Drain = time.Since(drainStart)
+	if !drained {
+		r.violate("not drained: the run had not settled %s after the faults stopped", cfg.DrainTimeout)
+	}
+	cancel()
+	wg.Wait()
+	r.scrapeAll(ctx)
+	r.stopWorkers()
+	r.rep.Metrics = make(map[string]float64)
+	for _, w := range r.workers {
+		for k, v := range w.scrape.totals() {
+			r.rep.Metrics[k] += v
+		}
+	}
+
+	obs := Observed{Gateway: r.gw != nil, Leftover: r.leftovers()}
+	if r.gw != nil {
+		obs.Calls = r.gw.Calls()
+	}
+	dls, err := r.drainDLQ()
+	if err != nil {
+		return r.rep, err
+	}
+	obs.DeadLetters = dls
+	res, err := Check(ctx, r.pool, exp, obs)
+	if err != nil {
+		return r.rep, err
+	}
+	r.rep.Check = res
+	r.mu.Lock()
+	r.rep.Violations = append(slices.Clone(res.Violations), r.violations...)
+	r.mu.Unlock()
+	r.rep.Elapsed = time.Since(began)
+	fmt.Fprintf(cfg.Log, "chaos: scenario %s done in %s: %d violations\n", name, r.rep.Elapsed.Round(time.Second), len(r.rep.Violations))
+	return r.rep, nil
+}
+
+func (r *scenarioRun) setup(ctx context.Context) error {
+	admin, err := pgx.Connect(ctx, r.cfg.DatabaseURL)
+	if err != nil {
+		return fmt.Errorf("chaos: PostgreSQL: %w", err)
+	}
+	_, err = admin.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{r.schema}.Sanitize())
+	_ = admin.Close(ctx)
+	if err != nil {
+		return fmt.Errorf("chaos: create schema: %w", err)
+	}
+	pcfg, err := pgxpool.ParseConfig(withParams(r.dbURL, "application_name=inboxchaos"))
+	if err != nil {
+		return fmt.Errorf("chaos: %w", err)
+	}
+	pcfg.MaxConns = 4
+	if r.pool, err = pgxpool.NewWithConfig(ctx, pcfg); err != nil {
+		return fmt.Errorf("chaos: PostgreSQL: %w", err)
+	}
+	ropt, err := redis.ParseURL(r.cfg.RedisURL)
+	if err != nil {
+		return fmt.Errorf("chaos: REDIS_URL: %w", err)
+	}
+	r.rdb = redis.NewClient(ropt)
+	r.conn, err = amqp.DialConfig(r.cfg.AMQPURL, amqp.Config{Properties: amqp.Table{"connection_name": "inboxmq-chaos runner " + r.runID}})
+	if err != nil {
+		return fmt.Errorf("chaos: RabbitMQ: %w", err)
+	}
+	// The worker's own migrate command, as operators run it (twice: it
+	// must be safe to repeat).
+	for range 2 {
+		cmd := exec.CommandContext(ctx, r.cfg.Binary, "migrate")
+		cmd.Env = append(os.Environ(), "DATABASE_URL="+r.dbURL)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("chaos: payment-worker migrate: %w\n%s", err, out)
+		}
+	}
+	return nil
+}
+
+func (r *scenarioRun) teardown() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if r.rdb != nil {
+		_, _ = FlushRedisKeys(ctx, r.rdb, r.runID)
+		_ = r.rdb.Close()
+	}
+	if r.pool != nil {
+		r.pool.Close()
+	}
+	if r.cfg.Keep {
+		if r.conn != nil {
+			_ = r.conn.Close()
+		}
+		return
+	}
+	if r.conn != nil {
+		for _, q := range r.queueNames(true) {
+			if ch, err := r.conn.Channel(); err == nil {
+				_, _ = ch.QueueDelete(q, false, false, false)
+				_ = ch.Close()
+			}
+		}
+		_ = r.conn.Close()
+	}
+	if admin, err := pgx.Connect(ctx, r.cfg.DatabaseURL); err == nil {
+		_, _ = admin.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{r.schema}.Sanitize()+" CASCADE")
+		_ = admin.Close(ctx)
+	}
+}
+
+// queueNames returns the work queue and its retry queues (and the DLQ).
+func (r *scenarioRun) queueNames(withDLQ bool) []string {
+	out := []string{r.queue}
+	for _, t := range retryTiers {
+		out = append(out, r.queue+".retry."+t.String())
+	}
+	if withDLQ {
+		out = append(out, r.queue+".dlq")
+	}
+	return out
+}
+
+type payment struct {
+	OrderID     string `json:"order_id"`
+	AmountCents int64  `json:"amount_cents"`
+	Currency    string `json:"currency"`
+}
+
+// messages builds the scenario's orders (1–3 copies each), declined orders
+// (gateway scenario) and poison messages, shuffled.
+func (r *scenarioRun) messages() (Expect, []amqp.Publishing) {
+	var exp Expect
+	var msgs []amqp.Publishing
+	currencies := []string{"EUR", "USD", "GBP", "chf"}
+	add := func(body []byte, copies int) {
+		for range copies {
+			msgs = append(msgs, amqp.Publishing{Body: body})
+		}
+	}
+	for i := range r.cfg.Orders {
+		o := Order{
+			ID:          fmt.Sprintf("%s-%s-%05d", r.runID, r.rep.Name, i),
+			AmountCents: 1 + r.rnd.Int64N(100_000),
+			Currency:    currencies[r.rnd.IntN(len(currencies))],
+			Copies:      1 + r.rnd.IntN(3),
+		}
+		exp.Orders = append(exp.Orders, o)
+		body, _ := json.Marshal(payment{o.ID, o.AmountCents, o.Currency})
+		add(body, o.Copies)
+	}
+	if r.rep.Name == ScenarioGateway {
+		for i := range max(2, r.cfg.Orders/50) {
+			o := Order{ID: fmt.Sprintf("%s-%s-%05d-declined", r.runID, r.rep.Name, i), AmountCents: 999, Currency: "EUR", Copies: 1}
+			exp.Declined = append(exp.Declined, o)
+			body, _ := json.Marshal(payment{o.ID, o.AmountCents, o.Currency})
+			add(body, 1)
+		}
+	}
+	poison := []string{
+		`{not json ` + r.runID + ` %d`,
+		`{"amount_cents": 500, "currency": "EUR", "note": "no order_id %d ` + r.runID + `"}`,
+		`{"order_id": "` + r.runID + `-zero-%d", "amount_cents": 0, "currency": "EUR"}`,
+		`{"order_id": "` + r.runID + `-currency-%d", "amount_cents": 500, "currency": "EURO"}`,
+		`{"order_id": "` + r.runID + `-negative-%d", "amount_cents": -5, "currency": "EUR"}`,
+		`["an array", %d, "` + r.runID + `"]`,
+		`{"order_id": "", "amount_cents": 7, "currency": "EUR", "n": %d, "r": "` + r.runID + `"}`,
+	}
+	for i := range max(len(poison), r.cfg.Orders/40) {
+		b := []byte(fmt.Sprintf(poison[i%len(poison)], i))
+		exp.Poison = append(exp.Poison, b)
+		add(b, 1)
+	}
+	r.rnd.Shuffle(len(msgs), func(i, j int) { msgs[i], msgs[j] = msgs[j], msgs[i] })
+	for i := range msgs {
+		msgs[i].MessageId = r.runID + "-m" + randomHex(6) // duplicates carry different ids
+		msgs[i].ContentType = "application/json"
+		msgs[i].DeliveryMode = amqp.Persistent
+	}
+	return exp, msgs
+}
+
+// publish sends msgs spread over span, each with a publisher confirm.
+func (r *scenarioRun) publish(ctx context.Context, msgs []amqp.Publishing, span time.Duration) error {
+	conn, err := amqp.DialConfig(r.cfg.AMQPURL, amqp.Config{Properties: amqp.Table{"connection_name": "inboxmq-chaos publisher " + r.runID}})
+	if err != nil {
+		return fmt.Errorf("chaos: publisher: %w", err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("chaos: publisher: %w", err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		return fmt.Errorf("chaos: publisher: %w", err)
+	}
+	gap := span / time.Duration(max(len(msgs), 1))
+	start := time.Now()
+	for i, m := range msgs {
+		if wait := time.Until(start.Add(time.Duration(i) * gap)); wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+			}
+		}
+		// Publishing is not a fault target: use a fresh context so that the
+		// end of the fault phase never cuts the publisher off mid-run.
+		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		dc, err := ch.PublishWithDeferredConfirmWithContext(pctx, "", r.queue, false, false, m)
+		if err == nil {
+			var ok bool
+			ok, err = dc.WaitContext(pctx)
+			if err == nil && !ok {
+				err = errors.New("nacked by the broker")
+			}
+		}
+		cancel()
+		if err != nil {
+			return fmt.Errorf("chaos: publish message %d: %w", i, err)
+		}
+	}
+	fmt.Fprintf(r.cfg.Log, "chaos: published %d messages in %s\n", len(msgs), time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+func (r *scenarioRun) startWorkers(ctx context.Context) error {
+	for i := range r.cfg.Workers {
+		addr, err := freePort()
+		if err != nil {
+			return err
+		}
+		app := fmt.Sprintf("inboxchaos_%s_w%d", r.runID, i)
+		env := []string{
+			"AMQP_URL=" + r.cfg.AMQPURL,
+			"DATABASE_URL=" + withParams(r.dbURL, "application_name="+app),
+			"REDIS_URL=" + r.cfg.RedisURL,
+			"PAYMENT_QUEUE=" + r.queue,
+			"LOCK_TTL=" + r.cfg.LockTTL.String(),
+			fmt.Sprintf("WORKER_CONCURRENCY=%d", r.cfg.Concurrency),
+			"METRICS_ADDR=" + addr,
+		}
+		if r.gw != nil {
+			env = append(env, "GATEWAY_URL="+r.gw.URL())
+		}
+		w := &worker{idx: i, bin: r.cfg.Binary, env: env, appName: app, metrics: addr,
+			logPath: filepath.Join(r.rep.LogDir, fmt.Sprintf("worker-%d.log", i)), scrape: newScraper(addr)}
+		r.workers = append(r.workers, w)
+		if err := w.start(); err != nil {
+			return err
+		}
+	}
+	for _, w := range r.workers {
+		if _, err := w.waitReady(ctx, time.Minute); err != nil {
+			return err
+		}
+		if w.scrape.scrape(ctx) {
+			if miss := w.scrape.missing(); len(miss) > 0 {
+				r.violate("metrics not exported from startup by worker %d: %s", w.idx, strings.Join(miss, ", "))
+			}
+		} else {
+			r.violate("worker %d serves no /metrics on %s", w.idx, w.metrics)
+		}
+	}
+	return nil
+}
+
+// stopWorkers SIGTERMs every worker and checks the clean stop: exit 0
+// within 30 s.
+func (r *scenarioRun) stopWorkers() {
+	var wg sync.WaitGroup
+	for _, w := range r.workers {
+		if w.pid() == 0 {
+			continue
+		}
+		wg.Go(func() {
+			if exited, _ := w.wait(0); exited {
+				return
+			}
+			_ = w.signal(syscall.SIGCONT)
+			_ = w.signal(syscall.SIGTERM)
+			exited, err := w.wait(30 * time.Second)
+			switch {
+			case !exited:
+				r.violate("unclean stop: worker %d did not exit within 30s of SIGTERM", w.idx)
+				w.kill()
+			case err != nil:
+				r.violate("unclean stop: worker %d exited with %v after SIGTERM (log %s)", w.idx, err, w.logPath)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+func (r *scenarioRun) scrapeAll(ctx context.Context) {
+	for _, w := range r.workers {
+		w.mu.Lock()
+		stopped := w.stopped
+		w.mu.Unlock()
+		if !stopped {
+			w.scrape.scrape(ctx)
+		}
+	}
+}
+
+func (r *scenarioRun) scrapeLoop(ctx context.Context) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			r.scrapeAll(ctx)
+		}
+	}
+}
+
+// depth returns the ready messages in queue (0 if it does not exist).
+func (r *scenarioRun) depth(queue string) (int, error) {
+	ch, err := r.conn.Channel()
+	if err != nil {
+		return 0, fmt.Errorf("chaos: channel: %w", err)
+	}
+	q, err := ch.QueueDeclarePassive(queue, false, false, false, false, nil)
+	if err != nil {
+		var aerr *amqp.Error
+		if errors.As(err, &aerr) && aerr.Code == amqp.NotFound {
+			return 0, nil
+		}
+		return 0, fmt.Errorf("chaos: inspect %s: %w", queue, err)
+	}
+	_ = ch.Close()
+	return q.Messages, nil
+}
+
+func (r *scenarioRun) ledgerCount(ctx context.Context) int {
+	var n int
+	_ = r.pool.QueryRow(ctx, `SELECT count(DISTINCT order_id) FROM ledger_entries`).Scan(&n)
+	return n
+}
+
+// heal ends every fault: continues stopped workers, restarts dead ones and
+// makes the gateway healthy.
+func (r *scenarioRun) heal(ctx context.Context) {
+	if r.gw != nil {
+		r.gw.SetPhase(GatewayPhase{}, 0)
+	}
+	for _, w := range r.workers {
+		_ = w.signal(syscall.SIGCONT)
+		if exited, _ := w.wait(0); exited {
+			w.scrape.restarted()
+			if err := w.start(); err != nil {
+				r.violate("heal: %v", err)
+				continue
+			}
+			if _, err := w.waitReady(ctx, time.Minute); err != nil {
+				r.violate("heal: %v", err)
+			}
+		}
+	}
+}
+
+// waitDrain waits until every order has its ledger entry, the DLQ holds
+// every poison and declined message, and the work and retry queues are
+// empty, bounded by DrainTimeout.
+func (r *scenarioRun) waitDrain(ctx context.Context, exp Expect) bool {
+	deadline := time.Now().Add(r.cfg.DrainTimeout)
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	for time.Now().Before(deadline) {
+		done := r.ledgerCount(ctx) >= len(exp.Orders)
+		if done {
+			dlq, err := r.depth(r.queue + ".dlq")
+			done = err == nil && dlq >= len(exp.Poison)+len(exp.Declined)
+		}
+		for _, q := range r.queueNames(false) {
+			if !done {
+				break
+			}
+			n, err := r.depth(q)
+			done = err == nil && n == 0
+		}
+		if done {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-tick.C:
+		}
+	}
+	return false
+}
+
+func (r *scenarioRun) leftovers() map[string]int {
+	out := make(map[string]int)
+	for _, q := range r.queueNames(false) {
+		n, err := r.depth(q)
+		if err != nil {
+			r.violate("inspect %s: %v", q, err)
+			continue
+		}
+		out[q] = n
+	}
+	return out
+}
+
+func (r *scenarioRun) drainDLQ() ([]DeadLetter, error) {
+	ch, err := r.conn.Channel()
+	if err != nil {
+		return nil, fmt.Errorf("chaos: channel: %w", err)
+	}
+	defer ch.Close()
+	var out []DeadLetter
+	for {
+		d, ok, err := ch.Get(r.queue+".dlq", true)
+		if err != nil {
+			var aerr *amqp.Error
+			if errors.As(err, &aerr) && aerr.Code == amqp.NotFound {
+				return out, nil
+			}
+			return out, fmt.Errorf("chaos: read DLQ: %w", err)
+		}
+		if !ok {
+			return out, nil
+		}
+		reason, _ := d.Headers["x-error"].(string)
+		out = append(out, DeadLetter{Body: d.Body, Error: reason})
+	}
+}

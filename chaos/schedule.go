@@ -1,0 +1,170 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"syscall"
+	"time"
+)
+
+// faultsFor returns the configured faults that apply to the scenario.
+func (r *scenarioRun) faultsFor() []string {
+	var out []string
+	for _, f := range r.cfg.Faults {
+		if (f == FaultGatewaySlow || f == FaultGatewayFail) && r.gw == nil {
+			continue
+		}
+		out = append(out, f)
+	}
+	return out
+}
+
+// injectLoop injects faults on the seeded schedule until the fault phase
+// (cfg.Duration) is over. Faults run one at a time.
+func (r *scenarioRun) injectLoop(ctx context.Context) {
+	kinds := r.faultsFor()
+	end := r.start.Add(r.cfg.Duration)
+	for len(kinds) > 0 {
+		gap := time.Duration(float64(r.cfg.FaultEvery) * (0.5 + r.rnd.Float64()))
+		kind := kinds[r.rnd.IntN(len(kinds))]
+		target := r.rnd.IntN(len(r.workers))
+		if time.Now().Add(gap).After(end) {
+			break
+		}
+		t := time.NewTimer(gap)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		ev := r.inject(ctx, kind, r.workers[target])
+		r.rep.Faults = append(r.rep.Faults, ev)
+		fmt.Fprintf(r.cfg.Log, "chaos: %6.1fs %-13s worker %2d  %-28s recovered in %s %s\n",
+			ev.At.Seconds(), ev.Kind, ev.Worker, ev.Detail, ev.Recovery.Round(time.Millisecond), ev.Err)
+	}
+	if rem := time.Until(end); rem > 0 {
+		t := time.NewTimer(rem)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+		case <-t.C:
+		}
+	}
+}
+
+// inject applies one fault to w (or to the run) and measures recovery.
+func (r *scenarioRun) inject(ctx context.Context, kind string, w *worker) FaultEvent {
+	ev := FaultEvent{At: time.Since(r.start), Kind: kind, Worker: w.idx}
+	before := r.ledgerCount(ctx)
+	target := w
+	var err error
+	switch kind {
+	case FaultKill:
+		w.kill()
+		w.scrape.restarted()
+		ev.Detail = "SIGKILL + restart"
+		err = w.start()
+	case FaultRestart:
+		_ = w.signal(syscall.SIGTERM)
+		exited, werr := w.wait(30 * time.Second)
+		switch {
+		case !exited:
+			r.violate("unclean stop: worker %d did not exit within 30s of SIGTERM", w.idx)
+			w.kill()
+		case werr != nil:
+			r.violate("unclean stop: worker %d exited with %v after SIGTERM (log %s)", w.idx, werr, w.logPath)
+		}
+		w.scrape.restarted()
+		ev.Detail = "SIGTERM + restart"
+		err = w.start()
+	case FaultBrokerConn:
+		var n int
+		n, err = CloseBrokerConnections(ctx, w.pid())
+		ev.Detail = fmt.Sprintf("closed %d connections", n)
+	case FaultPGTerminate:
+		var n int
+		n, err = TerminateBackends(ctx, r.pool, w.appName, w.pid())
+		ev.Detail = fmt.Sprintf("terminated %d backends", n)
+	case FaultRedisFlush:
+		var n int
+		n, err = FlushRedisKeys(ctx, r.rdb, r.runID)
+		ev.Detail, ev.Worker, target = fmt.Sprintf("deleted %d keys", n), -1, nil
+	case FaultRedisRestart:
+		down := time.Duration(500+r.rnd.IntN(2500)) * time.Millisecond
+		err = RestartRedis(ctx, down)
+		ev.Detail, ev.Worker, target = fmt.Sprintf("down for %s", down), -1, nil
+	case FaultStop:
+		pause := r.cfg.LockTTL + time.Second
+		if err = w.signal(syscall.SIGSTOP); err == nil {
+			t := time.NewTimer(pause)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+			}
+			err = w.signal(syscall.SIGCONT)
+		}
+		ev.Detail = fmt.Sprintf("SIGSTOP for %s", pause)
+	case FaultGatewaySlow:
+		p := GatewayPhase{Delay: time.Duration(200+r.rnd.IntN(1300)) * time.Millisecond}
+		d := time.Duration(1000+r.rnd.IntN(3000)) * time.Millisecond
+		r.gw.SetPhase(p, d)
+		ev.Detail, ev.Worker, target = fmt.Sprintf("+%s per call for %s", p.Delay, d), -1, nil
+		return ev
+	case FaultGatewayFail:
+		p := GatewayPhase{FailRate: 0.3, LostReplyRate: 0.2}
+		d := time.Duration(500+r.rnd.IntN(1500)) * time.Millisecond
+		r.gw.SetPhase(p, d)
+		ev.Detail, ev.Worker, target = fmt.Sprintf("503 30%%, lost reply 20%% for %s", d), -1, nil
+		return ev
+	}
+	if err != nil {
+		ev.Err = err.Error()
+		return ev
+	}
+	ev.Recovery, err = r.recovered(ctx, target, before)
+	if err != nil {
+		ev.Err = err.Error()
+		r.violate("no recovery after %s on worker %d at %.1fs: %v", kind, w.idx, ev.At.Seconds(), err)
+	}
+	return ev
+}
+
+// recovered waits until w (if any) is ready and the run made progress: a
+// new ledger entry since before, or nothing left in the work queue.
+func (r *scenarioRun) recovered(ctx context.Context, w *worker, before int) (time.Duration, error) {
+	start := time.Now()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		ready := w == nil || w.ready(ctx)
+		if ready {
+			if r.ledgerCount(ctx) > before {
+				return time.Since(start), nil
+			}
+			if n, err := r.depth(r.queue); err == nil && n == 0 {
+				return time.Since(start), nil
+			}
+		}
+		if time.Since(start) > time.Minute {
+			return time.Since(start), fmt.Errorf("not ready or no progress within 1m")
+		}
+		select {
+		case <-ctx.Done():
+			return time.Since(start), ctx.Err()
+		case <-tick.C:
+		}
+	}
+}
+
+// percentile returns the p-th percentile (0..1) of ds.
+func percentile(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[min(len(s)-1, int(p*float64(len(s))))]
+}
