@@ -1,0 +1,92 @@
+package main
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/inboxmq/inboxmq/consumer"
+)
+
+// config is the worker's configuration, read from the environment (see the
+// README's table); command-line flags may override it.
+type config struct {
+	AMQPURL     string
+	DatabaseURL string
+	RedisURL    string
+	Queue       string
+	GatewayURL  string
+	LockTTL     time.Duration
+	Concurrency int
+	MetricsAddr string
+}
+
+// Defaults, as documented in the README.
+const (
+	defaultAMQPURL     = "amqp://guest:guest@127.0.0.1:5672/"
+	defaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+	defaultRedisURL    = "redis://127.0.0.1:6379/0"
+	defaultQueue       = "payments.requested"
+	defaultLockTTL     = 30 * time.Second
+	defaultConcurrency = 8
+	defaultMetricsAddr = "127.0.0.1:9464"
+)
+
+// configFromEnv reads the configuration from the environment (getenv is
+// os.Getenv outside tests).
+func configFromEnv(getenv func(string) string) (config, error) {
+	c := config{
+		AMQPURL:     cmp.Or(getenv("AMQP_URL"), defaultAMQPURL),
+		DatabaseURL: cmp.Or(getenv("DATABASE_URL"), defaultDatabaseURL),
+		RedisURL:    cmp.Or(getenv("REDIS_URL"), defaultRedisURL),
+		Queue:       cmp.Or(getenv("PAYMENT_QUEUE"), defaultQueue),
+		GatewayURL:  getenv("GATEWAY_URL"),
+		LockTTL:     defaultLockTTL,
+		Concurrency: defaultConcurrency,
+		MetricsAddr: cmp.Or(getenv("METRICS_ADDR"), defaultMetricsAddr),
+	}
+	if v := getenv("LOCK_TTL"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			return c, fmt.Errorf("LOCK_TTL %q: want a positive Go duration such as 30s", v)
+		}
+		c.LockTTL = d
+	}
+	if v := getenv("WORKER_CONCURRENCY"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			return c, fmt.Errorf("WORKER_CONCURRENCY %q: want a positive integer", v)
+		}
+		c.Concurrency = n
+	}
+	return c, c.validate()
+}
+
+func (c config) validate() error {
+	if !consumer.ValidName(c.Queue) {
+		return fmt.Errorf("PAYMENT_QUEUE %q: want 1–200 letters, digits or . _ : -", c.Queue)
+	}
+	if c.GatewayURL != "" {
+		u, err := url.Parse(c.GatewayURL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return errors.New("GATEWAY_URL: want an http:// or https:// URL with a host")
+		}
+	}
+	return nil
+}
+
+// redactURL hides the password of a URL for logs and error messages.
+func redactURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil {
+		return "<unparseable URL>"
+	}
+	return u.Redacted()
+}
+
+// getenv is the environment lookup used by the commands.
+var getenv = os.Getenv

@@ -1,0 +1,114 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/inboxmq/inboxmq/retry"
+)
+
+// Reasons the gateway client attaches to its errors (bounded metric labels).
+const (
+	reasonGateway5xx     = "gateway_5xx"
+	reasonGateway4xx     = "gateway_4xx"
+	reasonGatewayTimeout = "gateway_timeout"
+	reasonGateway429     = "gateway_429"
+	reasonGatewayNetwork = "gateway_network"
+)
+
+// Gateway charges payments through an HTTP payment gateway. Every call
+// carries the idempotency key, so a charge repeated after a crash is
+// recognised by the gateway and not taken twice.
+type Gateway struct {
+	// BaseURL is the gateway's base URL; charges go to BaseURL + "/charges".
+	BaseURL string
+	// Client is the HTTP client. Defaults to a client with Timeout.
+	Client *http.Client
+	// Timeout bounds one charge call. Defaults to 10s.
+	Timeout time.Duration
+}
+
+type chargeRequest struct {
+	OrderID     string `json:"order_id"`
+	AmountCents int64  `json:"amount_cents"`
+	Currency    string `json:"currency"`
+}
+
+// Charge posts the charge for p with header Idempotency-Key: key. It
+// returns nil on 2xx; a retryable error (retry.After) on 5xx, 408, 429, a
+// timeout or a network error; and a permanent error (retry.Permanent) on any
+// other status.
+func (g *Gateway) Charge(ctx context.Context, key string, p Payment) error {
+	timeout := g.Timeout
+	if timeout <= 0 {
+		timeout = 10 * time.Second
+	}
+	client := g.Client
+	if client == nil {
+		client = &http.Client{Timeout: timeout}
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+
+	body, err := json.Marshal(chargeRequest{OrderID: p.OrderID, AmountCents: p.AmountCents, Currency: p.Currency})
+	if err != nil {
+		return retry.Permanent(fmt.Errorf("gateway: encode charge: %w", err))
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(g.BaseURL, "/")+"/charges", bytes.NewReader(body))
+	if err != nil {
+		return retry.Permanent(fmt.Errorf("gateway: build request: %w", err))
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", key)
+
+	resp, err := client.Do(req)
+	if err != nil {
+		// The caller's own cancellation (shutdown, lost lease) is not a
+		// gateway failure: hand it back unchanged for the consumer to see.
+		if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.DeadlineExceeded) {
+			return fmt.Errorf("gateway: charge %s: %w", p.OrderID, err)
+		}
+		var uerr interface{ Timeout() bool }
+		if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &uerr) && uerr.Timeout()) {
+			return retry.WithReason(reasonGatewayTimeout, retry.Retryable(fmt.Errorf("gateway: charge %s timed out: %w", p.OrderID, err)))
+		}
+		return retry.WithReason(reasonGatewayNetwork, retry.Retryable(fmt.Errorf("gateway: charge %s: %w", p.OrderID, err)))
+	}
+	defer resp.Body.Close()
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+	return classifyStatus(resp.StatusCode, resp.Header.Get("Retry-After"), p.OrderID, strings.TrimSpace(string(msg)))
+}
+
+// classifyStatus maps a gateway answer to the retry taxonomy.
+func classifyStatus(code int, retryAfter, orderID, body string) error {
+	err := fmt.Errorf("gateway: charge %s: HTTP %d %s", orderID, code, body)
+	switch {
+	case code >= 200 && code < 300:
+		return nil
+	case code == http.StatusTooManyRequests:
+		return retry.WithReason(reasonGateway429, retry.After(parseRetryAfter(retryAfter), err))
+	case code == http.StatusRequestTimeout:
+		return retry.WithReason(reasonGatewayTimeout, retry.Retryable(err))
+	case code >= 500:
+		return retry.WithReason(reasonGateway5xx, retry.Retryable(err))
+	default:
+		return retry.WithReason(reasonGateway4xx, retry.Permanent(err))
+	}
+}
+
+// parseRetryAfter reads a Retry-After header in seconds (0 when absent or
+// malformed, which lets the retry policy choose).
+func parseRetryAfter(v string) time.Duration {
+	var s int
+	if _, err := fmt.Sscanf(v, "%d", &s); err != nil || s < 0 {
+		return 0
+	}
+	return min(time.Duration(s)*time.Second, 10*time.Minute)
+}

@@ -1,0 +1,86 @@
+// Command payment-worker is the inboxmq example: a RabbitMQ worker that
+// records payments in PostgreSQL so that a duplicate delivery can never
+// charge or book an order twice.
+//
+//	payment-worker migrate   # framework + example tables, safe to run twice
+//	payment-worker run       # consume PAYMENT_QUEUE until SIGINT/SIGTERM
+//	payment-worker publish   # demo: publish a burst of orders with duplicates
+//	payment-worker report    # demo: wait for the drain, count the effects
+//
+// Configuration comes from the environment; see README.md.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := newRootCmd().ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "payment-worker:", err)
+		stop()
+		var ec exitCode
+		if errors.As(err, &ec) {
+			os.Exit(int(ec))
+		}
+		os.Exit(1)
+	}
+}
+
+// exitCode is an error that asks for a specific exit status.
+type exitCode int
+
+func (e exitCode) Error() string { return fmt.Sprintf("exit status %d", int(e)) }
+
+func newRootCmd() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "payment-worker",
+		Short:         "inboxmq example: exactly-once payment effects from at-least-once deliveries",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(newMigrateCmd(), newRunCmd(), newPublishCmd(), newReportCmd())
+	return root
+}
+
+func newMigrateCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "migrate",
+		Short: "Apply the framework's and the example's migrations to DATABASE_URL",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := configFromEnv(getenv)
+			if err != nil {
+				return err
+			}
+			if err := migrate(cmd.Context(), cfg.DatabaseURL); err != nil {
+				return err
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), "migrations applied")
+			return nil
+		},
+	}
+}
+
+func newRunCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "run",
+		Short: "Consume PAYMENT_QUEUE until SIGINT or SIGTERM",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := configFromEnv(getenv)
+			if err != nil {
+				return err
+			}
+			return run(cmd.Context(), cfg)
+		},
+	}
+}

@@ -1,0 +1,460 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/internal/amqptest"
+	"github.com/inboxmq/inboxmq/internal/pgtest"
+	"github.com/inboxmq/inboxmq/internal/testenv"
+)
+
+// The eight metric names the contract promises from start-up.
+var contractMetrics = []string{
+	"duplicate_detected_total",
+	"lock_acquire_success_total",
+	"lock_acquire_failed_total",
+	"lock_expired_before_completion_total",
+	"job_retry_total",
+	"job_processing_duration_seconds",
+	"idempotency_conflict_total",
+	"stale_processing_records_total",
+}
+
+var (
+	buildOnce sync.Once
+	binPath   string
+	buildErr  error
+	buildDir  string
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if buildDir != "" {
+		_ = os.RemoveAll(buildDir)
+	}
+	os.Exit(code)
+}
+
+// workerBinary builds the payment-worker once per test run (a plain `go
+// build`, as operators do) and returns its path.
+func workerBinary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		buildDir, buildErr = os.MkdirTemp("", "payment-worker-test-")
+		if buildErr != nil {
+			return
+		}
+		binPath = filepath.Join(buildDir, "payment-worker")
+		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build: %w\n%s", err, out)
+		}
+	})
+	require.NoError(t, buildErr)
+	return binPath
+}
+
+// testBundle is one test's world: its schema, queue, broker connection and
+// the environment the worker processes get.
+type testBundle struct {
+	pool   *pgxpool.Pool
+	queue  string
+	conn   *amqp.Connection
+	pub    *amqptest.Publisher
+	env    []string
+	binary string
+}
+
+func setup(t *testing.T, extraEnv ...string) *testBundle {
+	t.Helper()
+	pool, schema := pgtest.Schema(t)
+	queue := amqptest.QueueName(t)
+	conn := amqptest.Dial(t)
+	env := append(os.Environ(),
+		"DATABASE_URL="+pgtest.URL(schema),
+		"AMQP_URL="+testenv.AMQPURL(),
+		"REDIS_URL="+testenv.RedisURL(),
+		"PAYMENT_QUEUE="+queue,
+		"WORKER_CONCURRENCY=4",
+	)
+	return &testBundle{
+		pool:   pool,
+		queue:  queue,
+		conn:   conn,
+		pub:    amqptest.NewPublisher(t, conn),
+		env:    append(env, extraEnv...),
+		binary: workerBinary(t),
+	}
+}
+
+// worker is one running `payment-worker run` process.
+type worker struct {
+	cmd        *exec.Cmd
+	metricsURL string
+	stderr     *syncBuffer
+	exited     chan error
+}
+
+// start runs `payment-worker run` with its own metrics port and waits until
+// /readyz answers 200 (its topology is declared and it consumes).
+func (b *testBundle) start(t *testing.T) *worker {
+	t.Helper()
+	addr := freeAddr(t)
+	w := &worker{metricsURL: "http://" + addr, stderr: &syncBuffer{}, exited: make(chan error, 1)}
+	w.cmd = exec.Command(b.binary, "run")
+	w.cmd.Env = append(append([]string{}, b.env...), "METRICS_ADDR="+addr)
+	w.cmd.Stderr = w.stderr
+	require.NoError(t, w.cmd.Start())
+	go func() { w.exited <- w.cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = w.cmd.Process.Kill()
+		<-w.exited
+		if t.Failed() {
+			t.Logf("worker log:\n%s", tail(w.stderr.String(), 40))
+		}
+	})
+	testenv.WaitFor(t, "worker /readyz answers 200", func() bool {
+		select {
+		case err := <-w.exited:
+			w.exited <- err
+			t.Fatalf("worker exited before it was ready: %v\n%s", err, tail(w.stderr.String(), 40))
+		default:
+		}
+		code, _ := httpGet(w.metricsURL + "/readyz")
+		return code == http.StatusOK
+	})
+	return w
+}
+
+// stop sends SIGTERM and requires exit status 0 within 30 s.
+func (w *worker) stop(t *testing.T) {
+	t.Helper()
+	require.NoError(t, w.cmd.Process.Signal(syscall.SIGTERM))
+	select {
+	case err := <-w.exited:
+		w.exited <- err
+		require.NoError(t, err, "worker exit status after SIGTERM")
+	case <-time.After(30 * time.Second):
+		t.Fatal("worker did not exit within 30s of SIGTERM")
+	}
+}
+
+func (w *worker) metrics(t *testing.T) string {
+	t.Helper()
+	code, body := httpGet(w.metricsURL + "/metrics")
+	require.Equal(t, http.StatusOK, code)
+	return body
+}
+
+func (w *worker) metricSum(t *testing.T, suffix string) float64 {
+	t.Helper()
+	v, err := sumMetric(strings.NewReader(w.metrics(t)), suffix)
+	require.NoError(t, err)
+	return v
+}
+
+func (b *testBundle) migrate(t *testing.T) {
+	t.Helper()
+	cmd := exec.Command(b.binary, "migrate")
+	cmd.Env = b.env
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "migrate: %s", out)
+}
+
+// publishOrders publishes n orders named prefix-i, order i (1 + i%copies)
+// times, each copy under a new message id. It returns the number of copies.
+func (b *testBundle) publishOrders(t *testing.T, prefix string, n, copies int) int {
+	t.Helper()
+	total := 0
+	for i := range n {
+		body, err := json.Marshal(Payment{OrderID: fmt.Sprintf("%s-%03d", prefix, i), AmountCents: int64(100 + i), Currency: "EUR"})
+		require.NoError(t, err)
+		for range 1 + i%copies {
+			b.pub.Publish(b.queue, body, amqp.Publishing{MessageId: newID()})
+			total++
+		}
+	}
+	return total
+}
+
+func (b *testBundle) count(t *testing.T, query string, args ...any) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.pool.QueryRow(t.Context(), query, args...).Scan(&n))
+	return n
+}
+
+// requireOneEffectPerOrder checks exactly one payment and one ledger entry
+// for each of the n orders named prefix-i, and nothing else under prefix.
+func (b *testBundle) requireOneEffectPerOrder(t *testing.T, prefix string, n int) {
+	t.Helper()
+	like := prefix + "-%"
+	require.Equal(t, n, b.count(t, `SELECT count(*) FROM payments WHERE order_id LIKE $1`, like), "payments rows")
+	require.Equal(t, n, b.count(t, `SELECT count(DISTINCT order_id) FROM payments WHERE order_id LIKE $1`, like), "distinct paid orders")
+	require.Equal(t, n, b.count(t, `SELECT count(*) FROM ledger_entries WHERE order_id LIKE $1`, like), "ledger rows")
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM (SELECT order_id FROM ledger_entries WHERE order_id LIKE $1 GROUP BY order_id HAVING count(*) > 1) d`, like), "orders with more than one ledger entry")
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM payments p WHERE order_id LIKE $1 AND NOT EXISTS (SELECT 1 FROM ledger_entries l WHERE l.order_id = p.order_id)`, like), "payments without a ledger entry")
+}
+
+func TestWorkerEndToEnd(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+
+	b.migrate(t)
+	b.migrate(t) // safe to run twice
+	w := b.start(t)
+
+	// Every contract metric is exported before the first delivery.
+	m := w.metrics(t)
+	for _, name := range contractMetrics {
+		require.Regexp(t, regexp.MustCompile(`(?m)^# TYPE \S*`+name+` `), m, "metric %s from start-up", name)
+	}
+
+	const orders = 60
+	copies := b.publishOrders(t, "e2e", orders, 3)
+	invalid := [][]byte{
+		[]byte(`{not json`),
+		[]byte(`{"amount_cents": 500, "currency": "EUR"}`),
+		[]byte(`{"order_id": "e2e-bad-amount", "amount_cents": 0, "currency": "EUR"}`),
+		[]byte(`{"order_id": "e2e-bad-currency", "amount_cents": 500, "currency": "EURO"}`),
+	}
+	for _, body := range invalid {
+		b.pub.Publish(b.queue, body, amqp.Publishing{MessageId: newID()})
+	}
+
+	testenv.WaitFor(t, "every copy is processed", func() bool {
+		return b.count(t, `SELECT count(*) FROM payments WHERE order_id LIKE 'e2e-%'`) >= orders &&
+			amqptest.Depth(t, b.conn, b.queue+".dlq") >= len(invalid) &&
+			int(w.metricSum(t, "duplicate_detected_total")) >= copies-orders
+	})
+	b.requireOneEffectPerOrder(t, "e2e", orders)
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM payments WHERE order_id LIKE 'e2e-bad%'`))
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM ledger_entries WHERE order_id LIKE 'e2e-bad%'`))
+	require.InDelta(t, float64(copies-orders), w.metricSum(t, "duplicate_detected_total"), 0)
+
+	// The invalid messages are in the DLQ with their reason, and the
+	// originals were acked: the work queue is empty.
+	dead := amqptest.Drain(t, b.conn, b.queue+".dlq")
+	require.Len(t, dead, len(invalid))
+	for _, d := range dead {
+		reason, ok := d.Headers[consumer.HeaderError].(string)
+		require.True(t, ok, "dead letter %s has an x-error header", d.Body)
+		require.NotEmpty(t, reason)
+	}
+	require.Equal(t, 0, amqptest.Depth(t, b.conn, b.queue))
+
+	w.stop(t)
+	require.Contains(t, w.stderr.String(), `"idempotency_key":"payment:e2e-000"`, "JSON logs carry the idempotency key")
+}
+
+func TestTwoWorkersOneEffectPerOrder(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.migrate(t)
+	w1 := b.start(t)
+	w2 := b.start(t)
+
+	const orders = 60
+	copies := b.publishOrders(t, "two", orders, 3)
+	testenv.WaitFor(t, "every copy is processed by one of the two workers", func() bool {
+		return b.count(t, `SELECT count(*) FROM payments WHERE order_id LIKE 'two-%'`) >= orders &&
+			amqptest.Depth(t, b.conn, b.queue) == 0 &&
+			int(w1.metricSum(t, "duplicate_detected_total")+w2.metricSum(t, "duplicate_detected_total")) >= copies-orders
+	})
+	b.requireOneEffectPerOrder(t, "two", orders)
+	w1.stop(t)
+	w2.stop(t)
+}
+
+func TestWorkerWithoutRedis(t *testing.T) {
+	t.Parallel()
+	// Nothing listens on the discard port: Redis is "down" for the whole run.
+	b := setup(t, "REDIS_URL=redis://127.0.0.1:9/0")
+	b.migrate(t)
+	w := b.start(t)
+
+	const orders = 20
+	copies := b.publishOrders(t, "noredis", orders, 2)
+	testenv.WaitFor(t, "every copy is processed on PostgreSQL alone", func() bool {
+		return b.count(t, `SELECT count(*) FROM payments WHERE order_id LIKE 'noredis-%'`) >= orders &&
+			int(w.metricSum(t, "duplicate_detected_total")) >= copies-orders
+	})
+	b.requireOneEffectPerOrder(t, "noredis", orders)
+	w.stop(t)
+}
+
+// gateway is a fake payment gateway that records every charge call.
+type gateway struct {
+	mu    sync.Mutex
+	calls map[string][]string // order id -> Idempotency-Key of each call
+	paid  map[string]int      // order id -> successful charges
+}
+
+func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	var req chargeRequest
+	if r.Method != http.MethodPost || r.URL.Path != "/charges" || json.NewDecoder(r.Body).Decode(&req) != nil {
+		http.Error(w, "bad request", http.StatusBadRequest)
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.calls[req.OrderID] = append(g.calls[req.OrderID], r.Header.Get("Idempotency-Key"))
+	switch {
+	case strings.HasPrefix(req.OrderID, "reject-"):
+		http.Error(w, "card declined", http.StatusUnprocessableEntity)
+	case strings.HasPrefix(req.OrderID, "flaky-") && len(g.calls[req.OrderID]) == 1:
+		http.Error(w, "upstream unavailable", http.StatusServiceUnavailable)
+	default:
+		g.paid[req.OrderID]++
+		w.WriteHeader(http.StatusCreated)
+		_, _ = io.WriteString(w, `{"status":"charged"}`)
+	}
+}
+
+func (g *gateway) snapshot() (map[string][]string, map[string]int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	calls := make(map[string][]string, len(g.calls))
+	for k, v := range g.calls {
+		calls[k] = append([]string(nil), v...)
+	}
+	paid := make(map[string]int, len(g.paid))
+	for k, v := range g.paid {
+		paid[k] = v
+	}
+	return calls, paid
+}
+
+func TestWorkerGatewayClaimMode(t *testing.T) {
+	t.Parallel()
+	gw := &gateway{calls: map[string][]string{}, paid: map[string]int{}}
+	srv := newLoopbackServer(t, gw)
+	b := setup(t, "GATEWAY_URL="+srv)
+	b.migrate(t)
+	w := b.start(t)
+
+	const orders = 20
+	copies := b.publishOrders(t, "ok", orders, 3)
+	b.publishOrders(t, "flaky", 3, 1)
+	b.publishOrders(t, "reject", 2, 1)
+
+	testenv.WaitFor(t, "charges done, 5xx retried, 4xx dead-lettered", func() bool {
+		return b.count(t, `SELECT count(*) FROM payments`) >= orders+3 &&
+			amqptest.Depth(t, b.conn, b.queue+".dlq") >= 2 &&
+			int(w.metricSum(t, "duplicate_detected_total")) >= copies-orders
+	})
+	b.requireOneEffectPerOrder(t, "ok", orders)
+	b.requireOneEffectPerOrder(t, "flaky", 3)
+	b.requireOneEffectPerOrder(t, "reject", 0)
+
+	calls, paid := gw.snapshot()
+	for i := range orders {
+		id := fmt.Sprintf("ok-%03d", i)
+		require.Equal(t, 1, paid[id], "one charge for %s", id)
+		require.Equal(t, []string{"payment:" + id}, calls[id], "one call for %s, with its idempotency key", id)
+	}
+	for i := range 3 {
+		id := fmt.Sprintf("flaky-%03d", i)
+		require.Equal(t, 1, paid[id], "one successful charge for %s", id)
+		require.Len(t, calls[id], 2, "%s: a 503, then a retry", id)
+		for _, k := range calls[id] {
+			require.Equal(t, "payment:"+id, k, "every retry carries the same key")
+		}
+	}
+	dead := amqptest.Drain(t, b.conn, b.queue+".dlq")
+	require.Len(t, dead, 2)
+	for _, d := range dead {
+		require.Contains(t, d.Headers[consumer.HeaderError], "gateway_4xx")
+	}
+	require.Positive(t, w.metricSum(t, "job_retry_total"), "the 503s were counted as retries")
+	w.stop(t)
+}
+
+// newLoopbackServer serves h on 127.0.0.1 and returns its base URL.
+func newLoopbackServer(t *testing.T, h http.Handler) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Serve(ln)
+	}()
+	t.Cleanup(func() {
+		_ = srv.Close()
+		<-done
+	})
+	return "http://" + ln.Addr().String()
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	return addr
+}
+
+func httpGet(url string) (int, string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, ""
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, ""
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
+// syncBuffer is a bytes.Buffer safe for a process's writes and our reads.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.buf.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.buf.String()
+}
+
+func tail(s string, lines int) string {
+	parts := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(parts) > lines {
+		parts = parts[len(parts)-lines:]
+	}
+	return strings.Join(parts, "\n")
+}

@@ -1,0 +1,206 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/spf13/cobra"
+)
+
+// counts are the effects of one demo run.
+type counts struct {
+	Payments     int
+	Ledger       int
+	QueueDepth   int
+	DeadLettered int
+	Duplicates   float64 // from the metrics endpoint; -1 when unknown
+}
+
+func newReportCmd() *cobra.Command {
+	var (
+		summaryPath, metricsURL string
+		wait                    time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "report",
+		Short: "Demo: wait until a published burst is processed, then print and check its effects",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := configFromEnv(getenv)
+			if err != nil {
+				return err
+			}
+			raw, err := os.ReadFile(summaryPath)
+			if err != nil {
+				return fmt.Errorf("report: %w", err)
+			}
+			var s summary
+			if err := json.Unmarshal(raw, &s); err != nil {
+				return fmt.Errorf("report: summary %s: %w", summaryPath, err)
+			}
+			c, err := waitDrained(cmd.Context(), cfg, s, metricsURL, wait)
+			if err != nil {
+				return err
+			}
+			return printReport(cmd.OutOrStdout(), s, c)
+		},
+	}
+	cmd.Flags().StringVar(&summaryPath, "summary", "demo-summary.json", "the summary written by publish")
+	cmd.Flags().StringVar(&metricsURL, "metrics-url", "", "the worker's /metrics URL (for duplicates detected)")
+	cmd.Flags().DurationVar(&wait, "wait", 2*time.Minute, "how long to wait for the burst to be processed")
+	return cmd
+}
+
+// waitDrained polls until every valid order is paid, every invalid message
+// is dead-lettered, the queue is empty and (with a metrics URL) every copy
+// is accounted for as a duplicate, or until wait passes. It returns the last
+// counts either way; the report judges them.
+func waitDrained(ctx context.Context, cfg config, s summary, metricsURL string, wait time.Duration) (counts, error) {
+	pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
+	if err != nil {
+		return counts{}, fmt.Errorf("report: connect %s: %w", redactURL(cfg.DatabaseURL), err)
+	}
+	defer pool.Close()
+	conn, err := amqp.Dial(cfg.AMQPURL)
+	if err != nil {
+		return counts{}, fmt.Errorf("report: connect %s: %w", redactURL(cfg.AMQPURL), err)
+	}
+	defer conn.Close()
+
+	deadline := time.Now().Add(wait)
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		c, err := measure(ctx, pool, conn, s, metricsURL)
+		if err != nil {
+			return c, err
+		}
+		done := c.Payments >= s.UniqueOrders && c.DeadLettered >= s.Invalid && c.QueueDepth == 0 &&
+			(c.Duplicates < 0 || int(c.Duplicates) >= s.ValidCopies-s.UniqueOrders)
+		if done || time.Now().After(deadline) {
+			return c, nil
+		}
+		select {
+		case <-ctx.Done():
+			return c, ctx.Err()
+		case <-tick.C:
+		}
+	}
+}
+
+func measure(ctx context.Context, pool *pgxpool.Pool, conn *amqp.Connection, s summary, metricsURL string) (counts, error) {
+	c := counts{Duplicates: -1}
+	like := s.RunID + "-%"
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM payments WHERE order_id LIKE $1`, like).Scan(&c.Payments); err != nil {
+		return c, fmt.Errorf("report: count payments: %w", err)
+	}
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM ledger_entries WHERE order_id LIKE $1`, like).Scan(&c.Ledger); err != nil {
+		return c, fmt.Errorf("report: count ledger entries: %w", err)
+	}
+	var err error
+	if c.QueueDepth, err = depth(conn, s.Queue); err != nil {
+		return c, err
+	}
+	if c.DeadLettered, err = depth(conn, s.Queue+".dlq"); err != nil {
+		return c, err
+	}
+	if metricsURL != "" {
+		if d, err := scrapeSum(ctx, metricsURL, "duplicate_detected_total"); err == nil {
+			c.Duplicates = d
+		}
+	}
+	return c, nil
+}
+
+func depth(conn *amqp.Connection, queue string) (int, error) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return 0, fmt.Errorf("report: channel: %w", err)
+	}
+	defer ch.Close()
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	if err != nil {
+		return 0, fmt.Errorf("report: inspect %s: %w", queue, err)
+	}
+	return q.Messages, nil
+}
+
+// scrapeSum sums every sample of the metrics whose name ends in suffix.
+func scrapeSum(ctx context.Context, url, suffix string) (float64, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	return sumMetric(resp.Body, suffix)
+}
+
+func sumMetric(r io.Reader, suffix string) (float64, error) {
+	var sum float64
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64*1024), 1024*1024)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		name, rest, _ := strings.Cut(line, " ")
+		if i := strings.IndexByte(line, '{'); i >= 0 && i < len(name) {
+			name = line[:i]
+			_, rest, _ = strings.Cut(line[strings.LastIndexByte(line, '}')+1:], " ")
+		}
+		if !strings.HasSuffix(name, suffix) {
+			continue
+		}
+		v, err := strconv.ParseFloat(strings.Fields(rest + " 0")[0], 64)
+		if err == nil {
+			sum += v
+		}
+	}
+	return sum, sc.Err()
+}
+
+// printReport prints the demo's table and fails (exit status 1) when the
+// effects are not exactly one payment and one ledger entry per valid order.
+func printReport(w io.Writer, s summary, c counts) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	dups := "n/a"
+	if c.Duplicates >= 0 {
+		dups = strconv.FormatFloat(c.Duplicates, 'f', 0, 64)
+	}
+	fmt.Fprintf(tw, "published\t%d\t(%d copies of valid orders, %d invalid)\n", s.Published, s.ValidCopies, s.Invalid)
+	fmt.Fprintf(tw, "unique orders\t%d\t\n", s.UniqueOrders)
+	fmt.Fprintf(tw, "payments rows\t%d\t\n", c.Payments)
+	fmt.Fprintf(tw, "ledger rows\t%d\t\n", c.Ledger)
+	fmt.Fprintf(tw, "duplicates detected\t%s\t(expected %d)\n", dups, s.ValidCopies-s.UniqueOrders)
+	fmt.Fprintf(tw, "dead-lettered\t%d\t(expected %d)\n", c.DeadLettered, s.Invalid)
+	fmt.Fprintf(tw, "left in queue\t%d\t\n", c.QueueDepth)
+	_ = tw.Flush()
+	switch {
+	case c.Payments != s.UniqueOrders:
+		fmt.Fprintf(w, "FAIL: %d payments rows for %d unique valid orders\n", c.Payments, s.UniqueOrders)
+		return exitCode(1)
+	case c.Ledger != c.Payments:
+		fmt.Fprintf(w, "FAIL: %d ledger rows for %d payments\n", c.Ledger, c.Payments)
+		return exitCode(1)
+	}
+	fmt.Fprintln(w, "OK: exactly one payment and one ledger entry per order")
+	return nil
+}
