@@ -52,7 +52,8 @@ func TestClaim_TwoWorkersOneOutsideCallOneEffect(t *testing.T) {
 	}, nil)
 
 	done := make(chan error, 1)
-	go func() { done <- h.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "1", Amount: 10}, false)) }()
+	firstMsg := newMsg(t, "payments", order{OrderID: "1", Amount: 10}, false)
+	go func() { done <- h.Handle(t.Context(), firstMsg) }()
 	testenv.WaitChan(t, entered, "first worker claimed")
 
 	err := h.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "1", Amount: 10}, false))
@@ -87,9 +88,8 @@ func TestClaim_ExpiredLeaseFencesOutTheLateWorker(t *testing.T) {
 		return c.Complete(ctx, completeWithEffect(msg))
 	}, nil)
 	lateErr := make(chan error, 1)
-	go func() {
-		lateErr <- late.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "2", Amount: 1}, false))
-	}()
+	lateMsg := newMsg(t, "payments", order{OrderID: "2", Amount: 1}, false)
+	go func() { lateErr <- late.Handle(t.Context(), lateMsg) }()
 	lateClaim := testenv.WaitChan(t, claimed, "late worker claimed")
 
 	// Time passes: the late worker's lease runs out (it stalled in GC, lost

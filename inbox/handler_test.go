@@ -40,9 +40,8 @@ func TestHandler_OneEffectUnderConcurrentDuplicates(t *testing.T) {
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for i := range n {
-		wg.Go(func() {
-			errs[i] = h.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "1", Amount: 5}, false))
-		})
+		msg := newMsg(t, "payments", order{OrderID: "1", Amount: 5}, false)
+		wg.Go(func() { errs[i] = h.Handle(t.Context(), msg) })
 	}
 	wg.Wait()
 	var ok, dup int

@@ -1,0 +1,227 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+)
+
+// EffectCheck looks for the evidence that a stale claim's effect happened
+// (a row the business transaction would have written, a charge found at
+// the gateway by its idempotency key). It runs inside the reconciler's
+// transaction, with the inbox row locked. true completes the claim.
+type EffectCheck func(ctx context.Context, tx pgx.Tx, consumerName, key string) (bool, error)
+
+// ReconcilerConfig configures a [Reconciler]. A nil *ReconcilerConfig means
+// defaults.
+type ReconcilerConfig struct {
+	// Interval is the time between runs of Run. Defaults to 1 minute.
+	Interval time.Duration
+	// Grace is how long past its lease a claim must be before it counts as
+	// stale (a little longer than a heartbeat's delay). Defaults to 30s.
+	Grace time.Duration
+	// BatchSize is the most claims handled in one transaction. Defaults to
+	// 100.
+	BatchSize int
+	// MaxAttempts marks a stale claim dead instead of releasing it once it
+	// has been attempted this many times. Defaults to 10; -1 never marks
+	// claims dead.
+	MaxAttempts int
+	// EffectChecks maps a consumer name to the check of its effect. A
+	// consumer without one has its stale claims released for retry.
+	// Defaults to none.
+	EffectChecks map[string]EffectCheck
+	// OnStale is told how many stale claims of a consumer a run found (the
+	// stale_processing_records_total metric). Defaults to nil: no call.
+	OnStale func(consumerName string, n int)
+	// Logger logs each stale claim with its owner, attempts and last error.
+	// Defaults to the store's logger.
+	Logger *zap.Logger
+}
+
+// Reconcile actions, the StaleClaim.Action values.
+const (
+	ActionCompleted = "completed" // the effect check found the evidence
+	ActionReleased  = "released"  // status failed: safe to retry
+	ActionDead      = "dead"      // MaxAttempts reached
+	ActionNone      = "none"      // a dry run
+)
+
+// StaleClaim is one claim found past its lease (plus Grace).
+type StaleClaim struct {
+	Consumer   string
+	Key        string
+	Owner      *string
+	Fence      int64
+	Attempts   int
+	LastError  *string
+	LeaseUntil time.Time
+	// Action is what the run did (one of the Action constants).
+	Action string
+}
+
+// ReconcileReport is the outcome of one reconciler run.
+type ReconcileReport struct {
+	DryRun    bool
+	Claims    []StaleClaim
+	Completed int
+	Released  int
+	Dead      int
+}
+
+// Reconciler finds claims of claim/lease mode whose worker vanished (past
+// lease_until + Grace), reports them, and decides from evidence: an
+// EffectCheck that finds the effect completes the claim; otherwise the
+// claim is released for retry, or marked dead after MaxAttempts. Several
+// reconcilers may run at once: each claim is locked with FOR UPDATE SKIP
+// LOCKED, so only one acts on it.
+type Reconciler struct {
+	s   *Store
+	cfg ReconcilerConfig
+}
+
+// NewReconciler returns a reconciler on s's inbox.
+func NewReconciler(s *Store, cfg *ReconcilerConfig) (*Reconciler, error) {
+	if s == nil {
+		return nil, errors.New("inbox: nil store")
+	}
+	var c ReconcilerConfig
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.Interval <= 0 {
+		c.Interval = time.Minute
+	}
+	if c.Grace < 0 {
+		return nil, fmt.Errorf("inbox: negative Grace %s", c.Grace)
+	}
+	if c.Grace == 0 {
+		c.Grace = 30 * time.Second
+	}
+	if c.BatchSize <= 0 {
+		c.BatchSize = 100
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = 10
+	}
+	if c.MaxAttempts < -1 {
+		return nil, fmt.Errorf("inbox: MaxAttempts %d: want -1 (never) or a positive bound", c.MaxAttempts)
+	}
+	if c.Logger == nil {
+		c.Logger = s.cfg.Logger
+	}
+	return &Reconciler{s: s, cfg: c}, nil
+}
+
+// Run reconciles every Interval until ctx ends, then returns nil. Errors of
+// a run are logged, and the next run tries again.
+func (r *Reconciler) Run(ctx context.Context) error {
+	t := time.NewTicker(r.cfg.Interval)
+	defer t.Stop()
+	for {
+		if _, err := r.RunOnce(ctx, false); err != nil && ctx.Err() == nil {
+			r.cfg.Logger.Warn("inbox: reconcile", zap.Error(err))
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// RunOnce runs one reconciliation of at most BatchSize claims in one
+// transaction. With dryRun it only reports what it found (Action none) and
+// changes nothing.
+func (r *Reconciler) RunOnce(ctx context.Context, dryRun bool) (ReconcileReport, error) {
+	rep := ReconcileReport{DryRun: dryRun}
+	err := pgx.BeginFunc(ctx, r.s.pool, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, r.s.sql.staleForUpdate, r.cfg.Grace.Microseconds(), r.cfg.BatchSize)
+		if err != nil {
+			return err
+		}
+		claims, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (StaleClaim, error) {
+			var c StaleClaim
+			err := row.Scan(&c.Consumer, &c.Key, &c.Owner, &c.Fence, &c.Attempts, &c.LastError, &c.LeaseUntil)
+			return c, err
+		})
+		if err != nil {
+			return err
+		}
+		for i := range claims {
+			c := &claims[i]
+			c.Action = ActionNone
+			if !dryRun {
+				if err := r.act(ctx, tx, c); err != nil {
+					return err
+				}
+			}
+		}
+		rep.Claims = claims
+		if dryRun {
+			return errDryRun
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, errDryRun) {
+		return ReconcileReport{DryRun: dryRun}, fmt.Errorf("inbox: reconcile: %w", err)
+	}
+	perConsumer := map[string]int{}
+	for _, c := range rep.Claims {
+		perConsumer[c.Consumer]++
+		switch c.Action {
+		case ActionCompleted:
+			rep.Completed++
+		case ActionReleased:
+			rep.Released++
+		case ActionDead:
+			rep.Dead++
+		}
+		r.cfg.Logger.Warn("inbox: stale claim",
+			zap.String("consumer", c.Consumer), zap.String("key", c.Key), zap.Stringp("owner", c.Owner),
+			zap.Int64("fence", c.Fence), zap.Int("attempts", c.Attempts), zap.Stringp("last_error", c.LastError),
+			zap.Time("lease_until", c.LeaseUntil), zap.String("action", c.Action), zap.Bool("dry_run", dryRun))
+	}
+	if r.cfg.OnStale != nil {
+		for name, n := range perConsumer {
+			r.cfg.OnStale(name, n)
+		}
+	}
+	return rep, nil
+}
+
+var errDryRun = errors.New("inbox: dry run")
+
+func (r *Reconciler) act(ctx context.Context, tx pgx.Tx, c *StaleClaim) error {
+	if check := r.cfg.EffectChecks[c.Consumer]; check != nil {
+		found, err := check(ctx, tx, c.Consumer, c.Key)
+		if err != nil {
+			return fmt.Errorf("effect check of %s/%s: %w", c.Consumer, c.Key, err)
+		}
+		if found {
+			if _, err := tx.Exec(ctx, r.s.sql.reconcileComplete, c.Consumer, c.Key, c.Fence); err != nil {
+				return err
+			}
+			c.Action = ActionCompleted
+			return nil
+		}
+	}
+	status, action := RecordFailed, ActionReleased
+	if r.cfg.MaxAttempts > 0 && c.Attempts >= r.cfg.MaxAttempts {
+		status, action = RecordDead, ActionDead
+	}
+	owner := "<none>"
+	if c.Owner != nil {
+		owner = *c.Owner
+	}
+	msg := fmt.Sprintf("inbox: reconciler: claim %d of owner %s expired at %s", c.Fence, owner, c.LeaseUntil.UTC().Format(time.RFC3339))
+	if _, err := tx.Exec(ctx, r.s.sql.reconcileRelease, c.Consumer, c.Key, c.Fence, status, msg); err != nil {
+		return err
+	}
+	c.Action = action
+	return nil
+}
