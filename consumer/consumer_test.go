@@ -159,7 +159,7 @@ func TestConsumer_PermanentErrorDeadLettersOnce(t *testing.T) {
 	require.Len(t, dead, 1)
 	require.JSONEq(t, `{"id":"p1","amount":5}`, string(dead[0].Body))
 	require.Equal(t, "m-"+`{"id":"p1","amount":5}`, dead[0].MessageId)
-	require.Equal(t, "permanent: retry: permanent: card declined", dead[0].Headers[consumer.HeaderError])
+	require.Equal(t, "permanent: card declined", dead[0].Headers[consumer.HeaderError])
 	require.Equal(t, "order:p1", dead[0].Headers[consumer.HeaderIdempotencyKey])
 	require.Equal(t, b.queue, dead[0].Headers[consumer.HeaderOriginalQueue])
 	require.Equal(t, 1, consumer.HeaderInt(dead[0].Headers, consumer.HeaderAttempt))

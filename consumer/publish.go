@@ -8,6 +8,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/zap"
+
+	"github.com/inboxmq/inboxmq/retry"
 )
 
 // errNotConfirmed is returned when the broker nacks a publish.
@@ -97,7 +99,7 @@ func failureHeaders(h amqp.Table, queue, reason string, err error, now time.Time
 	}
 	msg := "unknown error"
 	if err != nil {
-		msg = err.Error()
+		msg = errorText(err)
 	}
 	if reason == "" {
 		reason = "error"
@@ -114,4 +116,28 @@ func failureHeaders(h amqp.Table, queue, reason string, err error, now time.Time
 	out[HeaderLastFailedAt] = ts
 	out[HeaderOriginalQueue] = queue
 	return out
+}
+
+// errorText is err's text without the taxonomy's own wrappers (the reason
+// already says "permanent" or "retry"), for the x-error header.
+func errorText(err error) string {
+	for {
+		switch e := err.(type) {
+		case *retry.PermanentError:
+			err = e.Err
+			continue
+		case *retry.RetryableError:
+			err = e.Err
+			continue
+		case interface {
+			RetryReason() string
+			Unwrap() error
+		}:
+			if inner := e.Unwrap(); inner != nil {
+				err = inner
+				continue
+			}
+		}
+		return err.Error()
+	}
 }
