@@ -21,6 +21,8 @@ type PanicError struct {
 	Stack []byte
 }
 
+// Error returns "middleware: panic: <value>" (the stack is in Stack, not in
+// the message, so dead letters' x-error headers stay short).
 func (e *PanicError) Error() string { return fmt.Sprintf("middleware: panic: %v", e.Value) }
 
 // Unwrap returns the panic value if it is an error, else nil.
