@@ -125,15 +125,17 @@ func (s *session) cancel(ch *amqp.Channel, tag string, deliveries <-chan amqp.De
 func (c *Consumer) work(r *route) {
 	defer c.workers.Done()
 	for {
-		if !r.sem.acquire(c.workersQuit) {
-			return
-		}
 		select {
 		case j := <-r.jobs:
+			// Take the slot only with a job in hand, so that idle workers
+			// hold none and a lowered limit applies at once.
+			if !r.sem.acquire(c.workersQuit) {
+				_ = j.raw.Nack(false, true)
+				return
+			}
 			c.process(r, &j)
 			r.sem.release()
 		case <-c.workersQuit:
-			r.sem.release()
 			return
 		}
 	}
