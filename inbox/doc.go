@@ -1,0 +1,84 @@
+// Package inbox is inboxmq's PostgreSQL inbox: one row per (consumer,
+// idempotency key), written in the same transaction as the business
+// writes, so that a duplicate delivery can never cause a duplicate effect.
+// It is the source of truth; the Redis lock and completed-cache in front of
+// it only save work.
+//
+// # Store
+//
+// [NewStore] wraps a *pgxpool.Pool on the primary (a replica is refused
+// with [ErrReplica]: replicas lag) holding the inbox table of package
+// migrations:
+//
+//	store, err := inbox.NewStore(ctx, pool, nil)
+//
+// # Transactional mode
+//
+// For effects inside PostgreSQL. [Handler] adapts a [TxHandlerFunc] into a
+// consumer.Handler: BEGIN; claim the key (INSERT … ON CONFLICT DO UPDATE …
+// WHERE status <> 'completed'); run the handler with the same pgx.Tx;
+// COMMIT. The consumer acks only after Handle returns nil, so after the
+// commit. A key that is already completed is a duplicate ([ErrDuplicate]),
+// and the same key with a different payload fingerprint is a permanent
+// [ErrKeyConflict]. A failed attempt rolls back and is recorded on the row
+// (attempts, last_error, last_failed_at).
+//
+//	consumer.Register(router, "payments", inbox.Handler(store,
+//		func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[Payment]) error {
+//			_, err := tx.Exec(ctx, `INSERT INTO payments …`, …)
+//			return err
+//		}, nil), nil)
+//
+// Round trips per delivery: BEGIN, the claim, the handler's own
+// statements, COMMIT (a duplicate adds one look-up; a failure one ROLLBACK
+// and one statement recording it). A redelivered delivery on a classic queue
+// first pays one statement for the crash-loop counter
+// (StoreConfig.CrashLimit).
+//
+// # Group commit
+//
+// The commit (fsync) is the bottleneck of one transaction per delivery.
+// With HandlerOpts.GroupCommit, deliveries handled concurrently are
+// collected into one transaction: their keys are claimed in one statement
+// in (consumer, key) order (two batches sharing keys never deadlock), each
+// handler runs inside its own SAVEPOINT (a failure rolls back only its
+// writes and is recorded on its row in the same transaction), and one
+// COMMIT makes them durable; then every caller gets its own result.
+// Per-message mode is the batch of one of the same code path, without
+// savepoints. Two deliveries of one key in a batch are run one after the
+// other, so the second meets the first's outcome.
+//
+// # Claim/lease mode
+//
+// For effects outside PostgreSQL (a payment gateway, an e-mail),
+// [ClaimHandler] claims the key in a short statement (status processing, an
+// owner token, a fence, a lease), keeps the lease alive with a heartbeat,
+// and hands the handler a [Claim]: pass Claim.Key downstream as the
+// Idempotency-Key, wrap outside calls in [Claim.Step] (recovery points a
+// retry skips), and commit the business writes with [Claim.Complete],
+// fenced on the owner token, so that a worker whose lease expired and was
+// taken over cannot commit over the new owner. A lost lease cancels the
+// handler's context with cause [ErrLeaseLost].
+//
+// # Reconciler
+//
+// A claim whose worker vanished stays processing until its lease ends. The
+// [Reconciler] finds such claims, reports them, and completes them when an
+// [EffectCheck] finds the effect, or releases them for retry (or marks them
+// dead after MaxAttempts). Operators read rows with [Store.Get] and
+// [Store.Stale].
+//
+// # Errors
+//
+// Database errors are mapped into package retry's taxonomy by [MapError]:
+// serialization failures, deadlocks and connection loss become retryable
+// with a reason (db_serialization, db_deadlock, db_connection…), and a
+// unique violation on a business table a duplicate (source
+// business_constraint).
+//
+// # Tracing
+//
+// The inbox starts child spans inbox.claim, inbox.handler and inbox.commit
+// of the caller's span, through the caller's TracerProvider; without a
+// span in the context they are no-ops.
+package inbox

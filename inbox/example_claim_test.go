@@ -1,0 +1,55 @@
+package inbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inbox"
+)
+
+func Example_claim() {
+	ctx := context.Background()
+	pool, cleanup := exampleDB(ctx, "claim")
+	defer cleanup()
+	store, err := inbox.NewStore(ctx, pool, nil)
+	if err != nil {
+		panic(err)
+	}
+
+	charges := 0
+	charge := func(_ context.Context, idempotencyKey string, cents int) (string, error) {
+		charges++ // the outside effect; the gateway dedupes on idempotencyKey
+		return "ch_" + idempotencyKey, nil
+	}
+	h := inbox.ClaimHandler(store, func(ctx context.Context, c *inbox.Claim, msg *consumer.Message[Payment]) error {
+		// A recovery point: a retry after a crash past this line skips the
+		// call and gets the recorded result.
+		res, err := c.Step(ctx, "charge", func(ctx context.Context) (any, error) {
+			return charge(ctx, c.Key, msg.Body.Cents)
+		})
+		if err != nil {
+			return err
+		}
+		fmt.Println("charged:", string(res))
+		// The business writes and the fenced completion, in one transaction.
+		return c.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `INSERT INTO payments (order_id, cents) VALUES ($1, $2)`, msg.Body.OrderID, msg.Body.Cents)
+			return err
+		})
+	}, nil)
+
+	p := Payment{OrderID: "7", Cents: 500}
+	fmt.Println("first delivery:", h.Handle(ctx, exampleMsg("charges", p)))
+	err = h.Handle(ctx, exampleMsg("charges", p))
+	fmt.Println("redelivery is a duplicate:", errors.Is(err, inbox.ErrDuplicate))
+	fmt.Println("gateway calls:", charges)
+	// Output:
+	// charged: "ch_payment:7"
+	// first delivery: <nil>
+	// redelivery is a duplicate: true
+	// gateway calls: 1
+}
