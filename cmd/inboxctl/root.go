@@ -15,6 +15,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/spf13/cobra"
+
+	"github.com/inboxmq/inboxmq/control"
 )
 
 // Exit codes.
@@ -67,7 +69,7 @@ func run(ctx context.Context, args []string, out, errOut io.Writer, getenv func(
 	switch {
 	case errors.As(err, &nf):
 		return exitNotFound
-	case errors.As(err, &ue), isCobraUsage(err):
+	case errors.As(err, &ue), errors.Is(err, control.ErrInvalid), isCobraUsage(err):
 		return exitUsage
 	default:
 		return exitFailure
@@ -77,7 +79,7 @@ func run(ctx context.Context, args []string, out, errOut io.Writer, getenv func(
 // isCobraUsage recognises cobra's own argument and flag errors.
 func isCobraUsage(err error) bool {
 	s := err.Error()
-	for _, p := range []string{"unknown command", "unknown flag", "unknown shorthand flag", "accepts ", "requires at least", "invalid argument", "flag needs an argument", "required flag"} {
+	for _, p := range []string{"unknown command", "unknown flag", "unknown shorthand flag", "accepts ", "requires at least", "invalid argument \"", "flag needs an argument", "required flag"} {
 		if strings.Contains(s, p) {
 			return true
 		}
