@@ -406,3 +406,20 @@ func (c *countingDB) Query(context.Context, string, ...any) (pgx.Rows, error) {
 	c.calls++
 	return nil, errors.New("unavailable")
 }
+
+func BenchmarkMetrics_Delivery(b *testing.B) {
+	m, err := metrics.New(prometheus.NewRegistry(), nil)
+	require.NoError(b, err)
+	m.Init("payments", "payments-svc")
+	d := delivery("payments", "payments-svc", false)
+	o := consumer.Outcome{Decision: retry.Classify(nil), Action: consumer.ActionAcked, Duration: 3 * time.Millisecond}
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			m.OnTransition(d, consumer.StatusReceived, nil)
+			m.OnTransition(d, consumer.StatusProcessing, nil)
+			m.OnTransition(d, consumer.StatusCompleted, nil)
+			m.OnOutcome(d, o)
+		}
+	})
+}
