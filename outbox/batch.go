@@ -58,7 +58,7 @@ WHERE id = $1`
 // The batch runs on a context detached from ctx's cancellation, so a
 // stopping relay finishes it (bounded by PublishTimeout) instead of leaving
 // confirmed rows unmarked.
-func (r *Relay) relayBatch(ctx context.Context) (int, error) {
+func (r *Relay) relayBatch(ctx context.Context, l *lane) (int, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.PublishTimeout)
 	defer cancel()
 	start := time.Now()
@@ -89,7 +89,7 @@ func (r *Relay) relayBatch(ctx context.Context) (int, error) {
 		return 0, tx.Commit(ctx)
 	}
 
-	res := r.publish(ctx, batch)
+	res := r.publish(ctx, l, batch)
 
 	if r.hooks.afterConfirm != nil && len(res.sent) > 0 {
 		ids := make([]string, 0, len(res.sent))
@@ -166,7 +166,7 @@ type publishResult struct {
 
 // publish sends every row of batch on the confirm channel, then waits for
 // all the confirms.
-func (r *Relay) publish(ctx context.Context, batch []pendingRow) publishResult {
+func (r *Relay) publish(ctx context.Context, l *lane, batch []pendingRow) publishResult {
 	var res publishResult
 	confirms := make([]*amqp.DeferredConfirmation, 0, len(batch))
 	for _, p := range batch {
@@ -176,7 +176,7 @@ func (r *Relay) publish(ctx context.Context, batch []pendingRow) publishResult {
 			confirms = append(confirms, nil)
 			continue
 		}
-		dc, err := r.ch.PublishWithDeferredConfirmWithContext(ctx, p.exchange, p.routingKey, !r.cfg.AllowUnroutable, false, amqp.Publishing{
+		dc, err := l.ch.PublishWithDeferredConfirmWithContext(ctx, p.exchange, p.routingKey, !r.cfg.AllowUnroutable, false, amqp.Publishing{
 			Headers:      headers,
 			ContentType:  p.contentType,
 			DeliveryMode: amqp.Persistent,
@@ -212,7 +212,7 @@ func (r *Relay) publish(ctx context.Context, batch []pendingRow) publishResult {
 	}
 	// A closed channel nacks every pending confirm: that is "no answer",
 	// not a broker nack.
-	closed := r.ch.IsClosed()
+	closed := l.ch.IsClosed()
 	if closed && res.err == nil {
 		res.err = amqp.ErrClosed
 	}
@@ -223,7 +223,7 @@ func (r *Relay) publish(ctx context.Context, batch []pendingRow) publishResult {
 	returned := map[string]string{}
 	for drained := false; !drained; {
 		select {
-		case ret, ok := <-r.returns:
+		case ret, ok := <-l.returns:
 			if !ok {
 				drained = true
 				break

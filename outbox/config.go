@@ -18,13 +18,20 @@ type RelayConfig struct {
 	// is never logged with its password.
 	URL string
 	// ConnectionName is the connection_name client property, shown in the
-	// broker's management UI and rabbitmqctl. Defaults to
+	// broker's management UI and rabbitmqctl, suffixed " #<lane>" per
+	// connection (see Concurrency). Defaults to
 	// "inboxmq-outbox-relay".
 	ConnectionName string
 
 	// BatchSize is how many rows one claim takes (and publishes in one
 	// pipelined burst before waiting for the confirms). Defaults to 100.
 	BatchSize int
+	// Concurrency is how many batches one relay has in flight at once, each
+	// with its own transaction, AMQP connection and confirm channel, so one
+	// batch is published while another commits. Ordering (Ordered) holds
+	// across them as it does across relays. Each lane holds one connection
+	// of the pool while its batch is in flight. Defaults to 2.
+	Concurrency int
 	// PollInterval is the fallback wake-up when no NOTIFY arrives (and the
 	// time after which rows that backed off are picked up). Defaults to 1s.
 	PollInterval time.Duration
@@ -99,6 +106,9 @@ func (c *RelayConfig) withDefaults() RelayConfig {
 	if out.BatchSize == 0 {
 		out.BatchSize = 100
 	}
+	if out.Concurrency == 0 {
+		out.Concurrency = 2
+	}
 	def(&out.PollInterval, time.Second)
 	def(&out.PublishTimeout, 30*time.Second)
 	def(&out.RetryMinDelay, time.Second)
@@ -129,6 +139,9 @@ func (c *RelayConfig) validate() error {
 	}
 	if c.BatchSize < 1 {
 		errs = append(errs, fmt.Errorf("outbox: RelayConfig.BatchSize must be positive, got %d", c.BatchSize))
+	}
+	if c.Concurrency < 1 {
+		errs = append(errs, fmt.Errorf("outbox: RelayConfig.Concurrency must be positive, got %d", c.Concurrency))
 	}
 	if c.RetentionBatchSize < 1 {
 		errs = append(errs, fmt.Errorf("outbox: RelayConfig.RetentionBatchSize must be positive, got %d", c.RetentionBatchSize))

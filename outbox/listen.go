@@ -12,10 +12,10 @@ import (
 // NotifyChannel and wakes the relay loop for notifications about its own
 // schema. Notifications are only hints: the loop also polls, so a lost
 // LISTEN connection delays rows by at most PollInterval.
-func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
+func (r *Relay) listen(ctx context.Context, wakes []chan struct{}) {
 	bo := r.newBackOff()
 	for ctx.Err() == nil {
-		err := r.listenOnce(ctx, wake, bo.Reset)
+		err := r.listenOnce(ctx, wakes, bo.Reset)
 		if ctx.Err() != nil {
 			return
 		}
@@ -25,7 +25,7 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
 	}
 }
 
-func (r *Relay) listenOnce(ctx context.Context, wake chan<- struct{}, connected func()) error {
+func (r *Relay) listenOnce(ctx context.Context, wakes []chan struct{}, connected func()) error {
 	conn, err := pgx.ConnectConfig(ctx, r.pool.Config().ConnConfig.Copy())
 	if err != nil {
 		return fmt.Errorf("outbox: listen connect: %w", err)
@@ -42,15 +42,22 @@ func (r *Relay) listenOnce(ctx context.Context, wake chan<- struct{}, connected 
 	if r.hooks.listening != nil {
 		r.hooks.listening()
 	}
-	notify(wake) // rows may have been enqueued while nobody listened
+	notifyAll(wakes) // rows may have been enqueued while nobody listened
 	for {
 		n, err := conn.WaitForNotification(ctx)
 		if err != nil {
 			return fmt.Errorf("outbox: listen: %w", err)
 		}
 		if n.Payload == schema {
-			notify(wake)
+			notifyAll(wakes)
 		}
+	}
+}
+
+// notifyAll wakes every lane.
+func notifyAll(wakes []chan struct{}) {
+	for _, w := range wakes {
+		notify(w)
 	}
 }
 

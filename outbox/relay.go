@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,11 +33,6 @@ type Relay struct {
 	hooks   testHooks
 
 	running atomic.Bool
-
-	// Broker state, owned by the Run goroutine.
-	conn    *amqp.Connection
-	ch      *amqp.Channel
-	returns chan amqp.Return
 
 	mu      sync.Mutex
 	cancel  context.CancelFunc
@@ -85,50 +81,83 @@ func NewRelay(pool *pgxpool.Pool, cfg *RelayConfig) (*Relay, error) {
 // Run relays until ctx is done, then returns nil. It keeps going through
 // broker and database outages (rows wait in the table and go out after the
 // reconnect), so it returns an error only if it is already running. The
-// batch in flight when ctx ends is finished, bounded by PublishTimeout.
+// batches in flight when ctx ends are finished, bounded by PublishTimeout.
 func (r *Relay) Run(ctx context.Context) error {
 	if !r.running.CompareAndSwap(false, true) {
 		return ErrRelayRunning
 	}
 	defer r.running.Store(false)
-	defer r.closeBroker()
 
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	wake := make(chan struct{}, 1)
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	lanes := make([]*lane, r.cfg.Concurrency)
+	wakes := make([]chan struct{}, len(lanes))
+	for i := range lanes {
+		lanes[i] = &lane{index: i, wake: make(chan struct{}, 1)}
+		wakes[i] = lanes[i].wake
+	}
+	r.log.Info("outbox relay starting", zap.String("url", redactURL(r.cfg.URL)),
+		zap.Bool("ordered", r.cfg.Ordered), zap.Int("concurrency", r.cfg.Concurrency))
 	var wg sync.WaitGroup
-	wg.Go(func() { r.listen(ctx, wake) })
+	wg.Go(func() { r.listen(ctx, wakes) })
 	if r.cfg.Retention > 0 {
 		wg.Go(func() { r.retain(ctx) })
 	}
-	defer wg.Wait()
-	defer cancel()
+	for _, l := range lanes {
+		wg.Go(func() {
+			defer l.closeBroker()
+			if err := r.runLane(ctx, l); err != nil {
+				cancel(err)
+			}
+		})
+	}
+	wg.Wait()
+	r.log.Info("outbox relay stopped")
+	var killed *killedError
+	if err := context.Cause(ctx); errors.As(err, &killed) {
+		return killed.err
+	}
+	return nil
+}
 
-	r.log.Info("outbox relay starting", zap.String("url", redactURL(r.cfg.URL)), zap.Bool("ordered", r.cfg.Ordered))
+// lane is one batch loop with its own broker connection and confirm
+// channel; a relay runs Concurrency lanes, so one lane publishes while
+// another commits. Lanes claim with SKIP LOCKED, like separate relays.
+type lane struct {
+	index   int
+	wake    chan struct{}
+	conn    *amqp.Connection
+	ch      *amqp.Channel
+	returns chan amqp.Return
+}
+
+// runLane relays batches until ctx is done. It returns only a test hook's
+// kill.
+func (r *Relay) runLane(ctx context.Context, l *lane) error {
 	bo := r.newBackOff()
 	var lastStats time.Time
 	for ctx.Err() == nil {
-		if time.Since(lastStats) >= r.cfg.StatsInterval {
+		if l.index == 0 && time.Since(lastStats) >= r.cfg.StatsInterval {
 			lastStats = time.Now()
 			r.refreshStats(ctx)
 		}
-		if r.ch == nil {
-			if err := r.connect(ctx); err != nil {
+		if l.ch == nil {
+			if err := r.connect(ctx, l); err != nil {
 				d := bo.NextBackOff()
 				r.log.Warn("outbox relay: broker connect failed", zap.Error(err), zap.Duration("retry_in", d))
 				sleep(ctx, d)
 				continue
 			}
 		}
-		n, err := r.relayBatch(ctx)
+		n, err := r.relayBatch(ctx, l)
 		var killed *killedError
 		if errors.As(err, &killed) {
-			return killed.err
+			return killed
 		}
 		if err != nil {
 			var be *brokerError
 			if errors.As(err, &be) {
-				r.closeBroker()
+				l.closeBroker()
 			}
 			d := bo.NextBackOff()
 			r.log.Warn("outbox relay: batch failed", zap.Error(err), zap.Int("rows", n), zap.Duration("retry_in", d))
@@ -142,12 +171,11 @@ func (r *Relay) Run(ctx context.Context) error {
 		t := time.NewTimer(r.cfg.PollInterval)
 		select {
 		case <-ctx.Done():
-		case <-wake:
+		case <-l.wake:
 		case <-t.C:
 		}
 		t.Stop()
 	}
-	r.log.Info("outbox relay stopped")
 	return nil
 }
 
@@ -233,9 +261,9 @@ type killedError struct{ err error }
 func (e *killedError) Error() string { return e.err.Error() }
 func (e *killedError) Unwrap() error { return e.err }
 
-func (r *Relay) connect(ctx context.Context) error {
+func (r *Relay) connect(ctx context.Context, l *lane) error {
 	conn, err := amqp.DialConfig(r.cfg.URL, amqp.Config{
-		Properties: amqp.Table{"connection_name": r.cfg.ConnectionName},
+		Properties: amqp.Table{"connection_name": r.cfg.ConnectionName + " #" + strconv.Itoa(l.index)},
 		Heartbeat:  10 * time.Second,
 		Dial:       amqp.DefaultDial(10 * time.Second),
 	})
@@ -250,15 +278,15 @@ func (r *Relay) connect(ctx context.Context) error {
 		_ = conn.Close()
 		return fmt.Errorf("outbox: open confirm channel: %w", err)
 	}
-	r.conn, r.ch = conn, ch
-	r.returns = ch.NotifyReturn(make(chan amqp.Return, r.cfg.BatchSize))
-	r.log.Info("outbox relay connected", zap.String("url", redactURL(r.cfg.URL)))
+	l.conn, l.ch = conn, ch
+	l.returns = ch.NotifyReturn(make(chan amqp.Return, r.cfg.BatchSize))
+	r.log.Info("outbox relay connected", zap.String("url", redactURL(r.cfg.URL)), zap.Int("lane", l.index))
 	return ctx.Err()
 }
 
-func (r *Relay) closeBroker() {
-	if r.conn != nil {
-		_ = r.conn.Close()
+func (l *lane) closeBroker() {
+	if l.conn != nil {
+		_ = l.conn.Close()
 	}
-	r.conn, r.ch, r.returns = nil, nil, nil
+	l.conn, l.ch, l.returns = nil, nil, nil
 }
