@@ -23,6 +23,9 @@ type config struct {
 	LockTTL     time.Duration
 	Concurrency int
 	MetricsAddr string
+	// EventsExchange receives a payment.completed event per new payment,
+	// through the transactional outbox (PAYMENT_EVENTS_EXCHANGE).
+	EventsExchange string
 }
 
 // Defaults, as documented in the README.
@@ -34,6 +37,7 @@ const (
 	defaultLockTTL     = 30 * time.Second
 	defaultConcurrency = 8
 	defaultMetricsAddr = "127.0.0.1:9464"
+	defaultEvents      = "payments.events"
 )
 
 // configFromEnv reads the configuration from the environment (getenv is
@@ -48,6 +52,8 @@ func configFromEnv(getenv func(string) string) (config, error) {
 		LockTTL:     defaultLockTTL,
 		Concurrency: defaultConcurrency,
 		MetricsAddr: cmp.Or(getenv("METRICS_ADDR"), defaultMetricsAddr),
+
+		EventsExchange: cmp.Or(getenv("PAYMENT_EVENTS_EXCHANGE"), defaultEvents),
 	}
 	if v := getenv("LOCK_TTL"); v != "" {
 		d, err := time.ParseDuration(v)
@@ -69,6 +75,9 @@ func configFromEnv(getenv func(string) string) (config, error) {
 func (c config) validate() error {
 	if !consumer.ValidName(c.Queue) {
 		return fmt.Errorf("PAYMENT_QUEUE %q: want 1–200 letters, digits or . _ : -", c.Queue)
+	}
+	if !consumer.ValidName(c.EventsExchange) {
+		return fmt.Errorf("PAYMENT_EVENTS_EXCHANGE %q: want 1–200 letters, digits or . _ : -", c.EventsExchange)
 	}
 	if c.GatewayURL != "" {
 		u, err := url.Parse(c.GatewayURL)

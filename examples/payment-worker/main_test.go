@@ -79,6 +79,7 @@ func workerBinary(t *testing.T) string {
 type testBundle struct {
 	pool   *pgxpool.Pool
 	queue  string
+	events string
 	conn   *amqp.Connection
 	pub    *amqptest.Publisher
 	env    []string
@@ -90,7 +91,15 @@ func setup(t *testing.T, extraEnv ...string) *testBundle {
 	pool, schema := pgtest.Schema(t)
 	queue := amqptest.QueueName(t)
 	conn := amqptest.Dial(t)
+	events := queue + ".events"
+	t.Cleanup(func() {
+		if ch, err := conn.Channel(); err == nil {
+			_ = ch.ExchangeDelete(events, false, false)
+			_ = ch.Close()
+		}
+	})
 	env := append(os.Environ(),
+		"PAYMENT_EVENTS_EXCHANGE="+events,
 		"DATABASE_URL="+pgtest.URL(schema),
 		"AMQP_URL="+testenv.AMQPURL(),
 		"REDIS_URL="+testenv.RedisURL(),
@@ -100,6 +109,7 @@ func setup(t *testing.T, extraEnv ...string) *testBundle {
 	return &testBundle{
 		pool:   pool,
 		queue:  queue,
+		events: events,
 		conn:   conn,
 		pub:    amqptest.NewPublisher(t, conn),
 		env:    append(env, extraEnv...),
@@ -173,6 +183,21 @@ func (w *worker) metricSum(t *testing.T, suffix string) float64 {
 	return v
 }
 
+// subscribe binds a private queue to the worker's events exchange (which
+// the worker has declared) and returns its deliveries.
+func (b *testBundle) subscribe(t *testing.T) <-chan amqp.Delivery {
+	t.Helper()
+	ch, err := b.conn.Channel()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ch.Close() })
+	q, err := ch.QueueDeclare("", false, true, true, false, nil)
+	require.NoError(t, err)
+	require.NoError(t, ch.QueueBind(q.Name, eventRoutingKey, b.events, false, nil))
+	deliveries, err := ch.Consume(q.Name, "", true, true, false, false, nil)
+	require.NoError(t, err)
+	return deliveries
+}
+
 func (b *testBundle) migrate(t *testing.T) {
 	t.Helper()
 	cmd := exec.Command(b.binary, "migrate")
@@ -223,6 +248,7 @@ func TestWorkerEndToEnd(t *testing.T) {
 	b.migrate(t)
 	b.migrate(t) // safe to run twice
 	w := b.start(t)
+	events := b.subscribe(t)
 
 	// Every contract metric is exported before the first delivery.
 	m := w.metrics(t)
@@ -262,6 +288,24 @@ func TestWorkerEndToEnd(t *testing.T) {
 		require.NotEmpty(t, reason)
 	}
 	require.Equal(t, 0, amqptest.Depth(t, b.conn, b.queue))
+
+	// One payment.completed event per order went out through the outbox
+	// (a relay crash could repeat one, always under the same message id).
+	seen := map[string]bool{}
+	testenv.WaitFor(t, "one payment.completed event per order", func() bool {
+		for {
+			select {
+			case d := <-events:
+				var ev completedEvent
+				require.NoError(t, json.Unmarshal(d.Body, &ev))
+				require.True(t, strings.HasPrefix(ev.OrderID, "e2e-"), "event for %s", ev.OrderID)
+				require.Equal(t, "payment:"+ev.OrderID, d.Headers[consumer.HeaderIdempotencyKey])
+				seen[d.MessageId] = true
+			default:
+				return len(seen) == orders
+			}
+		}
+	})
 
 	w.stop(t)
 	require.Contains(t, w.stderr.String(), `"idempotency_key":"payment:e2e-000"`, "JSON logs carry the idempotency key")

@@ -83,6 +83,7 @@ func TestConfigFromEnv(t *testing.T) {
 	require.Equal(t, config{
 		AMQPURL: defaultAMQPURL, DatabaseURL: defaultDatabaseURL, RedisURL: defaultRedisURL,
 		Queue: defaultQueue, LockTTL: 30 * time.Second, Concurrency: 8, MetricsAddr: defaultMetricsAddr,
+		EventsExchange: defaultEvents,
 	}, c)
 
 	c, err = configFromEnv(env("LOCK_TTL", "2s", "WORKER_CONCURRENCY", "3", "PAYMENT_QUEUE", "q.1", "GATEWAY_URL", "http://127.0.0.1:1"))

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
@@ -18,6 +20,7 @@ import (
 	"github.com/inboxmq/inboxmq/metrics"
 	"github.com/inboxmq/inboxmq/middleware"
 	"github.com/inboxmq/inboxmq/observe"
+	"github.com/inboxmq/inboxmq/outbox"
 )
 
 // stopTimeout bounds the graceful stop: the contract promises exit within
@@ -31,7 +34,10 @@ var gatewayReasons = []string{reasonGateway5xx, reasonGateway4xx, reasonGatewayT
 // run wires the worker and consumes until ctx ends (SIGINT or SIGTERM), then
 // stops: no new deliveries, in-flight ones finish or are requeued un-acked.
 func run(ctx context.Context, cfg config) error {
-	logger, err := zap.NewProduction() // JSON on stderr
+	// JSON on stderr, unsampled: every transition of every delivery is logged.
+	zcfg := zap.NewProductionConfig()
+	zcfg.Sampling = nil
+	logger, err := zcfg.Build()
 	if err != nil {
 		return fmt.Errorf("logger: %w", err)
 	}
@@ -100,6 +106,30 @@ func run(ctx context.Context, cfg config) error {
 		_ = srv.Shutdown(sctx)
 	}()
 
+	if err := declareEvents(cfg); err != nil {
+		return err
+	}
+	relay, err := outbox.NewRelay(pool, &outbox.RelayConfig{
+		URL:             cfg.AMQPURL,
+		ConnectionName:  "payment-worker-outbox",
+		AllowUnroutable: true, // an event nobody subscribed to is dropped, not retried forever
+		Logger:          logger,
+		Registerer:      reg,
+	})
+	if err != nil {
+		return err
+	}
+	// The relay outlives ctx: it is stopped after the consumer, so the
+	// events of the last commits still go out.
+	if err := relay.Start(context.WithoutCancel(ctx)); err != nil {
+		return err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = relay.Stop(sctx)
+	}()
+
 	if err := c.Start(ctx); err != nil {
 		return err
 	}
@@ -156,10 +186,10 @@ func newRouter(store *inbox.Store, rdb redis.UniversalClient, m *metrics.Metrics
 
 	var h consumer.Handler[Payment]
 	if cfg.GatewayURL == "" {
-		h = inbox.Handler(store, recordPayment, nil)
+		h = inbox.Handler(store, recordPayment(cfg.EventsExchange), nil)
 	} else {
 		gw := &Gateway{BaseURL: cfg.GatewayURL}
-		h = inbox.ClaimHandler(store, chargeAndRecord(gw), nil)
+		h = inbox.ClaimHandler(store, chargeAndRecord(gw, cfg.EventsExchange), nil)
 	}
 	if err := consumer.RegisterSafely(router, cfg.Queue, h, opts); err != nil {
 		return nil, err
@@ -167,18 +197,20 @@ func newRouter(store *inbox.Store, rdb redis.UniversalClient, m *metrics.Metrics
 	return router, nil
 }
 
-// recordPayment is the transactional handler: the payment and its ledger
-// entry are written in the transaction that records the inbox row, so they
-// commit together or not at all.
-func recordPayment(ctx context.Context, tx pgx.Tx, msg *consumer.Message[Payment]) error {
-	return writePayment(ctx, tx, msg.Body)
+// recordPayment is the transactional handler: the payment, its ledger
+// entry and its payment.completed event are written in the transaction that
+// records the inbox row, so they commit together or not at all.
+func recordPayment(events string) inbox.TxHandlerFunc[Payment] {
+	return func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[Payment]) error {
+		return writePayment(ctx, tx, events, msg.Body)
+	}
 }
 
 // chargeAndRecord is the claim-mode handler: the charge happens outside
 // PostgreSQL, so the key is claimed first, the gateway is called with the
 // claim's key, and the completion commits the business writes only if the
 // claim still holds.
-func chargeAndRecord(gw *Gateway) inbox.ClaimFunc[Payment] {
+func chargeAndRecord(gw *Gateway, events string) inbox.ClaimFunc[Payment] {
 	return func(ctx context.Context, claim *inbox.Claim, msg *consumer.Message[Payment]) error {
 		// A recorded step is skipped on a later attempt: a crash between the
 		// charge and the completion does not even repeat the call (and if
@@ -189,12 +221,23 @@ func chargeAndRecord(gw *Gateway) inbox.ClaimFunc[Payment] {
 			return err
 		}
 		return claim.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error {
-			return writePayment(ctx, tx, msg.Body)
+			return writePayment(ctx, tx, events, msg.Body)
 		})
 	}
 }
 
-func writePayment(ctx context.Context, tx pgx.Tx, p Payment) error {
+// completedEvent is the body of a payment.completed event.
+type completedEvent struct {
+	OrderID     string `json:"order_id"`
+	AmountCents int64  `json:"amount_cents"`
+	Currency    string `json:"currency"`
+	Status      string `json:"status"`
+}
+
+// eventRoutingKey is the routing key of the events on the events exchange.
+const eventRoutingKey = "payment.completed"
+
+func writePayment(ctx context.Context, tx pgx.Tx, events string, p Payment) error {
 	if _, err := tx.Exec(ctx,
 		`INSERT INTO payments (order_id, amount_cents, currency) VALUES ($1, $2, $3)`,
 		p.OrderID, p.AmountCents, p.Currency); err != nil {
@@ -204,6 +247,37 @@ func writePayment(ctx context.Context, tx pgx.Tx, p Payment) error {
 		`INSERT INTO ledger_entries (order_id, amount_cents) VALUES ($1, $2)`,
 		p.OrderID, p.AmountCents); err != nil {
 		return fmt.Errorf("insert ledger entry %s: %w", p.OrderID, err)
+	}
+	body, err := json.Marshal(completedEvent{OrderID: p.OrderID, AmountCents: p.AmountCents, Currency: p.Currency, Status: "completed"})
+	if err != nil {
+		return fmt.Errorf("encode event %s: %w", p.OrderID, err)
+	}
+	// The message id derives from the key: a re-run enqueues nothing new,
+	// and a relay crash between publish and mark only repeats the same id.
+	return outbox.Enqueue(ctx, tx, outbox.Message{
+		Exchange:       events,
+		RoutingKey:     eventRoutingKey,
+		IdempotencyKey: p.IdempotencyKey(),
+		ContentType:    "application/json",
+		Body:           body,
+	})
+}
+
+// declareEvents declares the durable topic exchange the payment.completed
+// events go to; subscribers bind their own queues to it.
+func declareEvents(cfg config) error {
+	conn, err := amqp.Dial(cfg.AMQPURL)
+	if err != nil {
+		return fmt.Errorf("connect %s: %w", redactURL(cfg.AMQPURL), err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("events exchange: %w", err)
+	}
+	defer ch.Close()
+	if err := ch.ExchangeDeclare(cfg.EventsExchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
+		return fmt.Errorf("declare events exchange %s: %w", cfg.EventsExchange, err)
 	}
 	return nil
 }
