@@ -53,8 +53,13 @@
 //
 // # Observability
 //
-// [NewLogObserver] writes one structured zap line per delivery transition;
-// the package's metrics and tracing observers report the same events to
-// Prometheus and OpenTelemetry. Lock starts a "lock.acquire" span under the
-// span in the context.
+// [NewLogObserver] is a consumer observer that writes one structured zap
+// line per delivery transition (success lines sampled, failures never).
+// [Tracing] starts one consumer span per delivery as a child of the trace
+// context in the AMQP headers ([InjectHeaders] writes it on the publishing
+// side), and [Metrics] times the chain into the metrics package's
+// handler_duration_seconds with trace-id exemplars; the per-delivery
+// counters come from metrics.Metrics as an observer. Lock starts a
+// "lock.acquire" span under the span in the context. Recommended order:
+// Recover, Tracing, Metrics, then the rest.
 package middleware
