@@ -420,3 +420,28 @@ func TestConsumer_ConnectionLostAfterRetryPublishBeforeAck(t *testing.T) {
 	b.stop(t, c)
 	require.GreaterOrEqual(t, calls.Load(), int32(2))
 }
+
+func TestConsumer_InProcessRetryAbsorbsBlips(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var calls atomic.Int32
+	r := consumer.NewRouter()
+	opts := fastOpts()
+	opts.InProcess = retry.InProcess{Tries: 2, InitialInterval: time.Millisecond, MaxInterval: 5 * time.Millisecond}
+	consumer.Register(r, b.queue, consumer.HandlerFunc[order](func(_ context.Context, m *consumer.Message[order]) error {
+		if calls.Add(1) < 3 {
+			return errors.New("serialization failure")
+		}
+		require.Equal(t, 1, m.Attempt, "in-process tries are one broker attempt")
+		return nil
+	}), opts)
+	c := b.start(t, r, nil)
+	b.publish(t, b.queue, `{"id":"blip"}`)
+	o := b.rec.next(t)
+	require.Equal(t, consumer.ActionAcked, o.Outcome.Action)
+	require.Equal(t, 2, o.Outcome.InProcessRetries)
+	require.Equal(t, int32(2), b.rec.inProc.Load())
+	require.Equal(t, int32(3), calls.Load())
+	b.stop(t, c)
+	require.Equal(t, 0, amqptest.Depth(t, b.conn, consumer.RetryQueueName(b.queue, 100*time.Millisecond)))
+}

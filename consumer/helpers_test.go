@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -43,7 +44,10 @@ type recorder struct {
 	consumer.NopObserver
 	outcomes chan outcomeRec
 	states   chan consumer.ConnState
+	inProc   atomic.Int32
 }
+
+func (r *recorder) OnInProcessRetry(*consumer.Delivery, retry.Decision, time.Duration) { r.inProc.Add(1) }
 
 func newRecorder() *recorder {
 	return &recorder{outcomes: make(chan outcomeRec, 1024), states: make(chan consumer.ConnState, 64)}

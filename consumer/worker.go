@@ -147,14 +147,36 @@ func (c *Consumer) process(r *route, j *job) {
 	d := NewDelivery(r.Queue, opts.Consumer, c.cfg.Name, &j.raw, c.cfg.Observers...)
 	d.Transition(StatusReceived, nil)
 	ctx := c.baseCtx
-	tries := 0
+	tries := 1
+	err := c.call(ctx, r.Handler, d)
+	if err != nil && inProcessTries(opts.InProcess) > 0 {
+		if dec := retry.Classify(err, opts.Rules...); dec.Kind == retry.KindRetry && dec.Delay == 0 && ctx.Err() == nil {
+			// A blip: retry in process. The fast path above keeps the
+			// backoff machinery off the path of deliveries that succeed;
+			// Do's first "call" replays the error we already have.
+			err = c.retryInProcess(ctx, r, d, err, &tries)
+		}
+	}
+	dec := decide(ctx, err, opts.Rules)
+	c.settle(r, j, d, dec, max(tries-1, 0))
+}
+
+// retryInProcess runs opts.InProcess.Do after a first failed call (first),
+// reporting OnInProcessRetry before each pause.
+func (c *Consumer) retryInProcess(ctx context.Context, r *route, d *Delivery, first error, tries *int) error {
+	opts := &r.Opts
 	maxTries := inProcessTries(opts.InProcess)
-	err := opts.InProcess.Do(ctx, func(ctx context.Context) error {
-		tries++
-		err := c.call(ctx, r.Handler, d)
-		if err != nil && tries <= maxTries && len(c.cfg.Observers) > 0 && ctx.Err() == nil {
+	calls := 0
+	return opts.InProcess.Do(ctx, func(ctx context.Context) error {
+		calls++
+		err := first
+		if calls > 1 {
+			*tries++
+			err = c.call(ctx, r.Handler, d)
+		}
+		if err != nil && calls <= maxTries && ctx.Err() == nil {
 			if dec := retry.Classify(err, opts.Rules...); dec.Kind == retry.KindRetry && dec.Delay == 0 {
-				delay := nominalInProcessDelay(opts.InProcess, tries)
+				delay := nominalInProcessDelay(opts.InProcess, calls)
 				for _, o := range c.cfg.Observers {
 					o.OnInProcessRetry(d, dec, delay)
 				}
@@ -162,8 +184,6 @@ func (c *Consumer) process(r *route, j *job) {
 		}
 		return err
 	}, opts.Rules...)
-	dec := decide(ctx, err, opts.Rules)
-	c.settle(r, j, d, dec, max(tries-1, 0))
 }
 
 // call runs the handler with a last-guard recover: a panic becomes an error
