@@ -16,7 +16,9 @@ type actionObserver struct {
 	actions chan consumer.Action
 }
 
-func (o actionObserver) OnOutcome(_ *consumer.Delivery, out consumer.Outcome) { o.actions <- out.Action }
+func (o actionObserver) OnOutcome(_ *consumer.Delivery, out consumer.Outcome) {
+	o.actions <- out.Action
+}
 
 // A permanent error dead-letters the message at once: a confirmed copy goes
 // to "<queue>.dlq" with the reason in x-error, then the original is acked.

@@ -47,7 +47,9 @@ type recorder struct {
 	inProc   atomic.Int32
 }
 
-func (r *recorder) OnInProcessRetry(*consumer.Delivery, retry.Decision, time.Duration) { r.inProc.Add(1) }
+func (r *recorder) OnInProcessRetry(*consumer.Delivery, retry.Decision, time.Duration) {
+	r.inProc.Add(1)
+}
 
 func newRecorder() *recorder {
 	return &recorder{outcomes: make(chan outcomeRec, 1024), states: make(chan consumer.ConnState, 64)}
