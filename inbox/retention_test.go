@@ -204,3 +204,16 @@ func TestNewRetention_RefusesWindowShorterThanHorizon(t *testing.T) {
 	})
 	require.ErrorIs(t, err, inbox.ErrWindowTooShort)
 }
+
+// The dedup window must cover every way a copy can come back: broker
+// retries and the time operators take to replay the DLQ.
+func ExampleCheckWindow() {
+	horizon := inbox.RedeliveryHorizon(10*time.Minute, 5, 72*time.Hour) // 5 retries ≤ 10m, replay within 3 days
+	fmt.Println(horizon)
+	fmt.Println(inbox.CheckWindow(inbox.DefaultRetentionWindow, horizon))
+	fmt.Println(inbox.CheckWindow(24*time.Hour, horizon))
+	// Output:
+	// 72h50m0s
+	// <nil>
+	// inbox: retention window shorter than the redelivery horizon: window 24h0m0s < horizon 72h50m0s (max retry delay × attempts + DLQ replay window)
+}
