@@ -405,7 +405,7 @@ func (c *Consumer) dial(ctx context.Context) (*amqp.Connection, error) {
 	timeout := c.cfg.DialTimeout
 	conn, err := amqp.DialConfig(c.cfg.URL, amqp.Config{
 		Heartbeat:       c.cfg.Heartbeat,
-		TLSClientConfig: c.cfg.TLS,
+		TLSClientConfig: c.cfg.TLS.Clone(), // amqp091 may set ServerName on it
 		Locale:          "en_US",
 		Properties: amqp.Table{
 			"connection_name": c.cfg.Name,

@@ -3,8 +3,6 @@ package consumer_test
 import (
 	"context"
 	"fmt"
-	"os/exec"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,29 +15,6 @@ import (
 	"github.com/inboxmq/inboxmq/internal/testenv"
 	"github.com/inboxmq/inboxmq/retry"
 )
-
-// closeConnectionByName closes, from the server side, the connection whose
-// connection_name is name (rabbitmqctl, as an operator or a broker restart
-// would).
-func closeConnectionByName(t *testing.T, name string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), testenv.Timeout())
-	defer cancel()
-	var pid string
-	testenv.WaitFor(t, "connection "+name+" listed by rabbitmqctl", func() bool {
-		out, err := exec.CommandContext(ctx, "rabbitmqctl", "-q", "list_connections", "pid", "client_properties").CombinedOutput()
-		require.NoError(t, err, "rabbitmqctl list_connections: %s", out)
-		for line := range strings.SplitSeq(string(out), "\n") {
-			if strings.Contains(line, `"`+name+`"`) {
-				pid = strings.Fields(line)[0]
-				return true
-			}
-		}
-		return false
-	})
-	out, err := exec.CommandContext(ctx, "rabbitmqctl", "-q", "close_connection", pid, "inboxmq test: server-side close").CombinedOutput()
-	require.NoError(t, err, "rabbitmqctl close_connection: %s", out)
-}
 
 func TestConsumer_ReconnectsAfterServerSideClose(t *testing.T) {
 	t.Parallel()
@@ -72,7 +47,7 @@ func TestConsumer_ReconnectsAfterServerSideClose(t *testing.T) {
 	}
 
 	testenv.WaitChan(t, reached, "the gated handler")
-	closeConnectionByName(t, "inboxmq-test-"+b.queue)
+	amqptest.CloseConnection(t, "inboxmq-test-"+b.queue)
 	b.rec.waitState(t, consumer.ConnDisconnected)
 	close(gate)
 	b.rec.waitState(t, consumer.ConnConnected)
@@ -297,4 +272,32 @@ func TestConsumer_PauseResumeAndConcurrency(t *testing.T) {
 	}
 	b.stop(t, c)
 	require.Equal(t, 0, amqptest.Depth(t, b.conn, b.queue))
+}
+
+// The broker cancels the consumer when its queue is deleted; the consumer
+// reconnects, re-declares the topology and resumes by itself.
+func TestConsumer_BrokerCancelRedeclaresAndResumes(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	r := consumer.NewRouter()
+	consumer.Register(r, b.queue, consumer.HandlerFunc[order](func(context.Context, *consumer.Message[order]) error {
+		return nil
+	}), fastOpts())
+	c := b.start(t, r, nil)
+	b.rec.waitState(t, consumer.ConnConnected)
+
+	ch, err := b.conn.Channel()
+	require.NoError(t, err)
+	_, err = ch.QueueDelete(b.queue, false, false, false)
+	require.NoError(t, err)
+	require.NoError(t, ch.Close())
+	b.rec.waitState(t, consumer.ConnDisconnected)
+	b.rec.waitState(t, consumer.ConnConnected)
+
+	testenv.WaitFor(t, "the queue re-declared and consumed", func() bool { return consumers(t, b.conn, b.queue) == 1 })
+	b.publish(t, b.queue, `{"id":"after-cancel"}`)
+	o := b.rec.next(t)
+	require.Equal(t, consumer.ActionAcked, o.Outcome.Action)
+	require.Equal(t, "after-cancel", o.ID)
+	b.stop(t, c)
 }

@@ -8,6 +8,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"os/exec"
 	"regexp"
 	"strings"
 	"testing"
@@ -160,4 +161,31 @@ func Depth(t testing.TB, conn *amqp.Connection, queue string) int {
 		t.Fatalf("amqptest: inspect %s: %v", queue, err)
 	}
 	return q.Messages
+}
+
+// CloseConnection closes, from the server side (rabbitmqctl, as an operator
+// or a failing node would), the connection whose connection_name client
+// property is name. It waits until the connection is listed.
+func CloseConnection(t testing.TB, name string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), testenv.Timeout())
+	defer cancel()
+	var pid string
+	testenv.WaitFor(t, "connection "+name+" listed by rabbitmqctl", func() bool {
+		out, err := exec.CommandContext(ctx, "rabbitmqctl", "-q", "list_connections", "pid", "client_properties").CombinedOutput()
+		if err != nil {
+			t.Fatalf("amqptest: rabbitmqctl list_connections: %v: %s", err, out)
+		}
+		for line := range strings.SplitSeq(string(out), "\n") {
+			if strings.Contains(line, `"`+name+`"`) {
+				pid = strings.Fields(line)[0]
+				return true
+			}
+		}
+		return false
+	})
+	out, err := exec.CommandContext(ctx, "rabbitmqctl", "-q", "close_connection", pid, "inboxmq test: server-side close").CombinedOutput()
+	if err != nil {
+		t.Fatalf("amqptest: rabbitmqctl close_connection %s: %v: %s", pid, err, out)
+	}
 }
