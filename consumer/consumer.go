@@ -73,8 +73,8 @@ func New(cfg *Config) (*Consumer, error) {
 // Start connects, declares every route's topology and starts consuming. It
 // returns once every queue that is not paused is being consumed, or with the
 // error of the first connection attempt (the URL in it is redacted). ctx
-// bounds that first attempt; its values (not its cancellation) are passed
-// on to handlers. Later connection losses are handled by the consumer
+// bounds the first dial (Config.DialTimeout bounds the handshake); its
+// values, but not its cancellation, are passed on to handlers. Later connection losses are handled by the consumer
 // itself: it reconnects with backoff and resumes. Stop it with
 // [Consumer.Stop]. Start may be called again after it failed, but not after
 // it succeeded or after Stop.
