@@ -139,8 +139,8 @@ func (b *testBundle) start(t *testing.T) *worker {
 	t.Cleanup(func() {
 		_ = w.cmd.Process.Kill()
 		<-w.exited
-		if t.Failed() {
-			t.Logf("worker log:\n%s", tail(w.stderr.String(), 40))
+		if t.Failed() || os.Getenv("PAYMENT_WORKER_TEST_LOG") != "" {
+			t.Logf("worker log:\n%s", tail(w.stderr.String(), 4000))
 		}
 	})
 	testenv.WaitFor(t, "worker /readyz answers 200", func() bool {
