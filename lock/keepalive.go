@@ -95,7 +95,6 @@ func (l *Lock) keepAlive(ctx context.Context, cancel context.CancelCauseFunc, o 
 	tick := time.NewTimer(min(o.Interval, time.Until(expires)))
 	defer tick.Stop()
 
-	var lastErr error
 	for {
 		select {
 		case <-ctx.Done():
@@ -106,30 +105,29 @@ func (l *Lock) keepAlive(ctx context.Context, cancel context.CancelCauseFunc, o 
 		case <-tick.C:
 		}
 
+		// Refresh even when the estimated expiry has passed (a late timer on
+		// a busy machine): if the token is still there, no one else can have
+		// taken the lock meanwhile.
 		start := time.Now()
-		if !start.Before(expires) {
-			if lastErr == nil {
-				lastErr = errors.New("no refresh was due")
-			}
-			cancel(fmt.Errorf("%w: ttl ran out without a successful refresh: %w", ErrLockLost, lastErr))
-			return
-		}
 		rctx, rcancel := context.WithTimeout(ctx, o.CallTimeout)
 		err := l.Refresh(rctx, o.TTL)
 		rcancel()
 		switch {
 		case err == nil:
 			expires = start.Add(o.TTL)
-			lastErr = nil
 		case errors.Is(err, ErrNotHeld):
 			cancel(fmt.Errorf("%w: %w", ErrLockLost, err))
 			return
 		case ctx.Err() != nil:
 			return
-		default:
-			// Redis did not answer: keep trying until the lock runs out.
-			lastErr = err
+		case !time.Now().Before(expires):
+			// Redis stayed silent until the lock ran out: another worker
+			// may hold it now.
+			cancel(fmt.Errorf("%w: ttl ran out without a successful refresh: %w", ErrLockLost, err))
+			return
 		}
+		// On a Redis error, try again at the next interval, and at the
+		// latest when the lock runs out.
 		tick.Reset(max(min(o.Interval, time.Until(expires)), 0))
 	}
 }
