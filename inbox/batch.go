@@ -210,23 +210,34 @@ type claimedUnit struct {
 // claimBatch claims units' keys in one statement. Units whose key is not
 // claimed get their verdict (duplicate, key conflict, claim held) in u.err.
 func (s *Store) claimBatch(ctx context.Context, tx pgx.Tx, units []*unit) ([]claimedUnit, error) {
-	n := len(units)
-	consumers := make([]string, n)
-	keys := make([]string, n)
-	fps := make([][]byte, n)
-	mids := make([]*string, n)
-	payloads := make([][]byte, n)
-	for i, u := range units {
-		consumers[i], keys[i], fps[i], payloads[i] = u.consumer, u.key, u.fp, u.payload
+	var rows pgx.Rows
+	var err error
+	if len(units) == 1 {
+		u := units[0]
+		var mid *string
 		if u.messageID != "" {
-			mids[i] = &u.messageID
+			mid = &u.messageID
 		}
+		rows, err = tx.Query(ctx, s.sql.claimOne, u.consumer, u.key, u.fp, mid, u.payload)
+	} else {
+		n := len(units)
+		consumers := make([]string, n)
+		keys := make([]string, n)
+		fps := make([][]byte, n)
+		mids := make([]*string, n)
+		payloads := make([][]byte, n)
+		for i, u := range units {
+			consumers[i], keys[i], fps[i], payloads[i] = u.consumer, u.key, u.fp, u.payload
+			if u.messageID != "" {
+				mids[i] = &u.messageID
+			}
+		}
+		rows, err = tx.Query(ctx, s.sql.claim, consumers, keys, fps, mids, payloads)
 	}
-	rows, err := tx.Query(ctx, s.sql.claim, consumers, keys, fps, mids, payloads)
 	if err != nil {
 		return nil, infraError(ReasonDBConnection, fmt.Errorf("inbox: claim: %w", err))
 	}
-	fences := make(map[unitKey]int64, n)
+	fences := make(map[unitKey]int64, len(units))
 	var k unitKey
 	var fence int64
 	_, err = pgx.ForEachRow(rows, []any{&k.consumer, &k.key, &fence}, func() error {

@@ -29,10 +29,16 @@ type testBundle struct {
 	store *inbox.Store
 }
 
-func setup(t *testing.T, cfg *inbox.StoreConfig) *testBundle {
+func setup(t testing.TB, cfg *inbox.StoreConfig) *testBundle {
 	t.Helper()
 	pool, _ := pgtest.Schema(t)
-	ctx := t.Context()
+	return setupOn(t, pool, cfg)
+}
+
+// setupOn is setup on a pool of the caller's choosing.
+func setupOn(t testing.TB, pool *pgxpool.Pool, cfg *inbox.StoreConfig) *testBundle {
+	t.Helper()
+	ctx := context.Background()
 	_, err := pool.Exec(ctx, `
 		CREATE TABLE effects (id bigserial PRIMARY KEY, key text NOT NULL, amount int NOT NULL);
 		CREATE TABLE ledger (id bigserial PRIMARY KEY, key text NOT NULL);
@@ -48,7 +54,7 @@ func setup(t *testing.T, cfg *inbox.StoreConfig) *testBundle {
 var msgSeq atomic.Int64
 
 // newMsg builds a message as the consumer would hand it to a handler.
-func newMsg(t *testing.T, consumerName string, o order, redelivered bool) *consumer.Message[order] {
+func newMsg(t testing.TB, consumerName string, o order, redelivered bool) *consumer.Message[order] {
 	t.Helper()
 	body, err := json.Marshal(o)
 	require.NoError(t, err)

@@ -8,6 +8,8 @@ type statements struct {
 	// same order and never deadlock. A completed row, or a live claim of
 	// claim mode, is not taken: no row comes back for it.
 	claim string
+	// claimOne is claim for the batch of one, with scalar parameters.
+	claimOne string
 	// lookup reads the rows of keys the claim did not return.
 	lookup string
 	// failInTx records a failed attempt on a row claimed in this transaction.
@@ -28,18 +30,26 @@ type statements struct {
 	reconcileRelease  string
 }
 
+// claimConflict is the claim's conflict clause, shared by claim and
+// claimOne.
+const claimConflict = `ON CONFLICT (consumer, key) DO UPDATE SET
+	status = 'completed', fingerprint = EXCLUDED.fingerprint, message_id = EXCLUDED.message_id,
+	payload = COALESCE(EXCLUDED.payload, i.payload), fence = i.fence + 1, attempts = i.attempts + 1,
+	owner = NULL, lease_until = NULL, completed_at = now(), updated_at = now()
+WHERE i.status <> 'completed' AND NOT (i.status = 'processing' AND i.lease_until > now())
+RETURNING consumer, key, fence`
+
 func buildStatements(t string) statements {
 	return statements{
 		claim: `INSERT INTO ` + t + ` AS i (consumer, key, status, fingerprint, message_id, payload, fence, attempts, completed_at)
 SELECT k.consumer, k.key, 'completed', k.fp, k.mid, k.payload, 1, 1, now()
 FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::bytea[]) AS k(consumer, key, fp, mid, payload)
 ORDER BY k.consumer, k.key
-ON CONFLICT (consumer, key) DO UPDATE SET
-	status = 'completed', fingerprint = EXCLUDED.fingerprint, message_id = EXCLUDED.message_id,
-	payload = COALESCE(EXCLUDED.payload, i.payload), fence = i.fence + 1, attempts = i.attempts + 1,
-	owner = NULL, lease_until = NULL, completed_at = now(), updated_at = now()
-WHERE i.status <> 'completed' AND NOT (i.status = 'processing' AND i.lease_until > now())
-RETURNING consumer, key, fence`,
+` + claimConflict,
+
+		claimOne: `INSERT INTO ` + t + ` AS i (consumer, key, status, fingerprint, message_id, payload, fence, attempts, completed_at)
+VALUES ($1, $2, 'completed', $3, $4, $5, 1, 1, now())
+` + claimConflict,
 
 		lookup: `SELECT consumer, key, status, fingerprint,
 	GREATEST(EXTRACT(EPOCH FROM (lease_until - now())), 0)::float8

@@ -1,0 +1,192 @@
+package inbox_test
+
+import (
+	"context"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/internal/pgtest"
+)
+
+// countingTracer counts the statements (round trips) sent on a pool; a
+// pipelined batch counts once.
+type countingTracer struct{ n atomic.Int64 }
+
+func (c *countingTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (c *countingTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// benchSetup returns a bundle whose pool counts its round trips.
+func benchSetup(b *testing.B) (*testBundle, *countingTracer) {
+	b.Helper()
+	_, schema := pgtest.SchemaWith(b, 2)
+	cfg, err := pgxpool.ParseConfig(pgtest.URL(schema))
+	require.NoError(b, err)
+	tr := &countingTracer{}
+	cfg.ConnConfig.Tracer = tr
+	cfg.MaxConns = 16
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(b, err)
+	b.Cleanup(pool.Close)
+	return setupOn(b, pool, nil), tr
+}
+
+var benchSeq atomic.Int64
+
+func benchMsg(b *testing.B) *consumer.Message[order] {
+	return newMsg(b, "bench", order{OrderID: strconv.FormatInt(benchSeq.Add(1), 10), Amount: 1}, false)
+}
+
+func report(b *testing.B, start time.Time, tr *countingTracer, before int64) {
+	b.Helper()
+	el := time.Since(start).Seconds()
+	b.ReportMetric(float64(b.N)/el, "msgs/s")
+	b.ReportMetric(float64(tr.n.Load()-before)/float64(b.N), "roundtrips/msg")
+}
+
+// handWritten is the same work as the inbox handler written directly with
+// pgx: one transaction per message.
+func handWritten(ctx context.Context, pool *pgxpool.Pool, msg *consumer.Message[order]) error {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	var k string
+	err = tx.QueryRow(ctx, `INSERT INTO inboxmq_inbox (consumer, key, status, completed_at) VALUES ($1, $2, 'completed', now())
+		ON CONFLICT DO NOTHING RETURNING key`, msg.Consumer, msg.Key).Scan(&k)
+	if err != nil {
+		return err
+	}
+	if err := effectHandler(nil)(ctx, tx, msg); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
+// parallel8 runs fn b.N times from 8 goroutines.
+func parallel(b *testing.B, goroutines int, fn func(msg *consumer.Message[order]) error) {
+	b.Helper()
+	b.SetParallelism(max(goroutines/runtime.GOMAXPROCS(0), 1))
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if err := fn(benchMsg(b)); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
+
+// BenchmarkPerMessage compares the inbox's per-message mode with the same
+// work (inbox insert and two business inserts, one transaction per message)
+// hand-written with pgx, from 8 goroutines.
+func BenchmarkPerMessage(b *testing.B) {
+	b.Run("inbox", func(b *testing.B) {
+		tb, tr := benchSetup(b)
+		h := inbox.Handler(tb.store, effectHandler(nil), nil)
+		b.ReportAllocs()
+		b.ResetTimer()
+		before, start := tr.n.Load(), time.Now()
+		parallel(b, 8, func(msg *consumer.Message[order]) error { return h.Handle(context.Background(), msg) })
+		report(b, start, tr, before)
+	})
+	b.Run("handwritten", func(b *testing.B) {
+		tb, tr := benchSetup(b)
+		b.ReportAllocs()
+		b.ResetTimer()
+		before, start := tr.n.Load(), time.Now()
+		parallel(b, 8, func(msg *consumer.Message[order]) error { return handWritten(context.Background(), tb.pool, msg) })
+		report(b, start, tr, before)
+	})
+}
+
+// handWrittenBatch is a hand-written group commit: one transaction, one
+// multi-row inbox insert, the business inserts of every message, one
+// COMMIT (no savepoints: one failure would fail the batch).
+func handWrittenBatch(ctx context.Context, pool *pgxpool.Pool, msgs []*consumer.Message[order]) error {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	keys := make([]string, len(msgs))
+	for i, m := range msgs {
+		keys[i] = m.Key
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO inboxmq_inbox (consumer, key, status, completed_at)
+		SELECT 'bench', k, 'completed', now() FROM unnest($1::text[]) AS k ORDER BY k ON CONFLICT DO NOTHING`, keys); err != nil {
+		return err
+	}
+	for _, m := range msgs {
+		if err := effectHandler(nil)(ctx, tx, m); err != nil {
+			return err
+		}
+	}
+	return tx.Commit(ctx)
+}
+
+// BenchmarkGroupCommit compares the inbox's group commit (batches of up to
+// 64, 128 concurrent deliveries, 2 batches in flight) with a hand-written
+// batched loop (2 workers, 64 messages per transaction).
+func BenchmarkGroupCommit(b *testing.B) {
+	b.Run("inbox", func(b *testing.B) {
+		tb, tr := benchSetup(b)
+		h := inbox.Handler(tb.store, effectHandler(nil), &inbox.HandlerOpts{
+			GroupCommit: &inbox.GroupCommit{MaxBatch: 64, MaxWait: 2 * time.Millisecond, MaxInFlight: 2},
+		})
+		b.ReportAllocs()
+		b.ResetTimer()
+		before, start := tr.n.Load(), time.Now()
+		parallel(b, 128, func(msg *consumer.Message[order]) error { return h.Handle(context.Background(), msg) })
+		report(b, start, tr, before)
+	})
+	b.Run("handwritten", func(b *testing.B) {
+		tb, tr := benchSetup(b)
+		msgs := make(chan *consumer.Message[order], 1024)
+		go func() {
+			defer close(msgs)
+			for range b.N {
+				msgs <- benchMsg(b)
+			}
+		}()
+		b.ReportAllocs()
+		b.ResetTimer()
+		before, start := tr.n.Load(), time.Now()
+		var wg sync.WaitGroup
+		for range 2 {
+			wg.Go(func() {
+				batch := make([]*consumer.Message[order], 0, 64)
+				flush := func() {
+					if len(batch) > 0 {
+						if err := handWrittenBatch(context.Background(), tb.pool, batch); err != nil {
+							b.Error(err)
+						}
+						batch = batch[:0]
+					}
+				}
+				for m := range msgs {
+					batch = append(batch, m)
+					if len(batch) == cap(batch) {
+						flush()
+					}
+				}
+				flush()
+			})
+		}
+		wg.Wait()
+		report(b, start, tr, before)
+	})
+}
