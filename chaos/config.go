@@ -30,7 +30,7 @@ type Config struct {
 	// Workers is the number of worker subprocesses. Defaults to 3.
 	Workers int
 	// Duration is how long faults are injected per scenario (orders are
-	// published over its first 60 %). Defaults to 30s.
+	// published over its first 80 %). Defaults to 30s.
 	Duration time.Duration
 	// FaultEvery is the mean pause between two faults. Defaults to 2s.
 	FaultEvery time.Duration

@@ -117,6 +117,22 @@ var counted = []string{
 	"lock_expired_before_completion_total",
 	"idempotency_conflict_total",
 	"stale_processing_records_total",
+	processedMetric,
+}
+
+// processedMetric counts the deliveries a worker process has finished
+// handling (the histogram's count); recovery is measured with it.
+const processedMetric = "job_processing_duration_seconds_count"
+
+// processed scrapes once and returns the current process's count of
+// handled deliveries (false if the scrape failed).
+func (s *scraper) processed(ctx context.Context) (float64, bool) {
+	if !s.scrape(ctx) {
+		return 0, false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cur[processedMetric], true
 }
 
 // parseMetrics reads the Prometheus text format and sums the counted

@@ -220,12 +220,12 @@ func runScenario(ctx context.Context, cfg *Config, name string, rnd *mrand.Rand,
 		return r.rep, err
 	}
 
-	// Fault phase: publish over the first 60 %, inject throughout, scrape.
+	// Fault phase: publish over the first 80 %, inject throughout, scrape.
 	r.start = time.Now()
 	phaseCtx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	pubErr := make(chan error, 1)
-	wg.Go(func() { pubErr <- r.publish(phaseCtx, msgs, cfg.Duration*6/10) })
+	wg.Go(func() { pubErr <- r.publish(phaseCtx, msgs, cfg.Duration*8/10) })
 	wg.Go(func() { r.scrapeLoop(phaseCtx) })
 	r.injectLoop(phaseCtx)
 	if err := <-pubErr; err != nil {

@@ -41,8 +41,12 @@ func (r *scenarioRun) injectLoop(ctx context.Context) {
 		}
 		ev := r.inject(ctx, kind, r.workers[target])
 		r.rep.Faults = append(r.rep.Faults, ev)
-		fmt.Fprintf(r.cfg.Log, "chaos: %6.1fs %-13s worker %2d  %-28s recovered in %s %s\n",
-			ev.At.Seconds(), ev.Kind, ev.Worker, ev.Detail, ev.Recovery.Round(time.Millisecond), ev.Err)
+		rec := "-"
+		if ev.Recovery > 0 {
+			rec = ev.Recovery.Round(time.Millisecond).String()
+		}
+		fmt.Fprintf(r.cfg.Log, "chaos: %6.1fs %-13s worker %2d  %-34s recovered in %s %s\n",
+			ev.At.Seconds(), ev.Kind, ev.Worker, ev.Detail, rec, ev.Err)
 	}
 	if rem := time.Until(end); rem > 0 {
 		t := time.NewTimer(rem)
@@ -58,13 +62,14 @@ func (r *scenarioRun) injectLoop(ctx context.Context) {
 func (r *scenarioRun) inject(ctx context.Context, kind string, w *worker) FaultEvent {
 	ev := FaultEvent{At: time.Since(r.start), Kind: kind, Worker: w.idx}
 	before := r.ledgerCount(ctx)
+	baseline, _ := w.scrape.processed(ctx)
 	target := w
 	var err error
 	switch kind {
 	case FaultKill:
 		w.kill()
 		w.scrape.restarted()
-		ev.Detail = "SIGKILL + restart"
+		ev.Detail, baseline = "SIGKILL + restart", 0
 		err = w.start()
 	case FaultRestart:
 		_ = w.signal(syscall.SIGTERM)
@@ -77,7 +82,7 @@ func (r *scenarioRun) inject(ctx context.Context, kind string, w *worker) FaultE
 			r.violate("unclean stop: worker %d exited with %v after SIGTERM (log %s)", w.idx, werr, w.logPath)
 		}
 		w.scrape.restarted()
-		ev.Detail = "SIGTERM + restart"
+		ev.Detail, baseline = "SIGTERM + restart", 0
 		err = w.start()
 	case FaultBrokerConn:
 		var n int
@@ -124,7 +129,7 @@ func (r *scenarioRun) inject(ctx context.Context, kind string, w *worker) FaultE
 		ev.Err = err.Error()
 		return ev
 	}
-	ev.Recovery, err = r.recovered(ctx, target, before)
+	ev.Recovery, err = r.recovered(ctx, target, before, baseline)
 	if err != nil {
 		ev.Err = err.Error()
 		r.violate("no recovery after %s on worker %d at %.1fs: %v", kind, w.idx, ev.At.Seconds(), err)
@@ -132,18 +137,26 @@ func (r *scenarioRun) inject(ctx context.Context, kind string, w *worker) FaultE
 	return ev
 }
 
-// recovered waits until w (if any) is ready and the run made progress: a
-// new ledger entry since before, or nothing left in the work queue.
-func (r *scenarioRun) recovered(ctx context.Context, w *worker, before int) (time.Duration, error) {
+// recovered waits until the run made progress again after a fault. With a
+// target worker w: w is ready and has finished a delivery since the fault
+// (its processed count rose above baseline). Without one: a new ledger entry
+// since before. Either way, an empty work queue also counts (nothing left
+// to make progress on).
+func (r *scenarioRun) recovered(ctx context.Context, w *worker, before int, baseline float64) (time.Duration, error) {
 	start := time.Now()
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		ready := w == nil || w.ready(ctx)
-		if ready {
+		if w == nil {
 			if r.ledgerCount(ctx) > before {
 				return time.Since(start), nil
 			}
+		} else if w.ready(ctx) {
+			if n, ok := w.scrape.processed(ctx); ok && n > baseline {
+				return time.Since(start), nil
+			}
+		}
+		if w == nil || w.ready(ctx) {
 			if n, err := r.depth(r.queue); err == nil && n == 0 {
 				return time.Since(start), nil
 			}

@@ -1,0 +1,61 @@
+package chaos_test
+
+import (
+	"bytes"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/inboxmq/inboxmq/chaos"
+	"github.com/inboxmq/inboxmq/internal/pgtest"
+	"github.com/inboxmq/inboxmq/internal/testenv"
+)
+
+// TestChaosCI is the CI-sized chaos run: both scenarios, three worker
+// processes, every fault but the Redis restart, a fixed seed. It builds the
+// payment-worker binary, so it takes about a minute; `make chaos` (cmd/
+// inboxchaos) is the full-size run.
+func TestChaosCI(t *testing.T) {
+	t.Parallel()
+	pgtest.Schema(t) // creates the test database if it is missing
+	var log bytes.Buffer
+	rep, err := chaos.Run(t.Context(), &chaos.Config{
+		Seed:         20261129,
+		Orders:       120,
+		Workers:      3,
+		Duration:     15 * time.Second,
+		FaultEvery:   1500 * time.Millisecond,
+		DrainTimeout: 90 * time.Second,
+		AMQPURL:      testenv.AMQPURL(),
+		DatabaseURL:  testenv.DatabaseURL(),
+		RedisURL:     testenv.RedisURL(),
+		Log:          &log,
+	})
+	var table bytes.Buffer
+	if rep != nil {
+		rep.WriteTable(&table)
+	}
+	t.Log("\n" + log.String() + table.String())
+	require.NoError(t, err)
+	require.True(t, rep.OK(), "guarantees broken:\n%s", table.String())
+	require.Len(t, rep.Scenarios, 2)
+
+	kinds := map[string]bool{}
+	for _, s := range rep.Scenarios {
+		require.Equal(t, 120, s.Orders)
+		require.Greater(t, s.Publishes, s.Orders+s.Poison, "orders are published more than once")
+		require.NotEmpty(t, s.Faults)
+		require.NotNil(t, s.Check)
+		require.Equal(t, 120, s.Check.Payments)
+		require.Equal(t, 120, s.Check.LedgerEntries)
+		for _, f := range s.Faults {
+			require.Empty(t, f.Err, "fault %s at %s", f.Kind, f.At)
+			kinds[f.Kind] = true
+		}
+	}
+	require.GreaterOrEqual(t, len(kinds), 4, "the schedule exercised several kinds of fault: %v", kinds)
+	gw := rep.Scenarios[1]
+	require.Equal(t, chaos.ScenarioGateway, gw.Name)
+	require.Equal(t, 120, gw.Check.ChargesCreated)
+}
