@@ -33,6 +33,7 @@ type Relay struct {
 	hooks   testHooks
 
 	running atomic.Bool
+	killed  atomic.Bool // set by a test hook's kill; stops every lane
 
 	mu      sync.Mutex
 	cancel  context.CancelFunc
@@ -87,6 +88,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		return ErrRelayRunning
 	}
 	defer r.running.Store(false)
+	r.killed.Store(false)
 
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)

@@ -95,7 +95,10 @@ func TestCrashBetweenConfirmAndMarkRepublishesSameID(t *testing.T) {
 	first, _ := b.newRelay(t, nil)
 	confirmed := make(chan []string, 1)
 	first.hooks.afterConfirm = func(ids []string) error {
-		confirmed <- ids
+		select {
+		case confirmed <- ids:
+		default:
+		}
 		return errKilled
 	}
 	runErr := make(chan error, 1)
