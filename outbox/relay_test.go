@@ -11,12 +11,14 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inbox"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 )
@@ -125,6 +127,44 @@ func TestCrashBetweenConfirmAndMarkRepublishesSameID(t *testing.T) {
 		require.Equal(t, ds[0].Headers[consumer.HeaderIdempotencyKey], ds[1].Headers[consumer.HeaderIdempotencyKey])
 		require.Equal(t, DeriveID("", b.queue, ds[0].Headers[consumer.HeaderIdempotencyKey].(string)), id)
 	}
+
+	// End to end: the receiver's inbox absorbs the duplicates, so each
+	// business effect happens once.
+	store, err := inbox.NewStore(t.Context(), b.pool, nil)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(t.Context(), `CREATE TABLE effects (key text PRIMARY KEY)`)
+	require.NoError(t, err)
+	h := inbox.Handler(store, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[string]) error {
+		_, err := tx.Exec(ctx, `INSERT INTO effects (key) VALUES ($1)`, msg.Key)
+		return err
+	}, nil)
+	var handled, duplicates int
+	for i := range got {
+		d := &got[i]
+		key, _ := d.Headers[consumer.HeaderIdempotencyKey].(string)
+		msg := &consumer.Message[string]{
+			ID: d.MessageId, Key: key, Consumer: "receiver", Body: string(d.Body), Headers: d.Headers, Attempt: 1,
+			Delivery: consumer.NewDelivery(b.queue, "receiver", "test", d),
+		}
+		switch err := h.Handle(t.Context(), msg); {
+		case err == nil:
+			handled++
+		case errors.Is(err, inbox.ErrDuplicate):
+			duplicates++
+		default:
+			require.NoError(t, err)
+		}
+	}
+	require.Equal(t, 2, handled)
+	require.Equal(t, 2, duplicates)
+	require.Equal(t, 2, countTable(t, b.pool, "effects"))
+}
+
+func countTable(t *testing.T, pool *pgxpool.Pool, table string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, pool.QueryRow(t.Context(), "SELECT count(*) FROM "+table).Scan(&n))
+	return n
 }
 
 func TestTwoRelaysPublishEachRowOnce(t *testing.T) {
