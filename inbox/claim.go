@@ -205,7 +205,7 @@ func ClaimHandler[T any](s *Store, h ClaimFunc[T], opts *ClaimOpts) consumer.Han
 		if err != nil {
 			return err
 		}
-		if msg.Redelivered {
+		if crashCounted(msg.Redelivered, msg.Delivery) {
 			if err := s.countRedelivery(ctx, u); err != nil {
 				return err
 			}

@@ -44,8 +44,9 @@ type HandlerOpts struct {
 // Handler adapts h into a consumer handler that runs it exactly once per
 // idempotency key. Per delivery:
 //
-//  1. on a redelivered delivery (classic queues), the row's delivery
-//     counter is incremented in its own statement; past
+//  1. on a redelivered delivery of a classic queue (no x-delivery-count:
+//     quorum queues bound crash loops with their delivery limit), the row's
+//     delivery counter is incremented in its own statement; past
 //     StoreConfig.CrashLimit the delivery fails permanently (crash_loop);
 //  2. BEGIN, and the key (msg.Consumer, msg.Key) is claimed with INSERT …
 //     ON CONFLICT DO UPDATE … WHERE status <> 'completed' (a failed or
@@ -89,7 +90,7 @@ func Handler[T any](s *Store, h TxHandlerFunc[T], opts *HandlerOpts) consumer.Ha
 		if err != nil {
 			return err
 		}
-		if msg.Redelivered {
+		if crashCounted(msg.Redelivered, msg.Delivery) {
 			if err := s.countRedelivery(ctx, u); err != nil {
 				return err
 			}
@@ -122,6 +123,13 @@ func (s *Store) newUnit(ctx context.Context, consumerName, key, messageID string
 		}
 	}
 	return u, nil
+}
+
+// crashCounted reports whether a delivery pays for the crash-loop counter:
+// only redelivered ones, and not those of quorum queues (x-delivery-count
+// set), whose delivery limit the broker enforces itself.
+func crashCounted(redelivered bool, d *consumer.Delivery) bool {
+	return redelivered && (d == nil || d.DeliveryCount == 0)
 }
 
 // countRedelivery is the crash-loop bound: one autocommit statement, only

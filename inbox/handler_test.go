@@ -13,6 +13,7 @@ import (
 
 	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/internal/testenv"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
@@ -251,4 +252,31 @@ func (o *transitions) statuses() []string {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return append([]string(nil), o.seen...)
+}
+
+func TestHandler_ConcurrentDuplicateProceedsWhenTheFirstRollsBack(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	entered := make(chan struct{})
+	release := make(chan struct{})
+	var calls atomic.Int64
+	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[order]) error {
+		if calls.Add(1) == 1 {
+			close(entered)
+			<-release
+			return errors.New("first copy fails after holding the key")
+		}
+		return effectHandler(nil)(ctx, tx, msg)
+	}, nil)
+	first, second := newMsg(t, "payments", order{OrderID: "rb"}, false), newMsg(t, "payments", order{OrderID: "rb"}, false)
+	firstErr, secondErr := make(chan error, 1), make(chan error, 1)
+	go func() { firstErr <- h.Handle(t.Context(), first) }()
+	testenv.WaitChan(t, entered, "first copy holds the key")
+	go func() { secondErr <- h.Handle(t.Context(), second) }()
+	close(release)
+	require.ErrorContains(t, testenv.WaitChan(t, firstErr, "first copy"), "first copy fails")
+	require.NoError(t, testenv.WaitChan(t, secondErr, "second copy"))
+	require.Equal(t, int64(2), calls.Load())
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`))
+	require.Equal(t, inbox.RecordCompleted, b.get(t, "payments", "order:rb").Status)
 }

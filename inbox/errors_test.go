@@ -1,0 +1,58 @@
+package inbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/retry"
+)
+
+func TestMapError(t *testing.T) {
+	t.Parallel()
+	pg := func(code string) error { return fmt.Errorf("wrapped: %w", &pgconn.PgError{Code: code, Message: "x"}) }
+	plain := errors.New("plain")
+	tests := []struct {
+		name   string
+		err    error
+		kind   retry.Kind
+		reason string
+		source string
+	}{
+		{"serialization", pg("40001"), retry.KindRetry, inbox.ReasonDBSerialization, ""},
+		{"deadlock", pg("40P01"), retry.KindRetry, inbox.ReasonDBDeadlock, ""},
+		{"admin shutdown", pg("57P01"), retry.KindRetry, inbox.ReasonDBConnection, ""},
+		{"crash shutdown", pg("57P02"), retry.KindRetry, inbox.ReasonDBConnection, ""},
+		{"cannot connect now", pg("57P03"), retry.KindRetry, inbox.ReasonDBConnection, ""},
+		{"too many connections", pg("53300"), retry.KindRetry, inbox.ReasonDBConnection, ""},
+		{"connection failure", pg("08006"), retry.KindRetry, inbox.ReasonDBConnection, ""},
+		{"query canceled", pg("57014"), retry.KindRetry, inbox.ReasonDBTimeout, ""},
+		{"lock not available", pg("55P03"), retry.KindRetry, inbox.ReasonDBTimeout, ""},
+		{"read only", pg("25006"), retry.KindRetry, inbox.ReasonDBReadOnly, ""},
+		{"business unique", pg("23505"), retry.KindDuplicate, "duplicate", retry.SourceBusiness},
+		{"check violation passes through", pg("23514"), retry.KindRetry, retry.ReasonError, ""},
+		{"net error", &net.OpError{Op: "read", Err: errors.New("reset")}, retry.KindRetry, inbox.ReasonDBConnection, ""},
+		{"handler permanent passes through", retry.Permanent(pg("40001")), retry.KindPermanent, retry.ReasonPermanent, ""},
+		{"handler retry passes through", retry.WithReason("gw", retry.Retryable(plain)), retry.KindRetry, "gw", ""},
+		{"deadline passes through", context.DeadlineExceeded, retry.KindRetry, retry.ReasonTimeout, ""},
+		{"plain passes through", plain, retry.KindRetry, retry.ReasonError, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			got := inbox.MapError(tt.err)
+			require.ErrorIs(t, got, tt.err)
+			d := retry.Classify(got)
+			require.Equal(t, tt.kind, d.Kind)
+			require.Equal(t, tt.reason, d.Reason)
+			require.Equal(t, tt.source, d.Source)
+		})
+	}
+	require.NoError(t, inbox.MapError(nil))
+}
