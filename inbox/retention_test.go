@@ -3,6 +3,8 @@ package inbox_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -216,4 +218,90 @@ func ExampleCheckWindow() {
 	// 72h50m0s
 	// <nil>
 	// inbox: retention window shorter than the redelivery horizon: window 24h0m0s < horizon 72h50m0s (max retry delay × attempts + DLQ replay window)
+}
+
+// BenchmarkInboxInsert measures single-row inbox inserts (one autocommit
+// transaction each, like a per-message claim) on an inbox that already
+// holds 0 or 1M rows, with and without the retention job deleting expired
+// rows alongside. The preloaded rows' completed_at spread over the last 8
+// days, so with a 7-day window about an eighth of them are expired and the
+// job has work while the inserts run. Set INBOXMQ_BENCH_ROWS=10000000 for
+// the 10M case.
+func BenchmarkInboxInsert(b *testing.B) {
+	sizes := []int{0, 1_000_000}
+	if s := os.Getenv("INBOXMQ_BENCH_ROWS"); s != "" {
+		n, err := strconv.Atoi(s)
+		require.NoError(b, err)
+		sizes = []int{n}
+	}
+	var seq atomic.Int64
+	for _, rows := range sizes {
+		for _, cleanup := range []bool{false, true} {
+			b.Run(fmt.Sprintf("rows=%d/cleanup=%v", rows, cleanup), func(b *testing.B) {
+				pool, _ := pgtest.SchemaWith(b, 16)
+				ctx := context.Background()
+				if rows > 0 {
+					_, err := pool.Exec(ctx, `INSERT INTO inboxmq_inbox (consumer, key, status, fingerprint, attempts, completed_at)
+						SELECT 'bench', 'seed:' || g, 'completed', sha256(g::text::bytea), 1,
+						       now() - (g % 11520) * interval '1 minute'
+						FROM generate_series(1, $1) g`, rows)
+					require.NoError(b, err)
+					_, err = pool.Exec(ctx, `VACUUM ANALYZE inboxmq_inbox`)
+					require.NoError(b, err)
+				}
+				s, err := inbox.NewStore(ctx, pool, nil)
+				require.NoError(b, err)
+				r, err := inbox.NewRetention(s, &inbox.RetentionConfig{Window: 7 * 24 * time.Hour, Interval: 50 * time.Millisecond})
+				require.NoError(b, err)
+				var deleted atomic.Int64
+				stop := make(chan struct{})
+				done := make(chan struct{})
+				go func() {
+					defer close(done)
+					for cleanup {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						run, err := r.RunOnce(ctx)
+						if err != nil {
+							b.Error(err)
+							return
+						}
+						deleted.Add(run.Deleted)
+						if run.Deleted == 0 {
+							select {
+							case <-stop:
+								return
+							case <-time.After(50 * time.Millisecond):
+							}
+						}
+					}
+				}()
+				b.SetParallelism(4)
+				b.ResetTimer()
+				b.RunParallel(func(pb *testing.PB) {
+					for pb.Next() {
+						k := "k:" + strconv.FormatInt(seq.Add(1), 10)
+						_, err := pool.Exec(ctx, `INSERT INTO inboxmq_inbox (consumer, key, status, fingerprint, attempts, completed_at)
+							VALUES ('bench', $1::text, 'completed', sha256(convert_to($1::text, 'UTF8')), 1, now()) ON CONFLICT DO NOTHING`, k)
+						if err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				})
+				b.StopTimer()
+				close(stop)
+				<-done
+				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "inserts/s")
+				var table, indexes int64
+				require.NoError(b, pool.QueryRow(ctx, `SELECT pg_relation_size('inboxmq_inbox'), pg_indexes_size('inboxmq_inbox')`).Scan(&table, &indexes))
+				b.ReportMetric(float64(table)/(1<<20), "table_MiB")
+				b.ReportMetric(float64(indexes)/(1<<20), "index_MiB")
+				b.ReportMetric(float64(deleted.Load()), "deleted")
+			})
+		}
+	}
 }
