@@ -31,7 +31,9 @@
 //
 // Round trips per delivery: BEGIN, the claim, the handler's own
 // statements, COMMIT (a duplicate adds one look-up; a failure one ROLLBACK
-// and one statement recording it). A redelivered delivery on a classic queue
+// and one statement recording it). BEGIN is not pipelined with the claim:
+// pgx builds a pgx.Tx only by sending BEGIN on its own, and a home-made
+// pgx.Tx could not offer everything the interface promises. A redelivered delivery on a classic queue
 // first pays one statement for the crash-loop counter
 // (StoreConfig.CrashLimit).
 //
@@ -46,7 +48,10 @@
 // COMMIT makes them durable; then every caller gets its own result.
 // Per-message mode is the batch of one of the same code path, without
 // savepoints. Two deliveries of one key in a batch are run one after the
-// other, so the second meets the first's outcome.
+// other, so the second meets the first's outcome. Round trips per
+// delivery: one SAVEPOINT plus the handler's statements, plus BEGIN, the
+// claim and COMMIT shared by the batch (with two business inserts and
+// batches of 64: about 3.06, against 5 per message).
 //
 // # Claim/lease mode
 //

@@ -53,12 +53,18 @@ const (
 
 // StaleClaim is one claim found past its lease (plus Grace).
 type StaleClaim struct {
-	Consumer   string
-	Key        string
-	Owner      *string
-	Fence      int64
-	Attempts   int
-	LastError  *string
+	// Consumer and Key identify the claim.
+	Consumer string
+	Key      string
+	// Owner is the vanished worker's owner token.
+	Owner *string
+	// Fence is the claim's fence.
+	Fence int64
+	// Attempts counts the attempts that claimed the key.
+	Attempts int
+	// LastError is the last recorded failure, if any.
+	LastError *string
+	// LeaseUntil is when the claim's lease ended.
 	LeaseUntil time.Time
 	// Action is what the run did (one of the Action constants).
 	Action string
@@ -66,8 +72,11 @@ type StaleClaim struct {
 
 // ReconcileReport is the outcome of one reconciler run.
 type ReconcileReport struct {
-	DryRun    bool
-	Claims    []StaleClaim
+	// DryRun is the run's dryRun argument.
+	DryRun bool
+	// Claims are the stale claims found, with the action taken on each.
+	Claims []StaleClaim
+	// Completed, Released and Dead count the actions.
 	Completed int
 	Released  int
 	Dead      int

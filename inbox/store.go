@@ -187,23 +187,37 @@ func (s *Store) Table() string { return s.table }
 
 // Record is one inbox row. Pointer fields are nil when the column is NULL.
 type Record struct {
-	Consumer     string
-	Key          string
-	Status       string
-	Fingerprint  []byte
-	Owner        *string
-	Fence        int64
-	LeaseUntil   *time.Time
-	Attempts     int
-	Deliveries   int
+	// Consumer is the inbox namespace (HandlerOpts.Consumer of the queue).
+	Consumer string
+	// Key is the idempotency key.
+	Key string
+	// Status is one of the Record* constants.
+	Status string
+	// Fingerprint identifies the payload (SHA-256 of the body by default).
+	Fingerprint []byte
+	// Owner is the claim's owner token (claim mode, while processing).
+	Owner *string
+	// Fence increases with every claim of the key.
+	Fence int64
+	// LeaseUntil is when a claim of claim mode expires.
+	LeaseUntil *time.Time
+	// Attempts counts the attempts that claimed the key.
+	Attempts int
+	// Deliveries counts broker redeliveries (the crash-loop counter).
+	Deliveries int
+	// LastError and LastFailedAt describe the last failed attempt.
 	LastError    *string
 	LastFailedAt *time.Time
-	MessageID    *string
-	Result       json.RawMessage
-	Steps        map[string]json.RawMessage
-	FirstSeenAt  time.Time
-	UpdatedAt    time.Time
-	CompletedAt  *time.Time
+	// MessageID is the broker message id of the last attempt.
+	MessageID *string
+	// Result is the recorded JSON result, if any.
+	Result json.RawMessage
+	// Steps are the recovery points of claim mode: name → JSON result.
+	Steps map[string]json.RawMessage
+	// FirstSeenAt, UpdatedAt and CompletedAt are the row's times.
+	FirstSeenAt time.Time
+	UpdatedAt   time.Time
+	CompletedAt *time.Time
 }
 
 const recordColumns = `consumer, key, status, fingerprint, owner, fence, lease_until, attempts, deliveries,
