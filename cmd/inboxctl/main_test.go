@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/inboxmq/inboxmq/inbox"
 	"github.com/inboxmq/inboxmq/internal/pgtest"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 )
@@ -220,17 +221,28 @@ func TestStaleAndReconcileDryRun(t *testing.T) {
 
 	r = b.run(t, "reconcile", "--dry-run", "-o", "json")
 	require.Equal(t, exitOK, r.code, r.errOut)
-	var dry struct {
-		DryRun bool         `json:"dry_run"`
-		Stale  []recordView `json:"stale"`
-	}
+	var dry reconcileView
 	r.json(t, &dry)
 	require.True(t, dry.DryRun)
-	require.Len(t, dry.Stale, 1)
-	require.Equal(t, "payment:1", dry.Stale[0].Key)
-	var status string
-	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT status FROM inboxmq_inbox WHERE key = 'payment:1'`).Scan(&status))
-	require.Equal(t, "processing", status, "a dry run changes nothing")
+	require.Len(t, dry.Claims, 1)
+	require.Equal(t, "payment:1", dry.Claims[0].Key)
+	require.Equal(t, inbox.ActionNone, dry.Claims[0].Action)
+	status := func(key string) string {
+		var s string
+		require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT status FROM inboxmq_inbox WHERE key = $1`, key).Scan(&s))
+		return s
+	}
+	require.Equal(t, "processing", status("payment:1"), "a dry run changes nothing")
+
+	r = b.run(t, "reconcile")
+	require.Equal(t, exitOK, r.code, r.errOut)
+	require.Contains(t, r.out, "reconciled 1 stale claims: 1 released, 0 dead, 0 completed\n")
+	require.Regexp(t, `(?m)^payments\s+payment:1\s+worker-dead\s+4\s+\d+\s+\S+\s+released\s+timeout$`, r.out)
+	require.Equal(t, "failed", status("payment:1"))
+	require.Equal(t, "processing", status("payment:2"), "a live claim is not touched")
+
+	r = b.run(t, "reconcile", "--grace", "-1s")
+	require.Equal(t, exitUsage, r.code, r.errOut)
 }
 
 func TestPurge(t *testing.T) {
