@@ -108,6 +108,18 @@ func (o pauseOrder) IdempotencyKey() string { return "order:" + o.ID }
 // control change (docs/operations.md, package control).
 const pickupBound = 2 * time.Second
 
+// signalTarget forwards to the consumer and reports each applied call.
+type signalTarget struct {
+	control.Target
+	applied chan string
+}
+
+func (s *signalTarget) Pause(q string) error {
+	err := s.Target.Pause(q)
+	s.applied <- "pause"
+	return err
+}
+
 // inboxctl pause stops a real, running consumer within the documented
 // pickup time, and resume starts it again.
 func TestPauseAndResumeDriveARunningConsumer(t *testing.T) {
@@ -128,7 +140,8 @@ func TestPauseAndResumeDriveARunningConsumer(t *testing.T) {
 	require.NoError(t, c.Start(t.Context()))
 	t.Cleanup(func() { require.NoError(t, c.Stop(context.Background())) })
 
-	w, err := control.NewWatcher(b.pool, &control.WatcherConfig{Target: c, Queues: control.QueuesOf(router)})
+	target := &signalTarget{Target: c, applied: make(chan string, 8)}
+	w, err := control.NewWatcher(b.pool, &control.WatcherConfig{Target: target, Queues: control.QueuesOf(router)})
 	require.NoError(t, err)
 	require.NoError(t, w.Start(t.Context()))
 	t.Cleanup(func() { require.NoError(t, w.Stop(context.Background())) })
@@ -139,11 +152,13 @@ func TestPauseAndResumeDriveARunningConsumer(t *testing.T) {
 
 	r := b.run(t, "pause", queue)
 	require.Equal(t, exitOK, r.code, r.errOut)
-	deadline := time.Now().Add(pickupBound)
-	for !c.Paused(queue) {
-		require.False(t, time.Now().After(deadline), "pause not applied within %s", pickupBound)
-		<-time.After(10 * time.Millisecond)
+	select {
+	case call := <-target.applied:
+		require.Equal(t, "pause", call)
+	case <-time.After(pickupBound):
+		require.FailNow(t, "pause not applied within the documented pickup time", pickupBound)
 	}
+	require.True(t, c.Paused(queue))
 	// The broker consumer is cancelled: nobody consumes the queue any more.
 	consumers := func() int {
 		ch, err := conn.Channel()
