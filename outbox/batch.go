@@ -86,7 +86,10 @@ func (r *Relay) relayBatch(ctx context.Context, l *lane) (int, error) {
 		return 0, fmt.Errorf("outbox: claim: %w", err)
 	}
 	if len(batch) == 0 {
-		return 0, tx.Commit(ctx)
+		if err := tx.Commit(ctx); err != nil {
+			return 0, fmt.Errorf("outbox: commit: %w", err)
+		}
+		return 0, nil
 	}
 	if r.killed.Load() { // a test hook "killed" the relay: publish nothing more
 		return 0, nil

@@ -39,10 +39,10 @@ func (r *Relay) listenOnce(ctx context.Context, wakes []chan struct{}, connected
 		return fmt.Errorf("outbox: listen: %w", err)
 	}
 	connected()
+	notifyAll(wakes) // rows may have been enqueued while nobody listened
 	if r.hooks.listening != nil {
 		r.hooks.listening()
 	}
-	notifyAll(wakes) // rows may have been enqueued while nobody listened
 	for {
 		n, err := conn.WaitForNotification(ctx)
 		if err != nil {

@@ -49,6 +49,9 @@ type testHooks struct {
 	afterConfirm func(messageIDs []string) error
 	// listening runs each time the LISTEN connection is ready.
 	listening func()
+	// idle runs when a lane found no more rows and is about to wait;
+	// wakePending reports whether a wake-up is already queued for it.
+	idle func(wakePending bool)
 }
 
 // NewRelay returns a relay that publishes the outbox table of pool's
@@ -169,6 +172,9 @@ func (r *Relay) runLane(ctx context.Context, l *lane) error {
 		bo.Reset()
 		if n == r.cfg.BatchSize {
 			continue // more may be waiting
+		}
+		if r.hooks.idle != nil {
+			r.hooks.idle(len(l.wake) > 0)
 		}
 		t := time.NewTimer(r.cfg.PollInterval)
 		select {

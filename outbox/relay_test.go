@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -364,4 +365,29 @@ func TestRelayRunTwice(t *testing.T) {
 	require.NoError(t, r.Stop(ctx))
 	require.NoError(t, r.Stop(ctx), "Stop is idempotent")
 	<-r.Stopped()
+}
+
+// TestNotifyWakesRelay: with polling effectively off, only the NOTIFY sent
+// on commit can wake the relay.
+func TestNotifyWakesRelay(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	r, _ := b.newRelay(t, &RelayConfig{PollInterval: time.Hour, Concurrency: 1})
+	// The listener wakes the lane once after LISTEN. Wait until the lane
+	// parks after that, with no wake-up queued: only a new NOTIFY can wake
+	// it then.
+	var listened atomic.Bool
+	parked := make(chan struct{}, 1)
+	r.hooks.listening = func() { listened.Store(true) }
+	r.hooks.idle = func(wakePending bool) {
+		if listened.Load() && !wakePending {
+			notify(parked)
+		}
+	}
+	start(t, r)
+	testenv.WaitChan(t, parked, "relay parked after LISTEN")
+
+	enqueue(t, b.pool, msgTo(b.queue, "wake-up"))
+	waitAllSent(t, b.pool, 1)
+	require.Len(t, amqptest.Drain(t, b.conn, b.queue), 1)
 }
