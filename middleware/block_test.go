@@ -2,12 +2,16 @@ package middleware_test
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
@@ -15,7 +19,9 @@ import (
 	"github.com/inboxmq/inboxmq/control"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
 	"github.com/inboxmq/inboxmq/internal/pgtest"
+	"github.com/inboxmq/inboxmq/internal/testenv"
 	"github.com/inboxmq/inboxmq/middleware"
+	"github.com/inboxmq/inboxmq/migrations"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
@@ -223,4 +229,80 @@ func TestBlock_InvalidArguments(t *testing.T) {
 	require.NoError(t, err)
 	_, err = middleware.Block(w, nil, nil)
 	require.Error(t, err)
+}
+
+// printParker stands in for *control.Parker (which publishes to
+// "<queue>.parked" with confirms).
+type printParker struct{}
+
+func (printParker) Park(_ context.Context, d *consumer.Delivery, b control.Block) error {
+	fmt.Printf("parked %s in %s (%s)\n", d.Key, control.ParkedQueueName(d.Queue), b.Reason)
+	return nil
+}
+
+// Block goes into the handler's middleware, after decoding, where the
+// idempotency key is known.
+func ExampleBlock() {
+	ctx := context.Background()
+	pool, drop := blockExampleDB(ctx)
+	defer drop()
+
+	w, _ := control.NewWatcher(pool, nil)
+	_ = control.NewStore(pool).Block(ctx, control.Block{Consumer: "orders", Pattern: "order:2", Reason: "fraud check"})
+	if err := w.Start(ctx); err != nil {
+		panic(err)
+	}
+	defer w.Stop(ctx)
+
+	block, err := middleware.Block(w, printParker{}, nil)
+	if err != nil {
+		panic(err)
+	}
+	r := consumer.NewRouter()
+	consumer.Register(r, "orders", consumer.HandlerFunc[blockOrder](func(_ context.Context, m *consumer.Message[blockOrder]) error {
+		fmt.Println("handled", m.Key)
+		return nil
+	}), &consumer.HandlerOpts{Middleware: []consumer.Middleware{block}})
+	h := r.Routes()[0].Handler
+
+	for _, id := range []string{"1", "2"} {
+		raw := &amqp.Delivery{Body: fmt.Appendf(nil, `{"id":%q}`, id)}
+		err := h(ctx, consumer.NewDelivery("orders", "orders", "worker-1", raw))
+		fmt.Println(retry.Classify(err).Kind) // the consumer acks both
+	}
+	// Output:
+	// handled order:1
+	// succeeded
+	// parked order:2 in orders.parked (fraud check)
+	// duplicate
+}
+
+// blockExampleDB opens a pool on a fresh, migrated schema and returns a function
+// that drops it.
+func blockExampleDB(ctx context.Context) (*pgxpool.Pool, func()) {
+	schema := "ex_" + strings.ToLower(rand.Text()[:12])
+	admin, err := pgx.Connect(ctx, testenv.DatabaseURL())
+	if err != nil {
+		panic(err)
+	}
+	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		panic(err)
+	}
+	cfg, err := pgxpool.ParseConfig(testenv.DatabaseURL())
+	if err != nil {
+		panic(err)
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		panic(err)
+	}
+	if err := migrations.Up(ctx, pool); err != nil {
+		panic(err)
+	}
+	return pool, func() {
+		pool.Close()
+		_, _ = admin.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE")
+		_ = admin.Close(context.Background())
+	}
 }
