@@ -69,7 +69,8 @@ db/reset: up ## Drop and recreate the test database (inboxmq_test)
 	$(GO) run ./scripts/dbreset
 
 .PHONY: verify
-verify: lint ## Check formatting, vet and that go.mod/go.sum are tidy
+verify: lint ## Check formatting, vet, that go.mod/go.sum are tidy and that docs/guarantees.md cites real tests
+	@scripts/check-guarantees.sh
 	$(GO) mod verify
 	@cp go.mod /tmp/inboxmq.go.mod.bak && cp go.sum /tmp/inboxmq.go.sum.bak; \
 	  $(GO) mod tidy; \
