@@ -123,8 +123,9 @@ func NewWatcher(pool *pgxpool.Pool, cfg *WatcherConfig) (*Watcher, error) {
 
 // Start loads the first snapshot, applies it to the target (so a consumer
 // paused before the worker started stays paused) and starts the watch loop.
-// It returns the first load's error, if any. Call Start before the
-// consumer takes deliveries.
+// It returns the first load's error, if any. ctx bounds only that first
+// load; the loop runs until [Watcher.Stop]. Call Start before the consumer
+// takes deliveries (a Pause before consumer.Start makes it skip the queue).
 func (w *Watcher) Start(ctx context.Context) error {
 	w.mu.Lock()
 	if w.started {
