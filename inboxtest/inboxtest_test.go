@@ -223,3 +223,26 @@ func TestSubjectValidation(t *testing.T) {
 		Message: func(int) []byte { return nil }, Effects: func(context.Context, string) (int, error) { return 0, nil }})
 	require.ErrorContains(t, err, `queue "q" has no handler`)
 }
+
+func TestClaimHandlerPasses(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.subject.Router = b.router(t, inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *consumer.Message[Payment]) error {
+		return c.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `INSERT INTO ledger_entries (order_id, amount_cents) VALUES ($1, $2)`, msg.Body.OrderID, msg.Body.AmountCents)
+			return err
+		})
+	}, nil))
+	results, err := inboxtest.Check(t.Context(), b.subject)
+	require.NoError(t, err)
+	for _, r := range results {
+		require.Empty(t, r.NotRun, r.Scenario)
+		require.Empty(t, r.Failures, "%s: outcomes %v", r.Scenario, r.Outcomes)
+		require.Equal(t, 1, r.Effects, r.Scenario)
+	}
+	// Claim mode commits twice (the claim, then the completion): the crash
+	// scenario failed each in turn.
+	crash := strings.Join(results[2].Outcomes, " ")
+	require.Contains(t, crash, "commit#1:")
+	require.Contains(t, crash, "commit#2:", crash)
+}
