@@ -34,9 +34,11 @@ func endSpan(span trace.Span, err error) {
 	span.End()
 }
 
-// unit is one delivery on its way through a (group) commit.
+// unit is one delivery on its way through a (group) commit. It lives for
+// one Handle call and carries that call's context to the batch's leader,
+// like an http.Request does.
 type unit struct {
-	ctx       context.Context
+	ctx       context.Context //nolint:containedctx // the caller's context, handed to the leader of its batch
 	consumer  string
 	key       string
 	messageID string
@@ -193,13 +195,18 @@ func (s *Store) execDistinct(units []*unit) {
 		}
 	}
 
-	_, span := startSpan(claimed[0].u.ctx, "inbox.commit")
+	commitSpans := make([]trace.Span, len(claimed))
+	for i, cu := range claimed {
+		_, commitSpans[i] = startSpan(cu.u.ctx, "inbox.commit")
+	}
 	err = tx.Commit(ctx)
 	if err != nil {
 		err = infraError(ReasonDBCommit, fmt.Errorf("inbox: commit: %w", err))
 		failAll(ok, err)
 	}
-	endSpan(span, err)
+	for _, sp := range commitSpans {
+		endSpan(sp, err)
+	}
 }
 
 type claimedUnit struct {

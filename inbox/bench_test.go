@@ -37,7 +37,7 @@ func benchSetup(b *testing.B) (*testBundle, *countingTracer) {
 	tr := &countingTracer{}
 	cfg.ConnConfig.Tracer = tr
 	cfg.MaxConns = 16
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	pool, err := pgxpool.NewWithConfig(b.Context(), cfg)
 	require.NoError(b, err)
 	b.Cleanup(pool.Close)
 	return setupOn(b, pool, nil), tr
@@ -100,7 +100,7 @@ func BenchmarkPerMessage(b *testing.B) {
 		b.ReportAllocs()
 		b.ResetTimer()
 		before, start := tr.n.Load(), time.Now()
-		parallel(b, 8, func(msg *consumer.Message[order]) error { return h.Handle(context.Background(), msg) })
+		parallel(b, 8, func(msg *consumer.Message[order]) error { return h.Handle(b.Context(), msg) })
 		report(b, start, tr, before)
 	})
 	b.Run("handwritten", func(b *testing.B) {
@@ -108,7 +108,7 @@ func BenchmarkPerMessage(b *testing.B) {
 		b.ReportAllocs()
 		b.ResetTimer()
 		before, start := tr.n.Load(), time.Now()
-		parallel(b, 8, func(msg *consumer.Message[order]) error { return handWritten(context.Background(), tb.pool, msg) })
+		parallel(b, 8, func(msg *consumer.Message[order]) error { return handWritten(b.Context(), tb.pool, msg) })
 		report(b, start, tr, before)
 	})
 }
@@ -150,7 +150,7 @@ func BenchmarkGroupCommit(b *testing.B) {
 		b.ReportAllocs()
 		b.ResetTimer()
 		before, start := tr.n.Load(), time.Now()
-		parallel(b, 128, func(msg *consumer.Message[order]) error { return h.Handle(context.Background(), msg) })
+		parallel(b, 128, func(msg *consumer.Message[order]) error { return h.Handle(b.Context(), msg) })
 		report(b, start, tr, before)
 	})
 	b.Run("handwritten", func(b *testing.B) {
@@ -171,7 +171,7 @@ func BenchmarkGroupCommit(b *testing.B) {
 				batch := make([]*consumer.Message[order], 0, 64)
 				flush := func() {
 					if len(batch) > 0 {
-						if err := handWrittenBatch(context.Background(), tb.pool, batch); err != nil {
+						if err := handWrittenBatch(b.Context(), tb.pool, batch); err != nil {
 							b.Error(err)
 						}
 						batch = batch[:0]

@@ -128,7 +128,7 @@ func TestClaim_HeartbeatExtendsUpToTheCap(t *testing.T) {
 			return err
 		}
 		<-ctx.Done()
-		if err := b.pool.QueryRow(context.Background(), q, c.Key).Scan(&final); err != nil {
+		if err := b.pool.QueryRow(t.Context(), q, c.Key).Scan(&final); err != nil {
 			return err
 		}
 		return context.Cause(ctx)

@@ -34,7 +34,9 @@ type HandlerOpts struct {
 	// GroupCommit, when non-nil, collects deliveries handled concurrently
 	// into one transaction (each in its own savepoint) with one COMMIT. Its
 	// zero fields take StoreConfig.GroupCommit's values. Defaults to nil:
-	// one transaction per delivery (the batch of one).
+	// one transaction per delivery (the batch of one). Handlers share the
+	// batch's connection: one whose context ends in the middle of a
+	// statement can break it, and the whole batch then fails (retryable).
 	GroupCommit *GroupCommit
 	// StorePayload stores the raw body in the inbox row, for replay by
 	// operators. Defaults to false.

@@ -1,7 +1,6 @@
 package inbox_test
 
 import (
-	"context"
 	"encoding/json"
 	"strconv"
 	"sync/atomic"
@@ -38,7 +37,7 @@ func setup(t testing.TB, cfg *inbox.StoreConfig) *testBundle {
 // setupOn is setup on a pool of the caller's choosing.
 func setupOn(t testing.TB, pool *pgxpool.Pool, cfg *inbox.StoreConfig) *testBundle {
 	t.Helper()
-	ctx := context.Background()
+	ctx := t.Context()
 	_, err := pool.Exec(ctx, `
 		CREATE TABLE effects (id bigserial PRIMARY KEY, key text NOT NULL, amount int NOT NULL);
 		CREATE TABLE ledger (id bigserial PRIMARY KEY, key text NOT NULL);
@@ -71,13 +70,13 @@ func newMsg(t testing.TB, consumerName string, o order, redelivered bool) *consu
 func (b *testBundle) count(t *testing.T, sql string, args ...any) int {
 	t.Helper()
 	var n int
-	require.NoError(t, b.pool.QueryRow(context.Background(), sql, args...).Scan(&n))
+	require.NoError(t, b.pool.QueryRow(t.Context(), sql, args...).Scan(&n))
 	return n
 }
 
 func (b *testBundle) get(t *testing.T, consumerName, key string) *inbox.Record {
 	t.Helper()
-	r, err := b.store.Get(context.Background(), consumerName, key)
+	r, err := b.store.Get(t.Context(), consumerName, key)
 	require.NoError(t, err)
 	return r
 }

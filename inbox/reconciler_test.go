@@ -18,7 +18,7 @@ import (
 // hour ago.
 func (b *testBundle) staleClaim(t *testing.T, consumerName, key string, attempts int) {
 	t.Helper()
-	_, err := b.pool.Exec(context.Background(), `INSERT INTO inboxmq_inbox
+	_, err := b.pool.Exec(t.Context(), `INSERT INTO inboxmq_inbox
 		(consumer, key, status, owner, fence, lease_until, attempts, last_error)
 		VALUES ($1, $2, 'processing', 'gone-worker', 3, now() - interval '1 hour', $3, 'gateway timeout')`,
 		consumerName, key, attempts)
@@ -110,7 +110,7 @@ func TestReconciler_ConcurrentRunsActOnce(t *testing.T) {
 		r, err := inbox.NewReconciler(b.store, &inbox.ReconcilerConfig{EffectChecks: map[string]inbox.EffectCheck{"payments": check}})
 		require.NoError(t, err)
 		wg.Go(func() {
-			rep, err := r.RunOnce(context.Background(), false)
+			rep, err := r.RunOnce(t.Context(), false)
 			if err == nil {
 				reps[i] = rep
 			}
@@ -135,7 +135,7 @@ func TestReconciler_RunLoop(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
 	testenv.WaitFor(t, "stale claim released", func() bool {
-		rec, err := b.store.Get(context.Background(), "payments", "loop")
+		rec, err := b.store.Get(t.Context(), "payments", "loop")
 		return err == nil && rec.Status == inbox.RecordFailed
 	})
 	cancel()

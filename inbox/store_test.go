@@ -1,7 +1,6 @@
 package inbox_test
 
 import (
-	"context"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -61,7 +60,7 @@ func TestStoreConfig_Validate(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			_, err := inbox.NewStore(context.Background(), pool, tt.cfg)
+			_, err := inbox.NewStore(t.Context(), pool, tt.cfg)
 			require.Error(t, err)
 		})
 	}
