@@ -1,6 +1,103 @@
 package main
 
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+
+	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/middleware"
+)
+
+// IdempotencyKey makes payment a consumer.Keyer: the business identity.
+func (p payment) IdempotencyKey() string { return "payment:" + p.OrderID }
+
+// Validate makes payment a consumer.Validator.
+func (p payment) Validate() error {
+	if p.OrderID == "" || p.AmountCents <= 0 {
+		return errors.New("invalid payment")
+	}
+	return nil
+}
+
+// writePayment is the business write of every inboxmq case: the same two
+// statements the hand-written per-message loop sends.
+func writePayment(ctx context.Context, tx pgx.Tx, p payment) error {
+	if _, err := tx.Exec(ctx, sqlPayment, p.OrderID, p.AmountCents, p.Currency); err != nil {
+		return err
+	}
+	_, err := tx.Exec(ctx, sqlLedger, p.OrderID, p.AmountCents)
+	return err
+}
+
+// doneObserver reports every acked delivery to the benchmark.
+type doneObserver struct {
+	consumer.NopObserver
+	done func(time.Time)
+}
+
+func (o doneObserver) OnOutcome(d *consumer.Delivery, out consumer.Outcome) {
+	if out.Action == consumer.ActionAcked {
+		o.done(publishedAt(d.Headers))
+	}
+}
+
 // frameworkCases returns the inboxmq cases (d), (e) and (f).
 func frameworkCases(e *env) []benchCase {
-	return nil
+	return []benchCase{
+		{"d", "inboxmq per-message transactional mode, 8 handlers", inboxmqCase(e, func(store *inbox.Store, r *consumer.Router, q string) {
+			consumer.Register(r, q, inbox.Handler(store, func(ctx context.Context, tx pgx.Tx, m *consumer.Message[payment]) error {
+				return writePayment(ctx, tx, m.Body)
+			}, nil), &consumer.HandlerOpts{Consumer: benchConsumer, Queue: consumer.QueueOpts{Concurrency: e.workers}})
+		})},
+		{"e", "inboxmq group commit (64 per tx, 4 in flight)", inboxmqCase(e, func(store *inbox.Store, r *consumer.Router, q string) {
+			consumer.Register(r, q, inbox.Handler(store, func(ctx context.Context, tx pgx.Tx, m *consumer.Message[payment]) error {
+				return writePayment(ctx, tx, m.Body)
+			}, &inbox.HandlerOpts{GroupCommit: &inbox.GroupCommit{MaxBatch: e.batch, MaxWait: 2 * time.Millisecond, MaxInFlight: 4}}),
+				&consumer.HandlerOpts{Consumer: benchConsumer, Queue: consumer.QueueOpts{Concurrency: 4 * e.batch, Prefetch: 8 * e.batch}})
+		})},
+		{"f", "inboxmq Redis lock + claim mode, 8 handlers", inboxmqCase(e, func(store *inbox.Store, r *consumer.Router, q string) {
+			consumer.Register(r, q, inbox.ClaimHandler(store, func(ctx context.Context, c *inbox.Claim, m *consumer.Message[payment]) error {
+				// the outside call would carry c.Key as Idempotency-Key here
+				return c.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error { return writePayment(ctx, tx, m.Body) })
+			}, nil), &consumer.HandlerOpts{
+				Consumer:   benchConsumer,
+				Middleware: []consumer.Middleware{middleware.Lock(e.redis, &middleware.LockOpts{Prefix: "inboxbench:lock:"})},
+				Queue:      consumer.QueueOpts{Concurrency: e.workers},
+			})
+		})},
+	}
+}
+
+func inboxmqCase(e *env, register func(store *inbox.Store, r *consumer.Router, queue string)) runner {
+	return func(ctx context.Context, queue string, done func(time.Time)) (func() error, error) {
+		store, err := inbox.NewStore(ctx, e.pool, nil)
+		if err != nil {
+			return nil, err
+		}
+		r := consumer.NewRouter()
+		register(store, r, queue)
+		c, err := consumer.New(&consumer.Config{
+			URL:       e.amqpURL,
+			Name:      "inboxbench",
+			Router:    r,
+			Logger:    zap.NewNop(),
+			Observers: []consumer.Observer{doneObserver{done: done}},
+		})
+		if err != nil {
+			return nil, err
+		}
+		if err := c.Start(ctx); err != nil {
+			return nil, err
+		}
+		return func() error {
+			sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			return c.Stop(sctx)
+		}, nil
+	}
 }

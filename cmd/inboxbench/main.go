@@ -27,6 +27,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
@@ -84,6 +85,7 @@ func main() {
 		dbURL    = flag.String("db", cmp.Or(os.Getenv("DATABASE_URL"), "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"), "database")
 		redisURL = flag.String("redis", cmp.Or(os.Getenv("REDIS_URL"), "redis://127.0.0.1:6379/0"), "redis")
 		out      = flag.String("out", "", "also write the markdown report to this file")
+		cpuProf  = flag.String("cpuprofile", "", "write a CPU profile of the drains to this file")
 	)
 	flag.Parse()
 	log.SetFlags(0)
@@ -103,6 +105,16 @@ func main() {
 		{"b", fmt.Sprintf("hand-written loop, 1 tx per delivery, %d handlers", *workers), perMessageLoop(e, *workers)},
 		{"c", fmt.Sprintf("hand-written loop, %d per tx, 4 batches in flight", *batch), batchedLoop(e, *batch, 4, 2*time.Millisecond)},
 	}, frameworkCases(e)...)
+	if *cpuProf != "" {
+		f, err := os.Create(*cpuProf)
+		if err != nil {
+			log.Fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			log.Fatal(err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	want := strings.Split(*cases, ",")
 	var results []*result
 	for _, c := range all {
