@@ -62,7 +62,7 @@ func Example_pause() {
 	defer drop()
 
 	w, err := control.NewWatcher(pool, &control.WatcherConfig{
-		Target: printTarget{},                            // a *consumer.Consumer in a worker
+		Target: printTarget{},                             // a *consumer.Consumer in a worker
 		Queues: map[string]string{"payments": "payments"}, // control.QueuesOf(router)
 	})
 	if err != nil {
