@@ -49,6 +49,9 @@ const (
 	// lost before completion (the handler's context is cancelled).
 	StatusLockFailed  = "lock_failed"
 	StatusLockExpired = "lock_expired"
+	// StatusParked: the key is blocked at ingress; a copy of the delivery
+	// was parked in "<queue>.parked" until an operator unblocks it.
+	StatusParked = "parked"
 )
 
 // Delivery is one AMQP delivery on its way through the middleware chain. It

@@ -15,10 +15,10 @@ import (
 // duplicate_detected_total{source} label) of a delivery that [Block]
 // parked: the consumer acks it like a duplicate because its copy is safe in
 // the parked queue.
-const SourceParked = "parked"
+const SourceParked = retry.SourceParked
 
 // StatusParked is the transition [Block] reports when it parks a delivery.
-const StatusParked = "parked"
+const StatusParked = consumer.StatusParked
 
 // Parker parks a delivery: it makes a durable copy in the delivery's
 // parked queue and returns only once the broker confirmed it.

@@ -25,6 +25,7 @@ const (
 	SourceBusiness  = "business_constraint" // a unique violation on a business table
 	SourceFenced    = "fenced"              // a fenced completion lost to a newer owner
 	SourceClaimHeld = "claim_held"          // another worker holds a live claim (claim mode)
+	SourceParked    = "parked"              // the key is blocked; a copy was parked (not a completion)
 )
 
 // DuplicateError is a duplicate detected at a named source. It matches

@@ -56,7 +56,7 @@ func Dial(t testing.TB) *amqp.Connection {
 // ignored: some may never have been declared).
 func DeleteQueues(t testing.TB, conn *amqp.Connection, queue string) {
 	t.Helper()
-	names := []string{queue, queue + ".dlq"}
+	names := []string{queue, queue + ".dlq", queue + ".parked"}
 	for _, tier := range consumer.DefaultRetryTiers {
 		names = append(names, consumer.RetryQueueName(queue, tier))
 	}
