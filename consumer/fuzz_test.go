@@ -1,0 +1,180 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"testing"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/inboxmq/inboxmq/retry"
+)
+
+// fuzzPayment is a payment-style payload: a Keyer and a Validator.
+type fuzzPayment struct {
+	OrderID     string `json:"order_id"`
+	AmountCents int64  `json:"amount_cents"`
+	Currency    string `json:"currency"`
+}
+
+func (p fuzzPayment) IdempotencyKey() string {
+	if p.OrderID == "" {
+		return ""
+	}
+	return "payment:" + p.OrderID
+}
+
+func (p fuzzPayment) Validate() error {
+	if p.AmountCents <= 0 {
+		return errors.New("amount_cents must be positive")
+	}
+	return nil
+}
+
+// FuzzRegisterDecode feeds arbitrary bodies and headers through the adapter
+// that Register builds. It must never panic; a body the handler never sees
+// fails permanently (decode, invalid or empty key), and a body it sees has
+// the key of its business identity.
+func FuzzRegisterDecode(f *testing.F) {
+	for _, s := range []string{
+		`{"order_id":"o-1","amount_cents":100,"currency":"EUR"}`,
+		`{"order_id":"","amount_cents":100}`,
+		`{"order_id":"o-2","amount_cents":0}`,
+		`{"order_id":"o-3","amount_cents":-1}`,
+		`{not json`,
+		`[]`,
+		`null`,
+		`{"order_id":7}`,
+		`{"order_id":"o-4","amount_cents":1e400}`,
+		"",
+		"\xff\xfe",
+	} {
+		f.Add([]byte(s), "1")
+	}
+	f.Fuzz(func(t *testing.T, body []byte, attempt string) {
+		r := NewRouter()
+		var seen *Message[fuzzPayment]
+		Register(r, "fuzz", HandlerFunc[fuzzPayment](func(_ context.Context, msg *Message[fuzzPayment]) error {
+			seen = msg
+			return nil
+		}), nil)
+		route := r.Routes()[0]
+		d := NewDelivery("fuzz", route.Opts.Consumer, "fuzz", &amqp.Delivery{Body: body, Headers: amqp.Table{HeaderAttempt: attempt}})
+		if d.Attempt < 1 {
+			t.Fatalf("attempt %d from header %q: want ≥ 1", d.Attempt, attempt)
+		}
+		err := route.Handler(context.Background(), d)
+		if seen == nil {
+			dec := retry.Classify(err)
+			if dec.Kind != retry.KindPermanent {
+				t.Fatalf("body %q not handled but classified %s (%v): a decode failure must be permanent", body, dec.Kind, err)
+			}
+			switch dec.Reason {
+			case retry.ReasonDecode, retry.ReasonInvalid:
+			default:
+				t.Fatalf("body %q: reason %q, want decode or invalid", body, dec.Reason)
+			}
+			return
+		}
+		if err != nil {
+			t.Fatalf("handled body %q returned %v", body, err)
+		}
+		if seen.Key == "" || seen.Key != "payment:"+seen.Body.OrderID || d.Key != seen.Key {
+			t.Fatalf("body %q: key %q for order %q", body, seen.Key, seen.Body.OrderID)
+		}
+		if seen.Body.AmountCents <= 0 {
+			t.Fatalf("body %q: invalid payload reached the handler", body)
+		}
+	})
+}
+
+// FuzzHeaderInt reads integer headers of every AMQP type the broker or a
+// producer may send: never a panic, and a value that matches its source.
+func FuzzHeaderInt(f *testing.F) {
+	f.Add(uint8(0), int64(3), "3")
+	f.Add(uint8(4), int64(-1), "-1")
+	f.Add(uint8(8), int64(0), "x")
+	f.Add(uint8(9), int64(1<<40), "99999999999999999999")
+	f.Fuzz(func(t *testing.T, kind uint8, n int64, s string) {
+		var v any
+		want := 0
+		switch kind % 11 {
+		case 0:
+			v, want = int32(n), int(int32(n))
+		case 1:
+			v, want = int64(n), int(n)
+		case 2:
+			v, want = int16(n), int(int16(n))
+		case 3:
+			v, want = int8(n), int(int8(n))
+		case 4:
+			v, want = uint8(n), int(uint8(n))
+		case 5:
+			v, want = uint16(n), int(uint16(n))
+		case 6:
+			v, want = uint32(n), int(uint32(n))
+		case 7:
+			v, want = int(n), int(n)
+		case 8:
+			v = s
+			if i, err := strconv.Atoi(s); err == nil {
+				want = i
+			}
+		case 9:
+			v = []byte(s) // not an integer type: reads as 0
+		default:
+			v = amqp.Table{"nested": n}
+		}
+		h := amqp.Table{HeaderDeliveryCount: v, HeaderAttempt: v}
+		if got := HeaderInt(h, HeaderDeliveryCount); got != want {
+			t.Fatalf("HeaderInt(%T %v) = %d, want %d", v, v, got, want)
+		}
+		d := NewDelivery("q", "q", "w", &amqp.Delivery{Headers: h})
+		if d.Attempt < 1 || d.DeliveryCount != want {
+			t.Fatalf("delivery from %T %v: attempt %d, delivery count %d", v, v, d.Attempt, d.DeliveryCount)
+		}
+	})
+}
+
+// FuzzDeathHeaders feeds x-death tables (well-formed, truncated or of the
+// wrong types) and x-error headers to the DLQ replay's header handling:
+// never a panic, and a replayed copy always starts again at attempt 1
+// without the broker's death headers.
+func FuzzDeathHeaders(f *testing.F) {
+	f.Add("rejected", int64(1), "decode: bad json", "decode", uint8(0))
+	f.Add("expired", int64(3), "", "expired", uint8(1))
+	f.Add("", int64(-1), "exhausted: x", "", uint8(2))
+	f.Add("maxlen", int64(0), "", "rejected", uint8(3))
+	f.Fuzz(func(t *testing.T, reason string, count int64, xerr, want string, shape uint8) {
+		var death any
+		switch shape % 5 {
+		case 0:
+			death = []any{amqp.Table{"reason": reason, "count": count, "queue": "q", "exchange": ""}}
+		case 1:
+			death = []any{amqp.Table{"reason": count}}
+		case 2:
+			death = []any{reason, count}
+		case 3:
+			death = []any{}
+		default:
+			death = amqp.Table{"reason": reason}
+		}
+		h := amqp.Table{"x-death": death, HeaderAttempt: count}
+		if xerr != "" {
+			h[HeaderError] = xerr
+		}
+		_ = replayMatches(h, &ReplayOpts{Reason: want})
+		_ = replayMatches(h, &ReplayOpts{Key: reason})
+		out := replayHeaders(h, int(count%1000))
+		if _, ok := out["x-death"]; ok {
+			t.Fatal("x-death kept on a replayed copy")
+		}
+		if _, ok := out[HeaderError]; ok {
+			t.Fatal("x-error kept on a replayed copy")
+		}
+		if got := HeaderInt(out, HeaderAttempt); got != 1 {
+			t.Fatalf("replayed attempt %d, want 1", got)
+		}
+	})
+}
