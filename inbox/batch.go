@@ -116,10 +116,10 @@ func failAll(units []*unit, err error) {
 }
 
 // execDistinct runs one transaction for units with distinct keys. Round
-// trips: BEGIN, one claim statement, then per delivery its handler's
-// statements (plus SAVEPOINT when more than one delivery was claimed, and
-// ROLLBACK TO SAVEPOINT and the failure record when it fails), and one
-// COMMIT.
+// trips: BEGIN pipelined with one claim statement, then per delivery its handler's
+// statements (when more than one delivery was claimed, each in a SAVEPOINT
+// pipelined with its first Exec; a failure adds ROLLBACK TO SAVEPOINT and
+// the failure record), and one COMMIT.
 func (s *Store) execDistinct(units []*unit) {
 	ctx, done := batchContext(units)
 	defer done()
@@ -140,16 +140,15 @@ func (s *Store) execDistinct(units []*unit) {
 		}
 	}
 
-	tx, err := s.pool.Begin(ctx)
-	if err != nil {
-		err = infraError(ReasonDBConnection, fmt.Errorf("inbox: begin: %w", err))
-		failAll(units, err)
-		endSpans(err)
-		return
-	}
+	// BEGIN and the claim travel in one pipeline.
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	s.queueClaim(b, units)
+	br := s.pool.SendBatch(ctx, b)
+	tx := br.Tx()
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 
-	claimed, err := s.claimBatch(ctx, tx, units)
+	claimed, err := s.claimBatch(ctx, tx, br, units)
 	endSpans(err)
 	if err != nil {
 		failAll(units, err)
@@ -166,26 +165,29 @@ func (s *Store) execDistinct(units []*unit) {
 		if u.onClaim != nil {
 			u.onClaim(cu.fence)
 		}
-		if savepoints {
-			if _, err := tx.Exec(ctx, "SAVEPOINT inboxmq_delivery"); err != nil {
-				failAll(units, infraError(ReasonDBConnection, fmt.Errorf("inbox: savepoint: %w", err)))
+		if !savepoints {
+			// The batch of one: on failure roll the whole transaction back,
+			// then record the failed attempt on its own.
+			if herr := runHandler(u, tx); herr != nil {
+				u.err = MapError(herr)
+				_ = tx.Rollback(context.WithoutCancel(ctx))
+				s.recordFailure(u, herr)
 				return
 			}
+			ok = append(ok, u)
+			continue
 		}
-		herr := runHandler(u, tx)
+		sp := &lazySavepoint{Tx: tx}
+		herr := runHandler(u, sp)
 		if herr == nil {
 			ok = append(ok, u)
 			continue
 		}
 		u.err = MapError(herr)
-		if !savepoints {
-			// The batch of one: roll the whole transaction back, then record
-			// the failed attempt on its own.
-			_ = tx.Rollback(context.WithoutCancel(ctx))
-			s.recordFailure(u, herr)
-			return
+		var err error
+		if sp.sent {
+			_, err = tx.Exec(ctx, rollbackToSQL)
 		}
-		_, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT inboxmq_delivery")
 		if err == nil {
 			_, err = tx.Exec(ctx, s.sql.failInTx, u.consumer, u.key, errorText(herr))
 		}
@@ -214,34 +216,43 @@ type claimedUnit struct {
 	fence int64
 }
 
-// claimBatch claims units' keys in one statement. Units whose key is not
-// claimed get their verdict (duplicate, key conflict, claim held) in u.err.
-func (s *Store) claimBatch(ctx context.Context, tx pgx.Tx, units []*unit) ([]claimedUnit, error) {
-	var rows pgx.Rows
-	var err error
+// queueClaim queues the claim of units' keys: one statement for all.
+func (s *Store) queueClaim(b *pgx.Batch, units []*unit) {
 	if len(units) == 1 {
 		u := units[0]
 		var mid *string
 		if u.messageID != "" {
 			mid = &u.messageID
 		}
-		rows, err = tx.Query(ctx, s.sql.claimOne, u.consumer, u.key, u.fp, mid, u.payload)
-	} else {
-		n := len(units)
-		consumers := make([]string, n)
-		keys := make([]string, n)
-		fps := make([][]byte, n)
-		mids := make([]*string, n)
-		payloads := make([][]byte, n)
-		for i, u := range units {
-			consumers[i], keys[i], fps[i], payloads[i] = u.consumer, u.key, u.fp, u.payload
-			if u.messageID != "" {
-				mids[i] = &u.messageID
-			}
-		}
-		rows, err = tx.Query(ctx, s.sql.claim, consumers, keys, fps, mids, payloads)
+		b.Queue(s.sql.claimOne, u.consumer, u.key, u.fp, mid, u.payload)
+		return
 	}
+	n := len(units)
+	consumers := make([]string, n)
+	keys := make([]string, n)
+	fps := make([][]byte, n)
+	mids := make([]*string, n)
+	payloads := make([][]byte, n)
+	for i, u := range units {
+		consumers[i], keys[i], fps[i], payloads[i] = u.consumer, u.key, u.fp, u.payload
+		if u.messageID != "" {
+			mids[i] = &u.messageID
+		}
+	}
+	b.Queue(s.sql.claim, consumers, keys, fps, mids, payloads)
+}
+
+// claimBatch reads the results of BEGIN and the claim from br and closes
+// it. Units whose key is not claimed get their verdict (duplicate, key
+// conflict, claim held) in u.err.
+func (s *Store) claimBatch(ctx context.Context, tx pgx.Tx, br pgx.BatchResults, units []*unit) ([]claimedUnit, error) {
+	if _, err := br.Exec(); err != nil {
+		_ = br.Close()
+		return nil, infraError(ReasonDBConnection, fmt.Errorf("inbox: begin: %w", err))
+	}
+	rows, err := br.Query()
 	if err != nil {
+		_ = br.Close()
 		return nil, infraError(ReasonDBConnection, fmt.Errorf("inbox: claim: %w", err))
 	}
 	fences := make(map[unitKey]int64, len(units))
@@ -251,6 +262,9 @@ func (s *Store) claimBatch(ctx context.Context, tx pgx.Tx, units []*unit) ([]cla
 		fences[k] = fence
 		return nil
 	})
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
 	if err != nil {
 		return nil, infraError(ReasonDBConnection, fmt.Errorf("inbox: claim: %w", err))
 	}

@@ -18,8 +18,8 @@ import (
 	"github.com/inboxmq/inboxmq/internal/pgtest"
 )
 
-// countingTracer counts the statements (round trips) sent on a pool; a
-// pipelined batch counts once.
+// countingTracer counts the round trips on a pool: each statement sent on
+// its own, and each pipelined batch once.
 type countingTracer struct{ n atomic.Int64 }
 
 func (c *countingTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
@@ -27,6 +27,13 @@ func (c *countingTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx
 	return ctx
 }
 func (c *countingTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (c *countingTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (c *countingTracer) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (c *countingTracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
 
 // benchSetup returns a bundle whose pool counts its round trips.
 func benchSetup(b *testing.B) (*testBundle, *countingTracer) {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 
 	"github.com/inboxmq/inboxmq/consumer"
@@ -149,12 +150,21 @@ func (c *Claim) Complete(ctx context.Context, fn func(ctx context.Context, tx pg
 	}
 	ctx, span := startSpan(ctx, "inbox.commit")
 	defer func() { endSpan(span, err) }()
-	tx, err := c.s.pool.Begin(ctx)
-	if err != nil {
-		return infraError(ReasonDBConnection, fmt.Errorf("inbox: begin: %w", err))
-	}
+	// BEGIN and the fenced completion travel in one pipeline.
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	b.Queue(c.s.sql.completeWith, c.Consumer, c.Key, c.Token, c.Fence, nil)
+	br := c.s.pool.SendBatch(ctx, b)
+	tx := br.Tx()
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	tag, err := tx.Exec(ctx, c.s.sql.completeWith, c.Consumer, c.Key, c.Token, c.Fence, nil)
+	_, err = br.Exec()
+	var tag pgconn.CommandTag
+	if err == nil {
+		tag, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
 	if err != nil {
 		return infraError(ReasonDBConnection, fmt.Errorf("inbox: complete: %w", err))
 	}

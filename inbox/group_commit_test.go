@@ -201,3 +201,48 @@ func TestGroupCommit_LoneDeliveryIsNotHeldBeyondMaxWait(t *testing.T) {
 	require.ErrorIs(t, h.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "lone"}, false)), inbox.ErrDuplicate)
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`))
 }
+
+func TestGroupCommit_HandlerShapesInsideSavepoints(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[order]) error {
+		switch msg.Body.OrderID {
+		case "a": // fails before any statement: its savepoint was never sent
+			return errors.New("a: rejected up front")
+		case "b": // a nested transaction whose failure it handles itself
+			_ = pgx.BeginFunc(ctx, tx, func(tx pgx.Tx) error {
+				_, err := tx.Exec(ctx, `SELECT 1/0`)
+				return err
+			})
+			return effectHandler(nil)(ctx, tx, msg)
+		case "c": // writes, then fails
+			if err := effectHandler(nil)(ctx, tx, msg); err != nil {
+				return err
+			}
+			return errors.New("c: failed after writing")
+		default: // reads first, then writes
+			var n int
+			if err := tx.QueryRow(ctx, `SELECT count(*) FROM effects`).Scan(&n); err != nil {
+				return err
+			}
+			return effectHandler(nil)(ctx, tx, msg)
+		}
+	}, fullBatch(4))
+	var msgs []*consumer.Message[order]
+	for _, id := range []string{"a", "b", "c", "d"} {
+		msgs = append(msgs, newMsg(t, "payments", order{OrderID: id}, false))
+	}
+	errs := handleAll(t, h, msgs)
+	require.ErrorContains(t, errs[0], "rejected up front")
+	require.NoError(t, errs[1])
+	require.ErrorContains(t, errs[2], "failed after writing")
+	require.NoError(t, errs[3])
+	rows, err := b.pool.Query(t.Context(), `SELECT key FROM effects ORDER BY key`)
+	require.NoError(t, err)
+	keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"order:b", "order:d"}, keys)
+	require.Equal(t, inbox.RecordFailed, b.get(t, "payments", "order:a").Status)
+	require.Equal(t, inbox.RecordFailed, b.get(t, "payments", "order:c").Status)
+	require.Equal(t, inbox.RecordCompleted, b.get(t, "payments", "order:d").Status)
+}

@@ -102,10 +102,12 @@ func (c *StoreConfig) withDefaults() StoreConfig {
 		out.CrashLimit = 10
 	}
 	if out.CleanupTimeout <= 0 {
-		out.CleanupTimeout = 5 * time.Second
+		out.CleanupTimeout = defaultCleanupTimeout
 	}
 	return out
 }
+
+const defaultCleanupTimeout = 5 * time.Second
 
 var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 
