@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -16,6 +17,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/control"
 	"github.com/inboxmq/inboxmq/inbox"
 	"github.com/inboxmq/inboxmq/metrics"
 	"github.com/inboxmq/inboxmq/middleware"
@@ -43,14 +45,11 @@ func run(ctx context.Context, cfg config) error {
 	}
 	defer func() { _ = logger.Sync() }()
 
-	pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
+	pool, err := openPool(ctx, cfg)
 	if err != nil {
-		return fmt.Errorf("connect %s: %w", redactURL(cfg.DatabaseURL), err)
+		return err
 	}
 	defer pool.Close()
-	if err := pool.Ping(ctx); err != nil {
-		return fmt.Errorf("connect %s: %w", redactURL(cfg.DatabaseURL), err)
-	}
 
 	store, err := inbox.NewStore(ctx, pool, &inbox.StoreConfig{Logger: logger})
 	if err != nil {
@@ -73,6 +72,18 @@ func run(ctx context.Context, cfg config) error {
 		return err
 	}
 	defer rdb.Close()
+
+	// Background services are stopped in reverse order of their start,
+	// each bounded, after the consumer has stopped and before the pool and
+	// the Redis client close.
+	var stops []func(context.Context) error
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		for i := len(stops) - 1; i >= 0; i-- {
+			_ = stops[i](sctx)
+		}
+	}()
 
 	router, err := newRouter(store, rdb, m, logger, cfg)
 	if err != nil {
@@ -100,11 +111,7 @@ func run(ctx context.Context, cfg config) error {
 	if err := srv.Start(ctx); err != nil {
 		return err
 	}
-	defer func() {
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(sctx)
-	}()
+	stops = append(stops, srv.Shutdown)
 
 	if err := declareEvents(cfg); err != nil {
 		return err
@@ -124,11 +131,49 @@ func run(ctx context.Context, cfg config) error {
 	if err := relay.Start(context.WithoutCancel(ctx)); err != nil {
 		return err
 	}
-	defer func() {
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		_ = relay.Stop(sctx)
+	stops = append(stops, relay.Stop)
+
+	// Maintenance: stale claims of vanished workers become retryable (and
+	// are counted), completed rows past the dedup window are deleted. Both
+	// are safe to run in every worker.
+	rec, err := inbox.NewReconciler(store, &inbox.ReconcilerConfig{OnStale: m.StaleRecords, Logger: logger})
+	if err != nil {
+		return err
+	}
+	recCtx, stopRec := context.WithCancel(context.WithoutCancel(ctx))
+	recDone := make(chan struct{})
+	go func() {
+		defer close(recDone)
+		_ = rec.Run(recCtx)
 	}()
+	stops = append(stops, func(ctx context.Context) error {
+		stopRec()
+		select {
+		case <-recDone:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	})
+	ret, err := inbox.NewRetention(store, &inbox.RetentionConfig{Logger: logger})
+	if err != nil {
+		return err
+	}
+	if err := ret.Start(ctx); err != nil {
+		return err
+	}
+	stops = append(stops, ret.Stop)
+
+	// Runtime controls (inboxctl pause/resume/concurrency) reach this
+	// worker through PostgreSQL; a pause set before the start holds.
+	watcher, err := control.NewWatcher(pool, &control.WatcherConfig{Target: c, Queues: control.QueuesOf(router), Logger: logger})
+	if err != nil {
+		return err
+	}
+	if err := watcher.Start(ctx); err != nil {
+		return err
+	}
+	stops = append(stops, watcher.Stop)
 
 	if err := c.Start(ctx); err != nil {
 		return err
@@ -152,6 +197,29 @@ func run(ctx context.Context, cfg config) error {
 	}
 	logger.Info("payment-worker stopped")
 	return nil
+}
+
+// openPool connects to DATABASE_URL. Unless the URL sets pool_max_conns,
+// the pool is sized for the handlers plus the background services (outbox
+// relay, LISTEN connections, reconciler, retention, metrics).
+func openPool(ctx context.Context, cfg config) (*pgxpool.Pool, error) {
+	pcfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
+	if err != nil {
+		// The parse error may echo the URL: never wrap it.
+		return nil, fmt.Errorf("DATABASE_URL %s: not a valid PostgreSQL URL", redactURL(cfg.DatabaseURL))
+	}
+	if !strings.Contains(cfg.DatabaseURL, "pool_max_conns") {
+		pcfg.MaxConns = int32(min(cfg.Concurrency+8, 200)) //nolint:gosec // bounded above
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect %s: %w", redactURL(cfg.DatabaseURL), err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connect %s: %w", redactURL(cfg.DatabaseURL), err)
+	}
+	return pool, nil
 }
 
 // redisClient builds the Redis client. It does not ping: Redis is an
