@@ -29,6 +29,10 @@ import (
 // 30 s of SIGTERM, and the consumer's soft stop (10 s) fits well inside.
 const stopTimeout = 25 * time.Second
 
+// handlerTimeout bounds one delivery's handling (lock, inbox, gateway);
+// past it the delivery is retried.
+const handlerTimeout = time.Minute
+
 // gatewayReasons are the retry reasons this worker adds; metrics
 // pre-initialises them so dashboards see zeros from start-up.
 var gatewayReasons = []string{reasonGateway5xx, reasonGateway4xx, reasonGatewayTimeout, reasonGateway429, reasonGatewayNetwork}
@@ -243,7 +247,15 @@ func redisClient(rawURL string) (redis.UniversalClient, error) {
 // after decoding, so they see the idempotency key.
 func newRouter(store *inbox.Store, rdb redis.UniversalClient, m *metrics.Metrics, logger *zap.Logger, cfg config) (*consumer.Router, error) {
 	router := consumer.NewRouter()
-	router.Use(middleware.Recover(&middleware.RecoverOpts{Logger: logger}))
+	// Router-wide, outermost first: panics become errors, a span per
+	// delivery (trace context from the headers), handler timing with the
+	// trace as exemplar, and a bound on a stuck handler.
+	router.Use(
+		middleware.Recover(&middleware.RecoverOpts{Logger: logger}),
+		middleware.Tracing(nil, nil),
+		middleware.Metrics(m),
+		middleware.Timeout(handlerTimeout),
+	)
 
 	dedupe := middleware.Dedupe(rdb, &middleware.DedupeOpts{Logger: logger, OnDegraded: m.SetRedisDegraded})
 	lck := middleware.Lock(rdb, &middleware.LockOpts{TTL: cfg.LockTTL, Logger: logger, OnDegraded: m.SetRedisDegraded})
