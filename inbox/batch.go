@@ -23,7 +23,11 @@ const tracerName = "github.com/inboxmq/inboxmq/inbox"
 // startSpan starts a child span of the caller's span; a no-op when ctx
 // carries none (no global provider is consulted).
 func startSpan(ctx context.Context, name string) (context.Context, trace.Span) {
-	return trace.SpanFromContext(ctx).TracerProvider().Tracer(tracerName).Start(ctx, name)
+	parent := trace.SpanFromContext(ctx)
+	if !parent.SpanContext().IsValid() {
+		return ctx, parent // no trace: nothing to record, nothing to allocate
+	}
+	return parent.TracerProvider().Tracer(tracerName).Start(ctx, name)
 }
 
 func endSpan(span trace.Span, err error) {
