@@ -309,7 +309,28 @@ func TestWorkerEndToEnd(t *testing.T) {
 	})
 
 	w.stop(t)
-	require.Contains(t, w.stderr.String(), `"idempotency_key":"payment:e2e-000"`, "JSON logs carry the idempotency key")
+	requireTransitionLogs(t, w.stderr.String(), "payment:e2e-000")
+}
+
+// requireTransitionLogs checks the JSON log lines of one key: each carries
+// the message id, attempt, worker id and status, and the key went from
+// received to completed.
+func requireTransitionLogs(t *testing.T, logs, key string) {
+	t.Helper()
+	statuses := map[string]bool{}
+	for line := range strings.Lines(logs) {
+		var entry map[string]any
+		if json.Unmarshal([]byte(line), &entry) != nil || entry["idempotency_key"] != key {
+			continue
+		}
+		for _, field := range []string{"message_id", "attempt", "worker_id", "status"} {
+			require.Contains(t, entry, field, "log line %s", line)
+		}
+		status, _ := entry["status"].(string)
+		statuses[status] = true
+	}
+	require.True(t, statuses[consumer.StatusCompleted], "a completed transition is logged for %s: %v", key, statuses)
+	require.True(t, statuses[consumer.StatusProcessing], "a processing transition is logged for %s: %v", key, statuses)
 }
 
 func TestTwoWorkersOneEffectPerOrder(t *testing.T) {
