@@ -19,8 +19,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
-	"github.com/pressly/goose/v3"
 
 	"github.com/inboxmq/inboxmq/internal/testenv"
 	"github.com/inboxmq/inboxmq/migrations"
@@ -138,25 +136,10 @@ func SchemaWith(t testing.TB, maxConns int32) (*pgxpool.Pool, string) {
 		_, _ = c.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
 	})
 	pool := Pool(t, schema, maxConns)
-	if err := migrate(ctx, pool); err != nil {
+	if err := migrations.Up(ctx, pool); err != nil { // its advisory lock is per schema
 		t.Fatalf("pgtest: migrate: %v", err)
 	}
 	return pool, schema
-}
-
-// migrate applies migrations.FS like migrations.Up, but without its
-// database-wide advisory lock: the schema is private to one test, and the
-// lock would serialise every parallel test of every package (goose polls
-// for it every few seconds).
-func migrate(ctx context.Context, pool *pgxpool.Pool) error {
-	db := stdlib.OpenDBFromPool(pool)
-	defer db.Close()
-	p, err := goose.NewProvider(goose.DialectPostgres, db, migrations.FS, goose.WithTableName(migrations.VersionTable))
-	if err != nil {
-		return err
-	}
-	_, err = p.Up(ctx)
-	return err
 }
 
 // Pool opens a pool on the test database with search_path set to schema,
