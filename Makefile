@@ -77,8 +77,9 @@ verify: lint ## Check formatting, vet, that go.mod/go.sum are tidy and that docs
 	  if ! git diff --quiet -- go.mod go.sum; then git diff -- go.mod go.sum; cp /tmp/inboxmq.go.mod.bak go.mod; cp /tmp/inboxmq.go.sum.bak go.sum; echo "go.mod/go.sum are not tidy"; exit 1; fi
 
 .PHONY: chaos
-chaos: up ## Fault-injection scenarios (broker restart, Redis flush, worker kill)
-	@if [ -f scripts/chaos.sh ]; then bash scripts/chaos.sh; else echo "chaos scenarios are not written yet"; fi
+CHAOS_ARGS ?= -orders 500 -workers 4 -duration 60s
+chaos: up ## Fault-injection run against payment-worker processes (CHAOS_ARGS="-seed 42 …" to tune)
+	$(GO) run ./cmd/inboxchaos $(CHAOS_ARGS)
 
 .PHONY: clean
 clean: ## Remove build output
