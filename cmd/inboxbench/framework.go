@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -54,11 +55,11 @@ func frameworkCases(e *env) []benchCase {
 				return writePayment(ctx, tx, m.Body)
 			}, nil), &consumer.HandlerOpts{Consumer: benchConsumer, Queue: consumer.QueueOpts{Concurrency: e.workers}})
 		})},
-		{"e", "inboxmq group commit (64 per tx, 4 in flight)", inboxmqCase(e, func(store *inbox.Store, r *consumer.Router, q string) {
+		{"e", fmt.Sprintf("inboxmq group commit (%d per tx, %d in flight)", e.batch, e.inflight), inboxmqCase(e, func(store *inbox.Store, r *consumer.Router, q string) {
 			consumer.Register(r, q, inbox.Handler(store, func(ctx context.Context, tx pgx.Tx, m *consumer.Message[payment]) error {
 				return writePayment(ctx, tx, m.Body)
-			}, &inbox.HandlerOpts{GroupCommit: &inbox.GroupCommit{MaxBatch: e.batch, MaxWait: 2 * time.Millisecond, MaxInFlight: 4}}),
-				&consumer.HandlerOpts{Consumer: benchConsumer, Queue: consumer.QueueOpts{Concurrency: 4 * e.batch, Prefetch: 8 * e.batch}})
+			}, &inbox.HandlerOpts{GroupCommit: &inbox.GroupCommit{MaxBatch: e.batch, MaxWait: 2 * time.Millisecond, MaxInFlight: e.inflight}}),
+				&consumer.HandlerOpts{Consumer: benchConsumer, Queue: consumer.QueueOpts{Concurrency: e.inflight * e.batch, Prefetch: 2 * e.inflight * e.batch}})
 		})},
 		{"f", "inboxmq Redis lock + claim mode, 8 handlers", inboxmqCase(e, func(store *inbox.Store, r *consumer.Router, q string) {
 			consumer.Register(r, q, inbox.ClaimHandler(store, func(ctx context.Context, c *inbox.Claim, m *consumer.Message[payment]) error {

@@ -53,14 +53,15 @@ type benchCase struct {
 }
 
 type env struct {
-	pool    *pgxpool.Pool
-	conn    *amqp.Connection
-	redis   redis.UniversalClient
-	amqpURL string
-	dbURL   string
-	schema  string
-	workers int
-	batch   int
+	pool     *pgxpool.Pool
+	conn     *amqp.Connection
+	redis    redis.UniversalClient
+	amqpURL  string
+	dbURL    string
+	schema   string
+	workers  int
+	batch    int
+	inflight int
 }
 
 type result struct {
@@ -80,6 +81,7 @@ func main() {
 		cases    = flag.String("cases", "a,b,c,d,e,f", "cases to run")
 		workers  = flag.Int("workers", 8, "handlers for the per-message cases")
 		batch    = flag.Int("batch", 64, "deliveries per transaction in the batched cases")
+		inflight = flag.Int("inflight", 4, "batches in flight in the batched cases")
 		latDur   = flag.Duration("latency", 4*time.Second, "duration of the steady-load latency run (0 skips it)")
 		amqpURL  = flag.String("amqp", cmp.Or(os.Getenv("AMQP_URL"), "amqp://guest:guest@127.0.0.1:5672/"), "broker")
 		dbURL    = flag.String("db", cmp.Or(os.Getenv("DATABASE_URL"), "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"), "database")
@@ -98,12 +100,12 @@ func main() {
 		log.Fatal(err)
 	}
 	defer e.close()
-	e.workers, e.batch = *workers, *batch
+	e.workers, e.batch, e.inflight = *workers, *batch, *inflight
 
 	all := append([]benchCase{
 		{"a", "raw amqp091 drain, ack only (broker ceiling)", rawDrain(e)},
 		{"b", fmt.Sprintf("hand-written loop, 1 tx per delivery, %d handlers", *workers), perMessageLoop(e, *workers)},
-		{"c", fmt.Sprintf("hand-written loop, %d per tx, 4 batches in flight", *batch), batchedLoop(e, *batch, 4, 2*time.Millisecond)},
+		{"c", fmt.Sprintf("hand-written loop, %d per tx, %d batches in flight", *batch, *inflight), batchedLoop(e, *batch, *inflight, 2*time.Millisecond)},
 	}, frameworkCases(e)...)
 	if *cpuProf != "" {
 		f, err := os.Create(*cpuProf)
