@@ -1,13 +1,3 @@
-// Command payment-worker is the inboxmq example: a RabbitMQ worker that
-// records payments in PostgreSQL so that a duplicate delivery can never
-// charge or book an order twice.
-//
-//	payment-worker migrate   # framework + example tables, safe to run twice
-//	payment-worker run       # consume PAYMENT_QUEUE until SIGINT/SIGTERM
-//	payment-worker publish   # demo: publish a burst of orders with duplicates
-//	payment-worker report    # demo: wait for the drain, count the effects
-//
-// Configuration comes from the environment; see README.md.
 package main
 
 import (
