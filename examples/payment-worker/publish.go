@@ -23,6 +23,8 @@ type summary struct {
 	UniqueOrders int    `json:"unique_orders"`
 	ValidCopies  int    `json:"valid_copies"`
 	Invalid      int    `json:"invalid"`
+	// StartedAt is when publishing began (the report's throughput clock).
+	StartedAt time.Time `json:"started_at"`
 }
 
 // burst builds the demo's messages: orders orders, each published 1 to
@@ -165,6 +167,7 @@ func newPublishCmd() *cobra.Command {
 			}
 			msgs, s := burst(runID, orders, maxCopies, invalid)
 			s.Queue = cfg.Queue
+			s.StartedAt = time.Now()
 			if err := publishAll(cmd.Context(), cfg.AMQPURL, cfg.Queue, msgs); err != nil {
 				return err
 			}

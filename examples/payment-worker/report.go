@@ -25,6 +25,7 @@ type counts struct {
 	QueueDepth   int
 	DeadLettered int
 	Duplicates   float64 // from the metrics endpoint; -1 when unknown
+	Elapsed      time.Duration
 }
 
 func newReportCmd() *cobra.Command {
@@ -78,6 +79,10 @@ func waitDrained(ctx context.Context, cfg config, s summary, metricsURL string, 
 	}
 	defer conn.Close()
 
+	start := s.StartedAt
+	if start.IsZero() {
+		start = time.Now()
+	}
 	deadline := time.Now().Add(wait)
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
@@ -86,6 +91,7 @@ func waitDrained(ctx context.Context, cfg config, s summary, metricsURL string, 
 		if err != nil {
 			return c, err
 		}
+		c.Elapsed = time.Since(start)
 		done := c.Payments >= s.UniqueOrders && c.DeadLettered >= s.Invalid && c.QueueDepth == 0 &&
 			(c.Duplicates < 0 || int(c.Duplicates) >= s.ValidCopies-s.UniqueOrders)
 		if done || time.Now().After(deadline) {
@@ -192,6 +198,9 @@ func printReport(w io.Writer, s summary, c counts) error {
 	fmt.Fprintf(tw, "duplicates detected\t%s\t(expected %d)\n", dups, s.ValidCopies-s.UniqueOrders)
 	fmt.Fprintf(tw, "dead-lettered\t%d\t(expected %d)\n", c.DeadLettered, s.Invalid)
 	fmt.Fprintf(tw, "left in queue\t%d\t\n", c.QueueDepth)
+	if secs := c.Elapsed.Seconds(); secs > 0 {
+		fmt.Fprintf(tw, "drained in\t%.1fs\t(from the first publish: %.0f msg/s)\n", secs, float64(s.Published)/secs)
+	}
 	_ = tw.Flush()
 	switch {
 	case c.Payments != s.UniqueOrders:
