@@ -231,15 +231,23 @@ func (c *Consumer) settle(r *route, j *job, d *Delivery, dec retry.Decision, inP
 		out.Action = ActionAcked
 		status = settled(&out, j.raw.Ack(false), status)
 	case dec.Kind == retry.KindRetry:
-		delay, ok := r.Opts.Policy.NextDelay(d.Attempt, dec.Err)
-		if !ok {
-			out.Decision.Reason = retry.ReasonExhausted
-			status = c.deadLetter(r, j, d, &out)
-			break
+		// A deferred retry (another worker holds the key) is not a failed
+		// attempt: same attempt number, no policy bound.
+		var delay time.Duration
+		next := d.Attempt
+		if !dec.Uncounted {
+			var ok bool
+			delay, ok = r.Opts.Policy.NextDelay(d.Attempt, dec.Err)
+			if !ok {
+				out.Decision.Reason = retry.ReasonExhausted
+				status = c.deadLetter(r, j, d, &out)
+				break
+			}
+			next++
 		}
 		tier := retry.Tier(r.Opts.Queue.RetryTiers, max(dec.Delay, delay))
 		h := failureHeaders(d.Headers, r.Queue, dec.Reason, dec.Err, time.Now())
-		h[HeaderAttempt] = int32(d.Attempt + 1) //nolint:gosec // attempts are small
+		h[HeaderAttempt] = int32(next) //nolint:gosec // attempts are small
 		if err := j.sess.pub.publish(c.baseCtx, RetryQueueName(r.Queue, tier), copyOf(&j.raw, h)); err != nil {
 			status = requeueAfter(j, &out, err)
 			break

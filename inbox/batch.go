@@ -335,7 +335,7 @@ func verdict(u *unit, status string, fp []byte, lease time.Duration, found bool)
 	case found && status == RecordCompleted:
 		return retry.Duplicate(retry.SourceInbox, fmt.Errorf("inbox: key %q of consumer %q is completed", u.key, u.consumer))
 	case found && status == RecordProcessing:
-		return retry.WithReason(ReasonClaimHeld, retry.After(max(lease, time.Second),
+		return retry.WithReason(ReasonClaimHeld, retry.Defer(max(lease, time.Second),
 			fmt.Errorf("inbox: key %q of consumer %q is claimed by another worker", u.key, u.consumer)))
 	default:
 		// The row changed between the claim and the look-up (such as a

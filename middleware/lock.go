@@ -55,8 +55,9 @@ type LockOpts struct {
 	// lock_expired). Keep it below RabbitMQ's consumer ack timeout. Defaults
 	// to lock.DefaultMaxHold (25m); -1 means no cap.
 	MaxHold time.Duration
-	// RetryDelay is the delay asked for (retry.After) when another worker
-	// holds the lock, so a contended key never hot-loops through the queue.
+	// RetryDelay is the delay asked for when another worker holds the lock
+	// (retry.Defer: not counted as an attempt), so a contended key never
+	// hot-loops through the queue and is never dead-lettered for it.
 	// Defaults to 5s.
 	RetryDelay time.Duration
 	// CallTimeout bounds each Redis call (obtain, refresh, release). Past it
@@ -118,7 +119,7 @@ func (o *LockOpts) withDefaults() LockOpts {
 //     keep-alive cancels if the lock is lost; the lock is released
 //     (compare-and-delete) when next returns;
 //   - held by another worker: next is not called; the result is
-//     retry.After(RetryDelay) with reason "lock_unavailable" and
+//     retry.Defer(RetryDelay) (not counted as an attempt) with reason "lock_unavailable" and
 //     StatusLockFailed is reported;
 //   - lost before completion (deleted, expired while Redis was silent, or
 //     MaxHold reached): next's context is cancelled with the cause
@@ -187,7 +188,7 @@ func (m *lockMiddleware) wrap(next consumer.DeliveryHandler) consumer.DeliveryHa
 			d.LockResult = LockHeld
 			span.SetAttributes(attribute.String("inboxmq.lock.result", LockHeld))
 			span.End()
-			herr := retry.WithReason(ReasonLockUnavailable, retry.After(m.opts.RetryDelay,
+			herr := retry.WithReason(ReasonLockUnavailable, retry.Defer(m.opts.RetryDelay,
 				fmt.Errorf("middleware: lock %q is held by another worker: %w", key, err)))
 			d.Transition(consumer.StatusLockFailed, herr)
 			return herr

@@ -68,6 +68,9 @@ type Decision struct {
 	Reason string
 	// Source is where a duplicate was caught (Duplicate only).
 	Source string
+	// Uncounted: a Retry that is not a failed attempt ([Defer]); the attempt
+	// number is not increased and the policy's bound does not apply.
+	Uncounted bool
 	// Err is the classified error (nil for Succeeded).
 	Err error
 }
@@ -96,7 +99,7 @@ type reasoner interface {
 //  4. ErrDuplicate (any DuplicateError) -> Duplicate;
 //  5. ErrKeyConflict -> Permanent (reason key_conflict);
 //  6. PermanentError -> Permanent;
-//  7. RetryableError -> Retry with its delay;
+//  7. RetryableError -> Retry with its delay (Uncounted for Defer);
 //  8. an error in the chain with Retryable() bool -> Retry or Permanent;
 //  9. context.DeadlineExceeded -> Retry (reason timeout);
 //  10. anything else -> Retry (reason error); the policy bounds the attempts.
@@ -141,7 +144,7 @@ func Classify(err error, rules ...Rule) Decision {
 	case errors.As(err, &perm):
 		return Decision{Kind: KindPermanent, Reason: reasonOf(err, ReasonPermanent), Err: err}
 	case errors.As(err, &retryable):
-		return Decision{Kind: KindRetry, Delay: retryable.Delay, Reason: reasonOf(err, ReasonRequested), Err: err}
+		return Decision{Kind: KindRetry, Delay: retryable.Delay, Uncounted: retryable.Uncounted, Reason: reasonOf(err, ReasonRequested), Err: err}
 	case errors.As(err, &behaviour):
 		if behaviour.Retryable() {
 			return Decision{Kind: KindRetry, Reason: reasonOf(err, ReasonError), Err: err}

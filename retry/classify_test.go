@@ -43,6 +43,7 @@ func TestClassify(t *testing.T) {
 		{"after", retry.After(3*time.Second, boom), retry.KindRetry, retry.ReasonRequested, "", 3 * time.Second},
 		{"retryable", retry.Retryable(boom), retry.KindRetry, retry.ReasonRequested, "", 0},
 		{"after with reason", retry.WithReason("gateway_5xx", retry.After(time.Second, boom)), retry.KindRetry, "gateway_5xx", "", time.Second},
+		{"defer", retry.Defer(time.Second, boom), retry.KindRetry, retry.ReasonRequested, "", time.Second},
 		{"interrupted", retry.Interrupted(boom), retry.KindInterrupted, "interrupted", "", 0},
 		{"behaviour retryable", fmt.Errorf("w: %w", selfDeciding{true}), retry.KindRetry, retry.ReasonError, "", 0},
 		{"behaviour permanent", selfDeciding{false}, retry.KindPermanent, retry.ReasonPermanent, "", 0},
@@ -87,6 +88,13 @@ func TestClassifyRules(t *testing.T) {
 	anyRetry := func(error) (retry.Decision, bool) { return retry.Decision{Kind: retry.KindRetry}, true }
 	require.Equal(t, retry.ReasonError, retry.Classify(errNotFound, anyRetry).Reason)
 	require.Equal(t, "r", retry.Classify(retry.WithReason("r", errNotFound), anyRetry).Reason)
+}
+
+func TestDeferIsUncounted(t *testing.T) {
+	t.Parallel()
+	require.True(t, retry.Classify(retry.WithReason("lock_unavailable", retry.Defer(time.Second, nil))).Uncounted)
+	require.False(t, retry.Classify(retry.After(time.Second, nil)).Uncounted)
+	require.ErrorIs(t, retry.Defer(0, nil), &retry.RetryableError{})
 }
 
 func TestErrorsMatchAnyInstance(t *testing.T) {

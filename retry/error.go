@@ -92,7 +92,9 @@ func (e *PermanentError) Is(target error) bool {
 type RetryableError struct {
 	// Delay is the delay the error asks for; zero means "use the policy".
 	Delay time.Duration
-	Err   error
+	// Uncounted marks a retry that is not a failed attempt (see [Defer]).
+	Uncounted bool
+	Err       error
 }
 
 // After asks for the delivery to be retried after d (rounded up to the
@@ -102,6 +104,19 @@ func After(d time.Duration, err error) error {
 		err = errors.New("retry requested")
 	}
 	return &RetryableError{Delay: d, Err: err}
+}
+
+// Defer asks for the delivery to be retried after d without counting an
+// attempt: the job did not fail, another worker holds its key (a Redis lock
+// or a live claim) and will either complete it (the retry is then a
+// duplicate) or lose the key when its TTL or lease ends. The attempt number
+// stays the same, so a contended key is never dead-lettered for running
+// out of attempts; the wait is bounded by the holder's TTL or lease.
+func Defer(d time.Duration, err error) error {
+	if err == nil {
+		err = errors.New("deferred")
+	}
+	return &RetryableError{Delay: d, Uncounted: true, Err: err}
 }
 
 // Retryable marks err as transient; the handler's policy chooses the delay.
