@@ -64,7 +64,7 @@ func TestMain(m *testing.M) {
 
 // workerBinary builds the payment-worker once per test run (a plain `go
 // build`, as operators do) and returns its path.
-func workerBinary(t *testing.T) string {
+func workerBinary(t testing.TB) string {
 	t.Helper()
 	buildOnce.Do(func() {
 		buildDir, buildErr = os.MkdirTemp("", "payment-worker-test-")
@@ -93,7 +93,7 @@ type testBundle struct {
 	binary string
 }
 
-func setup(t *testing.T, extraEnv ...string) *testBundle {
+func setup(t testing.TB, extraEnv ...string) *testBundle {
 	t.Helper()
 	pool, schema := pgtest.Schema(t)
 	queue := amqptest.QueueName(t)
@@ -134,7 +134,7 @@ type worker struct {
 
 // start runs `payment-worker run` with its own metrics port and waits until
 // /readyz answers 200 (its topology is declared and it consumes).
-func (b *testBundle) start(t *testing.T) *worker {
+func (b *testBundle) start(t testing.TB) *worker {
 	t.Helper()
 	addr := freeAddr(t)
 	w := &worker{metricsURL: "http://" + addr, stderr: &syncBuffer{}, exited: make(chan error, 1)}
@@ -164,7 +164,7 @@ func (b *testBundle) start(t *testing.T) *worker {
 }
 
 // stop sends SIGTERM and requires exit status 0 within 30 s.
-func (w *worker) stop(t *testing.T) {
+func (w *worker) stop(t testing.TB) {
 	t.Helper()
 	require.NoError(t, w.cmd.Process.Signal(syscall.SIGTERM))
 	select {
@@ -176,14 +176,14 @@ func (w *worker) stop(t *testing.T) {
 	}
 }
 
-func (w *worker) metrics(t *testing.T) string {
+func (w *worker) metrics(t testing.TB) string {
 	t.Helper()
 	code, body := httpGet(w.metricsURL + "/metrics")
 	require.Equal(t, http.StatusOK, code)
 	return body
 }
 
-func (w *worker) metricSum(t *testing.T, suffix string) float64 {
+func (w *worker) metricSum(t testing.TB, suffix string) float64 {
 	t.Helper()
 	v, err := sumMetric(strings.NewReader(w.metrics(t)), suffix)
 	require.NoError(t, err)
@@ -192,7 +192,7 @@ func (w *worker) metricSum(t *testing.T, suffix string) float64 {
 
 // subscribe binds a private queue to the worker's events exchange (which
 // the worker has declared) and returns its deliveries.
-func (b *testBundle) subscribe(t *testing.T) <-chan amqp.Delivery {
+func (b *testBundle) subscribe(t testing.TB) <-chan amqp.Delivery {
 	t.Helper()
 	ch, err := b.conn.Channel()
 	require.NoError(t, err)
@@ -205,7 +205,7 @@ func (b *testBundle) subscribe(t *testing.T) <-chan amqp.Delivery {
 	return deliveries
 }
 
-func (b *testBundle) migrate(t *testing.T) {
+func (b *testBundle) migrate(t testing.TB) {
 	t.Helper()
 	cmd := exec.Command(b.binary, "migrate")
 	cmd.Env = b.env
@@ -215,7 +215,7 @@ func (b *testBundle) migrate(t *testing.T) {
 
 // publishOrders publishes n orders named prefix-i, order i (1 + i%copies)
 // times, each copy under a new message id. It returns the number of copies.
-func (b *testBundle) publishOrders(t *testing.T, prefix string, n, copies int) int {
+func (b *testBundle) publishOrders(t testing.TB, prefix string, n, copies int) int {
 	t.Helper()
 	total := 0
 	for i := range n {
@@ -229,7 +229,7 @@ func (b *testBundle) publishOrders(t *testing.T, prefix string, n, copies int) i
 	return total
 }
 
-func (b *testBundle) count(t *testing.T, query string, args ...any) int {
+func (b *testBundle) count(t testing.TB, query string, args ...any) int {
 	t.Helper()
 	var n int
 	require.NoError(t, b.pool.QueryRow(t.Context(), query, args...).Scan(&n))
@@ -238,7 +238,7 @@ func (b *testBundle) count(t *testing.T, query string, args ...any) int {
 
 // requireOneEffectPerOrder checks exactly one payment and one ledger entry
 // for each of the n orders named prefix-i, and nothing else under prefix.
-func (b *testBundle) requireOneEffectPerOrder(t *testing.T, prefix string, n int) {
+func (b *testBundle) requireOneEffectPerOrder(t testing.TB, prefix string, n int) {
 	t.Helper()
 	like := prefix + "-%"
 	require.Equal(t, n, b.count(t, `SELECT count(*) FROM payments WHERE order_id LIKE $1`, like), "payments rows")
@@ -500,7 +500,7 @@ func TestWorkerGatewayClaimMode(t *testing.T) {
 }
 
 // newLoopbackServer serves h on 127.0.0.1 and returns its base URL.
-func newLoopbackServer(t *testing.T, h http.Handler) string {
+func newLoopbackServer(t testing.TB, h http.Handler) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -517,7 +517,7 @@ func newLoopbackServer(t *testing.T, h http.Handler) string {
 	return "http://" + ln.Addr().String()
 }
 
-func freeAddr(t *testing.T) string {
+func freeAddr(t testing.TB) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
