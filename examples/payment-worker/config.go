@@ -88,14 +88,5 @@ func (c config) validate() error {
 	return nil
 }
 
-// redactURL hides the password of a URL for logs and error messages.
-func redactURL(s string) string {
-	u, err := url.Parse(s)
-	if err != nil {
-		return "<unparseable URL>"
-	}
-	return u.Redacted()
-}
-
 // getenv is the environment lookup used by the commands.
 var getenv = os.Getenv

@@ -412,6 +412,34 @@ func TestWorkerWithoutRedis(t *testing.T) {
 	w.stop(t)
 }
 
+func TestCredentialsNeverLogged(t *testing.T) {
+	t.Parallel()
+	_, schema := pgtest.Schema(t)
+	// PostgreSQL trusts loopback, so the password is accepted and the run
+	// gets as far as the broker, where nothing listens on port 1.
+	dbURL := strings.Replace(pgtest.URL(schema), "postgres@", "postgres:pg-secret-1@", 1)
+	require.Contains(t, dbURL, "pg-secret-1")
+	env := append(os.Environ(),
+		"DATABASE_URL="+dbURL,
+		"AMQP_URL=amqp://guest:amqp-secret-2@127.0.0.1:1/",
+		"REDIS_URL=redis://:redis-secret-3@127.0.0.1:9/0",
+		"PAYMENT_QUEUE="+amqptest.QueueName(t),
+		"METRICS_ADDR="+freeAddr(t),
+	)
+	bin := workerBinary(t)
+	for _, args := range [][]string{{"migrate"}, {"run"}} {
+		cmd := exec.CommandContext(t.Context(), bin, args...)
+		cmd.Env = env
+		out, err := cmd.CombinedOutput()
+		if args[0] == "run" {
+			require.Error(t, err, "run fails without a broker: %s", out)
+		}
+		for _, secret := range []string{"pg-secret-1", "amqp-secret-2", "redis-secret-3"} {
+			require.NotContains(t, string(out), secret, "%v output: %s", args, out)
+		}
+	}
+}
+
 // gateway is a fake payment gateway that records every charge call.
 type gateway struct {
 	mu    sync.Mutex

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/migrations"
 )
 
@@ -25,7 +26,7 @@ const versionTable = "payment_worker_migrations"
 func migrate(ctx context.Context, databaseURL string) error {
 	pool, err := pgxpool.New(ctx, databaseURL)
 	if err != nil {
-		return fmt.Errorf("migrate: connect %s: %w", redactURL(databaseURL), err)
+		return fmt.Errorf("migrate: connect %s: %w", consumer.RedactURL(databaseURL), err)
 	}
 	defer pool.Close()
 	if err := migrations.Up(ctx, pool); err != nil {

@@ -13,6 +13,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/spf13/cobra"
+
+	"github.com/inboxmq/inboxmq/consumer"
 )
 
 // summary is what publish reports and report checks.
@@ -79,7 +81,7 @@ func newID() string {
 func publishAll(ctx context.Context, amqpURL, queue string, msgs []amqp.Publishing) error {
 	conn, err := amqp.Dial(amqpURL)
 	if err != nil {
-		return fmt.Errorf("publish: connect %s: %w", redactURL(amqpURL), err)
+		return fmt.Errorf("publish: connect %s: %w", consumer.RedactURL(amqpURL), err)
 	}
 	defer conn.Close()
 	ch, err := conn.Channel()
@@ -125,7 +127,7 @@ func publishAll(ctx context.Context, amqpURL, queue string, msgs []amqp.Publishi
 func purge(amqpURL, queue string) error {
 	conn, err := amqp.Dial(amqpURL)
 	if err != nil {
-		return fmt.Errorf("purge: connect %s: %w", redactURL(amqpURL), err)
+		return fmt.Errorf("purge: connect %s: %w", consumer.RedactURL(amqpURL), err)
 	}
 	defer conn.Close()
 	for _, q := range []string{queue, queue + ".dlq"} {

@@ -16,6 +16,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/spf13/cobra"
+
+	"github.com/inboxmq/inboxmq/consumer"
 )
 
 // counts are the effects of one demo run.
@@ -70,12 +72,12 @@ func newReportCmd() *cobra.Command {
 func waitDrained(ctx context.Context, cfg config, s summary, metricsURL string, wait time.Duration) (counts, error) {
 	pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
 	if err != nil {
-		return counts{}, fmt.Errorf("report: connect %s: %w", redactURL(cfg.DatabaseURL), err)
+		return counts{}, fmt.Errorf("report: connect %s: %w", consumer.RedactURL(cfg.DatabaseURL), err)
 	}
 	defer pool.Close()
 	conn, err := amqp.Dial(cfg.AMQPURL)
 	if err != nil {
-		return counts{}, fmt.Errorf("report: connect %s: %w", redactURL(cfg.AMQPURL), err)
+		return counts{}, fmt.Errorf("report: connect %s: %w", consumer.RedactURL(cfg.AMQPURL), err)
 	}
 	defer conn.Close()
 

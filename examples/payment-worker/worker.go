@@ -185,7 +185,7 @@ func run(ctx context.Context, cfg config) error {
 	logger.Info("payment-worker consuming",
 		zap.String("queue", cfg.Queue),
 		zap.Bool("gateway", cfg.GatewayURL != ""),
-		zap.String("amqp_url", redactURL(cfg.AMQPURL)),
+		zap.String("amqp_url", consumer.RedactURL(cfg.AMQPURL)),
 		zap.String("metrics_addr", cfg.MetricsAddr))
 
 	select {
@@ -210,18 +210,18 @@ func openPool(ctx context.Context, cfg config) (*pgxpool.Pool, error) {
 	pcfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
 	if err != nil {
 		// The parse error may echo the URL: never wrap it.
-		return nil, fmt.Errorf("DATABASE_URL %s: not a valid PostgreSQL URL", redactURL(cfg.DatabaseURL))
+		return nil, fmt.Errorf("DATABASE_URL %s: not a valid PostgreSQL URL", consumer.RedactURL(cfg.DatabaseURL))
 	}
 	if !strings.Contains(cfg.DatabaseURL, "pool_max_conns") {
 		pcfg.MaxConns = int32(min(cfg.Concurrency+8, 200)) //nolint:gosec // bounded above
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
-		return nil, fmt.Errorf("connect %s: %w", redactURL(cfg.DatabaseURL), err)
+		return nil, fmt.Errorf("connect %s: %w", consumer.RedactURL(cfg.DatabaseURL), err)
 	}
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("connect %s: %w", redactURL(cfg.DatabaseURL), err)
+		return nil, fmt.Errorf("connect %s: %w", consumer.RedactURL(cfg.DatabaseURL), err)
 	}
 	return pool, nil
 }
@@ -232,7 +232,7 @@ func openPool(ctx context.Context, cfg config) (*pgxpool.Pool, error) {
 func redisClient(rawURL string) (redis.UniversalClient, error) {
 	opt, err := redis.ParseURL(rawURL)
 	if err != nil {
-		return nil, fmt.Errorf("REDIS_URL %q: %w", redactURL(rawURL), errors.New("not a redis:// or rediss:// URL"))
+		return nil, fmt.Errorf("REDIS_URL %s: not a redis:// or rediss:// URL", consumer.RedactURL(rawURL))
 	}
 	opt.DialTimeout = 500 * time.Millisecond
 	opt.ReadTimeout = 500 * time.Millisecond
@@ -351,7 +351,7 @@ func writePayment(ctx context.Context, tx pgx.Tx, events string, p Payment) erro
 func declareEvents(cfg config) error {
 	conn, err := amqp.Dial(cfg.AMQPURL)
 	if err != nil {
-		return fmt.Errorf("connect %s: %w", redactURL(cfg.AMQPURL), err)
+		return fmt.Errorf("connect %s: %w", consumer.RedactURL(cfg.AMQPURL), err)
 	}
 	defer conn.Close()
 	ch, err := conn.Channel()
