@@ -42,8 +42,15 @@ test/race: up ## Run the Go tests with the race detector
 test/short: up ## Run the Go tests with -short (skips slow reconnect and stress tests)
 	$(GO) test -short -count=1 -timeout $(TIMEOUT) $(PKGS)
 
+BENCH_N    ?= 20000
+BENCH_RUNS ?= 3
+
 .PHONY: bench
-bench: up ## Run the benchmarks (no tests)
+bench: up ## One-run benchmark against the ceilings (cmd/inboxbench): msgs/s, latency, allocs, CPU, RSS and the ratios
+	$(GO) run ./cmd/inboxbench -n $(BENCH_N) -runs $(BENCH_RUNS) -batch 64 -inflight 8
+
+.PHONY: bench/go
+bench/go: up ## Run the packages' go test benchmarks (no tests)
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 -timeout $(TIMEOUT) $(PKGS)
 
 .PHONY: build
