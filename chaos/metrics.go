@@ -118,6 +118,27 @@ var counted = []string{
 	"idempotency_conflict_total",
 	"stale_processing_records_total",
 	processedMetric,
+	reconnectsMetric,
+	connectedMetric,
+}
+
+// reconnectsMetric and connectedMetric are the consumer's broker connection
+// series; recovery from a closed connection is measured with them.
+const (
+	reconnectsMetric = "broker_reconnects_total"
+	connectedMetric  = "broker_connected"
+)
+
+// current scrapes once and returns the current process's value of the
+// counted series name (false if the scrape failed or the series is absent).
+func (s *scraper) current(ctx context.Context, name string) (float64, bool) {
+	if !s.scrape(ctx) {
+		return 0, false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v, ok := s.cur[name]
+	return v, ok
 }
 
 // processedMetric counts the deliveries a worker process has finished

@@ -63,6 +63,11 @@ func (r *scenarioRun) inject(ctx context.Context, kind string, w *worker) FaultE
 	ev := FaultEvent{At: time.Since(r.start), Kind: kind, Worker: w.idx}
 	before := r.ledgerCount(ctx)
 	baseline, _ := w.scrape.processed(ctx)
+	reconnects := -1.0
+	if v, ok := w.scrape.current(ctx, reconnectsMetric); ok {
+		reconnects = v
+	}
+	connLost := false // measure recovery as reconnection
 	target := w
 	var err error
 	switch kind {
@@ -88,6 +93,7 @@ func (r *scenarioRun) inject(ctx context.Context, kind string, w *worker) FaultE
 		var n int
 		n, err = CloseBrokerConnections(ctx, w.pid())
 		ev.Detail = fmt.Sprintf("closed %d connections", n)
+		connLost = err == nil && n > 0 && reconnects >= 0
 	case FaultPGTerminate:
 		var n int
 		n, err = TerminateBackends(ctx, r.pool, w.appName, w.pid())
@@ -129,7 +135,28 @@ func (r *scenarioRun) inject(ctx context.Context, kind string, w *worker) FaultE
 		ev.Err = err.Error()
 		return ev
 	}
-	ev.Recovery, err = r.recovered(ctx, target, before, baseline)
+	progress := func() bool { // the target worker finished a delivery since the fault
+		n, ok := target.scrape.processed(ctx)
+		return ok && n > baseline
+	}
+	if connLost {
+		// A closed connection is recovered when the worker has connected
+		// again (its reconnect counter rose and it reports a connection).
+		progress = func() bool {
+			rc, ok1 := target.scrape.current(ctx, reconnectsMetric)
+			up, ok2 := target.scrape.current(ctx, connectedMetric)
+			return ok1 && ok2 && rc > reconnects && up >= 1
+		}
+	}
+	if target == nil {
+		progress = nil
+	}
+	ev.Recovery, err = r.recovered(ctx, target, before, progress, connLost)
+	if connLost {
+		if rc, ok := target.scrape.current(ctx, reconnectsMetric); ok {
+			ev.Detail += fmt.Sprintf(", reconnects %.0f→%.0f", reconnects, rc)
+		}
+	}
 	if err != nil {
 		ev.Err = err.Error()
 		r.violate("no recovery after %s on worker %d at %.1fs: %v", kind, w.idx, ev.At.Seconds(), err)
@@ -138,11 +165,12 @@ func (r *scenarioRun) inject(ctx context.Context, kind string, w *worker) FaultE
 }
 
 // recovered waits until the run made progress again after a fault. With a
-// target worker w: w is ready and has finished a delivery since the fault
-// (its processed count rose above baseline). Without one: a new ledger entry
-// since before. Either way, an empty work queue also counts (nothing left
+// target worker w: w is ready and progress reports true (by default: w
+// finished a delivery since the fault; after a closed connection: w
+// connected again). Without one: a new ledger entry since before. Except
+// after a closed connection, an empty work queue also counts (nothing left
 // to make progress on).
-func (r *scenarioRun) recovered(ctx context.Context, w *worker, before int, baseline float64) (time.Duration, error) {
+func (r *scenarioRun) recovered(ctx context.Context, w *worker, before int, progress func() bool, connLost bool) (time.Duration, error) {
 	start := time.Now()
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
@@ -151,12 +179,10 @@ func (r *scenarioRun) recovered(ctx context.Context, w *worker, before int, base
 			if r.ledgerCount(ctx) > before {
 				return time.Since(start), nil
 			}
-		} else if w.ready(ctx) {
-			if n, ok := w.scrape.processed(ctx); ok && n > baseline {
-				return time.Since(start), nil
-			}
+		} else if w.ready(ctx) && progress() {
+			return time.Since(start), nil
 		}
-		if w == nil || w.ready(ctx) {
+		if !connLost && (w == nil || w.ready(ctx)) {
 			if n, err := r.depth(r.queue); err == nil && n == 0 {
 				return time.Since(start), nil
 			}
