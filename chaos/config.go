@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"sync"
 	"time"
 )
 
@@ -70,7 +71,8 @@ type Config struct {
 	RedisURL string
 	// Keep keeps the schemas, queues and logs of the run. Defaults to false.
 	Keep bool
-	// Log receives progress lines. Defaults to nil, which discards them.
+	// Log receives progress lines, one Write per line; Run serialises the
+	// writes of its goroutines. Defaults to nil, which discards them.
 	Log io.Writer
 }
 
@@ -104,7 +106,20 @@ func (c *Config) withDefaults() Config {
 	if out.Log == nil {
 		out.Log = io.Discard
 	}
+	out.Log = &lockedWriter{w: out.Log}
 	return out
+}
+
+// lockedWriter serialises writes from the runner's goroutines.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
 
 func (c *Config) validate() error {
