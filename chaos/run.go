@@ -21,11 +21,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
-)
 
-// retryTiers are the payment-worker's broker delay tiers (the consumer's
-// defaults); their wait queues must be empty at the end of a run.
-var retryTiers = []time.Duration{time.Second, 5 * time.Second, 30 * time.Second, 2 * time.Minute, 10 * time.Minute}
+	"github.com/inboxmq/inboxmq/consumer"
+)
 
 // FaultEvent is one injected fault.
 type FaultEvent struct {
@@ -349,8 +347,10 @@ func (r *scenarioRun) teardown() {
 // queueNames returns the work queue and its retry queues (and the DLQ).
 func (r *scenarioRun) queueNames(withDLQ bool) []string {
 	out := []string{r.queue}
-	for _, t := range retryTiers {
-		out = append(out, r.queue+".retry."+t.String())
+	// The payment-worker uses the consumer's default delay tiers; their
+	// wait queues must be empty at the end of a run.
+	for _, t := range consumer.DefaultRetryTiers {
+		out = append(out, consumer.RetryQueueName(r.queue, t))
 	}
 	if withDLQ {
 		out = append(out, r.queue+".dlq")
@@ -663,7 +663,7 @@ func (r *scenarioRun) drainDLQ() ([]DeadLetter, error) {
 		if !ok {
 			return out, nil
 		}
-		reason, _ := d.Headers["x-error"].(string)
+		reason, _ := d.Headers[consumer.HeaderError].(string)
 		out = append(out, DeadLetter{Body: d.Body, Error: reason})
 	}
 }
