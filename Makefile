@@ -85,7 +85,9 @@ verify: lint ## Check formatting, vet, that go.mod/go.sum are tidy and that docs
 
 .PHONY: chaos
 CHAOS_ARGS ?= -orders 500 -workers 4 -duration 60s
-chaos: up ## Fault-injection run against payment-worker processes (CHAOS_ARGS="-seed 42 …" to tune)
+CHAOS_ARGS ?= -orders 500 -workers 4 -duration 60s -restart-redis
+
+chaos: up ## Full-size fault-injection run against payment-worker processes; restarts the local Redis (CHAOS_ARGS="-seed 42 …" to tune)
 	$(GO) run ./cmd/inboxchaos $(CHAOS_ARGS)
 
 .PHONY: clean
