@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -15,12 +18,35 @@ import (
 // errNotConfirmed is returned when the broker nacks a publish.
 var errNotConfirmed = errors.New("consumer: broker did not confirm the publish (nack)")
 
+// errReturned is returned when the broker confirms a copy that no queue
+// took (its queue is missing): the copy is lost, so the original must not be
+// acked.
+var errReturned = errors.New("consumer: copy returned unroutable (its queue is missing)")
+
+// headerCopyID tags each retry or dead-letter copy so that a basic.return
+// can be matched to its publish. It has no meaning downstream.
+const headerCopyID = "x-inboxmq-copy-id"
+
 // publisher is a connection's confirm-mode channel, shared by the workers
 // for retry and dead-letter copies.
 type publisher struct {
 	ch      *amqp.Channel
 	timeout time.Duration
+	log     *zap.Logger
+
+	// returns receives the broker's basic.return frames. The broker sends a
+	// copy's return before its confirm, and amqp091 hands both over in that
+	// order, so once a copy is confirmed its return (if any) is already in
+	// this channel: the waiter drains it into returned and looks itself up.
+	returns  chan amqp.Return
+	mu       sync.Mutex
+	returned map[string]amqp.Return
+	seq      atomic.Uint64
 }
+
+// returnsBuffer must exceed the publishes that can be outstanding at once
+// (the workers of every route), or the connection's reader would block.
+const returnsBuffer = 4096
 
 func newPublisher(s *session, timeout time.Duration) (*publisher, error) {
 	ch, err := s.conn.Channel()
@@ -31,25 +57,32 @@ func newPublisher(s *session, timeout time.Duration) (*publisher, error) {
 		return nil, fmt.Errorf("consumer: put publisher channel in confirm mode: %w", err)
 	}
 	s.watch("publisher channel", ch.NotifyClose(make(chan *amqp.Error, 1)))
-	// Copies are published with mandatory set: a copy that no queue takes
-	// (its queue was deleted behind our back) is returned and logged loudly.
-	returns := ch.NotifyReturn(make(chan amqp.Return, 16))
-	log := s.c.log
-	go func() {
-		for r := range returns {
-			log.Error("consumer: a retry or dead-letter copy was returned unroutable; its queue is missing",
-				zap.String("queue", r.RoutingKey), zap.String("message_id", r.MessageId),
-				zap.Uint16("reply_code", r.ReplyCode), zap.String("reply_text", r.ReplyText))
-		}
-	}()
-	return &publisher{ch: ch, timeout: timeout}, nil
+	return newConfirmPublisher(ch, timeout, s.c.log), nil
+}
+
+// newConfirmPublisher wraps ch, already in confirm mode. Copies are
+// published with mandatory set: a copy that no queue takes (its queue was
+// deleted behind our back) is returned, and the publish fails (the original
+// is requeued, never acked).
+func newConfirmPublisher(ch *amqp.Channel, timeout time.Duration, log *zap.Logger) *publisher {
+	p := &publisher{ch: ch, timeout: timeout, log: log, returned: make(map[string]amqp.Return)}
+	p.returns = ch.NotifyReturn(make(chan amqp.Return, returnsBuffer))
+	return p
 }
 
 // publish sends msg to queue through the default exchange and waits for the
-// broker's confirm, bounded by the publish timeout.
+// broker's confirm, bounded by the publish timeout. A nacked or returned
+// copy is an error.
 func (p *publisher) publish(ctx context.Context, queue string, msg amqp.Publishing) error {
 	ctx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()
+	id := strconv.FormatUint(p.seq.Add(1), 36)
+	h := make(amqp.Table, len(msg.Headers)+1)
+	for k, v := range msg.Headers {
+		h[k] = v
+	}
+	h[headerCopyID] = id
+	msg.Headers = h
 	dc, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, true, false, msg)
 	if err != nil {
 		return fmt.Errorf("consumer: publish to %q: %w", queue, err)
@@ -61,7 +94,37 @@ func (p *publisher) publish(ctx context.Context, queue string, msg amqp.Publishi
 	if !ok {
 		return fmt.Errorf("consumer: publish to %q: %w", queue, errNotConfirmed)
 	}
+	if r, returned := p.takeReturn(id); returned {
+		p.log.Error("consumer: a retry or dead-letter copy was returned unroutable; its queue is missing",
+			zap.String("queue", r.RoutingKey), zap.String("message_id", r.MessageId),
+			zap.Uint16("reply_code", r.ReplyCode), zap.String("reply_text", r.ReplyText))
+		return fmt.Errorf("consumer: publish to %q: %w", queue, errReturned)
+	}
 	return nil
+}
+
+// takeReturn drains the returns received so far and reports whether the
+// copy tagged id was among them (removing it).
+func (p *publisher) takeReturn(id string) (amqp.Return, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for {
+		select {
+		case r := <-p.returns:
+			if rid, ok := r.Headers[headerCopyID].(string); ok {
+				p.returned[rid] = r
+			}
+			continue
+		default:
+		}
+		break
+	}
+	r, ok := p.returned[id]
+	delete(p.returned, id)
+	if len(p.returned) > returnsBuffer { // returns of waiters that timed out
+		clear(p.returned)
+	}
+	return r, ok
 }
 
 // copyOf builds a persistent copy of raw (same body, ids and content type)
@@ -92,7 +155,7 @@ const maxErrorHeader = 1024
 func failureHeaders(h amqp.Table, queue, reason string, err error, now time.Time) amqp.Table {
 	out := make(amqp.Table, len(h)+6)
 	for k, v := range h {
-		if k == HeaderDeliveryCount {
+		if k == HeaderDeliveryCount || k == headerCopyID {
 			continue
 		}
 		out[k] = v

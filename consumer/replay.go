@@ -8,6 +8,7 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.uber.org/zap"
 )
 
 // HeaderReplayRefused marks a dead letter that [ReplayDLQ] selected but
@@ -93,7 +94,7 @@ func ReplayDLQ(ctx context.Context, conn *amqp.Connection, queue string, opts *R
 	if err != nil {
 		return res, fmt.Errorf("consumer: replay: inspect %q: %w", o.DeadLetterQueue, err)
 	}
-	pub := &publisher{ch: ch, timeout: o.PublishTimeout}
+	pub := newConfirmPublisher(ch, o.PublishTimeout, zap.NewNop())
 	for range q.Messages {
 		if err := ctx.Err(); err != nil {
 			return res, fmt.Errorf("consumer: replay: %w", err)

@@ -249,7 +249,7 @@ func (c *Consumer) settle(r *route, j *job, d *Delivery, dec retry.Decision, inP
 		h := failureHeaders(d.Headers, r.Queue, dec.Reason, dec.Err, time.Now())
 		h[HeaderAttempt] = int32(next) //nolint:gosec // attempts are small
 		if err := j.sess.pub.publish(c.baseCtx, RetryQueueName(r.Queue, tier), copyOf(&j.raw, h)); err != nil {
-			status = requeueAfter(j, &out, err)
+			status = c.requeueAfter(r, j, &out, err)
 			break
 		}
 		c.hooks.Load().runAfterPublish(d)
@@ -284,7 +284,7 @@ func (c *Consumer) deadLetter(r *route, j *job, d *Delivery, out *Outcome) strin
 		h[HeaderIdempotencyKey] = d.Key
 	}
 	if err := j.sess.pub.publish(c.baseCtx, r.Opts.Queue.DeadLetterQueue, copyOf(&j.raw, h)); err != nil {
-		return requeueAfter(j, out, err)
+		return c.requeueAfter(r, j, out, err)
 	}
 	c.hooks.Load().runAfterPublish(d)
 	out.Action = ActionDeadLettered
@@ -301,9 +301,16 @@ func settled(out *Outcome, err error, status string) string {
 	return StatusFailed
 }
 
-// requeueAfter handles a failed or unconfirmed copy: the original is
-// requeued, never acked.
-func requeueAfter(j *job, out *Outcome, pubErr error) string {
+// requeueAfter handles a failed, unconfirmed or returned copy: the
+// original is requeued, never acked. A returned copy means a queue of the
+// route's topology is missing: it is declared again first, so the next try
+// finds it.
+func (c *Consumer) requeueAfter(r *route, j *job, out *Outcome, pubErr error) string {
+	if errors.Is(pubErr, errReturned) {
+		if err := declareTopology(j.sess.conn, r.Route); err != nil {
+			pubErr = errors.Join(pubErr, err)
+		}
+	}
 	out.Action = ActionRequeued
 	if err := j.raw.Nack(false, true); err != nil {
 		out.Action = ActionAbandoned

@@ -1,0 +1,50 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/internal/amqptest"
+	"github.com/inboxmq/inboxmq/retry"
+)
+
+// A dead-letter copy whose queue was deleted behind the consumer's back is
+// returned by the broker (mandatory) although it is confirmed. The original
+// must not be acked (that would lose the message): it is requeued, the
+// topology is declared again, and the redelivery reaches the DLQ.
+func TestConsumer_ReturnedCopyRequeuesAndRedeclares(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var calls atomic.Int32
+	r := consumer.NewRouter()
+	consumer.Register(r, b.queue, consumer.HandlerFunc[order](func(context.Context, *consumer.Message[order]) error {
+		calls.Add(1)
+		return retry.Permanent(errors.New("card declined"))
+	}), fastOpts())
+	c := b.start(t, r, nil)
+
+	ch, err := b.conn.Channel()
+	require.NoError(t, err)
+	_, err = ch.QueueDelete(b.queue+".dlq", false, false, false)
+	require.NoError(t, err)
+	require.NoError(t, ch.Close())
+
+	b.publish(t, b.queue, `{"id":"lost?","amount":5}`)
+	first := b.rec.next(t)
+	require.Equal(t, consumer.ActionRequeued, first.Outcome.Action, "never acked while its copy is lost")
+	require.ErrorContains(t, first.Outcome.Err, "returned unroutable")
+	second := b.rec.next(t)
+	require.Equal(t, consumer.ActionDeadLettered, second.Outcome.Action)
+	b.stop(t, c)
+
+	dead := amqptest.Drain(t, b.conn, b.queue+".dlq")
+	require.Len(t, dead, 1, "exactly one copy in the re-declared DLQ")
+	require.Equal(t, "permanent: card declined", dead[0].Headers[consumer.HeaderError])
+	require.Equal(t, int32(2), calls.Load())
+	require.Equal(t, 0, amqptest.Depth(t, b.conn, b.queue))
+}
