@@ -147,6 +147,8 @@ type Metrics struct {
 
 	redisDegraded   prometheus.Gauge
 	degraded        atomic.Bool
+	degradedMu      sync.Mutex
+	degradedBy      map[string]bool // Redis users currently degraded
 	reconnects      prometheus.Counter
 	connected       prometheus.Gauge
 	everConnected   atomic.Bool
@@ -404,18 +406,41 @@ func (m *Metrics) OnConnState(state consumer.ConnState, _ error) {
 
 // SetRedisDegraded sets redis_degraded: the lock and completed-cache hooks
 // call it with true when Redis fails (and they fall back to PostgreSQL alone)
-// and with false when it answers again.
+// and with false when it answers again. With several Redis users, give each
+// its own hook from [Metrics.RedisDegradedHook] instead, so that one
+// recovering does not clear the flag while another is still degraded.
 func (m *Metrics) SetRedisDegraded(degraded bool) {
-	m.degraded.Store(degraded)
+	m.setDegraded("", degraded)
+}
+
+// RedisDegradedHook returns an OnDegraded hook for one Redis user (such as
+// "lock" or "cache"): redis_degraded is 1 while any user is degraded.
+func (m *Metrics) RedisDegradedHook(component string) func(degraded bool) {
+	return func(degraded bool) { m.setDegraded(component, degraded) }
+}
+
+func (m *Metrics) setDegraded(component string, degraded bool) {
+	m.degradedMu.Lock()
+	defer m.degradedMu.Unlock()
+	if m.degradedBy == nil {
+		m.degradedBy = make(map[string]bool)
+	}
 	if degraded {
+		m.degradedBy[component] = true
+	} else {
+		delete(m.degradedBy, component)
+	}
+	anyDegraded := len(m.degradedBy) > 0
+	m.degraded.Store(anyDegraded)
+	if anyDegraded {
 		m.redisDegraded.Set(1)
 	} else {
 		m.redisDegraded.Set(0)
 	}
 }
 
-// RedisDegraded reports the last value given to [Metrics.SetRedisDegraded]
-// (false before any call). Readiness checks use it to flag, not fail.
+// RedisDegraded reports whether any Redis user is degraded (false before
+// any call). Readiness checks use it to flag, not fail.
 func (m *Metrics) RedisDegraded() bool { return m.degraded.Load() }
 
 // StaleRecords adds n to stale_processing_records_total{consumer}: the

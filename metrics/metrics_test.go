@@ -423,3 +423,23 @@ func BenchmarkMetrics_Delivery(b *testing.B) {
 		}
 	})
 }
+
+// One Redis user recovering must not clear the flag while another is still
+// degraded.
+func TestMetrics_RedisDegradedPerComponent(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	m, err := metrics.New(reg, nil)
+	require.NoError(t, err)
+	lock, cache := m.RedisDegradedHook("lock"), m.RedisDegradedHook("cache")
+	gauge := func() float64 { return value(t, reg, "redis_degraded", nil) }
+	lock(true)
+	cache(true)
+	require.Equal(t, 1.0, gauge())
+	cache(false)
+	require.Equal(t, 1.0, gauge(), "the lock is still degraded")
+	require.True(t, m.RedisDegraded())
+	lock(false)
+	require.Equal(t, 0.0, gauge())
+	require.False(t, m.RedisDegraded())
+}

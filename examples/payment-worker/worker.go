@@ -257,11 +257,11 @@ func newRouter(store *inbox.Store, rdb redis.UniversalClient, m *metrics.Metrics
 		middleware.Timeout(handlerTimeout),
 	)
 
-	dedupe := middleware.Dedupe(rdb, &middleware.DedupeOpts{Logger: logger, OnDegraded: m.SetRedisDegraded})
+	dedupe := middleware.Dedupe(rdb, &middleware.DedupeOpts{Logger: logger, OnDegraded: m.RedisDegradedHook("cache")})
 	// A copy that finds the key locked waits 1s in a delay tier (a payment
 	// commits in milliseconds, so the holder is done by then and the copy is
 	// acked as a duplicate).
-	lck := middleware.Lock(rdb, &middleware.LockOpts{TTL: cfg.LockTTL, RetryDelay: time.Second, Logger: logger, OnDegraded: m.SetRedisDegraded})
+	lck := middleware.Lock(rdb, &middleware.LockOpts{TTL: cfg.LockTTL, RetryDelay: time.Second, Logger: logger, OnDegraded: m.RedisDegradedHook("lock")})
 	opts := &consumer.HandlerOpts{
 		Middleware: []consumer.Middleware{dedupe, lck},
 		Queue:      consumer.QueueOpts{Concurrency: cfg.Concurrency},
