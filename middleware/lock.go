@@ -119,8 +119,8 @@ func (o *LockOpts) withDefaults() LockOpts {
 //     keep-alive cancels if the lock is lost; the lock is released
 //     (compare-and-delete) when next returns;
 //   - held by another worker: next is not called; the result is
-//     retry.Defer(RetryDelay) (not counted as an attempt) with reason "lock_unavailable" and
-//     StatusLockFailed is reported;
+//     retry.Defer(RetryDelay) (not counted as an attempt) with reason
+//     "lock_unavailable", and StatusLockFailed is reported;
 //   - lost before completion (deleted, expired while Redis was silent, or
 //     MaxHold reached): next's context is cancelled with the cause
 //     (lock.ErrLockLost or lock.ErrMaxHoldReached), StatusLockExpired is
