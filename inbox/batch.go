@@ -61,7 +61,7 @@ type unitKey struct{ consumer, key string }
 // commit share it. Deliveries of the same key within the batch are deferred
 // to a following transaction, so they meet the first one's committed
 // outcome exactly as a concurrent duplicate would.
-func (s *Store) execBatch(units []*unit) {
+func (s *Store) execBatch(units []*unit, pipeline bool) {
 	for len(units) > 0 {
 		var first, later []*unit
 		if len(units) == 1 {
@@ -78,7 +78,7 @@ func (s *Store) execBatch(units []*unit) {
 				first = append(first, u)
 			}
 		}
-		s.execDistinct(first)
+		s.execDistinct(first, pipeline)
 		for _, u := range first {
 			close(u.done)
 		}
@@ -124,7 +124,12 @@ func failAll(units []*unit, err error) {
 // statements (when more than one delivery was claimed, each in a SAVEPOINT
 // pipelined with its first Exec; a failure adds ROLLBACK TO SAVEPOINT and
 // the failure record), and one COMMIT.
-func (s *Store) execDistinct(units []*unit) {
+//
+// With pipeline (GroupCommit.Pipeline) and more than one delivery claimed,
+// the handlers first run concurrently with their statements sent together
+// (pipeline.go); if that attempt fails, the transaction is rolled back and
+// the batch runs again here without pipeline.
+func (s *Store) execDistinct(units []*unit, pipeline bool) {
 	ctx, done := batchContext(units)
 	defer done()
 	slices.SortFunc(units, func(a, b *unit) int {
@@ -162,9 +167,24 @@ func (s *Store) execDistinct(units []*unit) {
 		return
 	}
 
-	savepoints := len(claimed) > 1
 	var ok []*unit
-	for _, cu := range claimed {
+	serial := claimed
+	if pipeline && len(claimed) > 1 {
+		if !s.runPipelined(ctx, tx, claimed) {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+			for _, u := range units {
+				u.err = nil
+			}
+			s.execDistinct(units, false)
+			return
+		}
+		for _, cu := range claimed {
+			ok = append(ok, cu.u)
+		}
+		serial = nil // every handler has run
+	}
+	savepoints := len(claimed) > 1
+	for _, cu := range serial {
 		u := cu.u
 		if u.onClaim != nil {
 			u.onClaim(cu.fence)
@@ -437,5 +457,5 @@ func (b *batcher) do(u *unit) {
 	}
 	units := pb.units
 	b.mu.Unlock()
-	b.s.execBatch(units)
+	b.s.execBatch(units, b.cfg.Pipeline)
 }

@@ -101,7 +101,7 @@ func Handler[T any](s *Store, h TxHandlerFunc[T], opts *HandlerOpts) consumer.Ha
 		if b != nil {
 			b.do(u)
 		} else {
-			s.execBatch([]*unit{u})
+			s.execBatch([]*unit{u}, false)
 		}
 		return u.err
 	})

@@ -69,6 +69,18 @@ type GroupCommit struct {
 	// MaxInFlight is the most batches of one handler executing at once
 	// (each holds a pool connection). Defaults to 2.
 	MaxInFlight int
+	// Pipeline runs a batch's handlers concurrently on its transaction and
+	// sends their statements together: each round trip carries the next
+	// Exec of every handler still running, so a batch costs about as many
+	// round trips as one handler makes, not as all of them together. It is
+	// optimistic (no savepoints): a handler that returns an error, a
+	// statement that fails, or any call other than Exec on the transaction
+	// rolls the attempt back, and the batch runs again one handler after
+	// the other with a savepoint each, where every delivery is classified
+	// alone. A handler of such a batch therefore runs twice: use it for
+	// handlers that are pure database work through Exec (as transactional
+	// mode asks anyway). Defaults to false.
+	Pipeline bool
 }
 
 func (g GroupCommit) or(def GroupCommit) GroupCommit {
@@ -81,6 +93,7 @@ func (g GroupCommit) or(def GroupCommit) GroupCommit {
 	if g.MaxInFlight <= 0 {
 		g.MaxInFlight = def.MaxInFlight
 	}
+	g.Pipeline = g.Pipeline || def.Pipeline
 	return g
 }
 

@@ -55,10 +55,10 @@ func frameworkCases(e *env) []benchCase {
 				return writePayment(ctx, tx, m.Body)
 			}, nil), &consumer.HandlerOpts{Consumer: benchConsumer, Queue: consumer.QueueOpts{Concurrency: e.workers}})
 		})},
-		{"e", fmt.Sprintf("inboxmq group commit (%d per tx, %d in flight)", e.batch, e.inflight), inboxmqCase(e, func(store *inbox.Store, r *consumer.Router, q string) {
+		{"e", fmt.Sprintf("inboxmq group commit (%d per tx, %d in flight, pipeline %v)", e.batch, e.inflight, e.pipeline), inboxmqCase(e, func(store *inbox.Store, r *consumer.Router, q string) {
 			consumer.Register(r, q, inbox.Handler(store, func(ctx context.Context, tx pgx.Tx, m *consumer.Message[payment]) error {
 				return writePayment(ctx, tx, m.Body)
-			}, &inbox.HandlerOpts{GroupCommit: &inbox.GroupCommit{MaxBatch: e.batch, MaxWait: 2 * time.Millisecond, MaxInFlight: e.inflight}}),
+			}, &inbox.HandlerOpts{GroupCommit: &inbox.GroupCommit{MaxBatch: e.batch, MaxWait: 2 * time.Millisecond, MaxInFlight: e.inflight, Pipeline: e.pipeline}}),
 				&consumer.HandlerOpts{Consumer: benchConsumer, Queue: consumer.QueueOpts{Concurrency: e.inflight * e.batch, Prefetch: 2 * e.inflight * e.batch}})
 		})},
 		{"f", "inboxmq Redis lock + claim mode, 8 handlers", inboxmqCase(e, func(store *inbox.Store, r *consumer.Router, q string) {

@@ -62,6 +62,7 @@ type env struct {
 	workers  int
 	batch    int
 	inflight int
+	pipeline bool
 }
 
 type result struct {
@@ -82,6 +83,7 @@ func main() {
 		workers  = flag.Int("workers", 8, "handlers for the per-message cases")
 		batch    = flag.Int("batch", 64, "deliveries per transaction in the batched cases")
 		inflight = flag.Int("inflight", 4, "batches in flight in the batched cases")
+		pipeline = flag.Bool("pipeline", true, "case (e): GroupCommit.Pipeline (handlers' statements sent together)")
 		latDur   = flag.Duration("latency", 4*time.Second, "duration of the steady-load latency run (0 skips it)")
 		amqpURL  = flag.String("amqp", cmp.Or(os.Getenv("AMQP_URL"), "amqp://guest:guest@127.0.0.1:5672/"), "broker")
 		dbURL    = flag.String("db", cmp.Or(os.Getenv("DATABASE_URL"), "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"), "database")
@@ -100,7 +102,7 @@ func main() {
 		log.Fatal(err)
 	}
 	defer e.close()
-	e.workers, e.batch, e.inflight = *workers, *batch, *inflight
+	e.workers, e.batch, e.inflight, e.pipeline = *workers, *batch, *inflight, *pipeline
 
 	all := append([]benchCase{
 		{"a", "raw amqp091 drain, ack only (broker ceiling)", rawDrain(e)},
