@@ -1,0 +1,78 @@
+package middleware_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/internal/amqptest"
+	"github.com/inboxmq/inboxmq/internal/testenv"
+	"github.com/inboxmq/inboxmq/middleware"
+	"github.com/inboxmq/inboxmq/retry"
+)
+
+type tracedOrder struct {
+	ID string `json:"id"`
+}
+
+func (o tracedOrder) IdempotencyKey() string { return "order:" + o.ID }
+
+// Through the real consumer and broker: the trace context a producer
+// published is the parent of the consumer span of the first attempt and,
+// carried on the retry copy's headers, of the retried attempt's span too.
+func TestTracing_ContextSurvivesABrokerRetry(t *testing.T) {
+	t.Parallel()
+	b := setupTrace(t)
+	headers, parent := publish(t, b.tp)
+	delete(headers, consumer.HeaderAttempt)
+
+	conn := amqptest.Dial(t)
+	queue := amqptest.QueueName(t)
+	attempts := make(chan int, 4)
+	r := consumer.NewRouter()
+	r.Use(middleware.Tracing(b.tp, nil))
+	consumer.Register(r, queue, consumer.HandlerFunc[tracedOrder](func(_ context.Context, m *consumer.Message[tracedOrder]) error {
+		attempts <- m.Attempt
+		if m.Attempt == 1 {
+			return errors.New("gateway timeout")
+		}
+		return nil
+	}), &consumer.HandlerOpts{
+		Policy:    retry.Exponential{InitialInterval: 10 * time.Millisecond, MaxAttempts: 3},
+		InProcess: retry.InProcess{Tries: -1},
+		Queue:     consumer.QueueOpts{Concurrency: 1, RetryTiers: []time.Duration{50 * time.Millisecond}},
+	})
+	c, err := consumer.New(&consumer.Config{URL: testenv.AMQPURL(), Router: r})
+	require.NoError(t, err)
+	require.NoError(t, c.Start(t.Context()))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = c.Stop(ctx)
+	})
+	amqptest.NewPublisher(t, conn).Publish(queue, []byte(`{"id":"t1"}`), amqp.Publishing{MessageId: "m1", Headers: headers})
+
+	require.Equal(t, 1, testenv.WaitChan(t, attempts, "first attempt"))
+	require.Equal(t, 2, testenv.WaitChan(t, attempts, "retried attempt"))
+	testenv.WaitFor(t, "two consumer spans ended", func() bool {
+		n := 0
+		for _, s := range b.rec.Ended() {
+			if s.Name() == "process "+queue {
+				n++
+			}
+		}
+		return n == 2
+	})
+	for _, s := range b.rec.Ended() {
+		if s.Name() != "process "+queue {
+			continue
+		}
+		require.Equal(t, parent.TraceID(), s.SpanContext().TraceID(), "same trace on every attempt")
+		require.Equal(t, parent.SpanID(), s.Parent().SpanID(), "the producer's span is the parent of every attempt")
+	}
+}
