@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 
 	"github.com/inboxmq/inboxmq/consumer"
@@ -150,33 +149,22 @@ func (c *Claim) Complete(ctx context.Context, fn func(ctx context.Context, tx pg
 	}
 	ctx, span := startSpan(ctx, "inbox.commit")
 	defer func() { endSpan(span, err) }()
-	// BEGIN and the fenced completion travel in one pipeline.
-	b := &pgx.Batch{}
-	b.BeginTx(pgx.TxOptions{})
-	b.Queue(c.s.sql.completeWith, c.Consumer, c.Key, c.Token, c.Fence, nil)
-	br := c.s.pool.SendBatch(ctx, b)
-	tx := br.Tx()
+	// BEGIN and the fenced completion travel in one pipeline with fn's
+	// first Exec (completionTx).
+	tx := &completionTx{c: c}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	_, err = br.Exec()
-	var tag pgconn.CommandTag
-	if err == nil {
-		tag, err = br.Exec()
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return infraError(ReasonDBConnection, fmt.Errorf("inbox: complete: %w", err))
-	}
-	if tag.RowsAffected() == 0 {
-		return c.fenced()
-	}
 	if fn != nil {
 		if err := fn(ctx, tx); err != nil {
+			if tx.err != nil { // the start's own verdict: fenced, or the connection
+				return tx.err
+			}
 			return MapError(err)
 		}
 	}
-	if err := tx.Commit(ctx); err != nil {
+	if err := tx.ensure(ctx); err != nil {
+		return err
+	}
+	if err := tx.tx.Commit(ctx); err != nil {
 		return infraError(ReasonDBCommit, fmt.Errorf("inbox: commit: %w", err))
 	}
 	c.done = true
