@@ -98,15 +98,11 @@ deleted it).`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, cancel := c.ctx(cmd)
 			defer cancel()
-			pool, err := c.openDB(ctx)
+			s, closeDB, err := c.openStore(ctx)
 			if err != nil {
 				return err
 			}
-			defer pool.Close()
-			s, err := inbox.NewStore(ctx, pool, nil)
-			if err != nil {
-				return err
-			}
+			defer closeDB()
 			r, err := s.Get(ctx, consumerName, args[0])
 			if errors.Is(err, inbox.ErrNotFound) {
 				return notFoundError{fmt.Errorf("no inbox row for consumer %q, key %q", consumerName, args[0])}
@@ -161,15 +157,11 @@ a worker that died or hung; reconcile makes it safe to retry.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, cancel := c.ctx(cmd)
 			defer cancel()
-			pool, err := c.openDB(ctx)
+			s, closeDB, err := c.openStore(ctx)
 			if err != nil {
 				return err
 			}
-			defer pool.Close()
-			s, err := inbox.NewStore(ctx, pool, nil)
-			if err != nil {
-				return err
-			}
+			defer closeDB()
 			recs, err := s.Stale(ctx, olderThan)
 			if err != nil {
 				return err
@@ -210,15 +202,11 @@ plus the DLQ replay window).`,
 			}
 			ctx, cancel := c.ctx(cmd)
 			defer cancel()
-			pool, err := c.openDB(ctx)
+			s, closeDB, err := c.openStore(ctx)
 			if err != nil {
 				return err
 			}
-			defer pool.Close()
-			s, err := inbox.NewStore(ctx, pool, nil)
-			if err != nil {
-				return err
-			}
+			defer closeDB()
 			r, err := inbox.NewRetention(s, &inbox.RetentionConfig{Window: olderThan, BatchSize: batch})
 			if err != nil {
 				return err

@@ -56,15 +56,11 @@ none) and changes nothing.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, cancel := c.ctx(cmd)
 			defer cancel()
-			pool, err := c.openDB(ctx)
+			s, closeDB, err := c.openStore(ctx)
 			if err != nil {
 				return err
 			}
-			defer pool.Close()
-			s, err := inbox.NewStore(ctx, pool, nil)
-			if err != nil {
-				return err
-			}
+			defer closeDB()
 			r, err := inbox.NewReconciler(s, &inbox.ReconcilerConfig{Grace: grace, BatchSize: batch, MaxAttempts: maxAttempts})
 			if err != nil {
 				return usageError{err}

@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/inboxmq/inboxmq/control"
+	"github.com/inboxmq/inboxmq/inbox"
 )
 
 // Exit codes.
@@ -172,6 +173,21 @@ func (c *cli) openDB(ctx context.Context) (*pgxpool.Pool, error) {
 		return nil, fmt.Errorf("database %s: %w", redactURL(u), err)
 	}
 	return pool, nil
+}
+
+// openStore opens the database and the inbox store on it; closeDB closes
+// the pool.
+func (c *cli) openStore(ctx context.Context) (s *inbox.Store, closeDB func(), err error) {
+	pool, err := c.openDB(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	s, err = inbox.NewStore(ctx, pool, nil)
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return s, pool.Close, nil
 }
 
 // dialBroker connects to RabbitMQ.
