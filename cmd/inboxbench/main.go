@@ -90,6 +90,7 @@ func main() {
 		redisURL = flag.String("redis", cmp.Or(os.Getenv("REDIS_URL"), "redis://127.0.0.1:6379/0"), "redis")
 		out      = flag.String("out", "", "also write the markdown report to this file")
 		cpuProf  = flag.String("cpuprofile", "", "write a CPU profile of the drains to this file")
+		memProf  = flag.String("memprofile", "", "write an allocation profile (all allocations) to this file at the end")
 	)
 	flag.Parse()
 	log.SetFlags(0)
@@ -118,6 +119,17 @@ func main() {
 			log.Fatal(err)
 		}
 		defer pprof.StopCPUProfile()
+	}
+	if *memProf != "" {
+		runtime.MemProfileRate = 4096
+		defer func() {
+			f, err := os.Create(*memProf)
+			if err != nil {
+				log.Fatal(err)
+			}
+			_ = pprof.Lookup("allocs").WriteTo(f, 0)
+			_ = f.Close()
+		}()
 	}
 	want := strings.Split(*cases, ",")
 	var results []*result
