@@ -89,7 +89,22 @@ func run(ctx context.Context, cfg config) error {
 		}
 	}()
 
-	router, err := newRouter(store, rdb, m, logger, cfg)
+	// Runtime controls (inboxctl pause/resume/concurrency/block) reach this
+	// worker through PostgreSQL. The watcher exists before the router (the
+	// Block middleware asks it which keys are blocked) and starts, with the
+	// consumer as its target, before the consumer does: a pause set before
+	// the start holds.
+	target := &consumerTarget{}
+	watcher, err := control.NewWatcher(pool, &control.WatcherConfig{
+		Target: target, Queues: map[string]string{cfg.Queue: cfg.Queue}, Logger: logger,
+	})
+	if err != nil {
+		return err
+	}
+	parker := &redialParker{url: cfg.AMQPURL, name: "payment-worker-parker"}
+	defer parker.Close()
+
+	router, err := newRouter(store, rdb, m, watcher, parker, logger, cfg)
 	if err != nil {
 		return err
 	}
@@ -168,12 +183,7 @@ func run(ctx context.Context, cfg config) error {
 	}
 	stops = append(stops, ret.Stop)
 
-	// Runtime controls (inboxctl pause/resume/concurrency) reach this
-	// worker through PostgreSQL; a pause set before the start holds.
-	watcher, err := control.NewWatcher(pool, &control.WatcherConfig{Target: c, Queues: control.QueuesOf(router), Logger: logger})
-	if err != nil {
-		return err
-	}
+	target.c = c
 	if err := watcher.Start(ctx); err != nil {
 		return err
 	}
@@ -245,7 +255,7 @@ func redisClient(rawURL string) (redis.UniversalClient, error) {
 // newRouter registers the payment handler: transactional mode without a
 // gateway, claim mode with one. The completed-cache and the Redis lock run
 // after decoding, so they see the idempotency key.
-func newRouter(store *inbox.Store, rdb redis.UniversalClient, m *metrics.Metrics, logger *zap.Logger, cfg config) (*consumer.Router, error) {
+func newRouter(store *inbox.Store, rdb redis.UniversalClient, m *metrics.Metrics, watcher *control.Watcher, parker middleware.Parker, logger *zap.Logger, cfg config) (*consumer.Router, error) {
 	router := consumer.NewRouter()
 	// Router-wide, outermost first: panics become errors, a span per
 	// delivery (trace context from the headers), handler timing with the
@@ -262,8 +272,14 @@ func newRouter(store *inbox.Store, rdb redis.UniversalClient, m *metrics.Metrics
 	// commits in milliseconds, so the holder is done by then and the copy is
 	// acked as a duplicate).
 	lck := middleware.Lock(rdb, &middleware.LockOpts{TTL: cfg.LockTTL, RetryDelay: time.Second, Logger: logger, OnDegraded: m.RedisDegradedHook("lock")})
+	// A key blocked at ingress (inboxctl block) is parked before anything
+	// else runs; inboxctl unblock releases it to be processed once.
+	block, err := middleware.Block(watcher, parker, &middleware.BlockOpts{Logger: logger})
+	if err != nil {
+		return nil, err
+	}
 	opts := &consumer.HandlerOpts{
-		Middleware: []consumer.Middleware{dedupe, lck},
+		Middleware: []consumer.Middleware{block, dedupe, lck},
 		Queue:      consumer.QueueOpts{Concurrency: cfg.Concurrency},
 	}
 
