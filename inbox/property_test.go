@@ -1,0 +1,137 @@
+package inbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+	"pgregory.net/rapid"
+
+	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/retry"
+)
+
+// What a delivery's handler does, chosen by the generator.
+type behaviour int
+
+const (
+	behaveOK              behaviour = iota
+	behaveFailBeforeWrite           // an error before any statement
+	behaveFailAfterWrite            // the business writes, then an error
+	behaveSQLError                  // the business writes, then a failing statement
+)
+
+var propSeq atomic.Int64
+
+// TestProperty_AtMostOneEffectPerKey drives random groups of concurrent
+// deliveries — duplicates of a few keys, each failing in a random way or
+// succeeding — through the three commit modes (per message, group commit,
+// pipelined group commit), and checks after every group that no key has
+// more than one effect, that a key some delivery completed has exactly one,
+// and that every key ends with exactly one effect once it is delivered
+// successfully.
+func TestProperty_AtMostOneEffectPerKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	rapid.Check(t, func(rt *rapid.T) {
+		ctx := context.Background()
+		run := propSeq.Add(1)
+		mode := rapid.SampledFrom([]string{"per-message", "group", "pipelined"}).Draw(rt, "mode")
+		var opts *inbox.HandlerOpts
+		switch mode {
+		case "group":
+			opts = &inbox.HandlerOpts{GroupCommit: &inbox.GroupCommit{MaxBatch: 8, MaxWait: time.Millisecond, MaxInFlight: 2}}
+		case "pipelined":
+			opts = &inbox.HandlerOpts{GroupCommit: &inbox.GroupCommit{MaxBatch: 8, MaxWait: time.Millisecond, MaxInFlight: 2, Pipeline: true}}
+		}
+		var behaviours sync.Map // message id -> behaviour
+		h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[order]) error {
+			v, _ := behaviours.Load(msg.ID)
+			be, _ := v.(behaviour)
+			if be == behaveFailBeforeWrite {
+				return errors.New("fails before writing")
+			}
+			if err := effectHandler(nil)(ctx, tx, msg); err != nil {
+				return err
+			}
+			switch be {
+			case behaveFailAfterWrite:
+				return retry.Permanent(errors.New("fails after writing"))
+			case behaveSQLError:
+				_, err := tx.Exec(ctx, `SELECT 1/0`)
+				return err
+			}
+			return nil
+		}, opts)
+
+		nKeys := rapid.IntRange(1, 4).Draw(rt, "keys")
+		keyOf := func(i int) string { return fmt.Sprintf("p%d-%d", run, i) }
+		effects := func(id string) int {
+			var n int
+			require.NoError(rt, b.pool.QueryRow(ctx, `SELECT count(*) FROM effects WHERE key = $1`, "order:"+id).Scan(&n))
+			return n
+		}
+		deliver := func(ids []string, bes []behaviour) []error {
+			errs := make([]error, len(ids))
+			var wg sync.WaitGroup
+			for i, id := range ids {
+				m := newMsg(t, "prop", order{OrderID: id, Amount: 1}, false)
+				behaviours.Store(m.ID, bes[i])
+				wg.Go(func() { errs[i] = h.Handle(ctx, m) })
+			}
+			wg.Wait()
+			return errs
+		}
+
+		steps := rapid.IntRange(1, 5).Draw(rt, "steps")
+		for range steps {
+			n := rapid.IntRange(1, 8).Draw(rt, "group")
+			ids := make([]string, n)
+			bes := make([]behaviour, n)
+			for i := range n {
+				ids[i] = keyOf(rapid.IntRange(0, nKeys-1).Draw(rt, "key"))
+				bes[i] = behaviour(rapid.IntRange(0, 3).Draw(rt, "behaviour"))
+			}
+			errs := deliver(ids, bes)
+			done := map[string]bool{}
+			for i, err := range errs {
+				switch {
+				case err == nil:
+					require.Equal(rt, behaveOK, bes[i], "only a succeeding handler reports success")
+					done[ids[i]] = true
+				case errors.Is(err, inbox.ErrDuplicate):
+					done[ids[i]] = true
+				}
+			}
+			for k := range nKeys {
+				id := keyOf(k)
+				got := effects(id)
+				require.LessOrEqual(rt, got, 1, "key %s has %d effects (mode %s)", id, got, mode)
+				if done[id] {
+					require.Equal(rt, 1, got, "key %s was reported done without its effect (mode %s)", id, mode)
+				}
+			}
+		}
+		// Every key, delivered once more successfully, ends with one effect.
+		ids := make([]string, nKeys)
+		bes := make([]behaviour, nKeys)
+		for k := range nKeys {
+			ids[k] = keyOf(k)
+		}
+		for i, err := range deliver(ids, bes) {
+			if err != nil {
+				require.ErrorIs(rt, err, inbox.ErrDuplicate, "key %s", ids[i])
+			}
+		}
+		for _, id := range ids {
+			require.Equal(rt, 1, effects(id), "key %s (mode %s)", id, mode)
+		}
+	})
+}
