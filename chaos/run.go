@@ -481,8 +481,10 @@ func (r *scenarioRun) startWorkers(ctx context.Context) error {
 		if r.gw != nil {
 			env = append(env, "GATEWAY_URL="+r.gw.URL())
 		}
-		w := &worker{idx: i, bin: r.cfg.Binary, env: env, appName: app, metrics: addr,
-			logPath: filepath.Join(r.rep.LogDir, fmt.Sprintf("worker-%d.log", i)), scrape: newScraper(addr)}
+		w := &worker{
+			idx: i, bin: r.cfg.Binary, env: env, appName: app, metrics: addr,
+			logPath: filepath.Join(r.rep.LogDir, fmt.Sprintf("worker-%d.log", i)), scrape: newScraper(addr),
+		}
 		r.workers = append(r.workers, w)
 		if err := w.start(); err != nil {
 			return err

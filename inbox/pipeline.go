@@ -40,7 +40,6 @@ type pipeRes struct {
 
 // pipeline collects the handlers' statements of one batch attempt.
 type pipeline struct {
-	ctx     context.Context
 	reqs    chan *pipeReq
 	done    chan struct{}
 	aborted atomic.Bool
@@ -51,7 +50,7 @@ type pipeline struct {
 // is unusable and must be rolled back.
 func (s *Store) runPipelined(ctx context.Context, tx pgx.Tx, claimed []claimedUnit) bool {
 	n := len(claimed)
-	p := &pipeline{ctx: ctx, reqs: make(chan *pipeReq, n), done: make(chan struct{}, n)}
+	p := &pipeline{reqs: make(chan *pipeReq, n), done: make(chan struct{}, n)}
 	errs := make([]error, n)
 	for i, cu := range claimed {
 		u := cu.u

@@ -114,12 +114,20 @@ deleted it).`,
 			return c.emit(v, func(w io.Writer) {
 				tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 				for _, kv := range [][2]string{
-					{"consumer", v.Consumer}, {"key", v.Key}, {"status", v.Status},
-					{"fence", fmt.Sprint(v.Fence)}, {"owner", str(v.Owner)}, {"lease_until", tm(v.LeaseUntil)},
-					{"attempts", fmt.Sprint(v.Attempts)}, {"deliveries", fmt.Sprint(v.Deliveries)},
-					{"last_error", str(v.LastError)}, {"last_failed_at", tm(v.LastFailedAt)},
-					{"message_id", str(v.MessageID)}, {"first_seen_at", tm(&v.FirstSeenAt)},
-					{"updated_at", tm(&v.UpdatedAt)}, {"completed_at", tm(v.CompletedAt)},
+					{"consumer", v.Consumer},
+					{"key", v.Key},
+					{"status", v.Status},
+					{"fence", fmt.Sprint(v.Fence)},
+					{"owner", str(v.Owner)},
+					{"lease_until", tm(v.LeaseUntil)},
+					{"attempts", fmt.Sprint(v.Attempts)},
+					{"deliveries", fmt.Sprint(v.Deliveries)},
+					{"last_error", str(v.LastError)},
+					{"last_failed_at", tm(v.LastFailedAt)},
+					{"message_id", str(v.MessageID)},
+					{"first_seen_at", tm(&v.FirstSeenAt)},
+					{"updated_at", tm(&v.UpdatedAt)},
+					{"completed_at", tm(v.CompletedAt)},
 				} {
 					fmt.Fprintf(tw, "%s:\t%s\n", kv[0], kv[1])
 				}
@@ -301,7 +309,7 @@ on a very large inbox prefer the estimate (estimated_rows).`,
 				_ = tw.Flush()
 				age := "-"
 				if v.OldestClaimAgeSeconds != nil {
-					age = (time.Duration(*v.OldestClaimAgeSeconds * float64(time.Second))).Round(time.Second).String()
+					age = time.Duration(*v.OldestClaimAgeSeconds * float64(time.Second)).Round(time.Second).String()
 				}
 				fmt.Fprintf(w, "oldest claim: %s\nstale claims: %d\ntable: %s  indexes: %s  total: %s\n",
 					age, v.StaleClaims, bytesText(v.TableBytes), bytesText(v.IndexBytes), bytesText(v.TotalBytes))

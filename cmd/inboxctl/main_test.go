@@ -70,10 +70,23 @@ func TestHelpEverywhere(t *testing.T) {
 	t.Parallel()
 	b := &cliBundle{env: map[string]string{}}
 	for _, args := range [][]string{
-		{"--help"}, {"migrate", "--help"}, {"status", "--help"}, {"stale", "--help"}, {"reconcile", "--help"},
-		{"stats", "--help"}, {"purge", "--help"}, {"dlq", "--help"}, {"dlq", "list", "--help"},
-		{"dlq", "replay", "--help"}, {"dlq", "purge", "--help"}, {"pause", "--help"}, {"resume", "--help"},
-		{"concurrency", "--help"}, {"block", "--help"}, {"unblock", "--help"}, {"controls", "--help"},
+		{"--help"},
+		{"migrate", "--help"},
+		{"status", "--help"},
+		{"stale", "--help"},
+		{"reconcile", "--help"},
+		{"stats", "--help"},
+		{"purge", "--help"},
+		{"dlq", "--help"},
+		{"dlq", "list", "--help"},
+		{"dlq", "replay", "--help"},
+		{"dlq", "purge", "--help"},
+		{"pause", "--help"},
+		{"resume", "--help"},
+		{"concurrency", "--help"},
+		{"block", "--help"},
+		{"unblock", "--help"},
+		{"controls", "--help"},
 	} {
 		r := b.run(t, args...)
 		require.Equal(t, exitOK, r.code, args)
@@ -176,8 +189,10 @@ func TestStatus(t *testing.T) {
 
 	r := b.run(t, "status", "payment:42", "--consumer", "payments")
 	require.Equal(t, exitOK, r.code, r.errOut)
-	for _, line := range []string{"consumer:", "key:", "status:", "fence:", "owner:", "lease_until:", "attempts:",
-		"deliveries:", "last_error:", "message_id:", "first_seen_at:", "completed_at:"} {
+	for _, line := range []string{
+		"consumer:", "key:", "status:", "fence:", "owner:", "lease_until:", "attempts:",
+		"deliveries:", "last_error:", "message_id:", "first_seen_at:", "completed_at:",
+	} {
 		require.Contains(t, r.out, line)
 	}
 	require.Regexp(t, `(?m)^status:\s+completed$`, r.out)
