@@ -41,6 +41,18 @@ func TestNew_ValidatesConfig(t *testing.T) {
 		{"reserved DLX argument", &consumer.Config{URL: url, Router: router(&consumer.HandlerOpts{Queue: consumer.QueueOpts{
 			Arguments: map[string]any{"x-dead-letter-exchange": "elsewhere"},
 		}})}, "x-dead-letter-exchange is managed"},
+		{"queue that expires", &consumer.Config{URL: url, Router: router(&consumer.HandlerOpts{Queue: consumer.QueueOpts{
+			Type: consumer.Quorum, Arguments: map[string]any{"x-expires": int64(60000)},
+		}})}, "x-expires would delete the queue"},
+		{"classic TTL drops", &consumer.Config{URL: url, Router: router(&consumer.HandlerOpts{Queue: consumer.QueueOpts{
+			Arguments: map[string]any{"x-message-ttl": int64(1000)},
+		}})}, "x-message-ttl would drop messages"},
+		{"classic length limit drops", &consumer.Config{URL: url, Router: router(&consumer.HandlerOpts{Queue: consumer.QueueOpts{
+			Arguments: map[string]any{"x-max-length": int64(10)},
+		}})}, "x-max-length would drop messages"},
+		{"quorum TTL dead-letters", &consumer.Config{URL: url, Router: router(&consumer.HandlerOpts{Queue: consumer.QueueOpts{
+			Type: consumer.Quorum, Arguments: map[string]any{"x-message-ttl": int64(1000)},
+		}})}, ""},
 		{"valid with defaults", &consumer.Config{URL: url, Router: router(nil)}, ""},
 		{"valid amqps with soft stop -1", &consumer.Config{URL: "amqps://u:p@broker:5671/vh", Router: router(nil), SoftStopTimeout: -1}, ""},
 	}

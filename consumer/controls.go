@@ -3,6 +3,7 @@ package consumer
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"go.uber.org/zap"
 )
@@ -15,6 +16,10 @@ type route struct {
 	Route
 	jobs chan job
 	sem  *semaphore
+
+	// copyFailures counts retry/DLQ copies that failed in a row; it spaces
+	// the requeues that follow (requeueAfter).
+	copyFailures atomic.Int32
 
 	mu      sync.Mutex
 	paused  bool

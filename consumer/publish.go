@@ -40,8 +40,14 @@ type publisher struct {
 	// this channel: the waiter drains it into returned and looks itself up.
 	returns  chan amqp.Return
 	mu       sync.Mutex
-	returned map[string]amqp.Return
+	returned map[string]returnedCopy
 	seq      atomic.Uint64
+}
+
+// returnedCopy is a return waiting for its publisher to look it up.
+type returnedCopy struct {
+	r  amqp.Return
+	at time.Time
 }
 
 // returnsBuffer must exceed the publishes that can be outstanding at once
@@ -65,7 +71,7 @@ func newPublisher(s *session, timeout time.Duration) (*publisher, error) {
 // deleted behind our back) is returned, and the publish fails (the original
 // is requeued, never acked).
 func newConfirmPublisher(ch *amqp.Channel, timeout time.Duration, log *zap.Logger) *publisher {
-	p := &publisher{ch: ch, timeout: timeout, log: log, returned: make(map[string]amqp.Return)}
+	p := &publisher{ch: ch, timeout: timeout, log: log, returned: make(map[string]returnedCopy)}
 	p.returns = ch.NotifyReturn(make(chan amqp.Return, returnsBuffer))
 	return p
 }
@@ -108,23 +114,30 @@ func (p *publisher) publish(ctx context.Context, queue string, msg amqp.Publishi
 func (p *publisher) takeReturn(id string) (amqp.Return, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	now := time.Now()
 	for {
 		select {
 		case r := <-p.returns:
 			if rid, ok := r.Headers[headerCopyID].(string); ok {
-				p.returned[rid] = r
+				p.returned[rid] = returnedCopy{r: r, at: now}
 			}
 			continue
 		default:
 		}
 		break
 	}
-	r, ok := p.returned[id]
+	rc, ok := p.returned[id]
 	delete(p.returned, id)
-	if len(p.returned) > returnsBuffer { // returns of waiters that timed out
-		clear(p.returned)
+	// Returns whose publisher gave up waiting (timed out or nacked) are
+	// never looked up: forget them once no waiter can still be alive.
+	if len(p.returned) > 0 {
+		for k, v := range p.returned {
+			if now.Sub(v.at) > 2*p.timeout+time.Minute {
+				delete(p.returned, k)
+			}
+		}
 	}
-	return r, ok
+	return rc.r, ok
 }
 
 // copyOf builds a persistent copy of raw (same body, ids and content type)
@@ -185,6 +198,9 @@ func failureHeaders(h amqp.Table, queue, reason string, err error, now time.Time
 // already says "permanent" or "retry"), for the x-error header.
 func errorText(err error) string {
 	for {
+		if err == nil {
+			return "unknown error"
+		}
 		switch e := err.(type) {
 		case *retry.PermanentError:
 			err = e.Err

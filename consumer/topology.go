@@ -41,6 +41,20 @@ func (o HandlerOpts) validateTopology(queue string) error {
 			return fmt.Errorf("consumer: queue %q: argument %s is managed by inboxmq (it decides whether messages can be dropped); remove it from QueueOpts.Arguments", queue, a)
 		}
 	}
+	// Arguments that delete or expire messages without a dead-letter route:
+	// a queue that expires takes its messages with it, and a classic work
+	// queue has no dead-letter exchange, so a TTL or a length limit would
+	// drop messages there.
+	if _, ok := q.Arguments["x-expires"]; ok {
+		return fmt.Errorf("consumer: queue %q: x-expires would delete the queue with its messages; remove it from QueueOpts.Arguments", queue)
+	}
+	if q.Type == Classic {
+		for _, a := range []string{argMessageTTL, "x-max-length", "x-max-length-bytes"} {
+			if _, ok := q.Arguments[a]; ok {
+				return fmt.Errorf("consumer: classic queue %q: %s would drop messages silently (a classic work queue has no dead-letter exchange); use a quorum queue or remove it", queue, a)
+			}
+		}
+	}
 	for _, tier := range q.RetryTiers {
 		if n := RetryQueueName(queue, tier); !ValidName(n) {
 			return fmt.Errorf("consumer: retry queue name %q is invalid", n)

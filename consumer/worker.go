@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"runtime/debug"
 	"time"
 
@@ -133,6 +134,12 @@ func (c *Consumer) work(r *route) {
 				_ = j.raw.Nack(false, true)
 				return
 			}
+			if j.sess.gone() {
+				// Its channel died while the job waited for a slot: the
+				// broker has redelivered it to the new session already.
+				r.sem.release()
+				continue
+			}
 			c.process(r, &j)
 			r.sem.release()
 		case <-c.workersQuit:
@@ -202,13 +209,24 @@ func (c *Consumer) call(ctx context.Context, h DeliveryHandler, d *Delivery) (er
 // decide classifies the handler's final error. Work whose context was
 // cancelled by Stop is interrupted (requeued, attempt not counted), unless
 // it succeeded or was a duplicate: those are committed and must be acked.
+//
+// A handler's own retry.Interrupted outside a stop (a dependency dropped)
+// becomes an uncounted broker retry through the shortest delay tier: an
+// immediate requeue would redeliver it at once, in a hot loop, for as long
+// as the dependency is down.
 func decide(ctx context.Context, err error, rules []retry.Rule) retry.Decision {
 	dec := retry.Classify(err, rules...)
+	stopping := errors.Is(context.Cause(ctx), ErrStopped)
 	switch dec.Kind {
-	case retry.KindSucceeded, retry.KindDuplicate, retry.KindInterrupted:
+	case retry.KindSucceeded, retry.KindDuplicate:
 		return dec
+	case retry.KindInterrupted:
+		if stopping {
+			return dec
+		}
+		return retry.Decision{Kind: retry.KindRetry, Uncounted: true, Reason: dec.Reason, Err: err}
 	}
-	if errors.Is(context.Cause(ctx), ErrStopped) {
+	if stopping {
 		return retry.Decision{Kind: retry.KindInterrupted, Reason: "stopped", Err: err}
 	}
 	return dec
@@ -253,6 +271,7 @@ func (c *Consumer) settle(r *route, j *job, d *Delivery, dec retry.Decision, inP
 			break
 		}
 		c.hooks.Load().runAfterPublish(d)
+		r.copyFailures.Store(0)
 		out.Action, out.Delay = ActionRetried, tier
 		status = settled(&out, j.raw.Ack(false), StatusRetry)
 	case dec.Kind == retry.KindPermanent:
@@ -287,6 +306,7 @@ func (c *Consumer) deadLetter(r *route, j *job, d *Delivery, out *Outcome) strin
 		return c.requeueAfter(r, j, out, err)
 	}
 	c.hooks.Load().runAfterPublish(d)
+	r.copyFailures.Store(0)
 	out.Action = ActionDeadLettered
 	return settled(out, j.raw.Ack(false), StatusDeadLettered)
 }
@@ -310,6 +330,19 @@ func (c *Consumer) requeueAfter(r *route, j *job, out *Outcome, pubErr error) st
 		if err := declareTopology(j.sess.conn, r.Route); err != nil {
 			pubErr = errors.Join(pubErr, err)
 		}
+	}
+	// The broker would redeliver at once: while copies keep failing (a
+	// nacking or blocked broker, a DLQ without a quorum), wait first, longer
+	// each time, so the route does not spin through handler runs.
+	fails := r.copyFailures.Add(1)
+	wait := time.Duration(float64(min(100*time.Millisecond<<min(fails-1, 9), 30*time.Second)) * (0.5 + rand.Float64()))
+	t := time.NewTimer(wait)
+	select {
+	case <-t.C:
+	case <-c.baseCtx.Done():
+		t.Stop()
+	case <-j.sess.failed:
+		t.Stop()
 	}
 	out.Action = ActionRequeued
 	if err := j.raw.Nack(false, true); err != nil {
