@@ -117,7 +117,7 @@ func (c *Claim) Step(ctx context.Context, name string, fn func(ctx context.Conte
 		return raw, infraError(ReasonDBConnection, fmt.Errorf("inbox: record step %q: %w", name, err))
 	}
 	if tag.RowsAffected() == 0 {
-		return raw, c.fenced()
+		return raw, c.lost(ctx)
 	}
 	c.steps[name] = raw
 	return raw, nil
@@ -133,6 +133,28 @@ func (c *Claim) Completed() bool {
 func (c *Claim) fenced() error {
 	return retry.Duplicate(retry.SourceFenced,
 		fmt.Errorf("inbox: claim %d on key %q of consumer %q was taken over", c.Fence, c.Key, c.Consumer))
+}
+
+// lost is the verdict when a fenced write found the claim no longer ours.
+// It is a duplicate (the delivery is acked) only if the key is completed:
+// another owner committed the effect. A claim released by the reconciler,
+// or taken over by a worker that has not completed yet, is not done — the
+// delivery must be retried, never acked, or the job would be lost.
+func (c *Claim) lost(ctx context.Context) error {
+	var status string
+	err := c.s.pool.QueryRow(ctx, `SELECT status FROM `+c.s.table+` WHERE consumer = $1 AND key = $2`, c.Consumer, c.Key).Scan(&status)
+	switch {
+	case err == nil && status == RecordCompleted:
+		return c.fenced()
+	case err == nil && status == RecordProcessing:
+		return retry.WithReason(ReasonClaimHeld, retry.Defer(time.Second, fmt.Errorf(
+			"inbox: claim %d on key %q of consumer %q was taken over by a worker that has not completed", c.Fence, c.Key, c.Consumer)))
+	case err != nil && !errors.Is(err, pgx.ErrNoRows):
+		return infraError(ReasonDBConnection, fmt.Errorf("inbox: look up a lost claim: %w", err))
+	default:
+		return retry.WithReason(ReasonLeaseLost, retry.Retryable(fmt.Errorf(
+			"inbox: claim %d on key %q of consumer %q was lost before completion (status %q)", c.Fence, c.Key, c.Consumer, status)))
+	}
 }
 
 // Complete commits the claim: in one transaction it marks the row
@@ -223,7 +245,9 @@ func ClaimHandler[T any](s *Store, h ClaimFunc[T], opts *ClaimOpts) consumer.Han
 		if herr == nil && !c.Completed() {
 			herr = c.Complete(hctx, nil)
 		}
-		if herr == nil {
+		if herr == nil || c.Completed() {
+			// Completed is committed: an error after it must not retry a
+			// job that is done (a later copy would be a duplicate anyway).
 			return nil
 		}
 		if cause := context.Cause(hctx); errors.Is(cause, ErrLeaseLost) && ctx.Err() == nil {

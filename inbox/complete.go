@@ -51,7 +51,7 @@ func (t *completionTx) start(ctx context.Context, sql string, args []any) (pgcon
 		t.err = infraError(ReasonDBConnection, fmt.Errorf("inbox: complete: %w", err))
 	case done.RowsAffected() == 0:
 		t.fenced = true
-		t.err = t.c.fenced()
+		t.err = t.c.lost(ctx)
 	}
 	if t.err != nil {
 		return pgconn.CommandTag{}, t.err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -19,6 +20,10 @@ import (
 // handler that returns an error or calls anything but Exec aborts the
 // attempt; the transaction is rolled back and the batch runs again in the
 // serial savepoint mode, where each delivery is classified alone.
+
+// pipelineStall bounds how long the collector waits for a handler that is
+// neither in Exec nor finished before it aborts the pipelined attempt.
+const pipelineStall = 20 * time.Millisecond
 
 // errNotPipelined is what a pipelined handler gets for any call but Exec.
 var errNotPipelined = errors.New("inbox: pipelined group commit supports only Exec; the batch runs again with savepoints")
@@ -64,15 +69,28 @@ func (s *Store) runPipelined(ctx context.Context, tx pgx.Tx, claimed []claimedUn
 	}
 	active := n
 	pending := make([]*pipeReq, 0, n)
+	stall := time.NewTimer(pipelineStall)
+	defer stall.Stop()
 	for active > 0 {
 		// Wait until every running handler is blocked on a statement (or
-		// finished), then send all their statements in one round trip.
+		// finished), then send all their statements in one round trip. A
+		// handler that neither sends a statement nor finishes within
+		// pipelineStall may be waiting on another handler (a shared mutex,
+		// a semaphore): the attempt is aborted, so nothing waits forever,
+		// and the batch runs serially.
 		for len(pending) < active {
+			stall.Reset(pipelineStall)
 			select {
 			case r := <-p.reqs:
 				pending = append(pending, r)
 			case <-p.done:
 				active--
+			case <-stall.C:
+				p.aborted.Store(true)
+				if len(pending) > 0 {
+					p.flush(ctx, tx, pending)
+					pending = pending[:0]
+				}
 			}
 		}
 		if len(pending) == 0 {

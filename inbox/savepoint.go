@@ -2,6 +2,7 @@ package inbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -58,6 +59,17 @@ func (t *lazySavepoint) Exec(ctx context.Context, sql string, args ...any) (pgco
 	}
 	return tag, err
 }
+
+// errHandlerEndsTx is what a group-commit handler gets if it tries to end
+// the batch's transaction: committing it would commit the other
+// deliveries' claims before their handlers ran.
+var errHandlerEndsTx = errors.New("inbox: a handler must not commit or roll back the batch's transaction; return an error to roll back its own writes")
+
+// Commit refuses: the batch commits, not its handlers.
+func (t *lazySavepoint) Commit(context.Context) error { return errHandlerEndsTx }
+
+// Rollback refuses: return an error from the handler instead.
+func (t *lazySavepoint) Rollback(context.Context) error { return errHandlerEndsTx }
 
 func isExecMode(a any) bool {
 	_, ok := a.(pgx.QueryExecMode)
