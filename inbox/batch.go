@@ -216,7 +216,23 @@ func (s *Store) execDistinct(units []*unit, pipeline bool) {
 			_, err = tx.Exec(ctx, s.sql.failInTx, u.consumer, u.key, errorText(herr))
 		}
 		if err != nil {
-			failAll(units, infraError(ReasonDBConnection, fmt.Errorf("inbox: roll back delivery: %w", err)))
+			// This delivery's failure could not be isolated (its first
+			// statement failed before its SAVEPOINT ran, such as a parse
+			// error, and aborted the transaction): roll everything back,
+			// record its failure on its own, and run the others again
+			// without it, so one bad message does not fail its batch.
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+			s.recordFailure(u, herr)
+			rest := make([]*unit, 0, len(units)-1)
+			for _, o := range units {
+				if o != u {
+					o.err = nil
+					rest = append(rest, o)
+				}
+			}
+			if len(rest) > 0 {
+				s.execDistinct(rest, false)
+			}
 			return
 		}
 	}

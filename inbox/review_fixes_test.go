@@ -97,3 +97,23 @@ func TestGroupCommit_HandlerCannotCommitTheBatch(t *testing.T) {
 	require.Equal(t, inbox.RecordFailed, b.get(t, "payments", "order:1").Status)
 	require.False(t, errors.Is(errs[0], inbox.ErrDuplicate))
 }
+
+// A handler whose first statement fails before its savepoint exists (a
+// parse error: unknown table) fails alone; the rest of its batch commits.
+func TestGroupCommit_ParseErrorFailsOnlyItsDelivery(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[order]) error {
+		if msg.Body.OrderID == "2" {
+			_, err := tx.Exec(ctx, `INSERT INTO no_such_table (x) VALUES (1)`)
+			return err
+		}
+		return effectHandler(nil)(ctx, tx, msg)
+	}, fullBatch(3))
+	errs := handleAll(t, h, orders(t, 3))
+	require.NoError(t, errs[0])
+	require.ErrorContains(t, errs[1], "no_such_table")
+	require.NoError(t, errs[2])
+	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM effects`))
+	require.Equal(t, inbox.RecordFailed, b.get(t, "payments", "order:2").Status)
+}
