@@ -78,12 +78,24 @@ func (s *Store) execBatch(units []*unit, pipeline bool) {
 				first = append(first, u)
 			}
 		}
-		s.execDistinct(first, pipeline)
-		for _, u := range first {
-			close(u.done)
-		}
+		s.execGuarded(first, pipeline)
 		units = later
 	}
+}
+
+// execGuarded runs execDistinct and always releases the waiting callers: a
+// panic outside the handlers (an observer, a span) fails the units instead
+// of leaving the other deliveries of the batch blocked for ever.
+func (s *Store) execGuarded(units []*unit, pipeline bool) {
+	defer func() {
+		if p := recover(); p != nil {
+			failAll(units, retry.WithReason(ReasonPanic, fmt.Errorf("inbox: batch panicked: %v", p)))
+		}
+		for _, u := range units {
+			close(u.done)
+		}
+	}()
+	s.execDistinct(units, pipeline)
 }
 
 // batchContext governs the batch's own statements: it ends when every
