@@ -272,8 +272,14 @@ func (c *Consumer) shutdown(sess *session) {
 
 // session is one connection with its channels and delivery loops.
 type session struct {
-	c             *Consumer
-	conn          *amqp.Connection
+	c    *Consumer
+	conn *amqp.Connection
+	// pubConn carries the retry and dead-letter copies. It is a connection of
+	// its own: under a memory or disk alarm RabbitMQ blocks connections that
+	// publish, and acks and nacks on a blocked consumer connection would
+	// stall with them (RabbitMQ's advice: publish and consume on separate
+	// connections).
+	pubConn       *amqp.Connection
 	pub           *publisher
 	loops         sync.WaitGroup
 	stopConsuming chan struct{}
@@ -304,6 +310,9 @@ func (s *session) gone() bool {
 func (s *session) close() {
 	s.fail(errors.New("consumer: session closed"))
 	_ = s.conn.Close()
+	if s.pubConn != nil {
+		_ = s.pubConn.Close()
+	}
 	s.loops.Wait()
 }
 
@@ -338,14 +347,20 @@ func (s *session) watchCancel(queue string, cancelled <-chan string) {
 // and one channel per route, and starts consuming the queues that are not
 // paused.
 func (c *Consumer) connect(ctx context.Context) (*session, error) {
-	conn, err := c.dial(ctx)
+	conn, err := c.dial(ctx, c.cfg.Name)
 	if err != nil {
 		return nil, err
 	}
-	s := &session{c: c, conn: conn, stopConsuming: make(chan struct{}), failed: make(chan struct{})}
+	pubConn, err := c.dial(ctx, c.cfg.Name+" publisher")
+	if err != nil {
+		_ = conn.Close()
+		return nil, err
+	}
+	s := &session{c: c, conn: conn, pubConn: pubConn, stopConsuming: make(chan struct{}), failed: make(chan struct{})}
 	if err := c.open(s); err != nil {
 		s.fail(err)
 		_ = conn.Close()
+		_ = pubConn.Close()
 		s.loops.Wait()
 		return nil, err
 	}
@@ -354,6 +369,7 @@ func (c *Consumer) connect(ctx context.Context) (*session, error) {
 
 func (c *Consumer) open(s *session) error {
 	s.watch("connection", s.conn.NotifyClose(make(chan *amqp.Error, 1)))
+	s.watch("publisher connection", s.pubConn.NotifyClose(make(chan *amqp.Error, 1)))
 	for _, r := range c.routes {
 		if err := declareTopology(s.conn, r.Route); err != nil {
 			return err
@@ -399,16 +415,17 @@ func (c *Consumer) consumerTag(queue string) string {
 	return tag
 }
 
-// dial opens one connection, bounded by ctx and Config.DialTimeout. The
-// connection_name property carries Config.Name.
-func (c *Consumer) dial(ctx context.Context) (*amqp.Connection, error) {
+// dial opens one connection, bounded by ctx and Config.DialTimeout, with
+// name as its connection_name property (Config.Name for the consuming
+// connection, "<Name> publisher" for the one that publishes copies).
+func (c *Consumer) dial(ctx context.Context, name string) (*amqp.Connection, error) {
 	timeout := c.cfg.DialTimeout
 	conn, err := amqp.DialConfig(c.cfg.URL, amqp.Config{
 		Heartbeat:       c.cfg.Heartbeat,
 		TLSClientConfig: c.cfg.TLS.Clone(), // amqp091 may set ServerName on it
 		Locale:          "en_US",
 		Properties: amqp.Table{
-			"connection_name": c.cfg.Name,
+			"connection_name": name,
 			"product":         "inboxmq",
 		},
 		Dial: func(network, addr string) (net.Conn, error) {

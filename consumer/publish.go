@@ -55,7 +55,7 @@ type returnedCopy struct {
 const returnsBuffer = 4096
 
 func newPublisher(s *session, timeout time.Duration) (*publisher, error) {
-	ch, err := s.conn.Channel()
+	ch, err := s.pubConn.Channel()
 	if err != nil {
 		return nil, fmt.Errorf("consumer: open publisher channel: %w", err)
 	}
