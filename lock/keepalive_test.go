@@ -32,7 +32,7 @@ func TestKeepAliveExtendsPastTTL(t *testing.T) {
 	remaining, err := l.TTL(ctx)
 	require.NoError(t, err)
 	require.Positive(t, remaining)
-	require.GreaterOrEqual(t, b.flaky.calls.Load(), int64(1+3), "obtain plus a refresh every TTL/3 (some may run late on a busy machine)")
+	require.GreaterOrEqual(t, b.flaky.Calls.Load(), int64(1+3), "obtain plus a refresh every TTL/3 (some may run late on a busy machine)")
 
 	stop()
 	require.ErrorIs(t, context.Cause(kctx), context.Canceled)
@@ -57,7 +57,7 @@ func TestKeepAliveMaxHold(t *testing.T) {
 	require.ErrorIs(t, context.Cause(kctx), lock.ErrMaxHoldReached)
 	require.GreaterOrEqual(t, time.Since(l.ObtainedAt()), 500*time.Millisecond)
 	// It was kept past its TTL until the cap.
-	require.GreaterOrEqual(t, b.flaky.calls.Load(), int64(1+3))
+	require.GreaterOrEqual(t, b.flaky.Calls.Load(), int64(1+3))
 	stop()
 	require.ErrorIs(t, context.Cause(kctx), lock.ErrMaxHoldReached, "stop keeps the first cause")
 }
@@ -88,7 +88,7 @@ func TestKeepAliveRedisDown(t *testing.T) {
 	const ttl = 300 * time.Millisecond
 	l, err := b.locker.Obtain(ctx, b.prefix+"k", ttl, nil)
 	require.NoError(t, err)
-	b.flaky.hang.Store(true) // Redis stops answering.
+	b.flaky.Hang.Store(true) // Redis stops answering.
 	kctx, stop := l.KeepAlive(ctx, nil)
 	defer stop()
 
@@ -97,7 +97,7 @@ func TestKeepAliveRedisDown(t *testing.T) {
 	require.ErrorContains(t, context.Cause(kctx), "ttl ran out without a successful refresh")
 	require.ErrorIs(t, context.Cause(kctx), context.DeadlineExceeded, "the last refresh's error is kept")
 	require.GreaterOrEqual(t, time.Since(l.ObtainedAt()), ttl)
-	b.flaky.hang.Store(false)
+	b.flaky.Hang.Store(false)
 }
 
 func TestKeepAliveParentEnds(t *testing.T) {

@@ -2,10 +2,8 @@ package lock_test
 
 import (
 	"context"
-	"errors"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,7 +16,7 @@ import (
 
 type testBundle struct {
 	rdb    redis.UniversalClient
-	flaky  *flakyClient
+	flaky  *redistest.Flaky
 	locker *lock.Locker
 	prefix string
 }
@@ -26,50 +24,10 @@ type testBundle struct {
 func setup(t *testing.T) *testBundle {
 	t.Helper()
 	rdb, prefix := redistest.Client(t)
-	flaky := &flakyClient{UniversalClient: rdb}
+	flaky := redistest.NewFlaky(rdb)
 	locker, err := lock.New(flaky, nil)
 	require.NoError(t, err)
 	return &testBundle{rdb: rdb, flaky: flaky, locker: locker, prefix: prefix}
-}
-
-// flakyClient injects faults into script calls: when fail is set they
-// return an error, when hang is set they block until the call's context
-// ends (a Redis that does not answer).
-type flakyClient struct {
-	redis.UniversalClient
-	fail  atomic.Bool
-	hang  atomic.Bool
-	calls atomic.Int64
-}
-
-func (c *flakyClient) fault(ctx context.Context) error {
-	c.calls.Add(1)
-	if c.hang.Load() {
-		<-ctx.Done()
-		return ctx.Err()
-	}
-	if c.fail.Load() {
-		return errors.New("flaky: connection refused")
-	}
-	return nil
-}
-
-func (c *flakyClient) EvalSha(ctx context.Context, sha1 string, keys []string, args ...any) *redis.Cmd {
-	if err := c.fault(ctx); err != nil {
-		cmd := redis.NewCmd(ctx)
-		cmd.SetErr(err)
-		return cmd
-	}
-	return c.UniversalClient.EvalSha(ctx, sha1, keys, args...)
-}
-
-func (c *flakyClient) Eval(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd {
-	if err := c.fault(ctx); err != nil {
-		cmd := redis.NewCmd(ctx)
-		cmd.SetErr(err)
-		return cmd
-	}
-	return c.UniversalClient.Eval(ctx, script, keys, args...)
 }
 
 func TestObtainRelease(t *testing.T) {
@@ -271,7 +229,7 @@ func TestRedisErrors(t *testing.T) {
 	l, err := b.locker.Obtain(ctx, key, time.Minute, nil)
 	require.NoError(t, err)
 
-	b.flaky.fail.Store(true)
+	b.flaky.Fail.Store(true)
 	_, err = b.locker.Obtain(ctx, b.prefix+"other", time.Minute, nil)
 	require.ErrorContains(t, err, "lock: obtain")
 	require.ErrorContains(t, err, "connection refused")
@@ -283,15 +241,15 @@ func TestRedisErrors(t *testing.T) {
 
 	// A hung Redis: the caller's deadline ends the call, and its error is
 	// joined.
-	b.flaky.fail.Store(false)
-	b.flaky.hang.Store(true)
+	b.flaky.Fail.Store(false)
+	b.flaky.Hang.Store(true)
 	cctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
 	defer cancel()
 	_, err = b.locker.Obtain(cctx, b.prefix+"other", time.Minute, nil)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.True(t, strings.HasPrefix(err.Error(), "lock: "), err.Error())
 
-	b.flaky.hang.Store(false)
+	b.flaky.Hang.Store(false)
 	require.NoError(t, l.Release(ctx))
 }
 
@@ -306,7 +264,7 @@ func TestInvalidArguments(t *testing.T) {
 	}
 	_, err := b.locker.Obtain(ctx, b.prefix+"k", time.Microsecond, nil)
 	require.ErrorContains(t, err, "ttl must be at least 1ms")
-	require.Zero(t, b.flaky.calls.Load(), "invalid calls never reach Redis")
+	require.Zero(t, b.flaky.Calls.Load(), "invalid calls never reach Redis")
 }
 
 func TestConfigValidate(t *testing.T) {

@@ -38,7 +38,7 @@ func TestDedupe_HitShortCircuits(t *testing.T) {
 	dec := retry.Classify(err)
 	require.Equal(t, retry.KindDuplicate, dec.Kind)
 	require.Equal(t, retry.SourceCache, dec.Source)
-	require.Equal(t, int64(1), b.flaky.calls.Load(), "one GET, no write")
+	require.Equal(t, int64(1), b.flaky.Calls.Load(), "one GET, no write")
 }
 
 func TestDedupe_MissRunsAndRecordsSuccess(t *testing.T) {
@@ -147,16 +147,16 @@ func TestDedupe_DegradedFallsThroughAndRecovers(t *testing.T) {
 	require.NoError(t, b.rdb.Set(ctx, b.prefix+"svc:k", middleware.CompletedValue, time.Minute).Err())
 
 	calls := 0
-	b.flaky.fail.Store(true)
+	b.flaky.Fail.Store(true)
 	require.NoError(t, mw(countingHandler(&calls, nil))(ctx, keyedDelivery("k")))
 	require.Equal(t, 1, calls)
-	b.flaky.fail.Store(false)
-	b.flaky.hang.Store(true)
+	b.flaky.Fail.Store(false)
+	b.flaky.Hang.Store(true)
 	require.NoError(t, mw(countingHandler(&calls, nil))(ctx, keyedDelivery("k")))
 	require.Equal(t, 2, calls)
 	require.True(t, testenv.WaitChan(t, events, "OnDegraded(true)"))
 
-	b.flaky.hang.Store(false)
+	b.flaky.Hang.Store(false)
 	err := mw(countingHandler(&calls, nil))(ctx, keyedDelivery("k"))
 	require.Equal(t, 2, calls)
 	require.ErrorIs(t, err, retry.ErrDuplicate)
@@ -186,7 +186,7 @@ func TestDedupe_NoKeyPassesThrough(t *testing.T) {
 	calls := 0
 	require.NoError(t, mw(countingHandler(&calls, nil))(t.Context(), keyedDelivery("")))
 	require.Equal(t, 1, calls)
-	require.Zero(t, b.flaky.calls.Load())
+	require.Zero(t, b.flaky.Calls.Load())
 	require.Panics(t, func() { middleware.Dedupe(nil, nil) })
 }
 
@@ -197,5 +197,5 @@ func BenchmarkDedupeMiddleware(b *testing.B) {
 	h := middleware.Dedupe(rb.flaky, &middleware.DedupeOpts{Prefix: rb.prefix, TTL: time.Minute})(
 		func(context.Context, *consumer.Delivery) error { return nil })
 	runParallel8(b, func(i int64) error { return h(b.Context(), keyedDelivery("k"+itoa(i))) })
-	b.ReportMetric(float64(rb.flaky.calls.Load())/float64(b.N), "roundtrips/delivery")
+	b.ReportMetric(float64(rb.flaky.Calls.Load())/float64(b.N), "roundtrips/delivery")
 }

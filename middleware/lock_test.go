@@ -51,7 +51,7 @@ func TestLock_AcquiredRunsNextAndReleases(t *testing.T) {
 	require.Equal(t, 1, calls)
 	require.Equal(t, []string{consumer.StatusLocked}, rec.statuses())
 	require.Equal(t, int64(0), b.rdb.Exists(ctx, redisLockKey(b.prefix, "order-1")).Val(), "released")
-	require.Equal(t, int64(2), b.flaky.calls.Load(), "two round trips: obtain and release")
+	require.Equal(t, int64(2), b.flaky.Calls.Load(), "two round trips: obtain and release")
 
 	// The next holder gets a larger fence.
 	first := d.Fence
@@ -209,7 +209,7 @@ func TestLock_DegradedProceedsAndRecovers(t *testing.T) {
 
 	// Redis refuses connections: every delivery proceeds without the lock,
 	// and the change is reported once.
-	b.flaky.fail.Store(true)
+	b.flaky.Fail.Store(true)
 	for range 3 {
 		d, calls, err := run("k")
 		require.NoError(t, err)
@@ -218,15 +218,15 @@ func TestLock_DegradedProceedsAndRecovers(t *testing.T) {
 		require.Zero(t, d.Fence)
 	}
 	// Redis hangs: the call timeout ends the wait.
-	b.flaky.fail.Store(false)
-	b.flaky.hang.Store(true)
+	b.flaky.Fail.Store(false)
+	b.flaky.Hang.Store(true)
 	d, calls, err := run("k")
 	require.NoError(t, err)
 	require.Equal(t, 1, calls)
 	require.Equal(t, middleware.LockDegraded, d.LockResult)
 
 	// Redis answers again: the lock is back.
-	b.flaky.hang.Store(false)
+	b.flaky.Hang.Store(false)
 	d, calls, err = run("k")
 	require.NoError(t, err)
 	require.Equal(t, 1, calls)
@@ -245,13 +245,13 @@ func TestLock_DegradedProbesOncePerInterval(t *testing.T) {
 	b := setupRedis(t)
 	mw := middleware.Lock(b.flaky, &middleware.LockOpts{Prefix: b.prefix, ProbeInterval: time.Hour})
 
-	b.flaky.fail.Store(true)
+	b.flaky.Fail.Store(true)
 	for range 5 {
 		d := keyedDelivery("k")
 		require.NoError(t, mw(func(context.Context, *consumer.Delivery) error { return nil })(ctx, d))
 		require.Equal(t, middleware.LockDegraded, d.LockResult)
 	}
-	require.Equal(t, int64(1), b.flaky.calls.Load(), "while degraded, deliveries skip Redis until the next probe")
+	require.Equal(t, int64(1), b.flaky.Calls.Load(), "while degraded, deliveries skip Redis until the next probe")
 }
 
 func TestLock_ContextEndedIsNotDegraded(t *testing.T) {
@@ -279,7 +279,7 @@ func TestLock_NoKeyPassesThrough(t *testing.T) {
 	d := keyedDelivery("")
 	require.NoError(t, mw(func(context.Context, *consumer.Delivery) error { return nil })(t.Context(), d))
 	require.Empty(t, d.LockResult)
-	require.Zero(t, b.flaky.calls.Load())
+	require.Zero(t, b.flaky.Calls.Load())
 	require.Panics(t, func() { middleware.Lock(nil, nil) })
 }
 
@@ -324,6 +324,6 @@ func BenchmarkLockMiddleware(b *testing.B) {
 		runParallel8(b, func(i int64) error {
 			return h(b.Context(), keyedDelivery("k"+itoa(i)))
 		})
-		b.ReportMetric(float64(rb.flaky.calls.Load())/float64(b.N), "roundtrips/delivery")
+		b.ReportMetric(float64(rb.flaky.Calls.Load())/float64(b.N), "roundtrips/delivery")
 	})
 }

@@ -1,14 +1,11 @@
 package middleware_test
 
 import (
-	"context"
-	"errors"
 	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
@@ -17,76 +14,17 @@ import (
 	"github.com/inboxmq/inboxmq/internal/redistest"
 )
 
-// flakyRedis injects faults into the commands the Redis middleware uses:
-// with fail set they return an error at once (connection refused), with
-// hang set they block until the call's context ends (a Redis that does not
-// answer). calls counts the round trips attempted.
-type flakyRedis struct {
-	redis.UniversalClient
-	fail  atomic.Bool
-	hang  atomic.Bool
-	calls atomic.Int64
-}
-
-func (c *flakyRedis) fault(ctx context.Context) error {
-	c.calls.Add(1)
-	if c.hang.Load() {
-		<-ctx.Done()
-		return ctx.Err()
-	}
-	if c.fail.Load() {
-		return errors.New("flaky: connection refused")
-	}
-	return nil
-}
-
-func (c *flakyRedis) EvalSha(ctx context.Context, sha1 string, keys []string, args ...any) *redis.Cmd {
-	if err := c.fault(ctx); err != nil {
-		cmd := redis.NewCmd(ctx)
-		cmd.SetErr(err)
-		return cmd
-	}
-	return c.UniversalClient.EvalSha(ctx, sha1, keys, args...)
-}
-
-func (c *flakyRedis) Eval(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd {
-	if err := c.fault(ctx); err != nil {
-		cmd := redis.NewCmd(ctx)
-		cmd.SetErr(err)
-		return cmd
-	}
-	return c.UniversalClient.Eval(ctx, script, keys, args...)
-}
-
-func (c *flakyRedis) Get(ctx context.Context, key string) *redis.StringCmd {
-	if err := c.fault(ctx); err != nil {
-		cmd := redis.NewStringCmd(ctx)
-		cmd.SetErr(err)
-		return cmd
-	}
-	return c.UniversalClient.Get(ctx, key)
-}
-
-func (c *flakyRedis) Set(ctx context.Context, key string, value any, expiration time.Duration) *redis.StatusCmd {
-	if err := c.fault(ctx); err != nil {
-		cmd := redis.NewStatusCmd(ctx)
-		cmd.SetErr(err)
-		return cmd
-	}
-	return c.UniversalClient.Set(ctx, key, value, expiration)
-}
-
 // redisBundle is the per-test Redis state of the lock and dedupe tests.
 type redisBundle struct {
 	rdb    redis.UniversalClient // the real client, for assertions
-	flaky  *flakyRedis           // what the middleware gets
+	flaky  *redistest.Flaky      // what the middleware gets
 	prefix string                // unique to the test; use as key prefix
 }
 
 func setupRedis(t testing.TB) *redisBundle {
 	t.Helper()
 	rdb, prefix := redistest.Client(t)
-	return &redisBundle{rdb: rdb, flaky: &flakyRedis{UniversalClient: rdb}, prefix: prefix}
+	return &redisBundle{rdb: rdb, flaky: redistest.NewFlaky(rdb), prefix: prefix}
 }
 
 // transition is one recorded Delivery.Transition call.

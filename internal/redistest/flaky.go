@@ -1,0 +1,77 @@
+package redistest
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Flaky wraps a client to inject faults into the commands inboxmq's lock and
+// completed-cache use (EVAL, EVALSHA, GET, SET): with Fail set they return an
+// error at once (connection refused), with Hang set they block until the
+// call's context ends (a Redis that does not answer). Calls counts the round
+// trips attempted. Other commands pass through.
+type Flaky struct {
+	redis.UniversalClient
+	Fail  atomic.Bool
+	Hang  atomic.Bool
+	Calls atomic.Int64
+}
+
+// NewFlaky wraps c.
+func NewFlaky(c redis.UniversalClient) *Flaky { return &Flaky{UniversalClient: c} }
+
+func (c *Flaky) fault(ctx context.Context) error {
+	c.Calls.Add(1)
+	if c.Hang.Load() {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	if c.Fail.Load() {
+		return errors.New("flaky: connection refused")
+	}
+	return nil
+}
+
+// EvalSha fails, hangs or passes through.
+func (c *Flaky) EvalSha(ctx context.Context, sha1 string, keys []string, args ...any) *redis.Cmd {
+	if err := c.fault(ctx); err != nil {
+		cmd := redis.NewCmd(ctx)
+		cmd.SetErr(err)
+		return cmd
+	}
+	return c.UniversalClient.EvalSha(ctx, sha1, keys, args...)
+}
+
+// Eval fails, hangs or passes through.
+func (c *Flaky) Eval(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd {
+	if err := c.fault(ctx); err != nil {
+		cmd := redis.NewCmd(ctx)
+		cmd.SetErr(err)
+		return cmd
+	}
+	return c.UniversalClient.Eval(ctx, script, keys, args...)
+}
+
+// Get fails, hangs or passes through.
+func (c *Flaky) Get(ctx context.Context, key string) *redis.StringCmd {
+	if err := c.fault(ctx); err != nil {
+		cmd := redis.NewStringCmd(ctx)
+		cmd.SetErr(err)
+		return cmd
+	}
+	return c.UniversalClient.Get(ctx, key)
+}
+
+// Set fails, hangs or passes through.
+func (c *Flaky) Set(ctx context.Context, key string, value any, expiration time.Duration) *redis.StatusCmd {
+	if err := c.fault(ctx); err != nil {
+		cmd := redis.NewStatusCmd(ctx)
+		cmd.SetErr(err)
+		return cmd
+	}
+	return c.UniversalClient.Set(ctx, key, value, expiration)
+}
