@@ -2,7 +2,6 @@ package consumer
 
 import (
 	"strconv"
-	"sync"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -101,8 +100,7 @@ type Delivery struct {
 	// consumer settles deliveries.
 	Raw *amqp.Delivery
 
-	mu        sync.Mutex
-	observers []Observer
+	observers []Observer // fixed at NewDelivery
 }
 
 // NewDelivery builds a Delivery from a raw AMQP delivery, reading the
@@ -130,10 +128,7 @@ func NewDelivery(queue, consumerName, workerID string, raw *amqp.Delivery, obser
 // the consumer's observers. Layers call it as the delivery moves on: the
 // lock middleware reports StatusLocked, the inbox StatusProcessing.
 func (d *Delivery) Transition(status string, err error) {
-	d.mu.Lock()
-	obs := d.observers
-	d.mu.Unlock()
-	for _, o := range obs {
+	for _, o := range d.observers {
 		o.OnTransition(d, status, err)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -47,4 +48,36 @@ func TestConsumer_ReturnedCopyRequeuesAndRedeclares(t *testing.T) {
 	require.Equal(t, "permanent: card declined", dead[0].Headers[consumer.HeaderError])
 	require.Equal(t, int32(2), calls.Load())
 	require.Equal(t, 0, amqptest.Depth(t, b.conn, b.queue))
+}
+
+// While copies keep failing (here the DLQ is missing and the topology is
+// not the consumer's to declare), the original is requeued after a growing
+// pause each time: the route never spins through handler runs.
+func TestConsumer_FailingCopiesAreRequeuedWithGrowingPauses(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ch, err := b.conn.Channel()
+	require.NoError(t, err)
+	_, err = ch.QueueDeclare(b.queue, true, false, false, false, nil)
+	require.NoError(t, err)
+	require.NoError(t, ch.Close())
+
+	r := consumer.NewRouter()
+	opts := fastOpts()
+	opts.Queue.NoDeclare = true
+	consumer.Register(r, b.queue, consumer.HandlerFunc[order](func(context.Context, *consumer.Message[order]) error {
+		return retry.Permanent(errors.New("card declined"))
+	}), opts)
+	c := b.start(t, r, nil)
+	b.publish(t, b.queue, `{"id":"spin?","amount":5}`)
+
+	// Pauses of 100ms·2ⁿ⁻¹ with jitter in [0.5, 1.5): lower bounds only.
+	for i, atLeast := range []time.Duration{50 * time.Millisecond, 100 * time.Millisecond, 200 * time.Millisecond} {
+		o := b.rec.next(t)
+		require.Equal(t, consumer.ActionRequeued, o.Outcome.Action, "requeue %d", i+1)
+		require.ErrorContains(t, o.Outcome.Err, "returned unroutable")
+		require.GreaterOrEqual(t, o.Outcome.Duration, atLeast, "requeue %d waited", i+1)
+	}
+	b.stop(t, c)
+	require.Equal(t, 1, amqptest.Depth(t, b.conn, b.queue), "never acked: still in the work queue")
 }

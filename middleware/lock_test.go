@@ -106,6 +106,7 @@ func TestLock_ConcurrentSameKey(t *testing.T) {
 	require.Equal(t, retry.KindRetry, dec.Kind)
 	require.Equal(t, 7*time.Second, dec.Delay, "no hot requeue loop")
 	require.Equal(t, middleware.ReasonLockUnavailable, dec.Reason)
+	require.True(t, dec.Uncounted, "waiting for another holder is not a failed attempt")
 	require.ErrorIs(t, err, lock.ErrNotObtained)
 	require.Equal(t, []string{consumer.StatusLockFailed}, rec.statuses())
 }
