@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"sync/atomic"
 	"testing"
@@ -156,4 +157,15 @@ func TestServer_ListenAndServeStopsOnCtx(t *testing.T) {
 	testenv.WaitFor(t, "the server listens", func() bool { return srv.Addr() != "127.0.0.1:0" })
 	cancel()
 	require.NoError(t, testenv.WaitChan(t, errc, "ListenAndServe returns"))
+}
+
+// The listener binds to loopback unless configured otherwise: metrics and
+// health are not exposed by accident.
+func TestServer_DefaultAddrIsLoopback(t *testing.T) {
+	t.Parallel()
+	s := observe.NewServer(nil)
+	host, port, err := net.SplitHostPort(s.Addr())
+	require.NoError(t, err)
+	require.True(t, net.ParseIP(host).IsLoopback(), "default host %q", host)
+	require.Equal(t, "9464", port)
 }
