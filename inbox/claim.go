@@ -41,6 +41,17 @@ type ClaimOpts struct {
 	// StorePayload stores the raw body in the inbox row, for replay by
 	// operators. Defaults to false.
 	StorePayload bool
+	// DurableClaim commits the claim with the server's synchronous_commit,
+	// waiting for its WAL flush. Defaults to false: the claim is committed
+	// asynchronously (synchronous_commit off for its statement alone),
+	// which saves a flush per delivery. That is safe because nothing is
+	// acked on the strength of a claim: a claim lost in a database crash
+	// makes the fenced completion find no row, and the delivery is retried
+	// (reason lease_lost), never acked; the outside call then repeats with
+	// the same idempotency key, as after a worker crash. The completion,
+	// which is what an ack stands on, is always durable, and its flush
+	// covers the claim's WAL record too.
+	DurableClaim bool
 }
 
 func (o *ClaimOpts) withDefaults() (ClaimOpts, error) {
@@ -197,7 +208,8 @@ func (c *Claim) Complete(ctx context.Context, fn func(ctx context.Context, tx pg
 // PostgreSQL. Per delivery:
 //
 //  1. the key is claimed in one short statement: status processing, a
-//     random owner token, fence+1, lease_until = now()+Lease, attempts+1.
+//     random owner token, fence+1, lease_until = now()+Lease, attempts+1,
+//     committed asynchronously unless opts.DurableClaim (see there).
 //     Only a free (received, failed, dead) row or an expired claim is taken;
 //     a live claim of another worker asks for a retry after its lease
 //     (reason claim_held: the other may still fail), and a completed key is
@@ -288,8 +300,11 @@ func (s *Store) claimLease(ctx context.Context, u *unit, o ClaimOpts) (c *Claim,
 	}
 	c = &Claim{Consumer: u.consumer, Key: u.key, Token: newToken(), s: s}
 	var now time.Time
-	err = s.pool.QueryRow(ctx, s.sql.claimLease, u.consumer, u.key, c.Token, o.Lease.Microseconds(), u.fp, mid, u.payload).
-		Scan(&c.Fence, &c.Attempt, &c.steps, &now)
+	sql, dest := s.sql.claimLease, []any{&c.Fence, &c.Attempt, &c.steps, &now}
+	if !o.DurableClaim {
+		sql, dest = s.sql.claimLeaseAsync, append(dest, new(string))
+	}
+	err = s.pool.QueryRow(ctx, sql, u.consumer, u.key, c.Token, o.Lease.Microseconds(), u.fp, mid, u.payload).Scan(dest...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, time.Time{}, s.explainOne(ctx, u)
 	}

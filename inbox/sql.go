@@ -19,11 +19,12 @@ type statements struct {
 	// redelivered counts a broker redelivery (the crash-loop bound).
 	redelivered string
 
-	claimLease   string
-	extendLease  string
-	completeWith string
-	releaseClaim string
-	recordStep   string
+	claimLease      string
+	claimLeaseAsync string
+	extendLease     string
+	completeWith    string
+	releaseClaim    string
+	recordStep      string
 
 	staleForUpdate    string
 	reconcileComplete string
@@ -40,7 +41,7 @@ WHERE i.status <> 'completed' AND NOT (i.status = 'processing' AND i.lease_until
 RETURNING consumer, key, fence`
 
 func buildStatements(t string) statements {
-	return statements{
+	st := statements{
 		claim: `INSERT INTO ` + t + ` AS i (consumer, key, status, fingerprint, message_id, payload, fence, attempts, completed_at)
 SELECT k.consumer, k.key, 'completed', k.fp, k.mid, k.payload, 1, 1, now()
 FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::bytea[]) AS k(consumer, key, fp, mid, payload)
@@ -116,4 +117,9 @@ WHERE consumer = $1 AND key = $2 AND fence = $3 AND status = 'processing'`,
 	last_error = $5, last_failed_at = now(), updated_at = now()
 WHERE consumer = $1 AND key = $2 AND fence = $3 AND status = 'processing'`,
 	}
+	// claimLeaseAsync is claimLease committed without waiting for the WAL
+	// flush: set_config(…, true) in RETURNING applies to the statement's own
+	// implicit transaction, and runs only when a claim was written.
+	st.claimLeaseAsync = st.claimLease + `, set_config('synchronous_commit', 'off', true)`
+	return st
 }
