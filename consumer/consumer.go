@@ -27,6 +27,7 @@ type Consumer struct {
 	routes  []*route
 	byQueue map[string]*route
 	hooks   atomic.Pointer[testHooks]
+	acks    ackStats
 
 	mu       sync.Mutex
 	state    ConnState

@@ -10,6 +10,9 @@ type testHooks struct {
 	// afterPublish runs after a retry or dead-letter copy was confirmed and
 	// before the original is acked.
 	afterPublish func(d *Delivery)
+	// beforeAckRound runs in a channel's acker before each round of
+	// settlement frames, with a function counting the requests queued.
+	beforeAckRound func(queued func() int)
 }
 
 func (h *testHooks) runBeforeAck(d *Delivery) {

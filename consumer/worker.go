@@ -19,17 +19,37 @@ import (
 var errChannelGone = errors.New("consumer: channel closed before settlement; the broker redelivers")
 
 // job is one delivery handed from a delivery loop to a worker. It carries
-// its session, so a worker settles on the channel (and publishes on the
-// connection) the delivery came from, never on a newer one.
+// its session and its channel's acker, so a worker settles on the channel
+// (and publishes on the connection) the delivery came from, never on a
+// newer one.
 type job struct {
 	raw  amqp.Delivery
 	sess *session
+	acks *acker
+}
+
+// ack acks the delivery through its channel's acker (coalesced with other
+// acks where it can be).
+func (j *job) ack() error { return j.settle(opAck) }
+
+// requeue nacks the delivery with requeue=true.
+func (j *job) requeue() error { return j.settle(opRequeue) }
+
+func (j *job) settle(op ackOp) error {
+	if j.acks == nil {
+		return settleRaw(&j.raw, op)
+	}
+	return j.acks.settle(j.raw.DeliveryTag, op)
 }
 
 // consumeLoop feeds route r's workers from one channel of one session. It
 // pauses and resumes with the route and ends with the session or on Stop.
 func (s *session) consumeLoop(r *route, ch *amqp.Channel, tag string, deliveries <-chan amqp.Delivery) {
 	defer s.loops.Done()
+	acks := newAcker(ch, &s.c.acks)
+	if h := s.c.hooks.Load(); h != nil {
+		acks.beforeRound = h.beforeAckRound
+	}
 	for {
 		if deliveries == nil {
 			if !s.waitResumed(r) {
@@ -43,7 +63,7 @@ func (s *session) consumeLoop(r *route, ch *amqp.Channel, tag string, deliveries
 				return
 			}
 		}
-		if !s.pump(r, ch, tag, deliveries) {
+		if !s.pump(r, ch, acks, tag, deliveries) {
 			return
 		}
 		deliveries = nil
@@ -69,16 +89,16 @@ func (s *session) waitResumed(r *route) bool {
 // pump hands deliveries to the workers. It returns true when the route was
 // paused (the broker consumer is cancelled and drained) and false when the
 // loop must end (Stop, or the session failed).
-func (s *session) pump(r *route, ch *amqp.Channel, tag string, deliveries <-chan amqp.Delivery) bool {
+func (s *session) pump(r *route, ch *amqp.Channel, acks *acker, tag string, deliveries <-chan amqp.Delivery) bool {
 	for {
 		paused, changed := r.pauseState()
 		if paused {
-			s.cancel(ch, tag, deliveries, nil)
+			s.cancel(ch, acks, tag, deliveries, nil)
 			return true
 		}
 		select { // Stop wins over a ready delivery
 		case <-s.stopConsuming:
-			s.cancel(ch, tag, deliveries, nil)
+			s.cancel(ch, acks, tag, deliveries, nil)
 			return false
 		default:
 		}
@@ -88,19 +108,22 @@ func (s *session) pump(r *route, ch *amqp.Channel, tag string, deliveries <-chan
 				s.fail(fmt.Errorf("consumer: deliveries of %q ended (channel closed or consumer cancelled)", r.Queue))
 				return false
 			}
+			// Tracked before any worker can settle it: the acker's
+			// multiple=true acks rely on knowing every tag handed out.
+			acks.track(raw.DeliveryTag)
 			select {
-			case r.jobs <- job{raw: raw, sess: s}:
+			case r.jobs <- job{raw: raw, sess: s, acks: acks}:
 			case <-changed:
-				_ = raw.Nack(false, true)
+				_ = acks.nack(raw.DeliveryTag, true)
 			case <-s.stopConsuming:
-				s.cancel(ch, tag, deliveries, &raw)
+				s.cancel(ch, acks, tag, deliveries, &raw)
 				return false
 			case <-s.failed:
 				return false
 			}
 		case <-changed:
 		case <-s.stopConsuming:
-			s.cancel(ch, tag, deliveries, nil)
+			s.cancel(ch, acks, tag, deliveries, nil)
 			return false
 		case <-s.failed:
 			return false
@@ -110,15 +133,16 @@ func (s *session) pump(r *route, ch *amqp.Channel, tag string, deliveries <-chan
 
 // cancel cancels the broker consumer and requeues what it had prefetched
 // (held included) but no worker started.
-func (s *session) cancel(ch *amqp.Channel, tag string, deliveries <-chan amqp.Delivery, held *amqp.Delivery) {
+func (s *session) cancel(ch *amqp.Channel, acks *acker, tag string, deliveries <-chan amqp.Delivery, held *amqp.Delivery) {
 	if held != nil {
-		_ = held.Nack(false, true)
+		_ = acks.nack(held.DeliveryTag, true)
 	}
 	if err := ch.Cancel(tag, false); err != nil {
 		return // the channel is gone: the broker requeues everything
 	}
 	for raw := range deliveries {
-		_ = raw.Nack(false, true)
+		acks.track(raw.DeliveryTag)
+		_ = acks.nack(raw.DeliveryTag, true)
 	}
 }
 
@@ -131,7 +155,7 @@ func (c *Consumer) work(r *route) {
 			// Take the slot only with a job in hand, so that idle workers
 			// hold none and a lowered limit applies at once.
 			if !r.sem.acquire(c.workersQuit) {
-				_ = j.raw.Nack(false, true)
+				_ = j.requeue()
 				return
 			}
 			if j.sess.gone() {
@@ -247,7 +271,7 @@ func (c *Consumer) settle(r *route, j *job, d *Delivery, dec retry.Decision, inP
 			status = StatusDuplicate
 		}
 		out.Action = ActionAcked
-		status = settled(&out, j.raw.Ack(false), status)
+		status = settled(&out, j.ack(), status)
 	case dec.Kind == retry.KindRetry:
 		// A deferred retry (another worker holds the key) is not a failed
 		// attempt: same attempt number, no policy bound.
@@ -273,12 +297,12 @@ func (c *Consumer) settle(r *route, j *job, d *Delivery, dec retry.Decision, inP
 		c.hooks.Load().runAfterPublish(d)
 		r.copyFailures.Store(0)
 		out.Action, out.Delay = ActionRetried, tier
-		status = settled(&out, j.raw.Ack(false), StatusRetry)
+		status = settled(&out, j.ack(), StatusRetry)
 	case dec.Kind == retry.KindPermanent:
 		status = c.deadLetter(r, j, d, &out)
 	default: // interrupted
 		out.Action = ActionRequeued
-		status = settled(&out, j.raw.Nack(false, true), StatusRequeued)
+		status = settled(&out, j.requeue(), StatusRequeued)
 	}
 	out.Duration = time.Since(d.ReceivedAt)
 	if out.Err != nil {
@@ -308,7 +332,7 @@ func (c *Consumer) deadLetter(r *route, j *job, d *Delivery, out *Outcome) strin
 	c.hooks.Load().runAfterPublish(d)
 	r.copyFailures.Store(0)
 	out.Action = ActionDeadLettered
-	return settled(out, j.raw.Ack(false), StatusDeadLettered)
+	return settled(out, j.ack(), StatusDeadLettered)
 }
 
 // settled records the result of the final ack or nack: if it failed, the
@@ -345,7 +369,7 @@ func (c *Consumer) requeueAfter(r *route, j *job, out *Outcome, pubErr error) st
 		t.Stop()
 	}
 	out.Action = ActionRequeued
-	if err := j.raw.Nack(false, true); err != nil {
+	if err := j.requeue(); err != nil {
 		out.Action = ActionAbandoned
 		pubErr = errors.Join(pubErr, err)
 	}

@@ -1,0 +1,297 @@
+package consumer
+
+import (
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// settler is the part of *amqp.Channel that settles deliveries.
+type settler interface {
+	Ack(tag uint64, multiple bool) error
+	Nack(tag uint64, multiple, requeue bool) error
+}
+
+// acker settles the deliveries of one channel, coalescing acks: a run of
+// deliveries acked together that starts at the oldest unsettled delivery
+// of the channel goes out as one basic.ack with multiple=true (one frame,
+// one write, one broker operation) instead of one frame each. Group commit
+// makes such runs: a batch's deliveries are committed, and acked, at once.
+//
+// multiple=true acks every unsettled tag up to the one named, so the acker
+// must know every tag the channel handed out: the delivery loop tracks each
+// one before any worker sees it, and every settlement of a tracked tag
+// (ack, nack, requeue) goes through the acker. A run is acked with
+// multiple=true only if every tracked tag at or below its last one is in
+// the run or already settled; anything else is acked on its own.
+//
+// It adds no wait: the first caller becomes the combiner and sends at
+// once; callers that arrive while it writes queue up, and the combiner's
+// next round settles them all together (flat combining). Each caller
+// returns once its own frame has been written.
+type acker struct {
+	ch    settler
+	stats *ackStats // shared by the consumer's ackers; nil counts nothing
+	// beforeRound is a test hook run by the combiner before each round,
+	// with a function that counts the requests queued.
+	beforeRound func(queued func() int)
+
+	mu     sync.Mutex
+	window []ackEntry // tracked tags in increasing order; sent ones before head
+	head   int
+	queue  []*ackReq
+	spare  []*ackReq
+	busy   bool // a combiner is sending
+}
+
+// ackStats counts settlement frames written and deliveries settled.
+type ackStats struct {
+	frames, settled atomic.Uint64
+}
+
+type ackEntry struct {
+	tag   uint64
+	state uint8
+}
+
+const (
+	entryOpen  uint8 = iota // not settled
+	entryReady              // ack requested in the round being computed
+	entrySent               // its frame is written (or being written)
+)
+
+type ackOp uint8
+
+const (
+	opAck ackOp = iota
+	opRequeue
+	opReject
+)
+
+type ackReq struct {
+	tag  uint64
+	op   ackOp
+	err  error
+	done chan struct{}
+}
+
+// frame is one basic.ack or basic.nack and the requests it settles.
+type frame struct {
+	tag      uint64
+	op       ackOp
+	multiple bool
+	reqs     []*ackReq
+}
+
+func newAcker(ch settler, stats *ackStats) *acker { return &acker{ch: ch, stats: stats} }
+
+// track records a tag handed out by the channel, before any worker can
+// settle it. Tags arrive in increasing order.
+func (a *acker) track(tag uint64) {
+	a.mu.Lock()
+	a.window = append(a.window, ackEntry{tag: tag})
+	a.mu.Unlock()
+}
+
+// ack acks tag once it is written; nack settles it with basic.nack.
+func (a *acker) ack(tag uint64) error { return a.settle(tag, opAck) }
+
+func (a *acker) nack(tag uint64, requeue bool) error {
+	if requeue {
+		return a.settle(tag, opRequeue)
+	}
+	return a.settle(tag, opReject)
+}
+
+func (a *acker) settle(tag uint64, op ackOp) error {
+	r := &ackReq{tag: tag, op: op, done: make(chan struct{})}
+	a.mu.Lock()
+	a.queue = append(a.queue, r)
+	if a.busy {
+		a.mu.Unlock()
+		<-r.done
+		return r.err
+	}
+	a.busy = true
+	for len(a.queue) > 0 {
+		a.gather()
+		if a.beforeRound != nil {
+			a.mu.Unlock()
+			a.beforeRound(a.queued)
+			a.mu.Lock()
+		}
+		reqs := a.queue
+		a.queue, a.spare = a.spare[:0], reqs
+		frames := a.plan(reqs)
+		a.mu.Unlock()
+		if a.stats != nil {
+			a.stats.frames.Add(uint64(len(frames)))
+			a.stats.settled.Add(uint64(len(reqs)))
+		}
+		a.send(frames)
+		a.mu.Lock()
+	}
+	a.busy = false
+	a.mu.Unlock()
+	<-r.done
+	return r.err
+}
+
+// gather lets goroutines that are ready to run queue their requests
+// before a round is planned: the deliveries of a group commit are released
+// together, and their workers reach the acker one after the other. It
+// yields while that adds requests, a few times at most; alone, a yield
+// returns at once. Called with a.mu held.
+func (a *acker) gather() {
+	for range maxGatherYields {
+		n := len(a.queue)
+		a.mu.Unlock()
+		runtime.Gosched()
+		a.mu.Lock()
+		if len(a.queue) == n {
+			return
+		}
+	}
+}
+
+// maxGatherYields bounds gather.
+const maxGatherYields = 8
+
+func (a *acker) queued() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.queue)
+}
+
+// plan turns one round's requests into frames and marks their tags sent.
+// Nacks go first and alone: a multiple ack sent before a nack of a lower
+// tag would ack that delivery. Then the acked run at the head of the
+// window, if any, becomes one multiple ack; every other ack is single.
+// Called with a.mu held.
+func (a *acker) plan(reqs []*ackReq) []frame {
+	slices.SortFunc(reqs, func(x, y *ackReq) int {
+		switch {
+		case x.tag < y.tag:
+			return -1
+		case x.tag > y.tag:
+			return 1
+		}
+		return 0
+	})
+	var frames []frame
+	var acks []*ackReq
+	for _, r := range reqs {
+		i, tracked := a.find(r.tag)
+		if r.op != opAck {
+			if tracked {
+				a.window[i].state = entrySent
+			}
+			frames = append(frames, frame{tag: r.tag, op: r.op, reqs: []*ackReq{r}})
+			continue
+		}
+		if tracked && a.window[i].state == entryOpen {
+			a.window[i].state = entryReady
+		}
+		acks = append(acks, r)
+	}
+	a.trim()
+	// The run at the head: ready entries, and sent ones between them (a
+	// multiple ack skips what is settled already), up to the first open
+	// one. Everything at or below its last ready tag is then settled or
+	// in the run, so one multiple ack covers exactly the run.
+	end, ready := a.head, 0
+	var last uint64
+	for i := a.head; i < len(a.window) && a.window[i].state != entryOpen; i++ {
+		if a.window[i].state == entryReady {
+			end, last = i+1, a.window[i].tag
+			ready++
+		}
+	}
+	if ready > 1 {
+		run, rest := make([]*ackReq, 0, ready), acks[:0:0]
+		for _, r := range acks {
+			if i, ok := a.find(r.tag); ok && i < end && a.window[i].state == entryReady {
+				run = append(run, r)
+			} else {
+				rest = append(rest, r)
+			}
+		}
+		for i := a.head; i < end; i++ {
+			a.window[i].state = entrySent
+		}
+		frames = append(frames, frame{tag: last, op: opAck, multiple: true, reqs: run})
+		acks = rest
+	}
+	for _, r := range acks {
+		if i, ok := a.find(r.tag); ok {
+			a.window[i].state = entrySent
+		}
+		frames = append(frames, frame{tag: r.tag, op: opAck, reqs: []*ackReq{r}})
+	}
+	a.trim()
+	return frames
+}
+
+// find locates tag among the unsent part of the window.
+func (a *acker) find(tag uint64) (int, bool) {
+	w := a.window[a.head:]
+	i, ok := slices.BinarySearchFunc(w, tag, func(e ackEntry, t uint64) int {
+		switch {
+		case e.tag < t:
+			return -1
+		case e.tag > t:
+			return 1
+		}
+		return 0
+	})
+	return a.head + i, ok
+}
+
+// trim drops sent entries from the head and compacts the window.
+func (a *acker) trim() {
+	for a.head < len(a.window) && a.window[a.head].state == entrySent {
+		a.head++
+	}
+	if a.head == len(a.window) {
+		a.window, a.head = a.window[:0], 0
+		return
+	}
+	if a.head > 64 && a.head > len(a.window)/2 {
+		n := copy(a.window, a.window[a.head:])
+		a.window, a.head = a.window[:n], 0
+	}
+}
+
+// send writes frames in order and releases their callers.
+func (a *acker) send(frames []frame) {
+	for _, f := range frames {
+		var err error
+		switch f.op {
+		case opAck:
+			err = a.ch.Ack(f.tag, f.multiple)
+		case opRequeue:
+			err = a.ch.Nack(f.tag, false, true)
+		case opReject:
+			err = a.ch.Nack(f.tag, false, false)
+		}
+		for _, r := range f.reqs {
+			r.err = err
+			close(r.done)
+		}
+	}
+}
+
+// settleRaw settles a delivery that no acker tracks (one built by hand).
+func settleRaw(raw *amqp.Delivery, op ackOp) error {
+	switch op {
+	case opRequeue:
+		return raw.Nack(false, true)
+	case opReject:
+		return raw.Nack(false, false)
+	default:
+		return raw.Ack(false)
+	}
+}

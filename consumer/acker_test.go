@@ -1,0 +1,255 @@
+package consumer
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/inboxmq/inboxmq/internal/testenv"
+)
+
+// fakeBroker is a channel's settlement side as RabbitMQ keeps it: the
+// unsettled tags, and what each frame settled. Settling a tag twice is the
+// broker's PRECONDITION_FAILED (unknown delivery tag), which closes the
+// channel.
+type fakeBroker struct {
+	mu        sync.Mutex
+	unsettled map[uint64]bool
+	acked     map[uint64]bool
+	requeued  map[uint64]bool
+	rejected  map[uint64]bool
+	frames    []string
+	gate      chan struct{} // when set, the first frame waits for it
+	entered   chan struct{}
+}
+
+func newFakeBroker() *fakeBroker {
+	return &fakeBroker{
+		unsettled: map[uint64]bool{}, acked: map[uint64]bool{},
+		requeued: map[uint64]bool{}, rejected: map[uint64]bool{},
+	}
+}
+
+func (b *fakeBroker) deliver(a *acker, tags ...uint64) {
+	b.mu.Lock()
+	for _, t := range tags {
+		b.unsettled[t] = true
+	}
+	b.mu.Unlock()
+	for _, t := range tags {
+		a.track(t)
+	}
+}
+
+func (b *fakeBroker) hold() {
+	b.gate, b.entered = make(chan struct{}), make(chan struct{})
+}
+
+func (b *fakeBroker) wait() {
+	if b.gate == nil {
+		return
+	}
+	select {
+	case <-b.entered:
+		return // not the first frame
+	default:
+	}
+	close(b.entered)
+	<-b.gate
+}
+
+func (b *fakeBroker) Ack(tag uint64, multiple bool) error {
+	b.wait()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.frames = append(b.frames, fmt.Sprintf("ack %d multiple=%v", tag, multiple))
+	if !multiple {
+		return b.settle(tag, b.acked)
+	}
+	for t := range b.unsettled {
+		if t <= tag {
+			if err := b.settle(t, b.acked); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (b *fakeBroker) Nack(tag uint64, multiple, requeue bool) error {
+	b.wait()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if multiple {
+		return errors.New("fake: nack multiple is never sent")
+	}
+	b.frames = append(b.frames, fmt.Sprintf("nack %d requeue=%v", tag, requeue))
+	if requeue {
+		return b.settle(tag, b.requeued)
+	}
+	return b.settle(tag, b.rejected)
+}
+
+func (b *fakeBroker) settle(tag uint64, into map[uint64]bool) error {
+	if !b.unsettled[tag] {
+		return fmt.Errorf("fake: PRECONDITION_FAILED unknown delivery tag %d", tag)
+	}
+	delete(b.unsettled, tag)
+	into[tag] = true
+	return nil
+}
+
+// settleQueued settles each tag with op from its own goroutine while the
+// broker holds the first frame (sent by first), so that they all land in
+// the combiner's next round.
+func settleQueued(t *testing.T, a *acker, b *fakeBroker, first uint64, rest map[uint64]ackOp) {
+	t.Helper()
+	b.hold()
+	var wg sync.WaitGroup
+	errs := make(chan error, len(rest)+1)
+	wg.Add(1)
+	go func() { defer wg.Done(); errs <- a.ack(first) }()
+	testenv.WaitChan(t, b.entered, "first frame sent")
+	for tag, op := range rest {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs <- a.settle(tag, op) }()
+	}
+	testenv.WaitFor(t, "requests queued behind the combiner", func() bool { return a.queued() == len(rest) })
+	close(b.gate)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+}
+
+func TestAcker_RunAtTheHeadIsOneMultipleAck(t *testing.T) {
+	t.Parallel()
+	b := newFakeBroker()
+	var st ackStats
+	a := newAcker(b, &st)
+	b.deliver(a, 1, 2, 3, 4, 5, 6)
+	// 1 is being written; 2, 3, 4 are acked and 6 requeued meanwhile; 5 is
+	// still running.
+	settleQueued(t, a, b, 1, map[uint64]ackOp{2: opAck, 3: opAck, 4: opAck, 6: opRequeue})
+	require.Equal(t, []string{"ack 1 multiple=false", "nack 6 requeue=true", "ack 4 multiple=true"}, b.frames)
+	require.Equal(t, map[uint64]bool{5: true}, b.unsettled, "the running delivery is not acked")
+	require.NoError(t, a.ack(5))
+	require.Empty(t, b.unsettled)
+	require.Equal(t, uint64(4), st.frames.Load())
+	require.Equal(t, uint64(6), st.settled.Load())
+}
+
+func TestAcker_AcksAboveAnUnsettledDeliveryGoSingly(t *testing.T) {
+	t.Parallel()
+	b := newFakeBroker()
+	a := newAcker(b, nil)
+	b.deliver(a, 1, 2, 3, 4)
+	// 2 is still running: a multiple ack of 4 would ack it.
+	settleQueued(t, a, b, 1, map[uint64]ackOp{3: opAck, 4: opAck})
+	require.Equal(t, []string{"ack 1 multiple=false", "ack 3 multiple=false", "ack 4 multiple=false"}, b.frames)
+	require.Equal(t, map[uint64]bool{2: true}, b.unsettled)
+}
+
+func TestAcker_RunSpansDeliveriesSettledEarlier(t *testing.T) {
+	t.Parallel()
+	b := newFakeBroker()
+	a := newAcker(b, nil)
+	b.deliver(a, 1, 2, 3, 4, 5, 6)
+	// 3 is acked first, on its own; then 1, 2, 4, 5 together: one multiple
+	// ack covers them (3 is settled already), and 6 still runs.
+	settleQueued(t, a, b, 3, map[uint64]ackOp{1: opAck, 2: opAck, 4: opAck, 5: opAck})
+	require.Equal(t, []string{"ack 3 multiple=false", "ack 5 multiple=true"}, b.frames)
+	require.Equal(t, map[uint64]bool{6: true}, b.unsettled)
+}
+
+func TestAcker_NackBelowTheRunGoesFirst(t *testing.T) {
+	t.Parallel()
+	b := newFakeBroker()
+	a := newAcker(b, nil)
+	b.deliver(a, 1, 2, 3, 4)
+	// 2 is rejected in the same round in which 3 and 4 are acked: the
+	// reject must be written before a multiple ack could cover it.
+	settleQueued(t, a, b, 1, map[uint64]ackOp{2: opReject, 3: opAck, 4: opAck})
+	require.Equal(t, []string{"ack 1 multiple=false", "nack 2 requeue=false", "ack 4 multiple=true"}, b.frames)
+	require.Equal(t, map[uint64]bool{2: true}, b.rejected)
+	require.Equal(t, map[uint64]bool{1: true, 3: true, 4: true}, b.acked)
+}
+
+// Random settlement orders from many goroutines, as a pool of workers
+// makes them: every delivery is settled once, as its worker asked — never
+// acked by another's multiple ack while it still runs, never twice.
+func TestAcker_ConcurrentSettlementsSettleEachDeliveryAsAsked(t *testing.T) {
+	t.Parallel()
+	multiples := 0
+	for round := range 50 {
+		b := newFakeBroker()
+		a := newAcker(b, nil)
+		const n = 400
+		want := make(map[uint64]ackOp, n)
+		tags := make([]uint64, 0, n)
+		for tag := uint64(1); tag <= n; tag++ {
+			op := opAck
+			switch rand.IntN(10) {
+			case 0:
+				op = opRequeue
+			case 1:
+				op = opReject
+			}
+			want[tag] = op
+			tags = append(tags, tag)
+		}
+		b.deliver(a, tags...)
+		if round%2 == 0 {
+			rand.Shuffle(len(tags), func(i, j int) { tags[i], tags[j] = tags[j], tags[i] })
+		} else { // nearly in order, as deliveries of a busy queue complete
+			for i := 0; i < len(tags); i += 16 {
+				blk := tags[i:min(i+16, len(tags))]
+				rand.Shuffle(len(blk), func(i, j int) { blk[i], blk[j] = blk[j], blk[i] })
+			}
+		}
+		work := make(chan uint64, n)
+		for _, tag := range tags {
+			work <- tag
+		}
+		close(work)
+		var wg sync.WaitGroup
+		errs := make(chan error, n)
+		for range 16 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for tag := range work {
+					errs <- a.settle(tag, want[tag])
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			require.NoError(t, err, "round %d", round)
+		}
+		require.Empty(t, b.unsettled, "round %d", round)
+		for tag, op := range want {
+			switch op {
+			case opAck:
+				require.True(t, b.acked[tag], "round %d: tag %d acked", round, tag)
+			case opRequeue:
+				require.True(t, b.requeued[tag], "round %d: tag %d requeued", round, tag)
+			case opReject:
+				require.True(t, b.rejected[tag], "round %d: tag %d rejected", round, tag)
+			}
+		}
+		for _, f := range b.frames {
+			if strings.HasSuffix(f, "multiple=true") {
+				multiples++
+			}
+		}
+	}
+	require.Positive(t, multiples, "some runs were coalesced")
+}
