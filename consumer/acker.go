@@ -45,6 +45,9 @@ type acker struct {
 	queue  []*ackReq
 	spare  []*ackReq
 	busy   bool // a combiner is sending
+	// Buffers of the combiner's round, reused (one combiner at a time).
+	frames []frame
+	acks   []*ackReq
 }
 
 // ackStats counts settlement frames written and deliveries settled.
@@ -75,15 +78,19 @@ type ackReq struct {
 	tag  uint64
 	op   ackOp
 	err  error
-	done chan struct{}
+	done chan struct{} // buffered: one signal per use, so requests are reused
 }
 
-// frame is one basic.ack or basic.nack and the requests it settles.
+var ackReqs = sync.Pool{New: func() any { return &ackReq{done: make(chan struct{}, 1)} }}
+
+// frame is one basic.ack or basic.nack and the requests it settles: req
+// alone, or the run of a multiple ack.
 type frame struct {
 	tag      uint64
 	op       ackOp
 	multiple bool
-	reqs     []*ackReq
+	req      *ackReq
+	run      []*ackReq
 }
 
 func newAcker(ch settler, stats *ackStats) *acker { return &acker{ch: ch, stats: stats} }
@@ -107,7 +114,9 @@ func (a *acker) nack(tag uint64, requeue bool) error {
 }
 
 func (a *acker) settle(tag uint64, op ackOp) error {
-	r := &ackReq{tag: tag, op: op, done: make(chan struct{})}
+	r := ackReqs.Get().(*ackReq)
+	r.tag, r.op, r.err = tag, op, nil
+	defer ackReqs.Put(r)
 	a.mu.Lock()
 	a.queue = append(a.queue, r)
 	if a.busy {
@@ -181,15 +190,15 @@ func (a *acker) plan(reqs []*ackReq) []frame {
 		}
 		return 0
 	})
-	var frames []frame
-	var acks []*ackReq
+	frames, acks := a.frames[:0], a.acks[:0]
+	defer func() { a.frames, a.acks = frames[:0], acks[:0] }()
 	for _, r := range reqs {
 		i, tracked := a.find(r.tag)
 		if r.op != opAck {
 			if tracked {
 				a.window[i].state = entrySent
 			}
-			frames = append(frames, frame{tag: r.tag, op: r.op, reqs: []*ackReq{r}})
+			frames = append(frames, frame{tag: r.tag, op: r.op, req: r})
 			continue
 		}
 		if tracked && a.window[i].state == entryOpen {
@@ -211,7 +220,8 @@ func (a *acker) plan(reqs []*ackReq) []frame {
 		}
 	}
 	if ready > 1 {
-		run, rest := make([]*ackReq, 0, ready), acks[:0:0]
+		run := make([]*ackReq, 0, ready)
+		rest := acks[:0] // filtered in place
 		for _, r := range acks {
 			if i, ok := a.find(r.tag); ok && i < end && a.window[i].state == entryReady {
 				run = append(run, r)
@@ -222,14 +232,14 @@ func (a *acker) plan(reqs []*ackReq) []frame {
 		for i := a.head; i < end; i++ {
 			a.window[i].state = entrySent
 		}
-		frames = append(frames, frame{tag: last, op: opAck, multiple: true, reqs: run})
+		frames = append(frames, frame{tag: last, op: opAck, multiple: true, run: run})
 		acks = rest
 	}
 	for _, r := range acks {
 		if i, ok := a.find(r.tag); ok {
 			a.window[i].state = entrySent
 		}
-		frames = append(frames, frame{tag: r.tag, op: opAck, reqs: []*ackReq{r}})
+		frames = append(frames, frame{tag: r.tag, op: opAck, req: r})
 	}
 	a.trim()
 	return frames
@@ -277,9 +287,13 @@ func (a *acker) send(frames []frame) {
 		case opReject:
 			err = a.ch.Nack(f.tag, false, false)
 		}
-		for _, r := range f.reqs {
+		if f.req != nil {
+			f.req.err = err
+			f.req.done <- struct{}{}
+		}
+		for _, r := range f.run {
 			r.err = err
-			close(r.done)
+			r.done <- struct{}{}
 		}
 	}
 }

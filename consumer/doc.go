@@ -29,6 +29,13 @@
 //	permanent       -> copy to <queue>.dlq with x-error "<reason>: …" (confirm), then ack
 //	stopped         -> nack with requeue; the attempt is not counted
 //
+// Acks are coalesced per channel: deliveries that finish together (a group
+// commit's batch) and form a run at the head of the channel's unsettled
+// delivery tags are acked with one basic.ack multiple=true. The channel's
+// acker tracks every tag it hands out, sends nacks before any multiple ack
+// that could cover them, and acks singly whatever is not in such a run, so
+// a multiple ack never settles a delivery that is still running.
+//
 // A copy that the broker does not confirm leaves the original requeued,
 // never acked. Short blips are first retried in process
 // (HandlerOpts.InProcess); each try starts from scratch. A panic in a

@@ -73,6 +73,12 @@
 // taken over cannot commit over the new owner. A lost lease cancels the
 // handler's context with cause [ErrLeaseLost].
 //
+// The claim is committed asynchronously (synchronous_commit off for its one
+// statement; ClaimOpts.DurableClaim opts out), which saves a WAL flush per
+// delivery: nothing is acked on the strength of a claim. A claim lost in a
+// database crash makes the completion find no row, and the delivery is
+// retried, never acked; the completion itself is always durable.
+//
 // # Reconciler
 //
 // A claim whose worker vanished stays processing until its lease ends. The
