@@ -31,6 +31,7 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -90,6 +91,7 @@ func main() {
 		inflight = flag.Int("inflight", 4, "batches in flight in the batched cases")
 		pipeline = flag.Bool("pipeline", true, "case (e): GroupCommit.Pipeline (handlers' statements sent together)")
 		latDur   = flag.Duration("latency", 4*time.Second, "duration of the steady-load latency run (0 skips it)")
+		loads    = flag.String("loads", "", "instead of the drains: publish-to-commit latency of each case at these steady rates (msg/s, comma-separated)")
 		amqpURL  = flag.String("amqp", cmp.Or(os.Getenv("AMQP_URL"), "amqp://guest:guest@127.0.0.1:5672/"), "broker")
 		dbURL    = flag.String("db", cmp.Or(os.Getenv("DATABASE_URL"), "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"), "database")
 		redisURL = flag.String("redis", cmp.Or(os.Getenv("REDIS_URL"), "redis://127.0.0.1:6379/0"), "redis")
@@ -142,6 +144,22 @@ func main() {
 		if slices.Contains(want, c.id) {
 			results = append(results, &result{c: c})
 		}
+	}
+	if *loads != "" {
+		for _, f := range strings.Split(*loads, ",") {
+			rate, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+			if err != nil {
+				log.Fatalf("-loads: %v", err)
+			}
+			for _, r := range results {
+				p50, p99, err := latency(ctx, e, r.c, rate, *latDur)
+				if err != nil {
+					log.Printf("(%s) at %.0f msg/s: %v", r.c.id, rate, err)
+				}
+				fmt.Printf("(%s) at %.0f msg/s: p50 %s p99 %s\n", r.c.id, rate, p50.Round(10*time.Microsecond), p99.Round(10*time.Microsecond))
+			}
+		}
+		return
 	}
 	// Runs are interleaved (a, b, …, f, then again), so that a machine
 	// whose speed drifts during the benchmark moves every case alike and
