@@ -260,7 +260,11 @@ func (a *acker) find(tag uint64) (int, bool) {
 	return a.head + i, ok
 }
 
-// trim drops sent entries from the head and compacts the window.
+// trim drops sent entries from the head and compacts the window. A
+// delivery that runs long holds the head while later ones are settled; once
+// the window has grown by maxSentInWindow entries the sent ones are dropped
+// from the middle too, so it stays about as long as the deliveries still
+// unsettled (at most the prefetch).
 func (a *acker) trim() {
 	for a.head < len(a.window) && a.window[a.head].state == entrySent {
 		a.head++
@@ -269,11 +273,25 @@ func (a *acker) trim() {
 		a.window, a.head = a.window[:0], 0
 		return
 	}
+	if len(a.window)-a.head > maxSentInWindow {
+		n := 0
+		for _, e := range a.window[a.head:] {
+			if e.state != entrySent {
+				a.window[n] = e
+				n++
+			}
+		}
+		a.window, a.head = a.window[:n], 0
+		return
+	}
 	if a.head > 64 && a.head > len(a.window)/2 {
 		n := copy(a.window, a.window[a.head:])
 		a.window, a.head = a.window[:n], 0
 	}
 }
+
+// maxSentInWindow bounds the window's growth behind a long-running delivery.
+const maxSentInWindow = 4096
 
 // send writes frames in order and releases their callers.
 func (a *acker) send(frames []frame) {

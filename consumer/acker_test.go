@@ -181,6 +181,28 @@ func TestAcker_NackBelowTheRunGoesFirst(t *testing.T) {
 	require.Equal(t, map[uint64]bool{1: true, 3: true, 4: true}, b.acked)
 }
 
+// A delivery that runs for long holds the head of the window while
+// thousands after it are settled: the window stays bounded, and the long
+// one is still acked alone at the end, with nothing acked twice.
+func TestAcker_LongRunningDeliveryKeepsTheWindowBounded(t *testing.T) {
+	t.Parallel()
+	b := newFakeBroker()
+	a := newAcker(b, nil)
+	const n = 20000
+	b.deliver(a, 1)
+	for tag := uint64(2); tag <= n; tag++ {
+		b.deliver(a, tag)
+		require.NoError(t, a.ack(tag))
+	}
+	a.mu.Lock()
+	size := len(a.window) - a.head
+	a.mu.Unlock()
+	require.LessOrEqual(t, size, maxSentInWindow+1)
+	require.Equal(t, map[uint64]bool{1: true}, b.unsettled)
+	require.NoError(t, a.ack(1))
+	require.Empty(t, b.unsettled)
+}
+
 // Random settlement orders from many goroutines, as a pool of workers
 // makes them: every delivery is settled once, as its worker asked — never
 // acked by another's multiple ack while it still runs, never twice.
