@@ -71,9 +71,10 @@ type env struct {
 type result struct {
 	c          benchCase
 	rates      []float64
-	allocs     float64 // per delivery
-	cpuUS      float64 // CPU µs per delivery
-	rss        float64 // MiB at the end of the drain
+	allocs     float64   // per delivery
+	cpuUS      float64   // CPU µs per delivery
+	machines   []float64 // the machine's CPU µs per delivery, servers included, per run
+	rss        float64   // MiB at the end of the drain
 	p50, p99   time.Duration
 	latencyErr string
 	// Group commit only: latency at the load (d) carries at 50 %.
@@ -166,7 +167,7 @@ func main() {
 	// the ratios stay fair.
 	for i := range *runs {
 		for _, r := range results {
-			rate, allocs, cpu, err := drain(ctx, e, r.c, *n)
+			rate, allocs, cpu, machine, err := drain(ctx, e, r.c, *n)
 			if err != nil {
 				log.Fatalf("case %s run %d: %v", r.c.id, i+1, err)
 			}
@@ -174,8 +175,9 @@ func main() {
 			if i == 0 || allocs < r.allocs {
 				r.allocs, r.cpuUS = allocs, cpu
 			}
+			r.machines = append(r.machines, machine)
 			r.rss = max(r.rss, rssMiB())
-			log.Printf("(%s) run %d: %.0f msg/s, %.1f allocs/delivery, %.0f µs CPU/delivery", r.c.id, i+1, rate, allocs, cpu)
+			log.Printf("(%s) run %d: %.0f msg/s, %.1f allocs/delivery, %.0f µs CPU/delivery, machine %.0f µs/delivery", r.c.id, i+1, rate, allocs, cpu, machine)
 		}
 	}
 	if *latDur > 0 {
@@ -344,17 +346,17 @@ func (e *env) publish(ctx context.Context, q string, n int) error {
 }
 
 // drain pre-publishes n messages, then times the case draining them.
-func drain(ctx context.Context, e *env, c benchCase, n int) (rate, allocsPer, cpuPerUS float64, err error) {
+func drain(ctx context.Context, e *env, c benchCase, n int) (rate, allocsPer, cpuPerUS, machinePerUS float64, err error) {
 	if err := e.reset(ctx); err != nil {
-		return 0, 0, 0, err
+		return 0, 0, 0, 0, err
 	}
 	q, err := e.freshQueue()
 	if err != nil {
-		return 0, 0, 0, err
+		return 0, 0, 0, 0, err
 	}
 	defer e.deleteQueue(q)
 	if err := e.publish(ctx, q, n); err != nil {
-		return 0, 0, 0, err
+		return 0, 0, 0, 0, err
 	}
 	runtime.GC()
 	var count atomic.Int64
@@ -367,16 +369,16 @@ func drain(ctx context.Context, e *env, c benchCase, n int) (rate, allocsPer, cp
 		}
 	})
 	if err != nil {
-		return 0, 0, 0, err
+		return 0, 0, 0, 0, err
 	}
 	select {
 	case <-finished:
 	case <-time.After(5 * time.Minute):
 		_ = stop()
-		return 0, 0, 0, fmt.Errorf("%w after %d of %d", errTimeout, count.Load(), n)
+		return 0, 0, 0, 0, fmt.Errorf("%w after %d of %d", errTimeout, count.Load(), n)
 	case <-ctx.Done():
 		_ = stop()
-		return 0, 0, 0, ctx.Err()
+		return 0, 0, 0, 0, ctx.Err()
 	}
 	after := snapshot()
 	if err := stop(); err != nil {
@@ -385,14 +387,15 @@ func drain(ctx context.Context, e *env, c benchCase, n int) (rate, allocsPer, cp
 	if c.id != "a" {
 		var rows int
 		if err := e.pool.QueryRow(ctx, "SELECT count(*) FROM bench_ledger").Scan(&rows); err != nil {
-			return 0, 0, 0, err
+			return 0, 0, 0, 0, err
 		}
 		if rows != n {
-			return 0, 0, 0, fmt.Errorf("case %s wrote %d ledger rows for %d messages", c.id, rows, n)
+			return 0, 0, 0, 0, fmt.Errorf("case %s wrote %d ledger rows for %d messages", c.id, rows, n)
 		}
 	}
 	el := after.at.Sub(before.at)
-	return float64(n) / el.Seconds(), float64(after.mallocs-before.mallocs) / float64(n), float64((after.cpu - before.cpu).Microseconds()) / float64(n), nil
+	return float64(n) / el.Seconds(), float64(after.mallocs-before.mallocs) / float64(n), float64((after.cpu - before.cpu).Microseconds()) / float64(n),
+		float64((after.machine - before.machine).Microseconds()) / float64(n), nil
 }
 
 // latency publishes at a steady rate for dur and records publish-to-commit
@@ -460,8 +463,8 @@ func latency(ctx context.Context, e *env, c benchCase, rate float64, dur time.Du
 func report(w io.Writer, rs []*result, n, runs int) {
 	byID := map[string]float64{}
 	fmt.Fprintf(w, "\n%d persistent messages per drain, median of %d; GOMAXPROCS=%d; Go %s\n\n", n, runs, runtime.GOMAXPROCS(0), runtime.Version())
-	fmt.Fprintln(w, "| case | msg/s (median) | runs | allocs/delivery | CPU µs/delivery | RSS MiB | p50 | p99 |")
-	fmt.Fprintln(w, "|---|---:|---|---:|---:|---:|---:|---:|")
+	fmt.Fprintln(w, "| case | msg/s (median) | runs | allocs/delivery | worker CPU µs/delivery | machine CPU µs/delivery | RSS MiB | p50 | p99 |")
+	fmt.Fprintln(w, "|---|---:|---|---:|---:|---:|---:|---:|---:|")
 	for _, r := range rs {
 		m := median(r.rates)
 		byID[r.c.id] = m
@@ -473,7 +476,7 @@ func report(w io.Writer, rs []*result, n, runs int) {
 		if r.latencyErr != "" {
 			lat += " (" + r.latencyErr + ")"
 		}
-		fmt.Fprintf(w, "| (%s) %s | %.0f | %s | %.1f | %.0f | %.0f | %s |\n", r.c.id, r.c.name, m, strings.Join(runsS, " / "), r.allocs, r.cpuUS, r.rss, lat)
+		fmt.Fprintf(w, "| (%s) %s | %.0f | %s | %.1f | %.0f | %.0f | %.0f | %s |\n", r.c.id, r.c.name, m, strings.Join(runsS, " / "), r.allocs, r.cpuUS, median(r.machines), r.rss, lat)
 	}
 	fmt.Fprintln(w)
 	ratio := func(a, b, target string) {

@@ -10,10 +10,12 @@ import (
 	"time"
 )
 
-// sample is a process-wide snapshot of CPU time and allocations.
+// sample is a process-wide snapshot of CPU time and allocations, with the
+// whole machine's busy CPU time (the servers' included).
 type sample struct {
 	at      time.Time
 	cpu     time.Duration
+	machine time.Duration
 	mallocs uint64
 }
 
@@ -23,7 +25,31 @@ func snapshot() sample {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	cpu := time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-	return sample{at: time.Now(), cpu: cpu, mallocs: ms.Mallocs}
+	return sample{at: time.Now(), cpu: cpu, machine: machineBusy(), mallocs: ms.Mallocs}
+}
+
+// machineBusy reads the CPU time all cores spent on anything but idle and
+// iowait since boot (/proc/stat), or 0 where it cannot.
+func machineBusy() time.Duration {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 8 || f[0] != "cpu" {
+		return 0
+	}
+	var ticks int64
+	for i, v := range f[1:] {
+		if i == 3 || i == 4 { // idle, iowait
+			continue
+		}
+		n, _ := strconv.ParseInt(v, 10, 64)
+		ticks += n
+	}
+	const clockTicks = 100 // USER_HZ on Linux
+	return time.Duration(ticks) * time.Second / clockTicks
 }
 
 // rssMiB reads the resident set size of this process.
