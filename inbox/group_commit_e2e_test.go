@@ -1,0 +1,88 @@
+package inbox_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/internal/amqptest"
+	"github.com/inboxmq/inboxmq/internal/testenv"
+	"github.com/inboxmq/inboxmq/retry"
+)
+
+// A worker that loses its broker connection after a group commit's COMMIT
+// and before the batch's (coalesced) acks: every delivery of the batch is
+// redelivered, found completed and acked as a duplicate — one effect per
+// key, none lost, nothing left in the queue.
+func TestE2E_GroupCommitConnectionLostBetweenCommitAndAck(t *testing.T) {
+	t.Parallel()
+	b := setupE2E(t)
+	const n = 8
+	name := "inboxmq-test-" + b.queue
+	var crash sync.Once
+	afterCommit := func(next consumer.DeliveryHandler) consumer.DeliveryHandler {
+		return func(ctx context.Context, d *consumer.Delivery) error {
+			err := next(ctx, d)
+			if err == nil {
+				// The batch is committed; kill the connection before any of
+				// its deliveries is acked (the others wait here for it).
+				crash.Do(func() { amqptest.CloseConnection(t, name) })
+			}
+			return err
+		}
+	}
+	h := inbox.Handler(b.store, effectHandler(nil), &inbox.HandlerOpts{GroupCommit: &inbox.GroupCommit{
+		MaxBatch: n, MaxWait: time.Minute, MaxInFlight: 1, Pipeline: true,
+	}})
+	r := consumer.NewRouter()
+	consumer.Register(r, b.queue, h, &consumer.HandlerOpts{
+		Consumer:   "payments",
+		Middleware: []consumer.Middleware{afterCommit},
+		InProcess:  retry.InProcess{Tries: -1},
+		Queue:      consumer.QueueOpts{Concurrency: 2 * n},
+	})
+	obs := &outcomes{ch: make(chan consumer.Outcome, 4*n)}
+	c, err := consumer.New(&consumer.Config{
+		URL: testenv.AMQPURL(), Name: name, Router: r, Observers: []consumer.Observer{obs},
+		ReconnectInitialInterval: 20 * time.Millisecond, ReconnectMaxInterval: 200 * time.Millisecond,
+	})
+	require.NoError(t, err)
+	require.NoError(t, c.Start(t.Context()))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), testenv.Timeout())
+		defer cancel()
+		_ = c.Stop(ctx)
+	})
+	for i := range n {
+		body, err := json.Marshal(order{OrderID: fmt.Sprint(i), Amount: 1})
+		require.NoError(t, err)
+		b.pub.Publish(b.queue, body, amqp.Publishing{MessageId: fmt.Sprintf("m-%d", i)})
+	}
+
+	abandoned, duplicates := 0, 0
+	for abandoned < n || duplicates < n {
+		out := obs.next(t)
+		switch {
+		case out.Action == consumer.ActionAbandoned:
+			abandoned++
+		case out.Action == consumer.ActionAcked && out.Decision.Kind == retry.KindDuplicate:
+			duplicates++
+		default:
+			t.Fatalf("unexpected outcome %+v", out)
+		}
+	}
+	require.Equal(t, n, b.count(t, `SELECT count(*) FROM effects`), "one effect per key")
+	require.Equal(t, n, b.count(t, `SELECT count(DISTINCT key) FROM effects`))
+	ctx, cancel := context.WithTimeout(context.Background(), testenv.Timeout())
+	defer cancel()
+	require.NoError(t, c.Stop(ctx))
+	require.Equal(t, 0, amqptest.Depth(t, b.conn, b.queue), "every redelivery acked")
+}
