@@ -141,10 +141,15 @@ func Lock(client redis.UniversalClient, opts *LockOpts) consumer.Middleware {
 	if err != nil {
 		panic("middleware: Lock: " + err.Error())
 	}
+	releaser, err := lock.NewReleaser(client)
+	if err != nil {
+		panic("middleware: Lock: " + err.Error())
+	}
 	m := &lockMiddleware{
-		opts:   o,
-		locker: locker,
-		health: newHealth("lock", o.ProbeInterval, o.Logger, o.OnDegraded),
+		opts:     o,
+		locker:   locker,
+		releaser: releaser,
+		health:   newHealth("lock", o.ProbeInterval, o.Logger, o.OnDegraded),
 	}
 	return m.wrap
 }
@@ -152,7 +157,10 @@ func Lock(client redis.UniversalClient, opts *LockOpts) consumer.Middleware {
 type lockMiddleware struct {
 	opts   LockOpts
 	locker *lock.Locker
-	health *health
+	// releaser shares the releases of concurrent deliveries' locks in one
+	// round trip.
+	releaser *lock.Releaser
+	health   *health
 }
 
 func (m *lockMiddleware) wrap(next consumer.DeliveryHandler) consumer.DeliveryHandler {
@@ -225,7 +233,7 @@ func (m *lockMiddleware) runLocked(ctx context.Context, d *consumer.Delivery, l 
 	// Release even when ctx has ended; compare-and-delete never touches a
 	// successor's lock.
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.opts.CallTimeout)
-	rerr := l.Release(rctx)
+	rerr := m.releaser.Release(rctx, l)
 	cancel()
 	if rerr != nil && !errors.Is(rerr, lock.ErrNotHeld) {
 		// The lock expires by its TTL; later deliveries of the key wait.

@@ -1,0 +1,116 @@
+package lock_test
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inboxmq/inboxmq/internal/redistest"
+	"github.com/inboxmq/inboxmq/internal/testenv"
+	"github.com/inboxmq/inboxmq/lock"
+)
+
+// gatedClient holds the first script call until gate closes, and counts
+// the pipelines sent.
+type gatedClient struct {
+	redis.UniversalClient
+	armed     atomic.Bool
+	first     sync.Once
+	entered   chan struct{}
+	gate      chan struct{}
+	pipelines atomic.Int64
+}
+
+func (c *gatedClient) EvalSha(ctx context.Context, sha string, keys []string, args ...any) *redis.Cmd {
+	if c.armed.Load() {
+		c.first.Do(func() {
+			close(c.entered)
+			<-c.gate
+		})
+	}
+	return c.UniversalClient.EvalSha(ctx, sha, keys, args...)
+}
+
+func (c *gatedClient) Pipeline() redis.Pipeliner {
+	c.pipelines.Add(1)
+	return c.UniversalClient.Pipeline()
+}
+
+// Releases that arrive while a round trip is under way share the next one;
+// each keeps compare-and-delete: a lock taken over by another holder is
+// not deleted, and its release reports ErrNotHeld.
+func TestReleaser_ConcurrentReleasesShareARoundTrip(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	rdb, prefix := redistest.Client(t)
+	gc := &gatedClient{UniversalClient: rdb, entered: make(chan struct{}), gate: make(chan struct{})}
+	locker, err := lock.New(gc, nil)
+	require.NoError(t, err)
+	r, err := lock.NewReleaser(gc)
+	require.NoError(t, err)
+
+	const n = 10
+	locks := make([]*lock.Lock, n)
+	for i := range locks {
+		locks[i], err = locker.Obtain(ctx, prefix+"k"+string(rune('a'+i)), time.Minute, nil)
+		require.NoError(t, err)
+	}
+	// The last lock expired and another holder took the key.
+	lastKey, _ := lock.RedisKeys(locks[n-1].Key())
+	require.NoError(t, rdb.Set(ctx, lastKey, "someone-else", time.Minute).Err())
+	gc.armed.Store(true) // the next script call, the first release, waits
+	firstDone := make(chan error, 1)
+	go func() { firstDone <- r.Release(ctx, locks[0]) }()
+	testenv.WaitChan(t, gc.entered, "the first release's round trip under way")
+
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := 1; i < n; i++ {
+		wg.Go(func() { errs[i] = r.Release(ctx, locks[i]) })
+	}
+	testenv.WaitFor(t, "releases queued behind the round trip", func() bool { return lock.Queued(r) == n-1 })
+	close(gc.gate)
+	wg.Wait()
+	require.NoError(t, testenv.WaitChan(t, firstDone, "first release"))
+
+	for i := 1; i < n-1; i++ {
+		require.NoError(t, errs[i], "lock %d", i)
+		k, _ := lock.RedisKeys(locks[i].Key())
+		require.Zero(t, rdb.Exists(ctx, k).Val(), "lock %d released", i)
+	}
+	require.ErrorIs(t, errs[n-1], lock.ErrNotHeld)
+	require.Equal(t, "someone-else", rdb.Get(ctx, lastKey).Val(), "another holder's lock is not deleted")
+	require.Equal(t, int64(1), gc.pipelines.Load(), "the queued releases went out in one pipeline")
+}
+
+// Several goroutines releasing many locks: every one is released, whatever
+// way the releases are grouped.
+func TestReleaser_EveryLockReleasedUnderConcurrency(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	rdb, prefix := redistest.Client(t)
+	locker, err := lock.New(rdb, nil)
+	require.NoError(t, err)
+	r, err := lock.NewReleaser(rdb)
+	require.NoError(t, err)
+	const n = 200
+	locks := make([]*lock.Lock, n)
+	for i := range locks {
+		locks[i], err = locker.Obtain(ctx, prefix+"c"+string(rune('a'+i%26))+string(rune('a'+i/26)), time.Minute, nil)
+		require.NoError(t, err)
+	}
+	var wg sync.WaitGroup
+	for i := range locks {
+		wg.Go(func() { require.NoError(t, r.Release(ctx, locks[i])) })
+	}
+	wg.Wait()
+	for _, l := range locks {
+		k, _ := lock.RedisKeys(l.Key())
+		require.Zero(t, rdb.Exists(ctx, k).Val())
+	}
+}
