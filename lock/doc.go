@@ -45,6 +45,18 @@
 //	stop()
 //	if errors.Is(context.Cause(ctx), lock.ErrLockLost) { … }
 //
+// # Shared releases
+//
+// A worker pool that releases a lock per job spends a round trip on each.
+// A [Releaser] sends the releases that arrive while one round trip is under
+// way together in the next, as one pipeline (it needs a client with
+// pipelines, [PipelineClient]); each keeps compare-and-delete and its own
+// answer, and a release that finds no round trip under way goes out at
+// once:
+//
+//	r, err := lock.NewReleaser(rdb)
+//	err = r.Release(ctx, l) // nil, ErrNotHeld, or a Redis error
+//
 // # Errors
 //
 // Errors start with "lock: ". Redis failures are wrapped with %w; when the

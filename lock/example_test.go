@@ -91,3 +91,34 @@ func ExampleLock_KeepAlive() {
 	// lock: maximum hold reached
 	// release: <nil>
 }
+
+func ExampleReleaser() {
+	ctx := context.Background()
+	rdb := exampleClient()
+	defer rdb.Close()
+
+	locker, err := lock.New(rdb, nil)
+	if err != nil {
+		panic(err)
+	}
+	releaser, err := lock.NewReleaser(rdb)
+	if err != nil {
+		panic(err)
+	}
+	key := "example:receipt:" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	_, fenceKey := lock.RedisKeys(key)
+	defer rdb.Del(ctx, fenceKey)
+
+	l, err := locker.Obtain(ctx, key, 30*time.Second, nil)
+	if err != nil {
+		panic(err)
+	}
+	// Workers release through one Releaser; releases that coincide share
+	// a round trip.
+	fmt.Println("released:", releaser.Release(ctx, l))
+	fmt.Println("again:", releaser.Release(ctx, l))
+
+	// Output:
+	// released: <nil>
+	// again: lock: not held
+}
