@@ -307,6 +307,9 @@ func (s *Store) claimBatch(ctx context.Context, tx pgx.Tx, br pgx.BatchResults, 
 		_ = br.Close()
 		return nil, infraError(ReasonDBConnection, fmt.Errorf("inbox: claim: %w", err))
 	}
+	if len(units) == 1 {
+		return s.claimedOne(ctx, tx, br, rows, units[0])
+	}
 	fences := make(map[unitKey]int64, len(units))
 	var k unitKey
 	var fence int64
@@ -335,6 +338,35 @@ func (s *Store) claimBatch(ctx context.Context, tx pgx.Tx, br pgx.BatchResults, 
 		}
 	}
 	return claimed, nil
+}
+
+// claimedOne reads claimOne's answer (the fence, or no row) for the batch
+// of one, and closes br.
+func (s *Store) claimedOne(ctx context.Context, tx pgx.Tx, br pgx.BatchResults, rows pgx.Rows, u *unit) ([]claimedUnit, error) {
+	var fence int64
+	found := rows.Next()
+	if found {
+		if err := rows.Scan(&fence); err != nil {
+			rows.Close()
+			_ = br.Close()
+			return nil, infraError(ReasonDBConnection, fmt.Errorf("inbox: claim: %w", err))
+		}
+	}
+	rows.Close()
+	err := rows.Err()
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, infraError(ReasonDBConnection, fmt.Errorf("inbox: claim: %w", err))
+	}
+	if found {
+		return []claimedUnit{{u: u, fence: fence}}, nil
+	}
+	if err := s.explainUnclaimed(ctx, tx, []*unit{u}); err != nil {
+		return nil, err
+	}
+	return nil, nil
 }
 
 // explainUnclaimed sets the verdict of units whose key was not claimed.

@@ -8,7 +8,8 @@ type statements struct {
 	// same order and never deadlock. A completed row, or a live claim of
 	// claim mode, is not taken: no row comes back for it.
 	claim string
-	// claimOne is claim for the batch of one, with scalar parameters.
+	// claimOne is claim for the batch of one, with scalar parameters; it
+	// returns the fence alone.
 	claimOne string
 	// lookup reads the rows of keys the claim did not return.
 	lookup string
@@ -38,7 +39,7 @@ const claimConflict = `ON CONFLICT (consumer, key) DO UPDATE SET
 	payload = COALESCE(EXCLUDED.payload, i.payload), fence = i.fence + 1, attempts = i.attempts + 1,
 	owner = NULL, lease_until = NULL, completed_at = now(), updated_at = now()
 WHERE i.status <> 'completed' AND NOT (i.status = 'processing' AND i.lease_until > now())
-RETURNING consumer, key, fence`
+`
 
 func buildStatements(t string) statements {
 	st := statements{
@@ -46,11 +47,11 @@ func buildStatements(t string) statements {
 SELECT k.consumer, k.key, 'completed', k.fp, k.mid, k.payload, 1, 1, now()
 FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::bytea[]) AS k(consumer, key, fp, mid, payload)
 ORDER BY k.consumer, k.key
-` + claimConflict,
+` + claimConflict + `RETURNING consumer, key, fence`,
 
 		claimOne: `INSERT INTO ` + t + ` AS i (consumer, key, status, fingerprint, message_id, payload, fence, attempts, completed_at)
 VALUES ($1, $2, 'completed', $3, $4, $5, 1, 1, now())
-` + claimConflict,
+` + claimConflict + `RETURNING fence`,
 
 		lookup: `SELECT consumer, key, status, fingerprint,
 	GREATEST(EXTRACT(EPOCH FROM (lease_until - now())), 0)::float8
