@@ -43,7 +43,7 @@ test/short: up ## Run the Go tests with -short (skips slow reconnect and stress 
 	$(GO) test -short -count=1 -timeout $(TIMEOUT) $(PKGS)
 
 BENCH_N    ?= 20000
-BENCH_RUNS ?= 3
+BENCH_RUNS ?= 5
 
 .PHONY: bench
 bench: up ## One-run benchmark against the ceilings (cmd/inboxbench): msgs/s, latency, allocs, CPU, RSS and the ratios
