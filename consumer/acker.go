@@ -28,10 +28,11 @@ type settler interface {
 // multiple=true only if every tracked tag at or below its last one is in
 // the run or already settled; anything else is acked on its own.
 //
-// It adds no wait: the first caller becomes the combiner and sends at
-// once; callers that arrive while it writes queue up, and the combiner's
-// next round settles them all together (flat combining). Each caller
-// returns once its own frame has been written.
+// It adds no timed wait: the first caller becomes the combiner; it yields
+// the processor a few times while more requests keep arriving (the workers
+// of a batch released together), then writes. Callers that arrive while it
+// writes queue up, and its next round settles them all together (flat
+// combining). Each caller returns once its own frame has been written.
 type acker struct {
 	ch    settler
 	stats *ackStats // shared by the consumer's ackers; nil counts nothing
