@@ -54,7 +54,7 @@
 // answer, and a release that finds no round trip under way goes out at
 // once:
 //
-//	r, err := lock.NewReleaser(rdb)
+//	r, err := lock.NewReleaser(rdb, nil)
 //	err = r.Release(ctx, l) // nil, ErrNotHeld, or a Redis error
 //
 // # Errors

@@ -101,7 +101,7 @@ func ExampleReleaser() {
 	if err != nil {
 		panic(err)
 	}
-	releaser, err := lock.NewReleaser(rdb)
+	releaser, err := lock.NewReleaser(rdb, nil)
 	if err != nil {
 		panic(err)
 	}

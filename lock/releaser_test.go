@@ -2,6 +2,7 @@ package lock_test
 
 import (
 	"context"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -51,7 +52,7 @@ func TestReleaser_ConcurrentReleasesShareARoundTrip(t *testing.T) {
 	gc := &gatedClient{UniversalClient: rdb, entered: make(chan struct{}), gate: make(chan struct{})}
 	locker, err := lock.New(gc, nil)
 	require.NoError(t, err)
-	r, err := lock.NewReleaser(gc)
+	r, err := lock.NewReleaser(gc, nil)
 	require.NoError(t, err)
 
 	const n = 10
@@ -96,7 +97,7 @@ func TestReleaser_EveryLockReleasedUnderConcurrency(t *testing.T) {
 	rdb, prefix := redistest.Client(t)
 	locker, err := lock.New(rdb, nil)
 	require.NoError(t, err)
-	r, err := lock.NewReleaser(rdb)
+	r, err := lock.NewReleaser(rdb, nil)
 	require.NoError(t, err)
 	const n = 200
 	locks := make([]*lock.Lock, n)
@@ -113,4 +114,83 @@ func TestReleaser_EveryLockReleasedUnderConcurrency(t *testing.T) {
 		k, _ := lock.RedisKeys(l.Key())
 		require.Zero(t, rdb.Exists(ctx, k).Val())
 	}
+}
+
+// A release whose caller gives up while it waits for a shared round trip
+// is withdrawn, not sent: the lock stays until its TTL, and the caller is
+// told so.
+func TestReleaser_GivingUpWhileQueuedWithdrawsTheRelease(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	rdb, prefix := redistest.Client(t)
+	gc := &gatedClient{UniversalClient: rdb, entered: make(chan struct{}), gate: make(chan struct{})}
+	locker, err := lock.New(gc, nil)
+	require.NoError(t, err)
+	r, err := lock.NewReleaser(gc, nil)
+	require.NoError(t, err)
+	first, err := locker.Obtain(ctx, prefix+"first", time.Minute, nil)
+	require.NoError(t, err)
+	second, err := locker.Obtain(ctx, prefix+"second", time.Minute, nil)
+	require.NoError(t, err)
+
+	gc.armed.Store(true)
+	firstDone := make(chan error, 1)
+	go func() { firstDone <- r.Release(ctx, first) }()
+	testenv.WaitChan(t, gc.entered, "the first release's round trip under way")
+
+	wctx, cancel := context.WithCancel(ctx)
+	secondDone := make(chan error, 1)
+	go func() { secondDone <- r.Release(wctx, second) }()
+	testenv.WaitFor(t, "second release queued", func() bool { return lock.Queued(r) == 1 })
+	cancel()
+	err = testenv.WaitChan(t, secondDone, "second release gave up")
+	require.ErrorIs(t, err, context.Canceled)
+	require.Zero(t, lock.Queued(r), "withdrawn")
+
+	close(gc.gate)
+	require.NoError(t, testenv.WaitChan(t, firstDone, "first release"))
+	k, _ := lock.RedisKeys(second.Key())
+	require.Equal(t, int64(1), rdb.Exists(ctx, k).Val(), "the withdrawn release was not sent")
+	require.NoError(t, r.Release(ctx, second), "and can be sent again")
+}
+
+// Callers that give up at random while others keep releasing: nobody hangs
+// (the next round trip always finds a sender), and every release reported
+// done really deleted its lock.
+func TestReleaser_NoHangWhenCallersGiveUp(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	rdb, prefix := redistest.Client(t)
+	locker, err := lock.New(rdb, nil)
+	require.NoError(t, err)
+	r, err := lock.NewReleaser(rdb, nil)
+	require.NoError(t, err)
+	const n = 300
+	locks := make([]*lock.Lock, n)
+	for i := range locks {
+		locks[i], err = locker.Obtain(ctx, prefix+"g"+strconv.Itoa(i), time.Minute, nil)
+		require.NoError(t, err)
+	}
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range locks {
+		wg.Go(func() {
+			cctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			if i%3 == 0 {
+				cancel() // gives up at once: withdrawn if it had to wait
+			}
+			errs[i] = r.Release(cctx, locks[i])
+		})
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	testenv.WaitChan(t, done, "every Release returned")
+	for i, l := range locks {
+		k, _ := lock.RedisKeys(l.Key())
+		if errs[i] == nil {
+			require.Zero(t, rdb.Exists(ctx, k).Val(), "lock %d reported released", i)
+		}
+	}
+	require.Zero(t, lock.Queued(r))
 }

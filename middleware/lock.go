@@ -141,7 +141,7 @@ func Lock(client redis.UniversalClient, opts *LockOpts) consumer.Middleware {
 	if err != nil {
 		panic("middleware: Lock: " + err.Error())
 	}
-	releaser, err := lock.NewReleaser(client)
+	releaser, err := lock.NewReleaser(client, &lock.ReleaserOpts{RoundTimeout: o.CallTimeout})
 	if err != nil {
 		panic("middleware: Lock: " + err.Error())
 	}
