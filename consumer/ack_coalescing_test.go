@@ -18,10 +18,11 @@ import (
 )
 
 // Deliveries that finish together, as a group commit's batch does, are
-// acked with fewer frames than deliveries (multiple=true over runs), and
-// every one of them is settled as its handler asked: nothing is left
-// unacked or requeued, and the one that failed is dead-lettered, not acked
-// by a neighbour's multiple ack.
+// acked with one frame (multiple=true over the run), and every one of them
+// is settled as its handler asked: nothing is left unacked or requeued,
+// and the one that failed went through the dead-letter path (its copy is
+// in the DLQ; the acker's unit tests prove a multiple ack never covers a
+// delivery that is still running or nacked).
 func TestConsumer_AcksOfABatchAreCoalesced(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

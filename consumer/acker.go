@@ -30,9 +30,10 @@ type settler interface {
 //
 // It adds no timed wait: the first caller becomes the combiner; it yields
 // the processor a few times while more requests keep arriving (the workers
-// of a batch released together), then writes. Callers that arrive while it
-// writes queue up, and its next round settles them all together (flat
-// combining). Each caller returns once its own frame has been written.
+// of a batch released together), then writes one round. Callers that
+// arrive while it writes queue up; the first of them writes the next round
+// for them all (flat combining, handed on). Each caller returns once its
+// own frame has been written.
 type acker struct {
 	ch    settler
 	stats *ackStats // shared by the consumer's ackers; nil counts nothing
@@ -43,9 +44,12 @@ type acker struct {
 	mu     sync.Mutex
 	window []ackEntry // tracked tags in increasing order; sent ones before head
 	head   int
-	queue  []*ackReq
-	spare  []*ackReq
-	busy   bool // a combiner is sending
+	// compactAt is the window length past which sent entries are dropped
+	// from the middle (see trim).
+	compactAt int
+	queue     []*ackReq
+	spare     []*ackReq
+	busy      bool // a combiner is sending
 	// Buffers of the combiner's round, reused (one combiner at a time).
 	frames []frame
 	acks   []*ackReq
@@ -79,7 +83,8 @@ type ackReq struct {
 	tag  uint64
 	op   ackOp
 	err  error
-	done chan struct{} // buffered: one signal per use, so requests are reused
+	lead bool          // woken to write the next round
+	done chan struct{} // buffered: one signal per wake-up (settled, or lead)
 }
 
 var ackReqs = sync.Pool{New: func() any { return &ackReq{done: make(chan struct{}, 1)} }}
@@ -94,7 +99,9 @@ type frame struct {
 	run      []*ackReq
 }
 
-func newAcker(ch settler, stats *ackStats) *acker { return &acker{ch: ch, stats: stats} }
+func newAcker(ch settler, stats *ackStats) *acker {
+	return &acker{ch: ch, stats: stats, compactAt: maxSentInWindow}
+}
 
 // track records a tag handed out by the channel, before any worker can
 // settle it. Tags arrive in increasing order.
@@ -116,35 +123,44 @@ func (a *acker) nack(tag uint64, requeue bool) error {
 
 func (a *acker) settle(tag uint64, op ackOp) error {
 	r := ackReqs.Get().(*ackReq)
-	r.tag, r.op, r.err = tag, op, nil
+	r.tag, r.op, r.err, r.lead = tag, op, nil, false
 	defer ackReqs.Put(r)
 	a.mu.Lock()
 	a.queue = append(a.queue, r)
 	if a.busy {
 		a.mu.Unlock()
 		<-r.done
-		return r.err
+		if !r.lead {
+			return r.err
+		}
+		a.mu.Lock() // handed the next round
 	}
 	a.busy = true
-	for len(a.queue) > 0 {
-		a.gather()
-		if a.beforeRound != nil {
-			a.mu.Unlock()
-			a.beforeRound(a.queued)
-			a.mu.Lock()
-		}
-		reqs := a.queue
-		a.queue, a.spare = a.spare[:0], reqs
-		frames := a.plan(reqs)
+	a.gather()
+	if a.beforeRound != nil {
 		a.mu.Unlock()
-		if a.stats != nil {
-			a.stats.frames.Add(uint64(len(frames)))
-			a.stats.settled.Add(uint64(len(reqs)))
-		}
-		a.send(frames)
+		a.beforeRound(a.queued)
 		a.mu.Lock()
 	}
-	a.busy = false
+	reqs := a.queue
+	a.queue, a.spare = a.spare[:0], reqs
+	frames := a.plan(reqs)
+	a.mu.Unlock()
+	if a.stats != nil {
+		a.stats.frames.Add(uint64(len(frames)))
+		a.stats.settled.Add(uint64(len(reqs)))
+	}
+	a.send(frames)
+	// One round each: whoever queued meanwhile writes the next one, so no
+	// worker (nor the delivery loop) settles for the others for long.
+	a.mu.Lock()
+	if len(a.queue) > 0 {
+		next := a.queue[0]
+		next.lead = true
+		next.done <- struct{}{}
+	} else {
+		a.busy = false
+	}
 	a.mu.Unlock()
 	<-r.done
 	return r.err
@@ -274,7 +290,7 @@ func (a *acker) trim() {
 		a.window, a.head = a.window[:0], 0
 		return
 	}
-	if len(a.window)-a.head > maxSentInWindow {
+	if len(a.window)-a.head > a.compactAt {
 		n := 0
 		for _, e := range a.window[a.head:] {
 			if e.state != entrySent {
@@ -283,6 +299,9 @@ func (a *acker) trim() {
 			}
 		}
 		a.window, a.head = a.window[:n], 0
+		// Next time only once it has grown again as much: with more
+		// unsettled deliveries than the bound, compaction stays amortised.
+		a.compactAt = max(maxSentInWindow, 2*n)
 		return
 	}
 	if a.head > 64 && a.head > len(a.window)/2 {
@@ -307,11 +326,11 @@ func (a *acker) send(frames []frame) {
 			err = a.ch.Nack(f.tag, false, false)
 		}
 		if f.req != nil {
-			f.req.err = err
+			f.req.err, f.req.lead = err, false
 			f.req.done <- struct{}{}
 		}
 		for _, r := range f.run {
-			r.err = err
+			r.err, r.lead = err, false
 			r.done <- struct{}{}
 		}
 	}

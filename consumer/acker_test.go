@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -68,8 +69,8 @@ func (b *fakeBroker) Ack(tag uint64, multiple bool) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.frames = append(b.frames, fmt.Sprintf("ack %d multiple=%v", tag, multiple))
-	if !multiple {
-		return b.settle(tag, b.acked)
+	if !multiple || !b.unsettled[tag] {
+		return b.settle(tag, b.acked) // a multiple ack must name an unsettled tag too
 	}
 	for t := range b.unsettled {
 		if t <= tag {
@@ -204,18 +205,22 @@ func TestAcker_LongRunningDeliveryKeepsTheWindowBounded(t *testing.T) {
 }
 
 // Random settlement orders from many goroutines, as a pool of workers
-// makes them: every delivery is settled once, as its worker asked — never
-// acked by another's multiple ack while it still runs, never twice.
+// makes them, while a delivery loop keeps tracking new tags: every delivery
+// is settled once, as its worker asked — never acked by another's multiple
+// ack while it still runs, never twice. One round is long enough for the
+// window's compaction.
 func TestAcker_ConcurrentSettlementsSettleEachDeliveryAsAsked(t *testing.T) {
 	t.Parallel()
 	multiples := 0
-	for round := range 50 {
+	for round := range 40 {
 		b := newFakeBroker()
 		a := newAcker(b, nil)
-		const n = 400
+		n := 400
+		if round == 0 {
+			n = 3 * maxSentInWindow
+		}
 		want := make(map[uint64]ackOp, n)
-		tags := make([]uint64, 0, n)
-		for tag := uint64(1); tag <= n; tag++ {
+		for tag := uint64(1); tag <= uint64(n); tag++ {
 			op := opAck
 			switch rand.IntN(10) {
 			case 0:
@@ -224,32 +229,33 @@ func TestAcker_ConcurrentSettlementsSettleEachDeliveryAsAsked(t *testing.T) {
 				op = opReject
 			}
 			want[tag] = op
-			tags = append(tags, tag)
 		}
-		b.deliver(a, tags...)
-		if round%2 == 0 {
-			rand.Shuffle(len(tags), func(i, j int) { tags[i], tags[j] = tags[j], tags[i] })
-		} else { // nearly in order, as deliveries of a busy queue complete
-			for i := 0; i < len(tags); i += 16 {
-				blk := tags[i:min(i+16, len(tags))]
-				rand.Shuffle(len(blk), func(i, j int) { blk[i], blk[j] = blk[j], blk[i] })
+		work := make(chan uint64, 32) // the prefetch
+		go func() {                   // the delivery loop
+			for tag := uint64(1); tag <= uint64(n); tag++ {
+				b.deliver(a, tag)
+				work <- tag
 			}
-		}
-		work := make(chan uint64, n)
-		for _, tag := range tags {
-			work <- tag
-		}
-		close(work)
+			close(work)
+		}()
 		var wg sync.WaitGroup
 		errs := make(chan error, n)
 		for range 16 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
+				var held []uint64 // settled later, out of order
 				for tag := range work {
+					held = append(held, tag)
+					if round%2 == 0 && rand.IntN(2) == 0 && len(held) < 4 {
+						continue
+					}
+					i := rand.IntN(len(held))
+					errs <- a.settle(held[i], want[held[i]])
+					held = slices.Delete(held, i, i+1)
+				}
+				for _, tag := range held {
 					errs <- a.settle(tag, want[tag])
 				}
-			}()
+			})
 		}
 		wg.Wait()
 		close(errs)

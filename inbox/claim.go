@@ -50,7 +50,10 @@ type ClaimOpts struct {
 	// (reason lease_lost), never acked; the outside call then repeats with
 	// the same idempotency key, as after a worker crash. The completion,
 	// which is what an ack stands on, is always durable, and its flush
-	// covers the claim's WAL record too.
+	// covers the claim's WAL record too. One thing a lost claim does take
+	// back is its fence: the next claim of the key may get the same
+	// Claim.Fence again. Set DurableClaim if an outside system fences its
+	// writes on Claim.Fence.
 	DurableClaim bool
 }
 
