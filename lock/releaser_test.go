@@ -42,25 +42,49 @@ func (c *gatedClient) Pipeline() redis.Pipeliner {
 	return c.UniversalClient.Pipeline()
 }
 
-// Releases that arrive while a round trip is under way share the next one;
-// each keeps compare-and-delete: a lock taken over by another holder is
-// not deleted, and its release reports ErrNotHeld.
-func TestReleaser_ConcurrentReleasesShareARoundTrip(t *testing.T) {
-	t.Parallel()
-	ctx := t.Context()
+// releaserBundle is a Releaser over a gated client, with a Locker on the
+// same client.
+type releaserBundle struct {
+	rdb    redis.UniversalClient
+	prefix string
+	gc     *gatedClient
+	locker *lock.Locker
+	r      *lock.Releaser
+}
+
+func setupReleaser(t *testing.T) *releaserBundle {
+	t.Helper()
 	rdb, prefix := redistest.Client(t)
 	gc := &gatedClient{UniversalClient: rdb, entered: make(chan struct{}), gate: make(chan struct{})}
 	locker, err := lock.New(gc, nil)
 	require.NoError(t, err)
 	r, err := lock.NewReleaser(gc, nil)
 	require.NoError(t, err)
+	return &releaserBundle{rdb: rdb, prefix: prefix, gc: gc, locker: locker, r: r}
+}
 
-	const n = 10
+// obtain takes n locks named prefix+name+i.
+func (b *releaserBundle) obtain(t *testing.T, name string, n int) []*lock.Lock {
+	t.Helper()
 	locks := make([]*lock.Lock, n)
 	for i := range locks {
-		locks[i], err = locker.Obtain(ctx, prefix+"k"+string(rune('a'+i)), time.Minute, nil)
+		var err error
+		locks[i], err = b.locker.Obtain(t.Context(), b.prefix+name+strconv.Itoa(i), time.Minute, nil)
 		require.NoError(t, err)
 	}
+	return locks
+}
+
+// Releases that arrive while a round trip is under way share the next one;
+// each keeps compare-and-delete: a lock taken over by another holder is
+// not deleted, and its release reports ErrNotHeld.
+func TestReleaser_ConcurrentReleasesShareARoundTrip(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setupReleaser(t)
+	rdb, gc, r := b.rdb, b.gc, b.r
+	const n = 10
+	locks := b.obtain(t, "k", n)
 	// The last lock expired and another holder took the key.
 	lastKey, _ := lock.RedisKeys(locks[n-1].Key())
 	require.NoError(t, rdb.Set(ctx, lastKey, "someone-else", time.Minute).Err())
@@ -94,25 +118,19 @@ func TestReleaser_ConcurrentReleasesShareARoundTrip(t *testing.T) {
 func TestReleaser_EveryLockReleasedUnderConcurrency(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	rdb, prefix := redistest.Client(t)
-	locker, err := lock.New(rdb, nil)
-	require.NoError(t, err)
-	r, err := lock.NewReleaser(rdb, nil)
-	require.NoError(t, err)
+	b := setupReleaser(t)
 	const n = 200
-	locks := make([]*lock.Lock, n)
-	for i := range locks {
-		locks[i], err = locker.Obtain(ctx, prefix+"c"+string(rune('a'+i%26))+string(rune('a'+i/26)), time.Minute, nil)
-		require.NoError(t, err)
-	}
+	locks := b.obtain(t, "c", n)
+	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for i := range locks {
-		wg.Go(func() { require.NoError(t, r.Release(ctx, locks[i])) })
+		wg.Go(func() { errs[i] = b.r.Release(ctx, locks[i]) })
 	}
 	wg.Wait()
-	for _, l := range locks {
+	for i, l := range locks {
+		require.NoError(t, errs[i])
 		k, _ := lock.RedisKeys(l.Key())
-		require.Zero(t, rdb.Exists(ctx, k).Val())
+		require.Zero(t, b.rdb.Exists(ctx, k).Val())
 	}
 }
 
@@ -122,16 +140,10 @@ func TestReleaser_EveryLockReleasedUnderConcurrency(t *testing.T) {
 func TestReleaser_GivingUpWhileQueuedWithdrawsTheRelease(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	rdb, prefix := redistest.Client(t)
-	gc := &gatedClient{UniversalClient: rdb, entered: make(chan struct{}), gate: make(chan struct{})}
-	locker, err := lock.New(gc, nil)
-	require.NoError(t, err)
-	r, err := lock.NewReleaser(gc, nil)
-	require.NoError(t, err)
-	first, err := locker.Obtain(ctx, prefix+"first", time.Minute, nil)
-	require.NoError(t, err)
-	second, err := locker.Obtain(ctx, prefix+"second", time.Minute, nil)
-	require.NoError(t, err)
+	b := setupReleaser(t)
+	rdb, gc, r := b.rdb, b.gc, b.r
+	locks := b.obtain(t, "w", 2)
+	first, second := locks[0], locks[1]
 
 	gc.armed.Store(true)
 	firstDone := make(chan error, 1)
@@ -143,7 +155,7 @@ func TestReleaser_GivingUpWhileQueuedWithdrawsTheRelease(t *testing.T) {
 	go func() { secondDone <- r.Release(wctx, second) }()
 	testenv.WaitFor(t, "second release queued", func() bool { return lock.Queued(r) == 1 })
 	cancel()
-	err = testenv.WaitChan(t, secondDone, "second release gave up")
+	err := testenv.WaitChan(t, secondDone, "second release gave up")
 	require.ErrorIs(t, err, context.Canceled)
 	require.Zero(t, lock.Queued(r), "withdrawn")
 
@@ -160,17 +172,10 @@ func TestReleaser_GivingUpWhileQueuedWithdrawsTheRelease(t *testing.T) {
 func TestReleaser_NoHangWhenCallersGiveUp(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	rdb, prefix := redistest.Client(t)
-	locker, err := lock.New(rdb, nil)
-	require.NoError(t, err)
-	r, err := lock.NewReleaser(rdb, nil)
-	require.NoError(t, err)
+	b := setupReleaser(t) // the gate is never armed: a plain client
+	rdb, r := b.rdb, b.r
 	const n = 300
-	locks := make([]*lock.Lock, n)
-	for i := range locks {
-		locks[i], err = locker.Obtain(ctx, prefix+"g"+strconv.Itoa(i), time.Minute, nil)
-		require.NoError(t, err)
-	}
+	locks := b.obtain(t, "g", n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for i := range locks {
