@@ -5,8 +5,6 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
-
-	amqp "github.com/rabbitmq/amqp091-go"
 )
 
 // settler is the part of *amqp.Channel that settles deliveries.
@@ -111,9 +109,8 @@ func (a *acker) track(tag uint64) {
 	a.mu.Unlock()
 }
 
-// ack acks tag once it is written; nack settles it with basic.nack.
-func (a *acker) ack(tag uint64) error { return a.settle(tag, opAck) }
-
+// nack settles tag with basic.nack (requeue or reject); settle is the
+// general form.
 func (a *acker) nack(tag uint64, requeue bool) error {
 	if requeue {
 		return a.settle(tag, opRequeue)
@@ -333,17 +330,5 @@ func (a *acker) send(frames []frame) {
 			r.err, r.lead = err, false
 			r.done <- struct{}{}
 		}
-	}
-}
-
-// settleRaw settles a delivery that no acker tracks (one built by hand).
-func settleRaw(raw *amqp.Delivery, op ackOp) error {
-	switch op {
-	case opRequeue:
-		return raw.Nack(false, true)
-	case opReject:
-		return raw.Nack(false, false)
-	default:
-		return raw.Ack(false)
 	}
 }

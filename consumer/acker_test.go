@@ -27,6 +27,11 @@ type fakeBroker struct {
 	frames    []string
 	gate      chan struct{} // when set, the first frame waits for it
 	entered   chan struct{}
+	// With holdGate set, the frame naming holdTag signals holdEntered and
+	// waits for holdGate.
+	holdTag     uint64
+	holdGate    chan struct{}
+	holdEntered chan struct{}
 }
 
 func newFakeBroker() *fakeBroker {
@@ -66,6 +71,10 @@ func (b *fakeBroker) wait() {
 
 func (b *fakeBroker) Ack(tag uint64, multiple bool) error {
 	b.wait()
+	if b.holdGate != nil && tag == b.holdTag {
+		close(b.holdEntered)
+		<-b.holdGate
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.frames = append(b.frames, fmt.Sprintf("ack %d multiple=%v", tag, multiple))
@@ -114,7 +123,7 @@ func settleQueued(t *testing.T, a *acker, b *fakeBroker, first uint64, rest map[
 	var wg sync.WaitGroup
 	errs := make(chan error, len(rest)+1)
 	wg.Add(1)
-	go func() { defer wg.Done(); errs <- a.ack(first) }()
+	go func() { defer wg.Done(); errs <- a.settle(first, opAck) }()
 	testenv.WaitChan(t, b.entered, "first frame sent")
 	for tag, op := range rest {
 		wg.Add(1)
@@ -140,10 +149,39 @@ func TestAcker_RunAtTheHeadIsOneMultipleAck(t *testing.T) {
 	settleQueued(t, a, b, 1, map[uint64]ackOp{2: opAck, 3: opAck, 4: opAck, 6: opRequeue})
 	require.Equal(t, []string{"ack 1 multiple=false", "nack 6 requeue=true", "ack 4 multiple=true"}, b.frames)
 	require.Equal(t, map[uint64]bool{5: true}, b.unsettled, "the running delivery is not acked")
-	require.NoError(t, a.ack(5))
+	require.NoError(t, a.settle(5, opAck))
 	require.Empty(t, b.unsettled)
 	require.Equal(t, uint64(4), st.frames.Load())
 	require.Equal(t, uint64(6), st.settled.Load())
+}
+
+// The caller that writes a round returns once its own frame is written:
+// the next round, for the requests that queued meanwhile, is written by
+// one of their callers (it is held here, and the first caller is back).
+func TestAcker_WriterWritesOneRoundAndHandsOn(t *testing.T) {
+	t.Parallel()
+	b := newFakeBroker()
+	a := newAcker(b, nil)
+	b.deliver(a, 1, 2, 3)
+	b.holdTag, b.holdGate, b.holdEntered = 3, make(chan struct{}), make(chan struct{})
+	b.hold()
+	firstDone := make(chan error, 1)
+	go func() { firstDone <- a.settle(1, opAck) }()
+	testenv.WaitChan(t, b.entered, "first frame being written")
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	for i, tag := range []uint64{2, 3} {
+		wg.Go(func() { errs[i] = a.settle(tag, opAck) })
+	}
+	testenv.WaitFor(t, "two requests queued", func() bool { return a.queued() == 2 })
+	close(b.gate)
+	require.NoError(t, testenv.WaitChan(t, firstDone, "the first caller is back while the next round is held"))
+	testenv.WaitChan(t, b.holdEntered, "the next round, written by a waiter")
+	close(b.holdGate)
+	wg.Wait()
+	require.NoError(t, errs[0])
+	require.NoError(t, errs[1])
+	require.Equal(t, []string{"ack 1 multiple=false", "ack 3 multiple=true"}, b.frames)
 }
 
 func TestAcker_AcksAboveAnUnsettledDeliveryGoSingly(t *testing.T) {
@@ -193,14 +231,14 @@ func TestAcker_LongRunningDeliveryKeepsTheWindowBounded(t *testing.T) {
 	b.deliver(a, 1)
 	for tag := uint64(2); tag <= n; tag++ {
 		b.deliver(a, tag)
-		require.NoError(t, a.ack(tag))
+		require.NoError(t, a.settle(tag, opAck))
 	}
 	a.mu.Lock()
 	size := len(a.window) - a.head
 	a.mu.Unlock()
 	require.LessOrEqual(t, size, maxSentInWindow+1)
 	require.Equal(t, map[uint64]bool{1: true}, b.unsettled)
-	require.NoError(t, a.ack(1))
+	require.NoError(t, a.settle(1, opAck))
 	require.Empty(t, b.unsettled)
 }
 

@@ -35,12 +35,7 @@ func (j *job) ack() error { return j.settle(opAck) }
 // requeue nacks the delivery with requeue=true.
 func (j *job) requeue() error { return j.settle(opRequeue) }
 
-func (j *job) settle(op ackOp) error {
-	if j.acks == nil {
-		return settleRaw(&j.raw, op)
-	}
-	return j.acks.settle(j.raw.DeliveryTag, op)
-}
+func (j *job) settle(op ackOp) error { return j.acks.settle(j.raw.DeliveryTag, op) }
 
 // consumeLoop feeds route r's workers from one channel of one session. It
 // pauses and resumes with the route and ends with the session or on Stop.
