@@ -303,9 +303,10 @@ func (s *Store) claimLease(ctx context.Context, u *unit, o ClaimOpts) (c *Claim,
 	}
 	c = &Claim{Consumer: u.consumer, Key: u.key, Token: newToken(), s: s}
 	var now time.Time
-	sql, dest := s.sql.claimLease, []any{&c.Fence, &c.Attempt, &c.steps, &now}
-	if !o.DurableClaim {
-		sql, dest = s.sql.claimLeaseAsync, append(dest, new(string))
+	// The asynchronous statement returns set_config's value too; nil skips it.
+	sql, dest := s.sql.claimLeaseAsync, []any{&c.Fence, &c.Attempt, &c.steps, &now, nil}
+	if o.DurableClaim {
+		sql, dest = s.sql.claimLease, dest[:4]
 	}
 	err = s.pool.QueryRow(ctx, sql, u.consumer, u.key, c.Token, o.Lease.Microseconds(), u.fp, mid, u.payload).Scan(dest...)
 	if errors.Is(err, pgx.ErrNoRows) {

@@ -72,9 +72,7 @@ func TestClaim_LostClaimIsRetriedNotAcked(t *testing.T) {
 		require.Equal(t, inbox.ReasonLeaseLost, d.Reason)
 		require.Equal(t, 0, b.count(t, `SELECT count(*) FROM effects`))
 
-		ok := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *consumer.Message[order]) error {
-			return c.Complete(ctx, completeWithEffect(msg))
-		}, opts)
+		ok := completingClaimHandler(b, opts)
 		require.NoError(t, ok.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "l", Amount: 1}, false)))
 		require.ErrorIs(t, ok.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "l", Amount: 1}, false)), inbox.ErrDuplicate)
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`))

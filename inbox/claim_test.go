@@ -25,6 +25,14 @@ func (g *gateway) charge(context.Context, string) (any, error) {
 	return map[string]any{"charge_id": "ch_" + string(rune('0'+n))}, nil
 }
 
+// completingClaimHandler is a claim handler that only completes, writing
+// one effect row.
+func completingClaimHandler(b *testBundle, opts *inbox.ClaimOpts) consumer.Handler[order] {
+	return inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *consumer.Message[order]) error {
+		return c.Complete(ctx, completeWithEffect(msg))
+	}, opts)
+}
+
 // completeWithEffect is a Complete callback writing one effect row.
 func completeWithEffect(msg *consumer.Message[order]) func(ctx context.Context, tx pgx.Tx) error {
 	return func(ctx context.Context, tx pgx.Tx) error {

@@ -38,9 +38,7 @@ func TestClaim_ReleasedClaimIsRetriedNotAcked(t *testing.T) {
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM effects`))
 
 	// The retry claims again and completes once.
-	ok := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *consumer.Message[order]) error {
-		return c.Complete(ctx, completeWithEffect(msg))
-	}, nil)
+	ok := completingClaimHandler(b, nil)
 	require.NoError(t, ok.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "r", Amount: 1}, false)))
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`))
 }
