@@ -17,14 +17,17 @@ import (
 )
 
 // gatedClient holds the first script call until gate closes, and counts
-// the pipelines sent.
+// the pipelines sent. With pipeGate set, each pipeline's Exec signals
+// pipeEntered and waits for pipeGate.
 type gatedClient struct {
 	redis.UniversalClient
-	armed     atomic.Bool
-	first     sync.Once
-	entered   chan struct{}
-	gate      chan struct{}
-	pipelines atomic.Int64
+	armed       atomic.Bool
+	first       sync.Once
+	entered     chan struct{}
+	gate        chan struct{}
+	pipelines   atomic.Int64
+	pipeGate    chan struct{}
+	pipeEntered chan struct{}
 }
 
 func (c *gatedClient) EvalSha(ctx context.Context, sha string, keys []string, args ...any) *redis.Cmd {
@@ -39,7 +42,21 @@ func (c *gatedClient) EvalSha(ctx context.Context, sha string, keys []string, ar
 
 func (c *gatedClient) Pipeline() redis.Pipeliner {
 	c.pipelines.Add(1)
-	return c.UniversalClient.Pipeline()
+	if c.pipeGate == nil {
+		return c.UniversalClient.Pipeline()
+	}
+	return gatedPipe{Pipeliner: c.UniversalClient.Pipeline(), c: c}
+}
+
+type gatedPipe struct {
+	redis.Pipeliner
+	c *gatedClient
+}
+
+func (p gatedPipe) Exec(ctx context.Context) ([]redis.Cmder, error) {
+	p.c.pipeEntered <- struct{}{}
+	<-p.c.pipeGate
+	return p.Pipeliner.Exec(ctx)
 }
 
 // releaserBundle is a Releaser over a gated client, with a Locker on the
@@ -198,4 +215,38 @@ func TestReleaser_NoHangWhenCallersGiveUp(t *testing.T) {
 		}
 	}
 	require.Zero(t, lock.Queued(r))
+}
+
+// The caller that sent a round trip returns once its own answer is in: the
+// releases that queued behind it are sent by one of their own callers, not
+// by it (the next round trip is held here, and the first caller is back).
+func TestReleaser_SenderSendsOneRoundTripAndHandsOn(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setupReleaser(t)
+	b.gc.pipeGate, b.gc.pipeEntered = make(chan struct{}), make(chan struct{}, 1)
+	locks := b.obtain(t, "h", 3)
+
+	b.gc.armed.Store(true)
+	firstDone := make(chan error, 1)
+	go func() { firstDone <- b.r.Release(ctx, locks[0]) }()
+	testenv.WaitChan(t, b.gc.entered, "the first round trip under way")
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for i := range 2 {
+		wg.Go(func() { errs[i] = b.r.Release(ctx, locks[i+1]) })
+	}
+	testenv.WaitFor(t, "two releases queued", func() bool { return lock.Queued(b.r) == 2 })
+	close(b.gc.gate)
+
+	require.NoError(t, testenv.WaitChan(t, firstDone, "the first caller is back while the next round trip is held"))
+	testenv.WaitChan(t, b.gc.pipeEntered, "the next round trip, sent by a waiter")
+	close(b.gc.pipeGate)
+	wg.Wait()
+	require.NoError(t, errs[0])
+	require.NoError(t, errs[1])
+	for _, l := range locks {
+		k, _ := lock.RedisKeys(l.Key())
+		require.Zero(t, b.rdb.Exists(ctx, k).Val())
+	}
 }
