@@ -45,17 +45,19 @@
 //	stop()
 //	if errors.Is(context.Cause(ctx), lock.ErrLockLost) { … }
 //
-// # Shared releases
+// # Shared round trips
 //
-// A worker pool that releases a lock per job spends a round trip on each.
-// A [Releaser] sends the releases that arrive while one round trip is under
-// way together in the next, as one pipeline (it needs a client with
-// pipelines, [PipelineClient]); each keeps compare-and-delete and its own
-// answer, and a release that finds no round trip under way goes out at
-// once:
+// A worker pool that takes a lock per job spends two round trips on each:
+// the obtain and the release. A [Batcher] sends the obtains and releases
+// that arrive while one round trip is under way together in the next, as
+// one pipeline (it needs a client with pipelines, [PipelineClient]); each
+// keeps its own semantics (a single obtain attempt with its fence;
+// compare-and-delete) and its own answer, and an operation that finds no
+// round trip under way goes out at once:
 //
-//	r, err := lock.NewReleaser(rdb, nil)
-//	err = r.Release(ctx, l) // nil, ErrNotHeld, or a Redis error
+//	b, err := lock.NewBatcher(locker, nil)
+//	l, err := b.Obtain(ctx, "payment:42", 30*time.Second) // or ErrNotObtained
+//	err = b.Release(ctx, l)                               // nil, ErrNotHeld, or a Redis error
 //
 // # Errors
 //

@@ -92,7 +92,7 @@ func ExampleLock_KeepAlive() {
 	// release: <nil>
 }
 
-func ExampleReleaser() {
+func ExampleBatcher() {
 	ctx := context.Background()
 	rdb := exampleClient()
 	defer rdb.Close()
@@ -101,7 +101,9 @@ func ExampleReleaser() {
 	if err != nil {
 		panic(err)
 	}
-	releaser, err := lock.NewReleaser(rdb, nil)
+	// Workers obtain and release through one Batcher; operations that
+	// coincide share a round trip.
+	batcher, err := lock.NewBatcher(locker, nil)
 	if err != nil {
 		panic(err)
 	}
@@ -109,16 +111,19 @@ func ExampleReleaser() {
 	_, fenceKey := lock.RedisKeys(key)
 	defer rdb.Del(ctx, fenceKey)
 
-	l, err := locker.Obtain(ctx, key, 30*time.Second, nil)
+	l, err := batcher.Obtain(ctx, key, 30*time.Second)
 	if err != nil {
 		panic(err)
 	}
-	// Workers release through one Releaser; releases that coincide share
-	// a round trip.
-	fmt.Println("released:", releaser.Release(ctx, l))
-	fmt.Println("again:", releaser.Release(ctx, l))
+	fmt.Println("fence:", l.Fence())
+	_, err = batcher.Obtain(ctx, key, 30*time.Second)
+	fmt.Println("second holder:", err)
+	fmt.Println("released:", batcher.Release(ctx, l))
+	fmt.Println("again:", batcher.Release(ctx, l))
 
 	// Output:
+	// fence: 1
+	// second holder: lock: not obtained
 	// released: <nil>
 	// again: lock: not held
 }

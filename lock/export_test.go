@@ -1,8 +1,8 @@
 package lock
 
-// Queued reports the releases waiting for r's next round trip.
-func Queued(r *Releaser) int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return len(r.queue)
+// Queued reports the operations waiting for b's next round trip.
+func Queued(b *Batcher) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.queue)
 }

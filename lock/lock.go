@@ -156,10 +156,7 @@ func (l *Locker) Obtain(ctx context.Context, key string, ttl time.Duration, opts
 		return nil, err
 	}
 	lockKey, fenceKey := RedisKeys(key)
-	fenceTTL := int64(0)
-	if l.cfg.FenceTTL > 0 {
-		fenceTTL = l.cfg.FenceTTL.Milliseconds()
-	}
+	fenceTTL := l.fenceTTLMillis()
 
 	var deadline time.Time
 	if w := opts.wait(); w > 0 {
@@ -178,15 +175,7 @@ func (l *Locker) Obtain(ctx context.Context, key string, ttl time.Duration, opts
 			return nil, joinCtx(ctx, fmt.Errorf("lock: obtain %q: %w", key, err))
 		}
 		if fence > 0 {
-			return &Lock{
-				locker:     l,
-				key:        key,
-				lockKey:    lockKey,
-				token:      token,
-				fence:      fence,
-				ttl:        ttl,
-				obtainedAt: start,
-			}, nil
+			return l.newLock(key, token, fence, ttl, start), nil
 		}
 		wait := opts.retryInterval()
 		if deadline.IsZero() || time.Until(deadline) < wait {
@@ -203,6 +192,20 @@ func (l *Locker) Obtain(ctx context.Context, key string, ttl time.Duration, opts
 		case <-timer.C:
 		}
 	}
+}
+
+// fenceTTLMillis is the obtain script's fence TTL argument (0: none).
+func (l *Locker) fenceTTLMillis() int64 {
+	if l.cfg.FenceTTL > 0 {
+		return l.cfg.FenceTTL.Milliseconds()
+	}
+	return 0
+}
+
+// newLock is the Lock an obtain sent at sent returned fence for.
+func (l *Locker) newLock(key, token string, fence int64, ttl time.Duration, sent time.Time) *Lock {
+	lockKey, _ := RedisKeys(key)
+	return &Lock{locker: l, key: key, lockKey: lockKey, token: token, fence: fence, ttl: ttl, obtainedAt: sent}
 }
 
 // Lock is a held lock. Its methods are safe for concurrent use; the lock
@@ -276,14 +279,7 @@ func (l *Lock) Refresh(ctx context.Context, ttl time.Duration) error {
 // holds this lock's token, so a holder whose lock expired never deletes its
 // successor's. It returns [ErrNotHeld] when the lock was already gone.
 func (l *Lock) Release(ctx context.Context) error {
-	n, err := releaseScript.Run(ctx, l.locker.client, []string{l.lockKey}, l.token).Int64()
-	if err != nil {
-		return joinCtx(ctx, fmt.Errorf("lock: release %q: %w", l.key, err))
-	}
-	if n != 1 {
-		return ErrNotHeld
-	}
-	return nil
+	return releasedAnswer(ctx, l, releaseScript.Run(ctx, l.locker.client, []string{l.lockKey}, l.token))
 }
 
 func newToken() (string, error) {

@@ -1,0 +1,269 @@
+package lock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// PipelineClient is the client a [Batcher] needs: script evaluation and
+// pipelines. Every redis.UniversalClient satisfies it.
+type PipelineClient interface {
+	Client
+	Pipeline() redis.Pipeliner
+}
+
+// BatcherOpts configure a [Batcher]. A nil *BatcherOpts means defaults.
+type BatcherOpts struct {
+	// RoundTimeout bounds each shared round trip, whichever caller sends
+	// it. Defaults to 1s.
+	RoundTimeout time.Duration
+}
+
+// Batcher obtains and releases the locks of many goroutines in shared
+// round trips. A worker pool that takes a lock per job spends two Redis
+// round trips on each (obtain, release); through a Batcher, the obtains
+// and releases that arrive while one round trip is under way go out
+// together in the next, as one pipeline of scripts. Nothing waits to fill
+// a batch: an operation that finds no round trip under way is sent at
+// once, alone.
+//
+// The caller that sends a round trip sends one: if more operations queued
+// meanwhile, the first of their callers sends the next, so no caller works
+// for the others for long, and each round trip has its own RoundTimeout.
+//
+// Each operation keeps its own semantics: [Batcher.Obtain] is a single
+// attempt of [Locker.Obtain] (SET NX PX and the fencing counter in one
+// script), [Batcher.Release] is [Lock.Release] (compare-and-delete); each
+// caller returns once its own answer is in. A Batcher holds no goroutine;
+// the zero value is not usable (see [NewBatcher]). It is safe for
+// concurrent use.
+type Batcher struct {
+	locker  *Locker
+	client  PipelineClient
+	timeout time.Duration
+
+	mu    sync.Mutex
+	queue []*op
+	busy  bool // a round trip is being sent
+}
+
+// op is one queued obtain (lock nil until answered) or release.
+type op struct {
+	release bool
+	// obtain: the request; its answer is lock.
+	key, token string
+	ttl        time.Duration
+	lock       *Lock
+	err        error
+	lead       bool          // woken to send the next round trip
+	done       chan struct{} // one signal per wake-up: answered, or lead
+}
+
+// NewBatcher returns a Batcher for l's locks. l's client must support
+// pipelines ([PipelineClient]), as every redis.UniversalClient does.
+func NewBatcher(l *Locker, opts *BatcherOpts) (*Batcher, error) {
+	if l == nil {
+		return nil, errors.New("lock: nil locker")
+	}
+	client, ok := l.client.(PipelineClient)
+	if !ok {
+		return nil, fmt.Errorf("lock: a Batcher needs a client with pipelines, got %T", l.client)
+	}
+	timeout := time.Second
+	if opts != nil && opts.RoundTimeout > 0 {
+		timeout = opts.RoundTimeout
+	}
+	return &Batcher{locker: l, client: client, timeout: timeout}, nil
+}
+
+// Obtain makes one attempt to take the lock named key for ttl, like
+// [Locker.Obtain] with no Wait, sharing the round trip with other
+// goroutines' obtains and releases where they coincide. It returns
+// [ErrNotObtained] when another holder has the lock. ctx bounds the wait
+// for a shared round trip: an obtain whose ctx ends before it was sent
+// (or had ended already) is not sent.
+func (b *Batcher) Obtain(ctx context.Context, key string, ttl time.Duration) (*Lock, error) {
+	if err := validKey(key); err != nil {
+		return nil, err
+	}
+	if ttl < time.Millisecond {
+		return nil, fmt.Errorf("lock: ttl must be at least 1ms, got %s", ttl)
+	}
+	token, err := newToken()
+	if err != nil {
+		return nil, err
+	}
+	o := &op{key: key, token: token, ttl: ttl, done: make(chan struct{}, 1)}
+	if err := b.do(ctx, o); err != nil {
+		return nil, err
+	}
+	return o.lock, o.err
+}
+
+// Release deletes l by compare-and-delete, like [Lock.Release], sharing
+// the round trip with other goroutines' obtains and releases where they
+// coincide. ctx bounds the wait for a shared round trip: a release whose
+// ctx ends before it was sent (or had ended already) is not sent (the lock
+// then expires by its TTL).
+func (b *Batcher) Release(ctx context.Context, l *Lock) error {
+	if l == nil {
+		return errors.New("lock: release of a nil lock")
+	}
+	o := &op{release: true, key: l.key, lock: l, done: make(chan struct{}, 1)}
+	if err := b.do(ctx, o); err != nil {
+		return err
+	}
+	return o.err
+}
+
+// do queues o and returns once it is answered: sent in a round trip of
+// its own if none is under way, else in the next one, which its first
+// waiter sends. The error is do's own (ctx ended before o was sent);
+// o.err is o's answer.
+func (b *Batcher) do(ctx context.Context, o *op) error {
+	if ctx.Err() != nil {
+		return b.notSent(ctx, o)
+	}
+	b.mu.Lock()
+	b.queue = append(b.queue, o)
+	if b.busy {
+		b.mu.Unlock()
+		if err := b.wait(ctx, o); err != nil || !o.lead {
+			return err
+		}
+		b.mu.Lock() // handed the next round trip
+	}
+	b.busy = true
+	batch := b.queue
+	b.queue = nil
+	b.mu.Unlock()
+
+	b.send(batch)
+
+	b.mu.Lock()
+	if len(b.queue) > 0 {
+		next := b.queue[0]
+		next.lead = true
+		next.done <- struct{}{}
+	} else {
+		b.busy = false
+	}
+	b.mu.Unlock()
+	return nil
+}
+
+// wait waits until o is answered or handed the next round trip. If ctx
+// ends first and o is still queued, it is withdrawn; once it is in a round
+// trip (or handed one) the wait goes on, bounded by RoundTimeout.
+func (b *Batcher) wait(ctx context.Context, o *op) error {
+	select {
+	case <-o.done:
+		return nil
+	case <-ctx.Done():
+	}
+	b.mu.Lock()
+	if i := slices.Index(b.queue, o); i > 0 || (i == 0 && !o.lead) {
+		b.queue = slices.Delete(b.queue, i, i+1)
+		b.mu.Unlock()
+		return b.notSent(ctx, o)
+	}
+	b.mu.Unlock()
+	<-o.done
+	return nil
+}
+
+func (b *Batcher) notSent(ctx context.Context, o *op) error {
+	verb := "obtain"
+	if o.release {
+		verb = "release"
+	}
+	return joinCtx(ctx, fmt.Errorf("lock: %s %q: not sent", verb, o.key))
+}
+
+// send runs batch in one round trip (a pipeline) and answers each
+// operation. A script the server does not have cached (NOSCRIPT: a
+// restarted or flushed Redis) is retried on its own with the script's
+// source.
+func (b *Batcher) send(batch []*op) {
+	ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
+	defer cancel()
+	answer := func(o *op, err error) {
+		o.err, o.lead = err, false
+		o.done <- struct{}{}
+	}
+	if len(batch) == 1 {
+		o := batch[0]
+		if o.release {
+			answer(o, o.lock.Release(ctx))
+			return
+		}
+		sent := time.Now()
+		keys, args := b.obtainArgs(o)
+		answer(o, b.obtained(ctx, o, sent, obtainScript.Run(ctx, b.client, keys, args...)))
+		return
+	}
+	pipe := b.client.Pipeline()
+	cmds := make([]*redis.Cmd, len(batch))
+	for i, o := range batch {
+		if o.release {
+			cmds[i] = releaseScript.EvalSha(ctx, pipe, []string{o.lock.lockKey}, o.lock.token)
+		} else {
+			keys, args := b.obtainArgs(o)
+			cmds[i] = obtainScript.EvalSha(ctx, pipe, keys, args...)
+		}
+	}
+	sent := time.Now()    // no lock of this round can have been set earlier
+	_, _ = pipe.Exec(ctx) // each command carries its own error
+	for i, o := range batch {
+		cmd, noScript := cmds[i], redis.HasErrorPrefix(cmds[i].Err(), "NOSCRIPT")
+		switch {
+		case o.release && noScript:
+			answer(o, o.lock.Release(ctx))
+		case o.release:
+			answer(o, releasedAnswer(ctx, o.lock, cmd))
+		case noScript:
+			again := time.Now()
+			keys, args := b.obtainArgs(o)
+			answer(o, b.obtained(ctx, o, again, obtainScript.Run(ctx, b.client, keys, args...)))
+		default:
+			answer(o, b.obtained(ctx, o, sent, cmd))
+		}
+	}
+}
+
+func (b *Batcher) obtainArgs(o *op) (keys []string, args []any) {
+	lockKey, fenceKey := RedisKeys(o.key)
+	return []string{lockKey, fenceKey}, []any{o.token, o.ttl.Milliseconds(), b.locker.fenceTTLMillis()}
+}
+
+// obtained reads an obtain script's answer into o.lock: the lock, sent
+// at sent, or ErrNotObtained.
+func (b *Batcher) obtained(ctx context.Context, o *op, sent time.Time, cmd *redis.Cmd) error {
+	fence, err := cmd.Int64()
+	if err != nil {
+		return joinCtx(ctx, fmt.Errorf("lock: obtain %q: %w", o.key, err))
+	}
+	if fence <= 0 {
+		return ErrNotObtained
+	}
+	o.lock = b.locker.newLock(o.key, o.token, fence, o.ttl, sent)
+	return nil
+}
+
+// releasedAnswer reads a release script's answer.
+func releasedAnswer(ctx context.Context, l *Lock, cmd *redis.Cmd) error {
+	n, err := cmd.Int64()
+	if err != nil {
+		return joinCtx(ctx, fmt.Errorf("lock: release %q: %w", l.key, err))
+	}
+	if n != 1 {
+		return ErrNotHeld
+	}
+	return nil
+}
