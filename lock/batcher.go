@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
-	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/inboxmq/inboxmq/internal/combine"
 )
 
 // PipelineClient is the client a [Batcher] needs: script evaluation and
@@ -35,7 +35,8 @@ type BatcherOpts struct {
 //
 // The caller that sends a round trip sends one: if more operations queued
 // meanwhile, the first of their callers sends the next, so no caller works
-// for the others for long, and each round trip has its own RoundTimeout.
+// for the others for long, and each round trip has its own RoundTimeout
+// (internal/combine).
 //
 // Each operation keeps its own semantics: [Batcher.Obtain] is a single
 // attempt of [Locker.Obtain] (SET NX PX and the fencing counter in one
@@ -47,22 +48,16 @@ type Batcher struct {
 	locker  *Locker
 	client  PipelineClient
 	timeout time.Duration
-
-	mu    sync.Mutex
-	queue []*op
-	busy  bool // a round trip is being sent
+	rounds  *combine.Combiner[*op]
 }
 
-// op is one queued obtain (lock nil until answered) or release.
+// op is one obtain (lock nil until answered) or release.
 type op struct {
-	release bool
-	// obtain: the request; its answer is lock.
-	key, token string
+	release    bool
+	key, token string // obtain: the request; its answer is lock
 	ttl        time.Duration
 	lock       *Lock
 	err        error
-	lead       bool          // woken to send the next round trip
-	done       chan struct{} // one signal per wake-up: answered, or lead
 }
 
 // NewBatcher returns a Batcher for l's locks. l's client must support
@@ -79,7 +74,9 @@ func NewBatcher(l *Locker, opts *BatcherOpts) (*Batcher, error) {
 	if opts != nil && opts.RoundTimeout > 0 {
 		timeout = opts.RoundTimeout
 	}
-	return &Batcher{locker: l, client: client, timeout: timeout}, nil
+	b := &Batcher{locker: l, client: client, timeout: timeout}
+	b.rounds = combine.New(b.send, nil)
+	return b, nil
 }
 
 // Obtain makes one attempt to take the lock named key for ttl, like
@@ -99,7 +96,7 @@ func (b *Batcher) Obtain(ctx context.Context, key string, ttl time.Duration) (*L
 	if err != nil {
 		return nil, err
 	}
-	o := &op{key: key, token: token, ttl: ttl, done: make(chan struct{}, 1)}
+	o := &op{key: key, token: token, ttl: ttl}
 	if err := b.do(ctx, o); err != nil {
 		return nil, err
 	}
@@ -115,75 +112,25 @@ func (b *Batcher) Release(ctx context.Context, l *Lock) error {
 	if l == nil {
 		return errors.New("lock: release of a nil lock")
 	}
-	o := &op{release: true, key: l.key, lock: l, done: make(chan struct{}, 1)}
+	o := &op{release: true, key: l.key, lock: l}
 	if err := b.do(ctx, o); err != nil {
 		return err
 	}
 	return o.err
 }
 
-// do queues o and returns once it is answered: sent in a round trip of
-// its own if none is under way, else in the next one, which its first
-// waiter sends. The error is do's own (ctx ended before o was sent);
-// o.err is o's answer.
+// do runs o in a shared round trip. The error is do's own (ctx ended
+// before o was sent, or the round failed); o.err is o's answer.
 func (b *Batcher) do(ctx context.Context, o *op) error {
-	if ctx.Err() != nil {
-		return b.notSent(ctx, o)
-	}
-	b.mu.Lock()
-	b.queue = append(b.queue, o)
-	if b.busy {
-		b.mu.Unlock()
-		if err := b.wait(ctx, o); err != nil || !o.lead {
-			return err
+	err := b.rounds.Do(ctx, o)
+	if err != nil && errors.Is(err, ctx.Err()) {
+		verb := "obtain"
+		if o.release {
+			verb = "release"
 		}
-		b.mu.Lock() // handed the next round trip
+		return joinCtx(ctx, fmt.Errorf("lock: %s %q: not sent", verb, o.key))
 	}
-	b.busy = true
-	batch := b.queue
-	b.queue = nil
-	b.mu.Unlock()
-
-	b.send(batch)
-
-	b.mu.Lock()
-	if len(b.queue) > 0 {
-		next := b.queue[0]
-		next.lead = true
-		next.done <- struct{}{}
-	} else {
-		b.busy = false
-	}
-	b.mu.Unlock()
-	return nil
-}
-
-// wait waits until o is answered or handed the next round trip. If ctx
-// ends first and o is still queued, it is withdrawn; once it is in a round
-// trip (or handed one) the wait goes on, bounded by RoundTimeout.
-func (b *Batcher) wait(ctx context.Context, o *op) error {
-	select {
-	case <-o.done:
-		return nil
-	case <-ctx.Done():
-	}
-	b.mu.Lock()
-	if i := slices.Index(b.queue, o); i > 0 || (i == 0 && !o.lead) {
-		b.queue = slices.Delete(b.queue, i, i+1)
-		b.mu.Unlock()
-		return b.notSent(ctx, o)
-	}
-	b.mu.Unlock()
-	<-o.done
-	return nil
-}
-
-func (b *Batcher) notSent(ctx context.Context, o *op) error {
-	verb := "obtain"
-	if o.release {
-		verb = "release"
-	}
-	return joinCtx(ctx, fmt.Errorf("lock: %s %q: not sent", verb, o.key))
+	return err
 }
 
 // send runs batch in one round trip (a pipeline) and answers each
@@ -193,19 +140,15 @@ func (b *Batcher) notSent(ctx context.Context, o *op) error {
 func (b *Batcher) send(batch []*op) {
 	ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
 	defer cancel()
-	answer := func(o *op, err error) {
-		o.err, o.lead = err, false
-		o.done <- struct{}{}
-	}
 	if len(batch) == 1 {
 		o := batch[0]
 		if o.release {
-			answer(o, o.lock.Release(ctx))
+			o.err = o.lock.Release(ctx)
 			return
 		}
 		sent := time.Now()
 		keys, args := b.obtainArgs(o)
-		answer(o, b.obtained(ctx, o, sent, obtainScript.Run(ctx, b.client, keys, args...)))
+		o.err = b.obtained(ctx, o, sent, obtainScript.Run(ctx, b.client, keys, args...))
 		return
 	}
 	pipe := b.client.Pipeline()
@@ -224,15 +167,15 @@ func (b *Batcher) send(batch []*op) {
 		cmd, noScript := cmds[i], redis.HasErrorPrefix(cmds[i].Err(), "NOSCRIPT")
 		switch {
 		case o.release && noScript:
-			answer(o, o.lock.Release(ctx))
+			o.err = o.lock.Release(ctx)
 		case o.release:
-			answer(o, releasedAnswer(ctx, o.lock, cmd))
+			o.err = releasedAnswer(ctx, o.lock, cmd)
 		case noScript:
 			again := time.Now()
 			keys, args := b.obtainArgs(o)
-			answer(o, b.obtained(ctx, o, again, obtainScript.Run(ctx, b.client, keys, args...)))
+			o.err = b.obtained(ctx, o, again, obtainScript.Run(ctx, b.client, keys, args...))
 		default:
-			answer(o, b.obtained(ctx, o, sent, cmd))
+			o.err = b.obtained(ctx, o, sent, cmd)
 		}
 	}
 }

@@ -1,0 +1,162 @@
+// Package combine shares round trips between goroutines: the operations
+// that arrive while one round trip is under way go out together in the
+// next (flat combining). It has its own home because two layers use it —
+// the Redis lock's obtains and releases (lock.Batcher) and claim mode's
+// claims (package inbox) — and the hand-over below is the subtle part
+// both must get right once.
+//
+// Nothing waits to fill a round: an operation that finds no round trip
+// under way is sent at once, alone. The caller that sends a round sends
+// one: if more operations queued meanwhile, the first of their callers is
+// woken to send the next, so no caller works for the others for long.
+package combine
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+)
+
+// Combiner runs operations of type T (a pointer to a request that the
+// round fills with its answer) in shared rounds. It holds no goroutine and
+// is safe for concurrent use; build it with [New].
+type Combiner[T any] struct {
+	send  func(batch []T)
+	split func(queue []T) []bool
+
+	mu    sync.Mutex
+	queue []*entry[T]
+	busy  bool // a round is being sent
+}
+
+type entry[T any] struct {
+	v    T
+	lead bool          // woken to send the next round
+	err  error         // the round's own failure (a panic)
+	done chan struct{} // one signal per wake-up: answered, or lead
+}
+
+// New returns a Combiner whose rounds call send with the operations of
+// the round, in arrival order; send answers each (it must not keep the
+// slice). split, if not nil, chooses which queued operations go in the
+// next round (true) and which wait for a later one, in order; the first
+// of the queue always goes, whatever split says.
+func New[T any](send func(batch []T), split func(queue []T) []bool) *Combiner[T] {
+	return &Combiner[T]{send: send, split: split}
+}
+
+// Do runs v in a round and returns once v is answered: in a round of its
+// own if none is under way, else in the next one. If ctx ends while v is
+// still queued (or had ended already), v is withdrawn, not sent, and ctx's
+// error is returned; once v is in a round the wait goes on until the round
+// is done. A round that panicked returns an error to each of its callers.
+func (c *Combiner[T]) Do(ctx context.Context, v T) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	e := &entry[T]{v: v, done: make(chan struct{}, 1)}
+	c.mu.Lock()
+	c.queue = append(c.queue, e)
+	if c.busy {
+		c.mu.Unlock()
+		if err := c.wait(ctx, e); err != nil || !e.lead {
+			return cmpErr(err, e.err)
+		}
+		c.mu.Lock() // handed the next round
+	}
+	c.busy = true
+	batch := c.take()
+	c.mu.Unlock()
+
+	c.run(batch, e)
+
+	c.mu.Lock()
+	if len(c.queue) > 0 {
+		next := c.queue[0]
+		next.lead = true
+		next.done <- struct{}{}
+	} else {
+		c.busy = false
+	}
+	c.mu.Unlock()
+	return e.err
+}
+
+// Queued reports the operations waiting for the next round.
+func (c *Combiner[T]) Queued() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.queue)
+}
+
+// take removes the next round's entries from the queue; c.mu is held.
+func (c *Combiner[T]) take() []*entry[T] {
+	if c.split == nil || len(c.queue) == 1 {
+		batch := c.queue
+		c.queue = nil
+		return batch
+	}
+	vs := make([]T, len(c.queue))
+	for i, e := range c.queue {
+		vs[i] = e.v
+	}
+	now := c.split(vs)
+	var batch, later []*entry[T]
+	for i, e := range c.queue {
+		if i == 0 || (i < len(now) && now[i]) {
+			batch = append(batch, e)
+		} else {
+			later = append(later, e)
+		}
+	}
+	c.queue = later
+	return batch
+}
+
+// run sends batch, then wakes every caller in it but self (the sender).
+func (c *Combiner[T]) run(batch []*entry[T], self *entry[T]) {
+	defer func() {
+		p := recover()
+		for _, e := range batch {
+			if p != nil {
+				e.err = fmt.Errorf("combine: round panicked: %v", p)
+			}
+			if e != self {
+				e.lead = false
+				e.done <- struct{}{}
+			}
+		}
+	}()
+	vs := make([]T, len(batch))
+	for i, e := range batch {
+		vs[i] = e.v
+	}
+	c.send(vs)
+}
+
+// wait waits until e is answered or handed the next round. If ctx ends
+// first and e is still queued, it is withdrawn.
+func (c *Combiner[T]) wait(ctx context.Context, e *entry[T]) error {
+	select {
+	case <-e.done:
+		return nil
+	case <-ctx.Done():
+	}
+	c.mu.Lock()
+	if i := slices.Index(c.queue, e); i > 0 || (i == 0 && !e.lead) {
+		c.queue = slices.Delete(c.queue, i, i+1)
+		c.mu.Unlock()
+		return ctx.Err()
+	}
+	c.mu.Unlock()
+	<-e.done
+	return nil
+}
+
+func cmpErr(a, b error) error {
+	if a != nil {
+		return a
+	}
+	return b
+}
