@@ -213,6 +213,8 @@ func (c *Claim) Complete(ctx context.Context, fn func(ctx context.Context, tx pg
 //  1. the key is claimed in one short statement: status processing, a
 //     random owner token, fence+1, lease_until = now()+Lease, attempts+1,
 //     committed asynchronously unless opts.DurableClaim (see there).
+//     Claims of concurrent deliveries that coincide share one statement
+//     (one round trip, one transaction), each keeping its own verdict.
 //     Only a free (received, failed, dead) row or an expired claim is taken;
 //     a live claim of another worker asks for a retry after its lease
 //     (reason claim_held: the other may still fail), and a completed key is
@@ -297,28 +299,23 @@ func newToken() string {
 func (s *Store) claimLease(ctx context.Context, u *unit, o ClaimOpts) (c *Claim, capAt time.Time, err error) {
 	ctx, span := startSpan(ctx, "inbox.claim")
 	defer func() { endSpan(span, err) }()
-	var mid *string
-	if u.messageID != "" {
-		mid = &u.messageID
-	}
 	c = &Claim{Consumer: u.consumer, Key: u.key, Token: newToken(), s: s}
-	var now time.Time
-	// The asynchronous statement returns set_config's value too; nil skips it.
-	sql, dest := s.sql.claimLeaseAsync, []any{&c.Fence, &c.Attempt, &c.steps, &now, nil}
-	if o.DurableClaim {
-		sql, dest = s.sql.claimLease, dest[:4]
-	}
-	err = s.pool.QueryRow(ctx, sql, u.consumer, u.key, c.Token, o.Lease.Microseconds(), u.fp, mid, u.payload).Scan(dest...)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, time.Time{}, s.explainOne(ctx, u)
+	r := &leaseReq{u: u, token: c.Token, lease: o.Lease.Microseconds(), durable: o.DurableClaim}
+	err = s.leases.Do(ctx, r)
+	if err == nil {
+		err = r.err
 	}
 	if err != nil {
 		return nil, time.Time{}, infraError(ReasonDBConnection, fmt.Errorf("inbox: claim: %w", err))
 	}
+	if !r.claimed {
+		return nil, time.Time{}, s.explainOne(ctx, u)
+	}
+	c.Fence, c.Attempt, c.steps = r.fence, r.attempts, r.steps
 	if c.steps == nil {
 		c.steps = map[string]json.RawMessage{}
 	}
-	return c, now.Add(o.MaxLease), nil
+	return c, r.now.Add(o.MaxLease), nil
 }
 
 // explainOne is explainUnclaimed for a key claimed outside a transaction.

@@ -77,7 +77,12 @@
 // statement; ClaimOpts.DurableClaim opts out), which saves a WAL flush per
 // delivery: nothing is acked on the strength of a claim. A claim lost in a
 // database crash makes the completion find no row, and the delivery is
-// retried, never acked; the completion itself is always durable.
+// retried, never acked; the completion itself is always durable. Claims of
+// concurrent deliveries that coincide share one statement, in key order:
+// about 0.6 claim statements per delivery with 8 handlers, so claim mode
+// sends 3.6 round trips per delivery to PostgreSQL (the claim, then BEGIN
+// with the fenced completion and the first business statement, the
+// second, COMMIT).
 //
 // # Reconciler
 //

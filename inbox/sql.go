@@ -20,17 +20,31 @@ type statements struct {
 	// redelivered counts a broker redelivery (the crash-loop bound).
 	redelivered string
 
-	claimLease      string
-	claimLeaseAsync string
-	extendLease     string
-	completeWith    string
-	releaseClaim    string
-	recordStep      string
+	// claimLease takes one key in claim mode (autocommit); claimLeases
+	// takes several, claimed by concurrent deliveries, in one statement in
+	// (consumer, key) order. The Async variants commit asynchronously.
+	claimLease       string
+	claimLeaseAsync  string
+	claimLeases      string
+	claimLeasesAsync string
+	extendLease      string
+	completeWith     string
+	releaseClaim     string
+	recordStep       string
 
 	staleForUpdate    string
 	reconcileComplete string
 	reconcileRelease  string
 }
+
+// claimLeaseConflict is claim mode's conflict clause: only a free
+// (received, failed, dead) row or an expired claim is taken.
+const claimLeaseConflict = `ON CONFLICT (consumer, key) DO UPDATE SET
+	status = 'processing', owner = EXCLUDED.owner, fence = i.fence + 1, lease_until = EXCLUDED.lease_until,
+	attempts = i.attempts + 1, fingerprint = EXCLUDED.fingerprint, message_id = EXCLUDED.message_id,
+	payload = COALESCE(EXCLUDED.payload, i.payload), updated_at = now()
+WHERE i.status IN ('received', 'failed', 'dead') OR (i.status = 'processing' AND i.lease_until <= now())
+`
 
 // claimConflict is the claim's conflict clause, shared by claim and
 // claimOne.
@@ -82,12 +96,13 @@ RETURNING status, deliveries`,
 
 		claimLease: `INSERT INTO ` + t + ` AS i (consumer, key, status, owner, fence, lease_until, attempts, fingerprint, message_id, payload)
 VALUES ($1, $2, 'processing', $3, 1, now() + $4::bigint * interval '1 microsecond', 1, $5, $6, $7)
-ON CONFLICT (consumer, key) DO UPDATE SET
-	status = 'processing', owner = EXCLUDED.owner, fence = i.fence + 1, lease_until = EXCLUDED.lease_until,
-	attempts = i.attempts + 1, fingerprint = EXCLUDED.fingerprint, message_id = EXCLUDED.message_id,
-	payload = COALESCE(EXCLUDED.payload, i.payload), updated_at = now()
-WHERE i.status IN ('received', 'failed', 'dead') OR (i.status = 'processing' AND i.lease_until <= now())
-RETURNING fence, attempts, steps, now()`,
+` + claimLeaseConflict + `RETURNING fence, attempts, steps, now()`,
+
+		claimLeases: `INSERT INTO ` + t + ` AS i (consumer, key, status, owner, fence, lease_until, attempts, fingerprint, message_id, payload)
+SELECT k.consumer, k.key, 'processing', k.owner, 1, now() + k.lease * interval '1 microsecond', 1, k.fp, k.mid, k.payload
+FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bytea[], $6::text[], $7::bytea[]) AS k(consumer, key, owner, lease, fp, mid, payload)
+ORDER BY k.consumer, k.key
+` + claimLeaseConflict + `RETURNING i.consumer, i.key, fence, attempts, steps, now()`,
 
 		extendLease: `UPDATE ` + t + ` SET lease_until = LEAST(now() + $5::bigint * interval '1 microsecond', $6::timestamptz), updated_at = now()
 WHERE consumer = $1 AND key = $2 AND owner = $3 AND fence = $4 AND status = 'processing'
@@ -122,5 +137,6 @@ WHERE consumer = $1 AND key = $2 AND fence = $3 AND status = 'processing'`,
 	// flush: set_config(…, true) in RETURNING applies to the statement's own
 	// implicit transaction, and runs only when a claim was written.
 	st.claimLeaseAsync = st.claimLease + `, set_config('synchronous_commit', 'off', true)`
+	st.claimLeasesAsync = st.claimLeases + `, set_config('synchronous_commit', 'off', true)`
 	return st
 }

@@ -12,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
+
+	"github.com/inboxmq/inboxmq/internal/combine"
 )
 
 // DefaultTable is the inbox table created by package migrations.
@@ -159,6 +161,8 @@ type Store struct {
 	cfg   StoreConfig
 	table string // quoted, ready for SQL
 	sql   statements
+	// leases shares claim mode's claims between concurrent deliveries.
+	leases *combine.Combiner[*leaseReq]
 }
 
 // NewStore checks that pool reaches a writable primary holding the inbox
@@ -176,6 +180,7 @@ func NewStore(ctx context.Context, pool *pgxpool.Pool, cfg *StoreConfig) (*Store
 	}
 	s := &Store{pool: pool, cfg: c, table: id.Sanitize()}
 	s.sql = buildStatements(s.table)
+	s.leases = s.newLeaseRounds()
 
 	var inRecovery, readOnly bool
 	var reg *string
