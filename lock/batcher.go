@@ -86,13 +86,7 @@ func NewBatcher(l *Locker, opts *BatcherOpts) (*Batcher, error) {
 // for a shared round trip: an obtain whose ctx ends before it was sent
 // (or had ended already) is not sent.
 func (b *Batcher) Obtain(ctx context.Context, key string, ttl time.Duration) (*Lock, error) {
-	if err := validKey(key); err != nil {
-		return nil, err
-	}
-	if ttl < time.Millisecond {
-		return nil, fmt.Errorf("lock: ttl must be at least 1ms, got %s", ttl)
-	}
-	token, err := newToken()
+	token, err := obtainToken(key, ttl)
 	if err != nil {
 		return nil, err
 	}

@@ -145,13 +145,7 @@ func validKey(key string) error {
 // the lock it retries within opts.Wait, then returns [ErrNotObtained]. A
 // Redis error is returned wrapped; if ctx ended, its error is joined.
 func (l *Locker) Obtain(ctx context.Context, key string, ttl time.Duration, opts *ObtainOpts) (*Lock, error) {
-	if err := validKey(key); err != nil {
-		return nil, err
-	}
-	if ttl < time.Millisecond {
-		return nil, fmt.Errorf("lock: ttl must be at least 1ms, got %s", ttl)
-	}
-	token, err := newToken()
+	token, err := obtainToken(key, ttl)
 	if err != nil {
 		return nil, err
 	}
@@ -280,6 +274,17 @@ func (l *Lock) Refresh(ctx context.Context, ttl time.Duration) error {
 // successor's. It returns [ErrNotHeld] when the lock was already gone.
 func (l *Lock) Release(ctx context.Context) error {
 	return releasedAnswer(ctx, l, releaseScript.Run(ctx, l.locker.client, []string{l.lockKey}, l.token))
+}
+
+// obtainToken checks an obtain's key and ttl and returns its new token.
+func obtainToken(key string, ttl time.Duration) (string, error) {
+	if err := validKey(key); err != nil {
+		return "", err
+	}
+	if ttl < time.Millisecond {
+		return "", fmt.Errorf("lock: ttl must be at least 1ms, got %s", ttl)
+	}
+	return newToken()
 }
 
 func newToken() (string, error) {

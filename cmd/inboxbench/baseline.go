@@ -76,7 +76,12 @@ func rawDrain(e *env) runner {
 // perMessageLoop is case (b): a hand-written amqp091 + pgx loop, one
 // transaction per delivery (BEGIN, inbox insert, two business inserts,
 // COMMIT), `workers` handlers.
-func perMessageLoop(e *env, workers int) runner {
+func perMessageLoop(e *env, workers int) runner { return deliveryLoop(e, workers, handleOne) }
+
+// deliveryLoop is a hand-written consumer: `workers` goroutines reading one
+// channel's deliveries, each handled by handle and then acked alone
+// (requeued on an error).
+func deliveryLoop(e *env, workers int, handle func(context.Context, *env, amqp.Delivery) error) runner {
 	return func(ctx context.Context, queue string, done func(time.Time)) (func() error, error) {
 		ch, err := e.conn.Channel()
 		if err != nil {
@@ -95,7 +100,7 @@ func perMessageLoop(e *env, workers int) runner {
 			go func() {
 				defer wg.Done()
 				for d := range msgs {
-					if err := handleOne(ctx, e, d); err != nil {
+					if err := handle(ctx, e, d); err != nil {
 						_ = d.Nack(false, true)
 						continue
 					}

@@ -7,8 +7,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"sync"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -48,39 +46,7 @@ var (
 // whose first round trip carries BEGIN, the fenced completion and the first
 // business insert, `workers` handlers. It sends the round trips (f) sends:
 // 4 to PostgreSQL, 2 to Redis, an ack.
-func claimLoop(e *env, workers int) runner {
-	return func(ctx context.Context, queue string, done func(time.Time)) (func() error, error) {
-		ch, err := e.conn.Channel()
-		if err != nil {
-			return nil, err
-		}
-		if err := ch.Qos(2*workers, 0, false); err != nil {
-			return nil, err
-		}
-		msgs, err := ch.Consume(queue, "", false, false, false, false, nil)
-		if err != nil {
-			return nil, err
-		}
-		var wg sync.WaitGroup
-		for range workers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for d := range msgs {
-					if err := handleClaimed(ctx, e, d); err != nil {
-						_ = d.Nack(false, true)
-						continue
-					}
-					if err := d.Ack(false); err != nil {
-						return
-					}
-					done(publishedAt(d.Headers))
-				}
-			}()
-		}
-		return func() error { err := ch.Close(); wg.Wait(); return err }, nil
-	}
-}
+func claimLoop(e *env, workers int) runner { return deliveryLoop(e, workers, handleClaimed) }
 
 func handleClaimed(ctx context.Context, e *env, d amqp.Delivery) error {
 	var p payment
