@@ -11,8 +11,9 @@
 //
 // For each case it drains the same number of pre-published persistent
 // messages (median of -runs, the cases' runs interleaved), then measures
-// publish-to-commit latency at a steady 50 % of that throughput — and group
-// commit's also at per-message mode's load, the latency it adds — and
+// publish-to-commit latency at a steady 50 % of that throughput (medians of
+// -latruns runs) — and group commit's also at per-message mode's load, the
+// latency it adds — and
 // prints msgs/s, allocations and CPU per delivery, RSS and the ratios
 // (d)/(b), (e)/(c), (e)/(b), (f)/(d), and (f)/(g), (g)/(b): how close
 // claim mode comes to its own protocol's ceiling, and what the protocol
@@ -94,7 +95,8 @@ func main() {
 		batch    = flag.Int("batch", 64, "deliveries per transaction in the batched cases")
 		inflight = flag.Int("inflight", 4, "batches in flight in the batched cases")
 		pipeline = flag.Bool("pipeline", true, "case (e): GroupCommit.Pipeline (handlers' statements sent together)")
-		latDur   = flag.Duration("latency", 4*time.Second, "duration of the steady-load latency run (0 skips it)")
+		latDur   = flag.Duration("latency", 4*time.Second, "duration of each steady-load latency run (0 skips them)")
+		latRuns  = flag.Int("latruns", 3, "latency runs per case (the medians of p50 and p99 are reported)")
 		loads    = flag.String("loads", "", "instead of the drains: publish-to-commit latency of each case at these steady rates (msg/s, comma-separated)")
 		amqpURL  = flag.String("amqp", cmp.Or(os.Getenv("AMQP_URL"), "amqp://guest:guest@127.0.0.1:5672/"), "broker")
 		dbURL    = flag.String("db", cmp.Or(os.Getenv("DATABASE_URL"), "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"), "database")
@@ -187,11 +189,6 @@ func main() {
 	if *latDur > 0 {
 		var perMessage, group *result
 		for _, r := range results {
-			r.p50, r.p99, err = latency(ctx, e, r.c, median(r.rates)/2, *latDur)
-			if err != nil {
-				r.latencyErr = err.Error()
-			}
-			log.Printf("(%s) latency at 50%% load: p50 %s p99 %s", r.c.id, r.p50, r.p99)
 			switch r.c.id {
 			case "d":
 				perMessage = r
@@ -199,24 +196,48 @@ func main() {
 				group = r
 			}
 		}
-		if perMessage != nil && group != nil {
-			// The latency group commit adds: (e) at the load that (d)
-			// carries at 50 %, against (d) itself.
-			group.atPerMessageRate = median(perMessage.rates) / 2
-			group.p50d, group.p99d, err = latency(ctx, e, group.c, group.atPerMessageRate, *latDur)
-			if err != nil {
-				group.latencyErr = err.Error()
+		// -latruns rounds, each case once per round (and group commit at
+		// per-message mode's load right after it); medians are reported:
+		// one p99 of a few thousand messages moves with a single stall of
+		// this machine.
+		var p50s, p99s = map[*result][]time.Duration{}, map[*result][]time.Duration{}
+		var p50d, p99d []time.Duration
+		for i := range *latRuns {
+			for _, r := range results {
+				p50, p99, err := latency(ctx, e, r.c, median(r.rates)/2, *latDur)
+				if err != nil {
+					r.latencyErr = err.Error()
+				}
+				p50s[r], p99s[r] = append(p50s[r], p50), append(p99s[r], p99)
+				log.Printf("(%s) latency at 50%% load, round %d: p50 %s p99 %s", r.c.id, i+1, p50, p99)
+				if r != perMessage || group == nil {
+					continue
+				}
+				// The latency group commit adds: (e) at the load that (d)
+				// carries at 50 %, against (d) itself.
+				group.atPerMessageRate = median(perMessage.rates) / 2
+				p50, p99, err = latency(ctx, e, group.c, group.atPerMessageRate, *latDur)
+				if err != nil {
+					group.latencyErr = err.Error()
+				}
+				p50d, p99d = append(p50d, p50), append(p99d, p99)
+				log.Printf("(e) latency at (d)'s 50%% load, round %d: p50 %s p99 %s", i+1, p50, p99)
 			}
-			log.Printf("(e) latency at (d)'s 50%% load: p50 %s p99 %s", group.p50d, group.p99d)
+		}
+		for _, r := range results {
+			r.p50, r.p99 = medianDuration(p50s[r]), medianDuration(p99s[r])
+		}
+		if group != nil {
+			group.p50d, group.p99d = medianDuration(p50d), medianDuration(p99d)
 		}
 	}
-	report(os.Stdout, results, *n, *runs)
+	report(os.Stdout, results, *n, *runs, *latRuns)
 	if *out != "" {
 		f, err := os.Create(*out)
 		if err != nil {
 			log.Fatal(err)
 		}
-		report(f, results, *n, *runs)
+		report(f, results, *n, *runs, *latRuns)
 		_ = f.Close()
 	}
 }
@@ -464,9 +485,9 @@ func latency(ctx context.Context, e *env, c benchCase, rate float64, dur time.Du
 	return percentile(lat, 0.5), percentile(lat, 0.99), nil
 }
 
-func report(w io.Writer, rs []*result, n, runs int) {
+func report(w io.Writer, rs []*result, n, runs, latRuns int) {
 	byID := map[string]float64{}
-	fmt.Fprintf(w, "\n%d persistent messages per drain, median of %d; GOMAXPROCS=%d; Go %s\n\n", n, runs, runtime.GOMAXPROCS(0), runtime.Version())
+	fmt.Fprintf(w, "\n%d persistent messages per drain, median of %d; latency: medians of %d runs; GOMAXPROCS=%d; Go %s\n\n", n, runs, latRuns, runtime.GOMAXPROCS(0), runtime.Version())
 	fmt.Fprintln(w, "| case | msg/s (median) | runs | allocs/delivery | worker CPU µs/delivery | machine CPU µs/delivery | RSS MiB | p50 | p99 |")
 	fmt.Fprintln(w, "|---|---:|---|---:|---:|---:|---:|---:|---:|")
 	for _, r := range rs {

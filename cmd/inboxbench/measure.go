@@ -88,6 +88,13 @@ func median(xs []float64) float64 {
 	return s[len(s)/2]
 }
 
+func medianDuration(ds []time.Duration) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	return percentile(ds, 0.5)
+}
+
 func percentile(ds []time.Duration, p float64) time.Duration {
 	if len(ds) == 0 {
 		return 0
