@@ -50,7 +50,7 @@ func (o doneObserver) OnOutcome(d *consumer.Delivery, out consumer.Outcome) {
 // frameworkCases returns the inboxmq cases (d), (e) and (f).
 func frameworkCases(e *env) []benchCase {
 	return []benchCase{
-		{"d", "inboxmq per-message transactional mode, 8 handlers", inboxmqCase(e, func(store *inbox.Store, r *consumer.Router, q string) {
+		{"d", fmt.Sprintf("inboxmq per-message transactional mode, %d handlers", e.workers), inboxmqCase(e, func(store *inbox.Store, r *consumer.Router, q string) {
 			consumer.Register(r, q, inbox.Handler(store, func(ctx context.Context, tx pgx.Tx, m *consumer.Message[payment]) error {
 				return writePayment(ctx, tx, m.Body)
 			}, nil), &consumer.HandlerOpts{Consumer: benchConsumer, Queue: consumer.QueueOpts{Concurrency: e.workers}})
@@ -61,7 +61,7 @@ func frameworkCases(e *env) []benchCase {
 			}, &inbox.HandlerOpts{GroupCommit: &inbox.GroupCommit{MaxBatch: e.batch, MaxWait: 2 * time.Millisecond, MaxInFlight: e.inflight, Pipeline: e.pipeline}}),
 				&consumer.HandlerOpts{Consumer: benchConsumer, Queue: consumer.QueueOpts{Concurrency: e.inflight * e.batch, Prefetch: 2 * e.inflight * e.batch}})
 		})},
-		{"f", "inboxmq Redis lock + claim mode, 8 handlers", inboxmqCase(e, func(store *inbox.Store, r *consumer.Router, q string) {
+		{"f", fmt.Sprintf("inboxmq Redis lock + claim mode, %d handlers", e.workers), inboxmqCase(e, func(store *inbox.Store, r *consumer.Router, q string) {
 			consumer.Register(r, q, inbox.ClaimHandler(store, func(ctx context.Context, c *inbox.Claim, m *consumer.Message[payment]) error {
 				// the outside call would carry c.Key as Idempotency-Key here
 				return c.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error { return writePayment(ctx, tx, m.Body) })
