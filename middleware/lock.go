@@ -131,7 +131,7 @@ func (o *LockOpts) withDefaults() LockOpts {
 //     change; the middleware recovers by itself when Redis answers again.
 //
 // The obtains and releases of concurrent deliveries that coincide share
-// one Redis round trip (a [lock.Batcher]): about 1.1 round trips per
+// one Redis round trip (a [lock.Batcher]): 1.1–1.3 round trips per
 // delivery instead of 2 with 8 handlers.
 //
 // A "lock.acquire" span is started as a child of the span in ctx (none
