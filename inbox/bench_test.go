@@ -11,11 +11,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
-	"github.com/inboxmq/inboxmq/internal/pgtest"
 )
 
 // countingTracer counts the round trips on a pool: each statement sent on
@@ -38,16 +36,8 @@ func (c *countingTracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatc
 // benchSetup returns a bundle whose pool counts its round trips.
 func benchSetup(b *testing.B) (*testBundle, *countingTracer) {
 	b.Helper()
-	_, schema := pgtest.SchemaWith(b, 2)
-	cfg, err := pgxpool.ParseConfig(pgtest.URL(schema))
-	require.NoError(b, err)
 	tr := &countingTracer{}
-	cfg.ConnConfig.Tracer = tr
-	cfg.MaxConns = 16
-	pool, err := pgxpool.NewWithConfig(b.Context(), cfg)
-	require.NoError(b, err)
-	b.Cleanup(pool.Close)
-	return setupOn(b, pool, nil), tr
+	return setupOn(b, tracedPool(b, tr), nil), tr
 }
 
 var benchSeq atomic.Int64

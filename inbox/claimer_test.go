@@ -7,12 +7,10 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
-	"github.com/inboxmq/inboxmq/internal/pgtest"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 	"github.com/inboxmq/inboxmq/retry"
 )
@@ -58,15 +56,8 @@ func (tr *sqlTracer) matching(parts ...string) []string {
 func TestClaim_ConcurrentClaimsShareOneStatement(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	_, schema := pgtest.SchemaWith(t, 1)
-	cfg, err := pgxpool.ParseConfig(pgtest.URL(schema))
-	require.NoError(t, err)
 	tr := &sqlTracer{}
-	cfg.ConnConfig.Tracer = tr
-	cfg.MaxConns = 16
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool := tracedPool(t, tr)
 	b := setupOn(t, pool, nil)
 	async := completingClaimHandler(b, nil)
 	durable := completingClaimHandler(b, &inbox.ClaimOpts{DurableClaim: true})

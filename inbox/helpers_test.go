@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
@@ -48,6 +49,21 @@ func setupOn(t testing.TB, pool *pgxpool.Pool, cfg *inbox.StoreConfig) *testBund
 	store, err := inbox.NewStore(ctx, pool, cfg)
 	require.NoError(t, err)
 	return &testBundle{pool: pool, store: store}
+}
+
+// tracedPool is a pool of 16 connections on a fresh schema whose
+// statements go through tracer.
+func tracedPool(t testing.TB, tracer pgx.QueryTracer) *pgxpool.Pool {
+	t.Helper()
+	_, schema := pgtest.SchemaWith(t, 1)
+	cfg, err := pgxpool.ParseConfig(pgtest.URL(schema))
+	require.NoError(t, err)
+	cfg.ConnConfig.Tracer = tracer
+	cfg.MaxConns = 16
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
 }
 
 var msgSeq atomic.Int64
