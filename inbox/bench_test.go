@@ -187,3 +187,22 @@ func BenchmarkGroupCommit(b *testing.B) {
 		report(b, start, tr, before)
 	})
 }
+
+// BenchmarkClaim is claim mode completing with one effect row
+// (completeWithEffect): 3 round trips per message when claims do not
+// coincide (the claim; BEGIN with the fenced completion and the insert;
+// COMMIT), fewer with more concurrent handlers, whose claims share
+// statements.
+func BenchmarkClaim(b *testing.B) {
+	for _, workers := range []int{2, 8, 32} {
+		b.Run("handlers="+strconv.Itoa(workers), func(b *testing.B) {
+			tb, tr := benchSetup(b)
+			h := completingClaimHandler(tb, nil)
+			b.ReportAllocs()
+			b.ResetTimer()
+			before, start := tr.n.Load(), time.Now()
+			parallel(b, workers, func(msg *consumer.Message[order]) error { return h.Handle(b.Context(), msg) })
+			report(b, start, tr, before)
+		})
+	}
+}
