@@ -47,6 +47,45 @@ func (tr *sqlTracer) matching(parts ...string) []string {
 	return out
 }
 
+// claimCall is one delivery of key id (order id) through h.
+type claimCall struct {
+	h  consumer.Handler[order]
+	id string
+}
+
+// sharedRound runs calls as deliveries whose claims all queue, in order,
+// behind a claim statement that waits on a row another transaction holds
+// (key "x", handled by h), then lets that statement go: calls[i]'s claim is
+// queued i-th, so the next round holds them all (each key once). It
+// returns the deliveries' errors.
+func sharedRound(t *testing.T, b *testBundle, tr *sqlTracer, h consumer.Handler[order], calls []claimCall) []error {
+	t.Helper()
+	ctx := t.Context()
+	blocker, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = blocker.Rollback(ctx) }()
+	_, err = blocker.Exec(ctx, `INSERT INTO inboxmq_inbox (consumer, key, status) VALUES ('pay', 'order:x', 'failed')`)
+	require.NoError(t, err)
+	before := len(tr.matching("'processing'"))
+	xDone := make(chan error, 1)
+	go func() { xDone <- h.Handle(ctx, newMsg(t, "pay", order{OrderID: "x", Amount: 1}, false)) }()
+	testenv.WaitFor(t, "the first claim sent", func() bool { return len(tr.matching("'processing'")) > before })
+
+	errs := make([]error, len(calls))
+	var wg sync.WaitGroup
+	for i, c := range calls {
+		wg.Go(func() { errs[i] = c.h.Handle(ctx, newMsg(t, "pay", order{OrderID: c.id, Amount: 1}, false)) })
+		testenv.WaitFor(t, "queued in order", func() bool { return inbox.LeasesQueued(b.store) == i+1 })
+	}
+	require.NoError(t, blocker.Commit(ctx))
+	require.NoError(t, testenv.WaitChan(t, xDone, "the first delivery"))
+	wg.Wait()
+	return errs
+}
+
+// sharedClaimSQL identifies the shared claim statement.
+const sharedClaimSQL = `unnest($1::text[], $2::text[], $3::text[], $4::bigint[]`
+
 // Claims of concurrent deliveries that arrive while a claim statement is
 // under way share the next one, and each keeps its own verdict: free keys
 // are claimed and completed once, a completed key is a duplicate, a second
@@ -57,41 +96,15 @@ func TestClaim_ConcurrentClaimsShareOneStatement(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	tr := &sqlTracer{}
-	pool := tracedPool(t, tr)
-	b := setupOn(t, pool, nil)
+	b := setupOn(t, tracedPool(t, tr), nil)
 	async := completingClaimHandler(b, nil)
 	durable := completingClaimHandler(b, &inbox.ClaimOpts{DurableClaim: true})
-	const shared = `unnest($1::text[], $2::text[], $3::text[], $4::bigint[]`
 
 	// A key that is already done.
 	require.NoError(t, async.Handle(ctx, newMsg(t, "pay", order{OrderID: "done", Amount: 1}, false)))
-	// The first claim waits on a row another transaction holds.
-	blocker, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = blocker.Rollback(ctx) }()
-	_, err = blocker.Exec(ctx, `INSERT INTO inboxmq_inbox (consumer, key, status) VALUES ('pay', 'order:x', 'failed')`)
-	require.NoError(t, err)
-	before := len(tr.matching("'processing'"))
-	xDone := make(chan error, 1)
-	go func() { xDone <- async.Handle(ctx, newMsg(t, "pay", order{OrderID: "x", Amount: 1}, false)) }()
-	testenv.WaitFor(t, "the first claim sent", func() bool { return len(tr.matching("'processing'")) > before })
+	errs := sharedRound(t, b, tr, async, []claimCall{{async, "y1"}, {async, "y2"}, {async, "y1"}, {async, "done"}, {durable, "z"}})
 
-	type call struct {
-		h  consumer.Handler[order]
-		id string
-	}
-	calls := []call{{async, "y1"}, {async, "y2"}, {async, "y1"}, {async, "done"}, {durable, "z"}}
-	errs := make([]error, len(calls))
-	var wg sync.WaitGroup
-	for i, c := range calls {
-		wg.Go(func() { errs[i] = c.h.Handle(ctx, newMsg(t, "pay", order{OrderID: c.id, Amount: 1}, false)) })
-		testenv.WaitFor(t, "queued in order", func() bool { return inbox.LeasesQueued(b.store) == i+1 })
-	}
-	require.NoError(t, blocker.Commit(ctx))
-	require.NoError(t, testenv.WaitChan(t, xDone, "the first delivery"))
-	wg.Wait()
-
-	rounds := tr.matching(shared)
+	rounds := tr.matching(sharedClaimSQL)
 	require.Len(t, rounds, 1, "y1, y2, done and z shared one claim statement")
 	require.NotContains(t, rounds[0], "set_config", "a round with a durable claim commits durably")
 	require.NoError(t, errs[0])
@@ -102,6 +115,40 @@ func TestClaim_ConcurrentClaimsShareOneStatement(t *testing.T) {
 	for key, want := range map[string]int{"order:x": 1, "order:y1": 1, "order:y2": 1, "order:z": 1, "order:done": 1} {
 		require.Equal(t, want, b.count(t, `SELECT count(*) FROM effects WHERE key = $1`, key), key)
 		require.Equal(t, "completed", b.get(t, "pay", key).Status, key)
+	}
+}
+
+// A shared claim statement that fails fails every claim of its round
+// alike: each delivery is retried, no claim of the round is left behind,
+// and the retries complete each job once.
+func TestClaim_FailedSharedClaimFailsItsRoundAndLeavesNothing(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	tr := &sqlTracer{}
+	b := setupOn(t, tracedPool(t, tr), nil)
+	h := completingClaimHandler(b, nil)
+	// A claim of key "order:boom" makes the whole statement fail.
+	_, err := b.pool.Exec(ctx, `
+		CREATE FUNCTION boom() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF NEW.key = 'order:boom' AND NEW.status = 'processing' THEN RAISE EXCEPTION 'boom'; END IF;
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER boom BEFORE INSERT ON inboxmq_inbox FOR EACH ROW EXECUTE FUNCTION boom();`)
+	require.NoError(t, err)
+
+	errs := sharedRound(t, b, tr, h, []claimCall{{h, "a"}, {h, "boom"}, {h, "b"}})
+	require.Len(t, tr.matching(sharedClaimSQL), 1)
+	for i, err := range errs {
+		require.ErrorContains(t, err, "boom", "delivery %d", i)
+		require.Equal(t, retry.KindRetry, retry.Classify(err).Kind, "delivery %d is retried", i)
+	}
+	require.Zero(t, b.count(t, `SELECT count(*) FROM inboxmq_inbox WHERE key IN ('order:a', 'order:b', 'order:boom')`), "no claim left behind")
+	require.Zero(t, b.count(t, `SELECT count(*) FROM effects WHERE key <> 'order:x'`))
+
+	for _, id := range []string{"a", "b"} {
+		require.NoError(t, h.Handle(ctx, newMsg(t, "pay", order{OrderID: id, Amount: 1}, false)), "the retry of %s", id)
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects WHERE key = $1`, "order:"+id))
 	}
 }
 
