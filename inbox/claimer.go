@@ -110,8 +110,9 @@ func (s *Store) sendLeases(batch []*leaseReq) {
 		err = errors.Join(err, rows.Err())
 	}
 	if err != nil {
-		// No claim is used; any the statement did write is freed by its
-		// lease, as after a lost answer to a single claim.
+		// No claim of the round is used. A failed statement wrote none (it
+		// is one transaction); after an answer lost or misread, any claim
+		// it did write is freed by its lease, as for a single claim.
 		for _, r := range batch {
 			r.claimed, r.err = false, err
 		}

@@ -82,6 +82,18 @@ func setupBatcher(t *testing.T) *batcherBundle {
 	return &batcherBundle{rdb: rdb, prefix: prefix, gc: gc, locker: locker, r: r}
 }
 
+// holdRound releases l through r with gc's next script call held until
+// gc.gate closes; it returns once that round trip is under way, with a
+// channel for the release's answer.
+func holdRound(t *testing.T, gc *gatedClient, r *lock.Batcher, l *lock.Lock) <-chan error {
+	t.Helper()
+	gc.armed.Store(true)
+	done := make(chan error, 1)
+	go func() { done <- r.Release(t.Context(), l) }()
+	testenv.WaitChan(t, gc.entered, "a round trip under way")
+	return done
+}
+
 // obtain takes n locks named prefix+name+i.
 func (b *batcherBundle) obtain(t *testing.T, name string, n int) []*lock.Lock {
 	t.Helper()
@@ -107,10 +119,7 @@ func TestBatcher_ConcurrentReleasesShareARoundTrip(t *testing.T) {
 	// The last lock expired and another holder took the key.
 	lastKey, _ := lock.RedisKeys(locks[n-1].Key())
 	require.NoError(t, rdb.Set(ctx, lastKey, "someone-else", time.Minute).Err())
-	gc.armed.Store(true) // the next script call, the first release, waits
-	firstDone := make(chan error, 1)
-	go func() { firstDone <- r.Release(ctx, locks[0]) }()
-	testenv.WaitChan(t, gc.entered, "the first release's round trip under way")
+	firstDone := holdRound(t, gc, r, locks[0])
 
 	errs := make([]error, n)
 	var wg sync.WaitGroup
@@ -164,10 +173,7 @@ func TestBatcher_GivingUpWhileQueuedWithdrawsTheRelease(t *testing.T) {
 	locks := b.obtain(t, "w", 2)
 	first, second := locks[0], locks[1]
 
-	gc.armed.Store(true)
-	firstDone := make(chan error, 1)
-	go func() { firstDone <- r.Release(ctx, first) }()
-	testenv.WaitChan(t, gc.entered, "the first release's round trip under way")
+	firstDone := holdRound(t, gc, r, first)
 
 	wctx, cancel := context.WithCancel(ctx)
 	secondDone := make(chan error, 1)
@@ -229,10 +235,7 @@ func TestBatcher_SenderSendsOneRoundTripAndHandsOn(t *testing.T) {
 	b.gc.pipeGate, b.gc.pipeEntered = make(chan struct{}), make(chan struct{}, 1)
 	locks := b.obtain(t, "h", 3)
 
-	b.gc.armed.Store(true)
-	firstDone := make(chan error, 1)
-	go func() { firstDone <- b.r.Release(ctx, locks[0]) }()
-	testenv.WaitChan(t, b.gc.entered, "the first round trip under way")
+	firstDone := holdRound(t, b.gc, b.r, locks[0])
 	errs := make([]error, 2)
 	var wg sync.WaitGroup
 	for i := range 2 {
@@ -268,10 +271,7 @@ func TestBatcher_ObtainsAndReleasesShareARoundTrip(t *testing.T) {
 	require.NoError(t, rdb.Set(ctx, heldKey, "someone-else", time.Minute).Err())
 	gate := b.obtain(t, "gate", 1)[0]
 
-	gc.armed.Store(true) // the next script call waits
-	gateDone := make(chan error, 1)
-	go func() { gateDone <- r.Release(ctx, gate) }()
-	testenv.WaitChan(t, gc.entered, "a round trip under way")
+	gateDone := holdRound(t, gc, r, gate)
 
 	before := time.Now()
 	var (
@@ -345,10 +345,7 @@ func TestBatcher_NoScriptInASharedRoundFallsBackToTheSource(t *testing.T) {
 	old, err := locker.Obtain(ctx, prefix+"old", time.Minute, nil)
 	require.NoError(t, err)
 
-	gc.armed.Store(true)
-	firstDone := make(chan error, 1)
-	go func() { firstDone <- r.Release(ctx, first) }()
-	testenv.WaitChan(t, gc.entered, "a round trip under way")
+	firstDone := holdRound(t, gc, r, first)
 	var wg sync.WaitGroup
 	var relErr, obtErr error
 	var got *lock.Lock
@@ -377,10 +374,7 @@ func TestBatcher_GivingUpWhileQueuedWithdrawsTheObtain(t *testing.T) {
 	ctx := t.Context()
 	b := setupBatcher(t)
 	gate := b.obtain(t, "gate", 1)[0]
-	b.gc.armed.Store(true)
-	gateDone := make(chan error, 1)
-	go func() { gateDone <- b.r.Release(ctx, gate) }()
-	testenv.WaitChan(t, b.gc.entered, "a round trip under way")
+	gateDone := holdRound(t, b.gc, b.r, gate)
 
 	wctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
