@@ -61,7 +61,9 @@ type LockOpts struct {
 	// Defaults to 5s.
 	RetryDelay time.Duration
 	// CallTimeout bounds each Redis call (obtain, refresh, release). Past it
-	// the handler proceeds without the lock. Build the client with
+	// the handler proceeds without the lock. An obtain or release that
+	// waits for a shared round trip waits at most CallTimeout for it, then
+	// at most CallTimeout for the round trip itself. Build the client with
 	// ContextTimeoutEnabled so the bound covers socket reads. Defaults to
 	// 150ms.
 	CallTimeout time.Duration
