@@ -50,6 +50,12 @@ type unit struct {
 	payload   []byte // nil unless the handler stores payloads
 	run       func(ctx context.Context, tx pgx.Tx) error
 	onClaim   func(fence int64)
+	// claim is set on the completion of a claim in claim mode's group
+	// commit (ClaimOpts.GroupCommit): the batch's claim step is then the
+	// fenced completion of its claims, and a unit whose claim was taken
+	// over gets claim's verdict. A batch holds units of one handler, so
+	// all of one kind.
+	claim *Claim
 
 	err  error
 	done chan struct{}
@@ -148,9 +154,13 @@ func (s *Store) execDistinct(units []*unit, pipeline bool) {
 		return cmp.Or(cmp.Compare(a.consumer, b.consumer), cmp.Compare(a.key, b.key))
 	})
 
+	// A claim's completion is traced by Claim.Complete's own span.
+	completions := units[0].claim != nil
 	spans := make([]trace.Span, len(units))
 	for i, u := range units {
-		_, spans[i] = startSpan(u.ctx, "inbox.claim")
+		if !completions {
+			_, spans[i] = startSpan(u.ctx, "inbox.claim")
+		}
 	}
 	endSpans := func(err error) {
 		for i, sp := range spans {
@@ -249,9 +259,12 @@ func (s *Store) execDistinct(units []*unit, pipeline bool) {
 		}
 	}
 
-	commitSpans := make([]trace.Span, len(claimed))
-	for i, cu := range claimed {
-		_, commitSpans[i] = startSpan(cu.u.ctx, "inbox.commit")
+	var commitSpans []trace.Span
+	if !completions {
+		commitSpans = make([]trace.Span, len(claimed))
+		for i, cu := range claimed {
+			_, commitSpans[i] = startSpan(cu.u.ctx, "inbox.commit")
+		}
 	}
 	err = tx.Commit(ctx)
 	if err != nil {
@@ -268,8 +281,14 @@ type claimedUnit struct {
 	fence int64
 }
 
-// queueClaim queues the claim of units' keys: one statement for all.
+// queueClaim queues the claim of units' keys: one statement for all. For
+// the completions of claim mode it queues their fenced completion instead
+// (queueCompletion).
 func (s *Store) queueClaim(b *pgx.Batch, units []*unit) {
+	if units[0].claim != nil {
+		s.queueCompletion(b, units)
+		return
+	}
 	if len(units) == 1 {
 		u := units[0]
 		var mid *string
@@ -292,6 +311,24 @@ func (s *Store) queueClaim(b *pgx.Batch, units []*unit) {
 		}
 	}
 	b.Queue(s.sql.claim, consumers, keys, fps, mids, payloads)
+}
+
+// queueCompletion queues the fenced completion of the claims of units,
+// in one statement. It marks them completed in the batch's transaction
+// before their handlers run: a handler that fails is rolled back to its
+// savepoint and its row marked failed (failInTx), which releases the claim.
+func (s *Store) queueCompletion(b *pgx.Batch, units []*unit) {
+	if len(units) == 1 {
+		c := units[0].claim
+		b.Queue(s.sql.completeOne, c.Consumer, c.Key, c.Token, c.Fence)
+		return
+	}
+	n := len(units)
+	consumers, keys, owners, fences := make([]string, n), make([]string, n), make([]string, n), make([]int64, n)
+	for i, u := range units {
+		consumers[i], keys[i], owners[i], fences[i] = u.claim.Consumer, u.claim.Key, u.claim.Token, u.claim.Fence
+	}
+	b.Queue(s.sql.completeMany, consumers, keys, owners, fences)
 }
 
 // claimBatch reads the results of BEGIN and the claim from br and closes
@@ -407,8 +444,12 @@ func (s *Store) explainUnclaimed(ctx context.Context, tx pgx.Tx, units []*unit) 
 	return nil
 }
 
-// verdict explains why a key could not be claimed.
+// verdict explains why a key could not be claimed, or, for a claim's
+// completion, why the claim was no longer its owner's.
 func verdict(u *unit, status string, fp []byte, lease time.Duration, found bool) error {
+	if u.claim != nil {
+		return u.claim.lostVerdict(status)
+	}
 	switch {
 	case found && status == RecordCompleted && fp != nil && u.fp != nil && !bytes.Equal(fp, u.fp):
 		return retry.Permanent(fmt.Errorf("inbox: key %q of consumer %q: %w", u.key, u.consumer, ErrKeyConflict))
@@ -439,8 +480,13 @@ func runHandler(u *unit, tx pgx.Tx) (err error) {
 
 // recordFailure records a failed attempt after its transaction rolled
 // back, so that the row shows the history. Errors are logged only: the
-// delivery's own error is what matters to the consumer.
+// delivery's own error is what matters to the consumer. A claim's
+// completion records nothing here: its row is still its owner's claim,
+// which ClaimHandler releases with the error.
 func (s *Store) recordFailure(u *unit, herr error) {
+	if u.claim != nil {
+		return
+	}
 	ctx, cancel := s.cleanupCtx(u.ctx)
 	defer cancel()
 	var mid *string

@@ -55,6 +55,26 @@ type ClaimOpts struct {
 	// Claim.Fence again. Set DurableClaim if an outside system fences its
 	// writes on Claim.Fence.
 	DurableClaim bool
+	// GroupCommit, when non-nil, lets the completions of deliveries handled
+	// concurrently share one transaction: Claim.Complete hands its
+	// completion to a batch, whose fenced completions go out in one
+	// statement pipelined with BEGIN; each Complete callback then runs in
+	// its own SAVEPOINT (or, with Pipeline, all of them concurrently), and
+	// one COMMIT makes the batch durable. A callback that fails is rolled
+	// back to its savepoint and its claim released in the same transaction;
+	// a claim taken over is fenced out as in per-message mode, alone. Its
+	// zero fields take StoreConfig.GroupCommit's values; size the handler's
+	// concurrency as for HandlerOpts.GroupCommit. Defaults to nil: one
+	// transaction per completion.
+	//
+	// What a callback may assume changes: it runs on the batch's
+	// transaction, in the goroutine of whichever delivery leads the batch,
+	// so a slow callback delays the batch's other completions; a failed
+	// COMMIT fails every completion of the batch (retryable: their outside
+	// calls repeat, with the same idempotency key); with Pipeline a
+	// callback can run twice (the first run rolled back). Keep callbacks to
+	// the business writes.
+	GroupCommit *GroupCommit
 }
 
 func (o *ClaimOpts) withDefaults() (ClaimOpts, error) {
@@ -98,6 +118,7 @@ type Claim struct {
 	Attempt int
 
 	s     *Store
+	batch *batcher   // the handler's group commit (ClaimOpts.GroupCommit), or nil
 	mu    sync.Mutex // serialises the row's updates: heartbeat, Step, Complete
 	steps map[string]json.RawMessage
 	done  bool
@@ -157,14 +178,21 @@ func (c *Claim) fenced() error {
 func (c *Claim) lost(ctx context.Context) error {
 	var status string
 	err := c.s.pool.QueryRow(ctx, `SELECT status FROM `+c.s.table+` WHERE consumer = $1 AND key = $2`, c.Consumer, c.Key).Scan(&status)
-	switch {
-	case err == nil && status == RecordCompleted:
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return infraError(ReasonDBConnection, fmt.Errorf("inbox: look up a lost claim: %w", err))
+	}
+	return c.lostVerdict(status)
+}
+
+// lostVerdict is lost's verdict for the row's status ("" if there is no
+// row).
+func (c *Claim) lostVerdict(status string) error {
+	switch status {
+	case RecordCompleted:
 		return c.fenced()
-	case err == nil && status == RecordProcessing:
+	case RecordProcessing:
 		return retry.WithReason(ReasonClaimHeld, retry.Defer(time.Second, fmt.Errorf(
 			"inbox: claim %d on key %q of consumer %q was taken over by a worker that has not completed", c.Fence, c.Key, c.Consumer)))
-	case err != nil && !errors.Is(err, pgx.ErrNoRows):
-		return infraError(ReasonDBConnection, fmt.Errorf("inbox: look up a lost claim: %w", err))
 	default:
 		return retry.WithReason(ReasonLeaseLost, retry.Retryable(fmt.Errorf(
 			"inbox: claim %d on key %q of consumer %q was lost before completion (status %q)", c.Fence, c.Key, c.Consumer, status)))
@@ -177,6 +205,8 @@ func (c *Claim) lost(ctx context.Context) error {
 // is written and the error matches ErrDuplicate (source fenced). fn's
 // errors roll everything back and are mapped with MapError. Calling
 // Complete again after it succeeded returns nil without doing anything.
+// With ClaimOpts.GroupCommit the transaction is a batch's, shared with
+// the completions of other deliveries (see there).
 func (c *Claim) Complete(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) (err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -185,6 +215,32 @@ func (c *Claim) Complete(ctx context.Context, fn func(ctx context.Context, tx pg
 	}
 	ctx, span := startSpan(ctx, "inbox.commit")
 	defer func() { endSpan(span, err) }()
+	if c.batch != nil {
+		err = c.completeInBatch(ctx, fn)
+	} else {
+		err = c.completeAlone(ctx, fn)
+	}
+	c.done = err == nil
+	return err
+}
+
+// completeInBatch hands the completion to the handler's group commit and
+// waits for the batch's verdict: fenced out, fn's error, the commit's, or
+// nil once committed.
+func (c *Claim) completeInBatch(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	u := &unit{ctx: ctx, consumer: c.Consumer, key: c.Key, claim: c, done: make(chan struct{})}
+	u.run = func(ctx context.Context, tx pgx.Tx) error {
+		if fn == nil {
+			return nil
+		}
+		return fn(ctx, tx)
+	}
+	c.batch.do(u)
+	return u.err
+}
+
+// completeAlone runs the completion in a transaction of its own.
+func (c *Claim) completeAlone(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
 	// BEGIN and the fenced completion travel in one pipeline with fn's
 	// first Exec (completionTx).
 	tx := &completionTx{c: c}
@@ -203,7 +259,6 @@ func (c *Claim) Complete(ctx context.Context, fn func(ctx context.Context, tx pg
 	if err := tx.tx.Commit(ctx); err != nil {
 		return infraError(ReasonDBCommit, fmt.Errorf("inbox: commit: %w", err))
 	}
-	c.done = true
 	return nil
 }
 
@@ -237,6 +292,10 @@ func ClaimHandler[T any](s *Store, h ClaimFunc[T], opts *ClaimOpts) consumer.Han
 	if err != nil {
 		panic(err)
 	}
+	var b *batcher
+	if o.GroupCommit != nil {
+		b = newBatcher(s, o.GroupCommit.or(s.cfg.GroupCommit))
+	}
 	return consumer.HandlerFunc[T](func(ctx context.Context, msg *consumer.Message[T]) error {
 		u, err := s.newUnit(ctx, msg.Consumer, msg.Key, msg.ID, msg.Delivery, fingerprint(msg), o.StorePayload)
 		if err != nil {
@@ -251,6 +310,7 @@ func ClaimHandler[T any](s *Store, h ClaimFunc[T], opts *ClaimOpts) consumer.Han
 		if err != nil {
 			return err
 		}
+		c.batch = b
 		if u.onClaim != nil {
 			u.onClaim(c.Fence)
 		}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
@@ -21,11 +22,30 @@ import (
 // A worker that loses its broker connection after a group commit's COMMIT
 // and before the batch's (coalesced) acks: every delivery of the batch is
 // redelivered, found completed and acked as a duplicate — one effect per
-// key, none lost, nothing left in the queue.
+// key, none lost, nothing left in the queue. In transactional mode, and in
+// claim mode with group-committed completions.
 func TestE2E_GroupCommitConnectionLostBetweenCommitAndAck(t *testing.T) {
 	t.Parallel()
-	b := setupE2E(t)
 	const n = 8
+	group := &inbox.GroupCommit{MaxBatch: n, MaxWait: time.Minute, MaxInFlight: 1, Pipeline: true}
+	t.Run("transactional", func(t *testing.T) {
+		t.Parallel()
+		b := setupE2E(t)
+		connectionLostBetweenCommitAndAck(t, b, n, inbox.Handler(b.store, effectHandler(nil), &inbox.HandlerOpts{GroupCommit: group}))
+	})
+	t.Run("claim", func(t *testing.T) {
+		t.Parallel()
+		b := setupE2E(t)
+		h := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *consumer.Message[order]) error {
+			return c.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error { return effectHandler(nil)(ctx, tx, msg) })
+		}, &inbox.ClaimOpts{GroupCommit: group})
+		connectionLostBetweenCommitAndAck(t, b, n, h)
+	})
+}
+
+// connectionLostBetweenCommitAndAck runs h, whose batches hold n
+// deliveries, through the crash between commit and ack.
+func connectionLostBetweenCommitAndAck(t *testing.T, b *e2e, n int, h consumer.Handler[order]) {
 	name := "inboxmq-test-" + b.queue
 	var crash sync.Once
 	afterCommit := func(next consumer.DeliveryHandler) consumer.DeliveryHandler {
@@ -39,9 +59,6 @@ func TestE2E_GroupCommitConnectionLostBetweenCommitAndAck(t *testing.T) {
 			return err
 		}
 	}
-	h := inbox.Handler(b.store, effectHandler(nil), &inbox.HandlerOpts{GroupCommit: &inbox.GroupCommit{
-		MaxBatch: n, MaxWait: time.Minute, MaxInFlight: 1, Pipeline: true,
-	}})
 	r := consumer.NewRouter()
 	consumer.Register(r, b.queue, h, &consumer.HandlerOpts{
 		Consumer:   "payments",

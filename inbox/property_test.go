@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -32,36 +33,37 @@ var propSeq atomic.Int64
 
 // TestProperty_AtMostOneEffectPerKey drives random groups of concurrent
 // deliveries — duplicates of a few keys, each failing in a random way or
-// succeeding — through the three commit modes (per message, group commit,
-// pipelined group commit), and checks after every group that no key has
-// more than one effect, that a key some delivery completed has exactly one,
-// and that every key ends with exactly one effect once it is delivered
-// successfully.
+// succeeding — through the commit modes (per message, group commit,
+// pipelined group commit, and the same three for claim mode's
+// completions), and checks after every group that no key has more than one
+// effect, that a key some delivery completed has exactly one, and that
+// every key ends with exactly one effect once it is delivered successfully.
 func TestProperty_AtMostOneEffectPerKey(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
 	rapid.Check(t, func(rt *rapid.T) {
 		ctx := context.Background()
 		run := propSeq.Add(1)
-		mode := rapid.SampledFrom([]string{"per-message", "group", "pipelined"}).Draw(rt, "mode")
-		var opts *inbox.HandlerOpts
+		mode := rapid.SampledFrom([]string{"per-message", "group", "pipelined", "claim", "claim-group", "claim-pipelined"}).Draw(rt, "mode")
+		var group *inbox.GroupCommit
 		switch mode {
-		case "group":
-			opts = &inbox.HandlerOpts{GroupCommit: &inbox.GroupCommit{MaxBatch: 8, MaxWait: time.Millisecond, MaxInFlight: 2}}
-		case "pipelined":
-			opts = &inbox.HandlerOpts{GroupCommit: &inbox.GroupCommit{MaxBatch: 8, MaxWait: time.Millisecond, MaxInFlight: 2, Pipeline: true}}
+		case "group", "claim-group":
+			group = &inbox.GroupCommit{MaxBatch: 8, MaxWait: time.Millisecond, MaxInFlight: 2}
+		case "pipelined", "claim-pipelined":
+			group = &inbox.GroupCommit{MaxBatch: 8, MaxWait: time.Millisecond, MaxInFlight: 2, Pipeline: true}
 		}
 		var behaviours sync.Map // message id -> behaviour
-		h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[order]) error {
+		behaviourOf := func(msg *consumer.Message[order]) behaviour {
 			v, _ := behaviours.Load(msg.ID)
 			be, _ := v.(behaviour)
-			if be == behaveFailBeforeWrite {
-				return errors.New("fails before writing")
-			}
+			return be
+		}
+		// write is the business writes, failing after them as told.
+		write := func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[order]) error {
 			if err := effectHandler(nil)(ctx, tx, msg); err != nil {
 				return err
 			}
-			switch be {
+			switch behaviourOf(msg) {
 			case behaveFailAfterWrite:
 				return retry.Permanent(errors.New("fails after writing"))
 			case behaveSQLError:
@@ -69,7 +71,23 @@ func TestProperty_AtMostOneEffectPerKey(t *testing.T) {
 				return err
 			}
 			return nil
-		}, opts)
+		}
+		var h consumer.Handler[order]
+		if strings.HasPrefix(mode, "claim") {
+			h = inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *consumer.Message[order]) error {
+				if behaviourOf(msg) == behaveFailBeforeWrite {
+					return errors.New("fails before completing")
+				}
+				return c.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error { return write(ctx, tx, msg) })
+			}, &inbox.ClaimOpts{GroupCommit: group})
+		} else {
+			h = inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[order]) error {
+				if behaviourOf(msg) == behaveFailBeforeWrite {
+					return errors.New("fails before writing")
+				}
+				return write(ctx, tx, msg)
+			}, &inbox.HandlerOpts{GroupCommit: group})
+		}
 
 		nKeys := rapid.IntRange(1, 4).Draw(rt, "keys")
 		keyOf := func(i int) string { return fmt.Sprintf("p%d-%d", run, i) }

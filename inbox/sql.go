@@ -29,8 +29,14 @@ type statements struct {
 	claimLeasesAsync string
 	extendLease      string
 	completeWith     string
-	releaseClaim     string
-	recordStep       string
+	// completeOne and completeMany are the fenced completions of claim
+	// mode's group commit (ClaimOpts.GroupCommit): they take the place of
+	// the claim in a batch of completions and return what claimOne and
+	// claim return, the fence alone or (consumer, key, fence) per row.
+	completeOne  string
+	completeMany string
+	releaseClaim string
+	recordStep   string
 
 	staleForUpdate    string
 	reconcileComplete string
@@ -111,6 +117,23 @@ RETURNING lease_until >= $6::timestamptz, GREATEST(EXTRACT(EPOCH FROM (lease_unt
 		completeWith: `UPDATE ` + t + ` SET status = 'completed', owner = NULL, lease_until = NULL,
 	completed_at = now(), updated_at = now(), result = COALESCE($5::jsonb, result)
 WHERE consumer = $1 AND key = $2 AND owner = $3 AND fence = $4 AND status = 'processing'`,
+
+		completeOne: `UPDATE ` + t + ` SET status = 'completed', owner = NULL, lease_until = NULL,
+	completed_at = now(), updated_at = now()
+WHERE consumer = $1 AND key = $2 AND owner = $3 AND fence = $4 AND status = 'processing'
+RETURNING fence`,
+
+		// The arrays come in (consumer, key) order, and the planner joins a
+		// short array to the primary key in a nested loop over it, so rows
+		// are locked in key order like the claims'. Two batches of
+		// completions never lock the same row: a row has one owner and
+		// fence at a time.
+		completeMany: `UPDATE ` + t + ` AS i SET status = 'completed', owner = NULL, lease_until = NULL,
+	completed_at = now(), updated_at = now()
+FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[]) AS k(consumer, key, owner, fence)
+WHERE i.consumer = k.consumer AND i.key = k.key AND i.owner = k.owner AND i.fence = k.fence
+	AND i.status = 'processing'
+RETURNING i.consumer, i.key, i.fence`,
 
 		releaseClaim: `UPDATE ` + t + ` SET status = 'failed', owner = NULL, lease_until = NULL,
 	last_error = $5, last_failed_at = now(), updated_at = now()

@@ -1,0 +1,262 @@
+package inbox_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/retry"
+)
+
+// fullClaimBatch is fullBatch for claim mode: the completions of exactly
+// n deliveries share a transaction (the long MaxWait is never reached in
+// a passing test).
+func fullClaimBatch(n int, pipeline bool) *inbox.ClaimOpts {
+	return &inbox.ClaimOpts{GroupCommit: &inbox.GroupCommit{MaxBatch: n, MaxWait: time.Minute, MaxInFlight: 1, Pipeline: pipeline}}
+}
+
+func TestClaimGroupCommit_CompletionsShareOneTransaction(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	var mu sync.Mutex
+	txids := map[int64]int{}
+	h := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *consumer.Message[order]) error {
+		return c.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error {
+			if err := completeWithEffect(msg)(ctx, tx); err != nil {
+				return err
+			}
+			var txid int64
+			if err := tx.QueryRow(ctx, `SELECT txid_current()`).Scan(&txid); err != nil {
+				return err
+			}
+			mu.Lock()
+			txids[txid]++
+			mu.Unlock()
+			return nil
+		})
+	}, fullClaimBatch(5, false))
+
+	for _, err := range handleAll(t, h, orders(t, 5)) {
+		require.NoError(t, err)
+	}
+	require.Len(t, txids, 1, "the five completions share one transaction")
+	require.Equal(t, 5, b.count(t, `SELECT count(*) FROM effects`))
+	require.Equal(t, 5, b.count(t, `SELECT count(*) FROM inboxmq_inbox
+		WHERE status = 'completed' AND owner IS NULL AND lease_until IS NULL AND attempts = 1`))
+}
+
+func TestClaimGroupCommit_FailureInTheMiddleReleasesOnlyItsClaim(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	h := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *consumer.Message[order]) error {
+		return c.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error {
+			if err := completeWithEffect(msg)(ctx, tx); err != nil {
+				return err
+			}
+			if msg.Body.OrderID == "3" {
+				// A failed statement aborts the transaction: only its
+				// savepoint brings the batch back.
+				_, err := tx.Exec(ctx, `SELECT 1/0`)
+				return err
+			}
+			return nil
+		})
+	}, fullClaimBatch(5, false))
+
+	errs := handleAll(t, h, orders(t, 5))
+	for i, err := range errs {
+		if i == 2 {
+			require.ErrorContains(t, err, "division by zero")
+			require.Equal(t, retry.KindRetry, retry.Classify(err).Kind)
+			continue
+		}
+		require.NoError(t, err)
+	}
+	require.Equal(t, 4, b.count(t, `SELECT count(*) FROM effects`))
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM effects WHERE key = 'order:3'`))
+	r := b.get(t, "payments", "order:3")
+	require.Equal(t, inbox.RecordFailed, r.Status, "the failed completion released its claim")
+	require.Nil(t, r.Owner)
+	require.Nil(t, r.CompletedAt)
+	require.Contains(t, *r.LastError, "division by zero")
+	require.Equal(t, inbox.RecordCompleted, b.get(t, "payments", "order:4").Status)
+
+	// The retry takes the released claim and completes once.
+	require.NoError(t, completingClaimHandler(b, nil).Handle(t.Context(), newMsg(t, "payments", order{OrderID: "3", Amount: 2}, false)))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects WHERE key = 'order:3'`))
+	r = b.get(t, "payments", "order:3")
+	require.Equal(t, inbox.RecordCompleted, r.Status)
+	require.Equal(t, 2, r.Attempts)
+}
+
+// A claim taken over between its claim and its completion is fenced out of
+// the batch alone: a duplicate if the new owner completed, a deferred retry
+// if it has not; the batch's other completions commit.
+func TestClaimGroupCommit_TakenOverClaimIsFencedOutAlone(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	h := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *consumer.Message[order]) error {
+		var takeOver string
+		switch msg.Body.OrderID {
+		case "1": // another worker took the claim over and completed
+			takeOver = `UPDATE inboxmq_inbox SET status = 'completed', owner = NULL, lease_until = NULL,
+				fence = fence + 1, completed_at = now() WHERE key = $1`
+		case "2": // another worker took it over and is still working
+			takeOver = `UPDATE inboxmq_inbox SET owner = 'another worker', fence = fence + 1 WHERE key = $1`
+		}
+		if takeOver != "" {
+			if _, err := b.pool.Exec(ctx, takeOver, c.Key); err != nil {
+				return err
+			}
+		}
+		return c.Complete(ctx, completeWithEffect(msg))
+	}, fullClaimBatch(3, false))
+
+	errs := handleAll(t, h, orders(t, 3))
+	require.ErrorIs(t, errs[0], inbox.ErrDuplicate)
+	require.Equal(t, retry.SourceFenced, retry.Classify(errs[0]).Source)
+	d := retry.Classify(errs[1])
+	require.Equal(t, retry.KindRetry, d.Kind, "%v", errs[1])
+	require.Equal(t, inbox.ReasonClaimHeld, d.Reason)
+	require.NoError(t, errs[2])
+
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects WHERE key = 'order:3'`))
+	r := b.get(t, "payments", "order:2")
+	require.Equal(t, inbox.RecordProcessing, r.Status, "the new owner's claim is untouched")
+	require.Equal(t, "another worker", *r.Owner)
+}
+
+func TestClaimGroupCommit_CommitFailureFailsEveryCompletion(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	h := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *consumer.Message[order]) error {
+		return c.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error {
+			if err := completeWithEffect(msg)(ctx, tx); err != nil {
+				return err
+			}
+			if msg.Body.OrderID == "2" {
+				// A deferred foreign key: the statement succeeds, COMMIT fails.
+				_, err := tx.Exec(ctx, `INSERT INTO child (id) VALUES (42)`)
+				return err
+			}
+			return nil
+		})
+	}, fullClaimBatch(4, false))
+
+	for _, err := range handleAll(t, h, orders(t, 4)) {
+		d := retry.Classify(err)
+		require.Equal(t, retry.KindRetry, d.Kind, "%v", err)
+		require.Equal(t, inbox.ReasonDBCommit, d.Reason)
+	}
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM effects`))
+	require.Equal(t, 4, b.count(t, `SELECT count(*) FROM inboxmq_inbox WHERE status = 'failed' AND owner IS NULL`),
+		"every claim of the batch is released for its retry")
+}
+
+func TestClaimGroupCommit_PipelinedCompletionsRunOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	var calls atomic.Int64
+	h := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *consumer.Message[order]) error {
+		return c.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error {
+			calls.Add(1)
+			if _, err := tx.Exec(ctx, `INSERT INTO effects (key, amount) VALUES ($1, $2)`, msg.Key, msg.Body.Amount); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO ledger (key) VALUES ($1)`, msg.Key)
+			return err
+		})
+	}, fullClaimBatch(6, true))
+
+	for _, err := range handleAll(t, h, orders(t, 6)) {
+		require.NoError(t, err)
+	}
+	require.Equal(t, int64(6), calls.Load(), "a pipelined attempt that succeeds runs each callback once")
+	require.Equal(t, 6, b.count(t, `SELECT count(*) FROM effects`))
+	require.Equal(t, 6, b.count(t, `SELECT count(*) FROM ledger`))
+	require.Equal(t, 6, b.count(t, `SELECT count(*) FROM inboxmq_inbox WHERE status = 'completed'`))
+}
+
+func TestClaimGroupCommit_PipelinedFailureRunsTheBatchAgainWithSavepoints(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	h := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *consumer.Message[order]) error {
+		return c.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error {
+			if err := completeWithEffect(msg)(ctx, tx); err != nil {
+				return err
+			}
+			if msg.Body.OrderID == "2" {
+				return errors.New("the gateway's answer does not fit the order")
+			}
+			return nil
+		})
+	}, fullClaimBatch(4, true))
+
+	errs := handleAll(t, h, orders(t, 4))
+	require.ErrorContains(t, errs[1], "does not fit")
+	for i, err := range errs {
+		if i != 1 {
+			require.NoError(t, err)
+		}
+	}
+	require.Equal(t, 3, b.count(t, `SELECT count(*) FROM effects`), "one effect per completed key, none for the failed one")
+	require.Equal(t, 3, b.count(t, `SELECT count(DISTINCT key) FROM effects`))
+	require.Equal(t, inbox.RecordFailed, b.get(t, "payments", "order:2").Status)
+}
+
+// Two workers (two stores on one database) whose claims and group-committed
+// completions cover the same keys in opposite orders: no deadlock, every
+// key completed once; a delivery that met the other worker's live claim is
+// deferred, and its retry is a duplicate.
+func TestClaimGroupCommit_TwoWorkersSameKeysOppositeOrder(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	other, err := inbox.NewStore(t.Context(), b.pool, nil)
+	require.NoError(t, err)
+	const n = 24
+	var calls atomic.Int64
+	handler := func(s *inbox.Store) consumer.Handler[order] {
+		return inbox.ClaimHandler(s, func(ctx context.Context, c *inbox.Claim, msg *consumer.Message[order]) error {
+			return c.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error { return effectHandler(&calls)(ctx, tx, msg) })
+		}, &inbox.ClaimOpts{GroupCommit: &inbox.GroupCommit{MaxBatch: n, MaxWait: 20 * time.Millisecond, MaxInFlight: 2}})
+	}
+	h1, h2 := handler(b.store), handler(other)
+
+	var deferred []*consumer.Message[order]
+	for round := range 3 {
+		msgs := make([]*consumer.Message[order], 2*n)
+		errs := make([]error, 2*n)
+		var wg sync.WaitGroup
+		for i := range n {
+			msgs[i] = newMsg(t, "payments", order{OrderID: strconv.Itoa(round*n + i)}, false)
+			msgs[n+i] = newMsg(t, "payments", order{OrderID: strconv.Itoa(round*n + n - 1 - i)}, false)
+			wg.Go(func() { errs[i] = h1.Handle(t.Context(), msgs[i]) })
+			wg.Go(func() { errs[n+i] = h2.Handle(t.Context(), msgs[n+i]) })
+		}
+		wg.Wait()
+		for i, err := range errs {
+			if err == nil || errors.Is(err, inbox.ErrDuplicate) {
+				continue
+			}
+			require.Equal(t, inbox.ReasonClaimHeld, retry.Classify(err).Reason, "%v", err)
+			deferred = append(deferred, msgs[i])
+		}
+	}
+	for _, m := range deferred {
+		require.ErrorIs(t, h1.Handle(t.Context(), m), inbox.ErrDuplicate, "key %s", m.Key)
+	}
+	require.Equal(t, int64(3*n), calls.Load(), "each key's callback ran once")
+	require.Equal(t, 3*n, b.count(t, `SELECT count(DISTINCT key) FROM effects`))
+	require.Equal(t, 3*n, b.count(t, `SELECT count(*) FROM effects`))
+	require.Equal(t, 3*n, b.count(t, `SELECT count(*) FROM inboxmq_inbox WHERE status = 'completed'`))
+}
