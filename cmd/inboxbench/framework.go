@@ -47,7 +47,33 @@ func (o doneObserver) OnOutcome(d *consumer.Delivery, out consumer.Outcome) {
 	}
 }
 
-// frameworkCases returns the inboxmq cases (d), (e) and (f).
+// claimCase registers (f)'s claim handler behind the Redis lock, with
+// opts and queue settings q.
+func claimCase(e *env, opts *inbox.ClaimOpts, q consumer.QueueOpts) runner {
+	return inboxmqCase(e, func(store *inbox.Store, r *consumer.Router, queue string) {
+		consumer.Register(r, queue, inbox.ClaimHandler(store, func(ctx context.Context, c *inbox.Claim, m *consumer.Message[payment]) error {
+			// the outside call would carry c.Key as Idempotency-Key here
+			return c.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error { return writePayment(ctx, tx, m.Body) })
+		}, opts), &consumer.HandlerOpts{
+			Consumer:   benchConsumer,
+			Middleware: []consumer.Middleware{middleware.Lock(e.redis, &middleware.LockOpts{Prefix: "inboxbench:lock:"})},
+			Queue:      q,
+		})
+	})
+}
+
+// groupCommit is the group commit of cases (e) and (h).
+func (e *env) groupCommit() *inbox.GroupCommit {
+	return &inbox.GroupCommit{MaxBatch: e.batch, MaxWait: 2 * time.Millisecond, MaxInFlight: e.inflight, Pipeline: e.pipeline}
+}
+
+// groupQueue is the queue settings of cases (e) and (h): enough handlers
+// to fill every batch in flight, and twice that prefetched.
+func (e *env) groupQueue() consumer.QueueOpts {
+	return consumer.QueueOpts{Concurrency: e.inflight * e.batch, Prefetch: 2 * e.inflight * e.batch}
+}
+
+// frameworkCases returns the inboxmq cases (d), (e), (f) and (h).
 func frameworkCases(e *env) []benchCase {
 	return []benchCase{
 		{"d", fmt.Sprintf("inboxmq per-message transactional mode, %d handlers", e.workers), inboxmqCase(e, func(store *inbox.Store, r *consumer.Router, q string) {
@@ -58,19 +84,13 @@ func frameworkCases(e *env) []benchCase {
 		{"e", fmt.Sprintf("inboxmq group commit (%d per tx, %d in flight, pipeline %v)", e.batch, e.inflight, e.pipeline), inboxmqCase(e, func(store *inbox.Store, r *consumer.Router, q string) {
 			consumer.Register(r, q, inbox.Handler(store, func(ctx context.Context, tx pgx.Tx, m *consumer.Message[payment]) error {
 				return writePayment(ctx, tx, m.Body)
-			}, &inbox.HandlerOpts{GroupCommit: &inbox.GroupCommit{MaxBatch: e.batch, MaxWait: 2 * time.Millisecond, MaxInFlight: e.inflight, Pipeline: e.pipeline}}),
-				&consumer.HandlerOpts{Consumer: benchConsumer, Queue: consumer.QueueOpts{Concurrency: e.inflight * e.batch, Prefetch: 2 * e.inflight * e.batch}})
+			}, &inbox.HandlerOpts{GroupCommit: e.groupCommit()}),
+				&consumer.HandlerOpts{Consumer: benchConsumer, Queue: e.groupQueue()})
 		})},
-		{"f", fmt.Sprintf("inboxmq Redis lock + claim mode, %d handlers", e.workers), inboxmqCase(e, func(store *inbox.Store, r *consumer.Router, q string) {
-			consumer.Register(r, q, inbox.ClaimHandler(store, func(ctx context.Context, c *inbox.Claim, m *consumer.Message[payment]) error {
-				// the outside call would carry c.Key as Idempotency-Key here
-				return c.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error { return writePayment(ctx, tx, m.Body) })
-			}, nil), &consumer.HandlerOpts{
-				Consumer:   benchConsumer,
-				Middleware: []consumer.Middleware{middleware.Lock(e.redis, &middleware.LockOpts{Prefix: "inboxbench:lock:"})},
-				Queue:      consumer.QueueOpts{Concurrency: e.workers},
-			})
-		})},
+		{"f", fmt.Sprintf("inboxmq Redis lock + claim mode, %d handlers", e.workers),
+			claimCase(e, nil, consumer.QueueOpts{Concurrency: e.workers})},
+		{"h", "inboxmq Redis lock + claim mode, completions group-committed as (e)",
+			claimCase(e, &inbox.ClaimOpts{GroupCommit: e.groupCommit()}, e.groupQueue())},
 	}
 }
 

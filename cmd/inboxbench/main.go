@@ -8,6 +8,7 @@
 //	(e) inboxmq, group commit
 //	(f) inboxmq, Redis lock + claim mode
 //	(g) hand-written loop, Redis lock + claim — (f)'s protocol by hand: its ceiling
+//	(h) inboxmq, Redis lock + claim mode with group-committed completions
 //
 // For each case it drains the same number of pre-published persistent
 // messages (median of -runs, the cases' runs interleaved), then measures
@@ -17,7 +18,9 @@
 // prints msgs/s, allocations and CPU per delivery, RSS and the ratios
 // (d)/(b), (e)/(c), (e)/(b), (f)/(d), and (f)/(g), (g)/(b): how close
 // claim mode comes to its own protocol's ceiling, and what the protocol
-// itself costs against one transaction per delivery.
+// itself costs against one transaction per delivery; and (h)/(e), (h)/(d):
+// claim mode with group commit against transactional mode with and
+// without it.
 //
 //	go run ./cmd/inboxbench -n 20000 -runs 3
 package main
@@ -90,7 +93,7 @@ func main() {
 	var (
 		n        = flag.Int("n", 20000, "messages per drain")
 		runs     = flag.Int("runs", 3, "drains per case (the median is reported)")
-		cases    = flag.String("cases", "a,b,c,d,e,f,g", "cases to run")
+		cases    = flag.String("cases", "a,b,c,d,e,f,g,h", "cases to run")
 		workers  = flag.Int("workers", 8, "handlers for the per-message cases")
 		batch    = flag.Int("batch", 64, "deliveries per transaction in the batched cases")
 		inflight = flag.Int("inflight", 4, "batches in flight in the batched cases")
@@ -124,6 +127,7 @@ func main() {
 		{"c", fmt.Sprintf("hand-written loop, %d per tx, %d batches in flight", *batch, *inflight), batchedLoop(e, *batch, *inflight, 2*time.Millisecond)},
 	}, frameworkCases(e)...)
 	all = append(all, benchCase{"g", fmt.Sprintf("hand-written loop, Redis lock + claim, %d handlers", *workers), claimLoop(e, *workers)})
+	slices.SortFunc(all, func(a, b benchCase) int { return cmp.Compare(a.id, b.id) })
 	if *cpuProf != "" {
 		f, err := os.Create(*cpuProf)
 		if err != nil {
@@ -515,6 +519,8 @@ func report(w io.Writer, rs []*result, n, runs, latRuns int) {
 	ratio("f", "d", "target ≥ 0.75")
 	ratio("f", "g", "claim mode against its hand-written protocol")
 	ratio("g", "b", "the claim protocol's own ceiling against one tx per delivery")
+	ratio("h", "e", "claim mode against transactional mode, both group-committed")
+	ratio("h", "d", "claim mode group-committed against per-message transactional mode")
 	var d, g *result
 	for _, r := range rs {
 		switch r.c.id {
