@@ -148,6 +148,13 @@ func failAll(units []*unit, err error) {
 // (pipeline.go); if that attempt fails, the transaction is rolled back and
 // the batch runs again here without pipeline.
 func (s *Store) execDistinct(units []*unit, pipeline bool) {
+	if len(units) == 1 && units[0].claim != nil {
+		// A claim's completion alone takes claim mode's own path: BEGIN,
+		// the fenced completion and the first statement in one round trip.
+		u := units[0]
+		u.err = u.claim.completeAlone(u.ctx, u.run)
+		return
+	}
 	ctx, done := batchContext(units)
 	defer done()
 	slices.SortFunc(units, func(a, b *unit) int {

@@ -2,6 +2,7 @@ package inbox_test
 
 import (
 	"context"
+	"fmt"
 	"runtime"
 	"strconv"
 	"sync"
@@ -204,5 +205,25 @@ func BenchmarkClaim(b *testing.B) {
 			parallel(b, workers, func(msg *consumer.Message[order]) error { return h.Handle(b.Context(), msg) })
 			report(b, start, tr, before)
 		})
+	}
+}
+
+// BenchmarkClaimGroupCommit is BenchmarkClaim with group-committed
+// completions (ClaimOpts.GroupCommit), serial and pipelined.
+func BenchmarkClaimGroupCommit(b *testing.B) {
+	for _, workers := range []int{8, 32, 128} {
+		for _, pipeline := range []bool{false, true} {
+			b.Run(fmt.Sprintf("handlers=%d/pipeline=%v", workers, pipeline), func(b *testing.B) {
+				tb, tr := benchSetup(b)
+				h := completingClaimHandler(tb, &inbox.ClaimOpts{GroupCommit: &inbox.GroupCommit{
+					MaxBatch: 64, MaxWait: 2 * time.Millisecond, MaxInFlight: 2, Pipeline: pipeline,
+				}})
+				b.ReportAllocs()
+				b.ResetTimer()
+				before, start := tr.n.Load(), time.Now()
+				parallel(b, workers, func(msg *consumer.Message[order]) error { return h.Handle(b.Context(), msg) })
+				report(b, start, tr, before)
+			})
+		}
 	}
 }

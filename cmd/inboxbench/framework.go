@@ -64,7 +64,7 @@ func claimCase(e *env, opts *inbox.ClaimOpts, q consumer.QueueOpts) runner {
 
 // groupCommit is the group commit of cases (e) and (h).
 func (e *env) groupCommit() *inbox.GroupCommit {
-	return &inbox.GroupCommit{MaxBatch: e.batch, MaxWait: 2 * time.Millisecond, MaxInFlight: e.inflight, Pipeline: e.pipeline}
+	return &inbox.GroupCommit{MaxBatch: e.batch, MaxWait: e.maxWait, MaxInFlight: e.inflight, Pipeline: e.pipeline}
 }
 
 // groupQueue is the queue settings of cases (e) and (h): enough handlers

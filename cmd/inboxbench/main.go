@@ -73,6 +73,7 @@ type env struct {
 	batch    int
 	inflight int
 	pipeline bool
+	maxWait  time.Duration
 }
 
 type result struct {
@@ -97,7 +98,8 @@ func main() {
 		workers  = flag.Int("workers", 8, "handlers for the per-message cases")
 		batch    = flag.Int("batch", 64, "deliveries per transaction in the batched cases")
 		inflight = flag.Int("inflight", 4, "batches in flight in the batched cases")
-		pipeline = flag.Bool("pipeline", true, "case (e): GroupCommit.Pipeline (handlers' statements sent together)")
+		pipeline = flag.Bool("pipeline", true, "cases (e) and (h): GroupCommit.Pipeline (handlers' statements sent together)")
+		maxWait  = flag.Duration("maxwait", 2*time.Millisecond, "cases (e) and (h): GroupCommit.MaxWait")
 		latDur   = flag.Duration("latency", 4*time.Second, "duration of each steady-load latency run (0 skips them)")
 		latRuns  = flag.Int("latruns", 3, "latency runs per case (the medians of p50 and p99 are reported)")
 		loads    = flag.String("loads", "", "instead of the drains: publish-to-commit latency of each case at these steady rates (msg/s, comma-separated)")
@@ -119,7 +121,7 @@ func main() {
 		log.Fatal(err)
 	}
 	defer e.close()
-	e.workers, e.batch, e.inflight, e.pipeline = *workers, *batch, *inflight, *pipeline
+	e.workers, e.batch, e.inflight, e.pipeline, e.maxWait = *workers, *batch, *inflight, *pipeline, *maxWait
 
 	all := append([]benchCase{
 		{"a", "raw amqp091 drain, ack only (broker ceiling)", rawDrain(e)},
