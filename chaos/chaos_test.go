@@ -2,6 +2,9 @@ package chaos_test
 
 import (
 	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -18,15 +21,29 @@ import (
 // inboxchaos) is the full-size run.
 func TestChaosCI(t *testing.T) {
 	t.Parallel()
+	chaosCI(t, 20261129, false)
+}
+
+// TestChaosCI_GroupCommit is the same run with GROUP_COMMIT=on: crashes,
+// stalls and lost connections hit batches of deliveries sharing one
+// transaction, and of claim-mode completions sharing one.
+func TestChaosCI_GroupCommit(t *testing.T) {
+	t.Parallel()
+	chaosCI(t, 20261202, true)
+}
+
+func chaosCI(t *testing.T, seed uint64, group bool) {
 	pgtest.Schema(t) // creates the test database if it is missing
 	var log bytes.Buffer
 	rep, err := chaos.Run(t.Context(), &chaos.Config{
-		Seed:         20261129,
+		Seed:         seed,
 		Orders:       120,
 		Workers:      3,
 		Duration:     15 * time.Second,
 		FaultEvery:   1500 * time.Millisecond,
 		DrainTimeout: 90 * time.Second,
+		GroupCommit:  group,
+		WorkDir:      t.TempDir(),
 		AMQPURL:      testenv.AMQPURL(),
 		DatabaseURL:  testenv.DatabaseURL(),
 		RedisURL:     testenv.RedisURL(),
@@ -55,6 +72,17 @@ func TestChaosCI(t *testing.T) {
 		}
 	}
 	require.GreaterOrEqual(t, len(kinds), 4, "the schedule exercised several kinds of fault: %v", kinds)
+	// Every worker ran in the commit mode asked for.
+	for _, s := range rep.Scenarios {
+		logs, err := filepath.Glob(filepath.Join(s.LogDir, "worker-*.log"))
+		require.NoError(t, err)
+		require.Len(t, logs, 3)
+		for _, l := range logs {
+			b, err := os.ReadFile(l)
+			require.NoError(t, err)
+			require.Contains(t, string(b), fmt.Sprintf(`"group_commit":%v`, group), l)
+		}
+	}
 	gw := rep.Scenarios[1]
 	require.Equal(t, chaos.ScenarioGateway, gw.Name)
 	require.Equal(t, 120, gw.Check.ChargesCreated)

@@ -47,6 +47,10 @@ type Config struct {
 	RestartRedis bool
 	// Concurrency is each worker's WORKER_CONCURRENCY. Defaults to 8.
 	Concurrency int
+	// GroupCommit runs the workers with GROUP_COMMIT=on: deliveries handled
+	// at once share one transaction (in the gateway scenario, their
+	// completions). Defaults to false.
+	GroupCommit bool
 	// LockTTL is each worker's LOCK_TTL; FaultStop pauses a worker for
 	// LockTTL + 1s. Defaults to 2s.
 	LockTTL time.Duration

@@ -481,6 +481,9 @@ func (r *scenarioRun) startWorkers(ctx context.Context) error {
 		if r.gw != nil {
 			env = append(env, "GATEWAY_URL="+r.gw.URL())
 		}
+		if r.cfg.GroupCommit {
+			env = append(env, "GROUP_COMMIT=on")
+		}
 		w := &worker{
 			idx: i, bin: r.cfg.Binary, env: env, appName: app, metrics: addr,
 			logPath: filepath.Join(r.rep.LogDir, fmt.Sprintf("worker-%d.log", i)), scrape: newScraper(addr),

@@ -23,6 +23,10 @@ type config struct {
 	LockTTL     time.Duration
 	Concurrency int
 	MetricsAddr string
+	// GroupCommit lets deliveries handled concurrently share one
+	// transaction (GROUP_COMMIT=on): in transactional mode the whole
+	// handler, in claim mode the completions.
+	GroupCommit bool
 	// EventsExchange receives a payment.completed event per new payment,
 	// through the transactional outbox (PAYMENT_EVENTS_EXCHANGE).
 	EventsExchange string
@@ -61,6 +65,13 @@ func configFromEnv(getenv func(string) string) (config, error) {
 			return c, fmt.Errorf("LOCK_TTL %q: want a positive Go duration such as 30s", v)
 		}
 		c.LockTTL = d
+	}
+	switch v := getenv("GROUP_COMMIT"); v {
+	case "", "off":
+	case "on":
+		c.GroupCommit = true
+	default:
+		return c, fmt.Errorf("GROUP_COMMIT %q: want on or off", v)
 	}
 	if v := getenv("WORKER_CONCURRENCY"); v != "" {
 		n, err := strconv.Atoi(v)

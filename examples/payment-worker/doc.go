@@ -21,7 +21,7 @@
 // # Configuration
 //
 // Everything comes from the environment (AMQP_URL, DATABASE_URL, REDIS_URL,
-// PAYMENT_QUEUE, GATEWAY_URL, LOCK_TTL, WORKER_CONCURRENCY, METRICS_ADDR);
+// PAYMENT_QUEUE, GATEWAY_URL, LOCK_TTL, WORKER_CONCURRENCY, GROUP_COMMIT, METRICS_ADDR);
 // see README.md for defaults. The migrations are embedded: the binary runs
 // from any folder.
 package main

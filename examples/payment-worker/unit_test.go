@@ -86,15 +86,16 @@ func TestConfigFromEnv(t *testing.T) {
 		EventsExchange: defaultEvents,
 	}, c)
 
-	c, err = configFromEnv(env("LOCK_TTL", "2s", "WORKER_CONCURRENCY", "3", "PAYMENT_QUEUE", "q.1", "GATEWAY_URL", "http://127.0.0.1:1"))
+	c, err = configFromEnv(env("LOCK_TTL", "2s", "WORKER_CONCURRENCY", "3", "PAYMENT_QUEUE", "q.1", "GATEWAY_URL", "http://127.0.0.1:1", "GROUP_COMMIT", "on"))
 	require.NoError(t, err)
 	require.Equal(t, 2*time.Second, c.LockTTL)
 	require.Equal(t, 3, c.Concurrency)
 	require.Equal(t, "q.1", c.Queue)
+	require.True(t, c.GroupCommit)
 
 	for _, bad := range [][]string{
 		{"LOCK_TTL", "soon"}, {"LOCK_TTL", "-1s"}, {"WORKER_CONCURRENCY", "0"},
-		{"PAYMENT_QUEUE", "bad queue"}, {"GATEWAY_URL", "ftp://x"},
+		{"PAYMENT_QUEUE", "bad queue"}, {"GATEWAY_URL", "ftp://x"}, {"GROUP_COMMIT", "yes"},
 	} {
 		_, err := configFromEnv(env(bad...))
 		require.Error(t, err, "%v", bad)
