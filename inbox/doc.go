@@ -84,6 +84,18 @@
 // with the fenced completion and the first business statement, the
 // second, COMMIT).
 //
+// ClaimOpts.GroupCommit group-commits the completions: Claim.Complete hands
+// its completion to a batch of the handler's concurrent completions, whose
+// fenced completions go out in one statement with BEGIN (a claim taken over
+// drops out alone, with its own verdict); each callback then runs in its
+// own SAVEPOINT, or with GroupCommit.Pipeline all of them concurrently, and
+// one COMMIT makes the batch durable. A callback that fails is rolled back
+// to its savepoint and its claim released in the same transaction. A
+// completion alone in its batch takes the per-message path above. With 128
+// handlers, one business insert and pipelined batches of 64, claim mode then
+// sends 0.1 round trips per message to PostgreSQL for its completions
+// (BenchmarkClaimGroupCommit), besides the shared claims.
+//
 // # Reconciler
 //
 // A claim whose worker vanished stays processing until its lease ends. The

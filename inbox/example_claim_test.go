@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -52,4 +54,54 @@ func Example_claim() {
 	// first delivery: <nil>
 	// redelivery is a duplicate: true
 	// gateway calls: 1
+}
+
+// Claim mode with group commit: the completions of deliveries handled at
+// the same time share one transaction and one COMMIT, each callback in its
+// own savepoint.
+func Example_claimGroupCommit() {
+	ctx := context.Background()
+	pool, cleanup := exampleDB(ctx, "claim_group")
+	defer cleanup()
+	store, err := inbox.NewStore(ctx, pool, nil)
+	if err != nil {
+		panic(err)
+	}
+
+	var mu sync.Mutex
+	txids := map[int64]bool{}
+	h := inbox.ClaimHandler(store, func(ctx context.Context, c *inbox.Claim, msg *consumer.Message[Payment]) error {
+		// (the gateway call with c.Key as Idempotency-Key goes here)
+		return c.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error {
+			var txid int64
+			if err := tx.QueryRow(ctx, `SELECT txid_current()`).Scan(&txid); err != nil {
+				return err
+			}
+			mu.Lock()
+			txids[txid] = true
+			mu.Unlock()
+			_, err := tx.Exec(ctx, `INSERT INTO payments (order_id, cents) VALUES ($1, $2)`, msg.Body.OrderID, msg.Body.Cents)
+			return err
+		})
+	}, &inbox.ClaimOpts{GroupCommit: &inbox.GroupCommit{
+		MaxBatch: 4,                // at most 4 completions per transaction
+		MaxWait:  10 * time.Second, // the first waits up to this for the others (here: until 4 arrived)
+	}})
+
+	var wg sync.WaitGroup
+	for i := range 4 {
+		wg.Go(func() {
+			if err := h.Handle(ctx, exampleMsg("charges", Payment{OrderID: fmt.Sprint(i), Cents: 100})); err != nil {
+				fmt.Println(err)
+			}
+		})
+	}
+	wg.Wait()
+	var payments int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM payments`).Scan(&payments); err != nil {
+		panic(err)
+	}
+	fmt.Println("payments:", payments, "transactions:", len(txids))
+	// Output:
+	// payments: 4 transactions: 1
 }
