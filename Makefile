@@ -46,8 +46,9 @@ BENCH_N    ?= 20000
 BENCH_RUNS ?= 5
 
 .PHONY: bench
-bench: up ## One-run benchmark against the ceilings (cmd/inboxbench): msgs/s, latency, allocs, CPU, RSS and the ratios
+bench: up ## One-run benchmark against the ceilings (cmd/inboxbench): msgs/s, latency, allocs, CPU, RSS and the ratios; then the per-message cases again at 32 handlers
 	$(GO) run ./cmd/inboxbench -n $(BENCH_N) -runs $(BENCH_RUNS) -batch 64 -inflight 8
+	$(GO) run ./cmd/inboxbench -n $(BENCH_N) -runs $(BENCH_RUNS) -workers 32 -cases b,d,f,g -latency 0
 
 .PHONY: bench/go
 bench/go: up ## Run the packages' go test benchmarks (no tests)

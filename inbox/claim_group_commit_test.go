@@ -24,26 +24,34 @@ func fullClaimBatch(n int, pipeline bool) *inbox.ClaimOpts {
 	return &inbox.ClaimOpts{GroupCommit: &inbox.GroupCommit{MaxBatch: n, MaxWait: time.Minute, MaxInFlight: 1, Pipeline: pipeline}}
 }
 
+// completeThen is a claim handler whose completion writes the effect row,
+// then runs then(ctx, tx, msg), whose error it returns.
+func completeThen(b *testBundle, opts *inbox.ClaimOpts, then func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[order]) error) consumer.Handler[order] {
+	return inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *consumer.Message[order]) error {
+		return c.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error {
+			if err := completeWithEffect(msg)(ctx, tx); err != nil {
+				return err
+			}
+			return then(ctx, tx, msg)
+		})
+	}, opts)
+}
+
 func TestClaimGroupCommit_CompletionsShareOneTransaction(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
 	var mu sync.Mutex
 	txids := map[int64]int{}
-	h := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *consumer.Message[order]) error {
-		return c.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error {
-			if err := completeWithEffect(msg)(ctx, tx); err != nil {
-				return err
-			}
-			var txid int64
-			if err := tx.QueryRow(ctx, `SELECT txid_current()`).Scan(&txid); err != nil {
-				return err
-			}
-			mu.Lock()
-			txids[txid]++
-			mu.Unlock()
-			return nil
-		})
-	}, fullClaimBatch(5, false))
+	h := completeThen(b, fullClaimBatch(5, false), func(ctx context.Context, tx pgx.Tx, _ *consumer.Message[order]) error {
+		var txid int64
+		if err := tx.QueryRow(ctx, `SELECT txid_current()`).Scan(&txid); err != nil {
+			return err
+		}
+		mu.Lock()
+		txids[txid]++
+		mu.Unlock()
+		return nil
+	})
 
 	for _, err := range handleAll(t, h, orders(t, 5)) {
 		require.NoError(t, err)
@@ -57,20 +65,15 @@ func TestClaimGroupCommit_CompletionsShareOneTransaction(t *testing.T) {
 func TestClaimGroupCommit_FailureInTheMiddleReleasesOnlyItsClaim(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
-	h := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *consumer.Message[order]) error {
-		return c.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error {
-			if err := completeWithEffect(msg)(ctx, tx); err != nil {
-				return err
-			}
-			if msg.Body.OrderID == "3" {
-				// A failed statement aborts the transaction: only its
-				// savepoint brings the batch back.
-				_, err := tx.Exec(ctx, `SELECT 1/0`)
-				return err
-			}
-			return nil
-		})
-	}, fullClaimBatch(5, false))
+	h := completeThen(b, fullClaimBatch(5, false), func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[order]) error {
+		if msg.Body.OrderID == "3" {
+			// A failed statement aborts the transaction: only its
+			// savepoint brings the batch back.
+			_, err := tx.Exec(ctx, `SELECT 1/0`)
+			return err
+		}
+		return nil
+	})
 
 	errs := handleAll(t, h, orders(t, 5))
 	for i, err := range errs {
@@ -139,19 +142,14 @@ func TestClaimGroupCommit_TakenOverClaimIsFencedOutAlone(t *testing.T) {
 func TestClaimGroupCommit_CommitFailureFailsEveryCompletion(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
-	h := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *consumer.Message[order]) error {
-		return c.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error {
-			if err := completeWithEffect(msg)(ctx, tx); err != nil {
-				return err
-			}
-			if msg.Body.OrderID == "2" {
-				// A deferred foreign key: the statement succeeds, COMMIT fails.
-				_, err := tx.Exec(ctx, `INSERT INTO child (id) VALUES (42)`)
-				return err
-			}
-			return nil
-		})
-	}, fullClaimBatch(4, false))
+	h := completeThen(b, fullClaimBatch(4, false), func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[order]) error {
+		if msg.Body.OrderID == "2" {
+			// A deferred foreign key: the statement succeeds, COMMIT fails.
+			_, err := tx.Exec(ctx, `INSERT INTO child (id) VALUES (42)`)
+			return err
+		}
+		return nil
+	})
 
 	for _, err := range handleAll(t, h, orders(t, 4)) {
 		d := retry.Classify(err)
@@ -190,17 +188,12 @@ func TestClaimGroupCommit_PipelinedCompletionsRunOnce(t *testing.T) {
 func TestClaimGroupCommit_PipelinedFailureRunsTheBatchAgainWithSavepoints(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
-	h := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *consumer.Message[order]) error {
-		return c.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error {
-			if err := completeWithEffect(msg)(ctx, tx); err != nil {
-				return err
-			}
-			if msg.Body.OrderID == "2" {
-				return errors.New("the gateway's answer does not fit the order")
-			}
-			return nil
-		})
-	}, fullClaimBatch(4, true))
+	h := completeThen(b, fullClaimBatch(4, true), func(_ context.Context, _ pgx.Tx, msg *consumer.Message[order]) error {
+		if msg.Body.OrderID == "2" {
+			return errors.New("the gateway's answer does not fit the order")
+		}
+		return nil
+	})
 
 	errs := handleAll(t, h, orders(t, 4))
 	require.ErrorContains(t, errs[1], "does not fit")

@@ -493,12 +493,14 @@ func latency(ctx context.Context, e *env, c benchCase, rate float64, dur time.Du
 
 func report(w io.Writer, rs []*result, n, runs, latRuns int) {
 	byID := map[string]float64{}
+	rates := map[string][]float64{}
 	fmt.Fprintf(w, "\n%d persistent messages per drain, median of %d; latency: medians of %d runs; GOMAXPROCS=%d; Go %s\n\n", n, runs, latRuns, runtime.GOMAXPROCS(0), runtime.Version())
 	fmt.Fprintln(w, "| case | msg/s (median) | runs | allocs/delivery | worker CPU µs/delivery | machine CPU µs/delivery | RSS MiB | p50 | p99 |")
 	fmt.Fprintln(w, "|---|---:|---|---:|---:|---:|---:|---:|---:|")
 	for _, r := range rs {
 		m := median(r.rates)
 		byID[r.c.id] = m
+		rates[r.c.id] = r.rates
 		var runsS []string
 		for _, x := range r.rates {
 			runsS = append(runsS, fmtRate(x))
@@ -512,7 +514,7 @@ func report(w io.Writer, rs []*result, n, runs, latRuns int) {
 	fmt.Fprintln(w)
 	ratio := func(a, b, target string) {
 		if byID[a] > 0 && byID[b] > 0 {
-			fmt.Fprintf(w, "- (%s)/(%s) = %.2f (%s)\n", a, b, byID[a]/byID[b], target)
+			fmt.Fprintf(w, "- (%s)/(%s) = %.2f, paired %.2f (%s)\n", a, b, byID[a]/byID[b], pairedRatio(rates[a], rates[b]), target)
 		}
 	}
 	ratio("d", "b", "target ≥ 1.0")
@@ -537,4 +539,18 @@ func report(w io.Writer, rs []*result, n, runs, latRuns int) {
 			g.atPerMessageRate, g.p50d.Round(10*time.Microsecond), g.p99d.Round(10*time.Microsecond), (g.p99d - d.p99).Round(10*time.Microsecond))
 	}
 	fmt.Fprintf(w, "- peak RSS of the benchmark process: %.0f MiB\n", peakRSSMiB())
+}
+
+// pairedRatio is the median of the per-round ratios a[i]/b[i]: the runs of
+// one round are interleaved seconds apart, so a drift of the machine's
+// speed moves both sides of a pair alike, where the ratio of the medians
+// can compare a fast run of one case with a slow run of the other.
+func pairedRatio(a, b []float64) float64 {
+	var rs []float64
+	for i := range min(len(a), len(b)) {
+		if b[i] > 0 {
+			rs = append(rs, a[i]/b[i])
+		}
+	}
+	return median(rs)
 }
