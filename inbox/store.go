@@ -45,8 +45,8 @@ type StoreConfig struct {
 	// Defaults to zap.NewNop().
 	Logger *zap.Logger
 	// GroupCommit holds the defaults for handlers that opt into group commit
-	// (HandlerOpts.GroupCommit); its zero fields default to 64 deliveries,
-	// 2ms and 2 batches in flight.
+	// (HandlerOpts.GroupCommit, ClaimOpts.GroupCommit); its zero fields
+	// default to 64 deliveries, 2ms and 2 batches in flight.
 	GroupCommit GroupCommit
 	// CrashLimit bounds crash loops on classic queues: a delivery that the
 	// broker has redelivered (the previous worker died or lost its
@@ -60,8 +60,9 @@ type StoreConfig struct {
 }
 
 // GroupCommit configures group commit: deliveries handled concurrently are
-// collected into one transaction. The zero value of a field takes the
-// store's default (StoreConfig.GroupCommit), else the built-in one.
+// collected into one transaction (in claim mode, their completions). The
+// zero value of a field takes the store's default (StoreConfig.GroupCommit),
+// else the built-in one.
 type GroupCommit struct {
 	// MaxBatch is the most deliveries in one transaction. Defaults to 64.
 	MaxBatch int
