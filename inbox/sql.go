@@ -123,11 +123,13 @@ WHERE consumer = $1 AND key = $2 AND owner = $3 AND fence = $4 AND status = 'pro
 WHERE consumer = $1 AND key = $2 AND owner = $3 AND fence = $4 AND status = 'processing'
 RETURNING fence`,
 
-		// The arrays come in (consumer, key) order, and the planner joins a
-		// short array to the primary key in a nested loop over it, so rows
-		// are locked in key order like the claims'. Two batches of
-		// completions never lock the same row: a row has one owner and
-		// fence at a time.
+		// The arrays come in (consumer, key) order, and the plan is a nested
+		// loop over them with an index scan of the primary key (EXPLAIN on a
+		// 200,000-row inbox), so rows are locked in key order like the
+		// claims'; were a planner ever to choose otherwise, a deadlock with
+		// a claim is mapped to a retry (db_deadlock). Two batches of
+		// completions never lock the same row: a row has one owner and fence
+		// at a time.
 		completeMany: `UPDATE ` + t + ` AS i SET status = 'completed', owner = NULL, lease_until = NULL,
 	completed_at = now(), updated_at = now()
 FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[]) AS k(consumer, key, owner, fence)
