@@ -276,10 +276,25 @@ func (s *Store) execDistinct(units []*unit, pipeline bool) {
 	err = tx.Commit(ctx)
 	if err != nil {
 		err = infraError(ReasonDBCommit, fmt.Errorf("inbox: commit: %w", err))
-		failAll(ok, err)
 	}
 	for _, sp := range commitSpans {
 		endSpan(sp, err)
+	}
+	if err != nil && len(claimed) > 1 {
+		// One delivery's commit-time error (a deferred constraint, a
+		// serialization failure at COMMIT) must not fail the others: run
+		// the claimed deliveries again one by one, each in a transaction
+		// of its own, where the inbox decides each as in per-message mode.
+		// If the failed COMMIT did commit after all (its answer lost with
+		// the connection), every key is completed and each is a duplicate.
+		for _, cu := range claimed {
+			cu.u.err = nil
+			s.execDistinct([]*unit{cu.u}, false)
+		}
+		return
+	}
+	if err != nil {
+		failAll(ok, err)
 	}
 }
 

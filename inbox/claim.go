@@ -69,11 +69,11 @@ type ClaimOpts struct {
 	//
 	// What a callback may assume changes: it runs on the batch's
 	// transaction, in the goroutine of whichever delivery leads the batch,
-	// so a slow callback delays the batch's other completions; a failed
-	// COMMIT fails every completion of the batch (retryable: their outside
-	// calls repeat, with the same idempotency key); with Pipeline a
-	// callback can run twice (the first run rolled back). Keep callbacks to
-	// the business writes.
+	// so a slow callback delays the batch's other completions; a callback
+	// can run twice, the first run rolled back — after a failed COMMIT
+	// (the batch's completions then run again one by one, so that only the
+	// one whose writes fail at COMMIT fails) and with Pipeline after any
+	// failure. Keep callbacks to the business writes.
 	GroupCommit *GroupCommit
 }
 

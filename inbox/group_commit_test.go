@@ -166,11 +166,15 @@ func TestGroupCommit_OverlappingBatchesInOppositeOrderDoNotDeadlock(t *testing.T
 	require.Equal(t, 3*n, b.count(t, `SELECT count(DISTINCT key) FROM effects`))
 }
 
-func TestGroupCommit_CommitFailureFailsEveryDelivery(t *testing.T) {
+// A delivery whose writes fail only at COMMIT (a deferred constraint)
+// fails the batch's commit; the batch's deliveries then run again one by
+// one, so only that delivery fails and the others commit once.
+func TestGroupCommit_CommitFailureFailsOnlyItsDelivery(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
+	var calls atomic.Int64
 	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[order]) error {
-		if err := effectHandler(nil)(ctx, tx, msg); err != nil {
+		if err := effectHandler(&calls)(ctx, tx, msg); err != nil {
 			return err
 		}
 		if msg.Body.OrderID == "2" {
@@ -184,13 +188,21 @@ func TestGroupCommit_CommitFailureFailsEveryDelivery(t *testing.T) {
 	for i := range msgs {
 		msgs[i] = newMsg(t, "payments", order{OrderID: strconv.Itoa(i + 1)}, false)
 	}
-	for _, err := range handleAll(t, h, msgs) {
-		d := retry.Classify(err)
-		require.Equal(t, retry.KindRetry, d.Kind, "%v", err)
-		require.Equal(t, inbox.ReasonDBCommit, d.Reason)
+	errs := handleAll(t, h, msgs)
+	for i, err := range errs {
+		if i == 1 {
+			d := retry.Classify(err)
+			require.Equal(t, retry.KindRetry, d.Kind, "%v", err)
+			require.Equal(t, inbox.ReasonDBCommit, d.Reason)
+			continue
+		}
+		require.NoError(t, err)
 	}
-	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM effects`))
-	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM inboxmq_inbox`))
+	require.Equal(t, int64(8), calls.Load(), "each handler ran in the batch and once more alone")
+	require.Equal(t, 3, b.count(t, `SELECT count(*) FROM effects`))
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM effects WHERE key = 'order:2'`))
+	require.Equal(t, 3, b.count(t, `SELECT count(*) FROM inboxmq_inbox WHERE status = 'completed'`))
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM inboxmq_inbox WHERE key = 'order:2' AND status = 'completed'`))
 }
 
 func TestGroupCommit_LoneDeliveryIsNotHeldBeyondMaxWait(t *testing.T) {
@@ -245,4 +257,40 @@ func TestGroupCommit_HandlerShapesInsideSavepoints(t *testing.T) {
 	require.Equal(t, inbox.RecordFailed, b.get(t, "payments", "order:a").Status)
 	require.Equal(t, inbox.RecordFailed, b.get(t, "payments", "order:c").Status)
 	require.Equal(t, inbox.RecordCompleted, b.get(t, "payments", "order:d").Status)
+}
+
+// A handler whose context ends in the middle of a statement on the
+// batch's connection fails alone, whether the statement is cancelled or the
+// connection closed: the rest of the batch commits.
+func TestGroupCommit_HandlerContextEndingMidStatementFailsOnlyItsDelivery(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[order]) error {
+		if err := effectHandler(nil)(ctx, tx, msg); err != nil {
+			return err
+		}
+		if msg.Body.OrderID == "2" {
+			sctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+			defer cancel()
+			_, err := tx.Exec(sctx, `SELECT pg_sleep(30)`)
+			return err
+		}
+		return nil
+	}, fullBatch(4))
+	msgs := make([]*consumer.Message[order], 4)
+	for i := range msgs {
+		msgs[i] = newMsg(t, "payments", order{OrderID: strconv.Itoa(i + 1)}, false)
+	}
+	errs := handleAll(t, h, msgs)
+	for i, err := range errs {
+		if i == 1 {
+			require.Error(t, err)
+			require.Equal(t, retry.KindRetry, retry.Classify(err).Kind, "%v", err)
+			continue
+		}
+		require.NoError(t, err)
+	}
+	require.Equal(t, 3, b.count(t, `SELECT count(*) FROM effects`))
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM effects WHERE key = 'order:2'`))
+	require.Equal(t, inbox.RecordFailed, b.get(t, "payments", "order:2").Status)
 }

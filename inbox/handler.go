@@ -36,7 +36,8 @@ type HandlerOpts struct {
 	// zero fields take StoreConfig.GroupCommit's values. Defaults to nil:
 	// one transaction per delivery (the batch of one). Handlers share the
 	// batch's connection: one whose context ends in the middle of a
-	// statement can break it, and the whole batch then fails (retryable).
+	// statement fails alone, and if that broke the connection the rest of
+	// the batch runs again (its handlers twice).
 	GroupCommit *GroupCommit
 	// StorePayload stores the raw body in the inbox row, for replay by
 	// operators. Defaults to false.
@@ -72,7 +73,10 @@ type HandlerOpts struct {
 // With opts.GroupCommit set, deliveries handled concurrently share one
 // transaction: one claim statement for all keys in key order, a savepoint
 // per delivery (a failure rolls back only its own writes), one COMMIT. A
-// commit failure fails every delivery of the batch (retryable).
+// failed COMMIT (a deferred constraint, a serialization failure) runs the
+// batch's deliveries again one by one, each in its own transaction, so that
+// only the delivery whose writes fail at COMMIT fails (retryable); their
+// handlers then run twice, the first run rolled back.
 //
 // Handler panics if s or h is nil (a start-up bug).
 func Handler[T any](s *Store, h TxHandlerFunc[T], opts *HandlerOpts) consumer.Handler[T] {

@@ -27,6 +27,7 @@ const (
 	behaveFailBeforeWrite           // an error before any statement
 	behaveFailAfterWrite            // the business writes, then an error
 	behaveSQLError                  // the business writes, then a failing statement
+	behaveCommitError               // the business writes and one that fails only at COMMIT (a deferred constraint)
 )
 
 var propSeq atomic.Int64
@@ -68,6 +69,9 @@ func TestProperty_AtMostOneEffectPerKey(t *testing.T) {
 				return retry.Permanent(errors.New("fails after writing"))
 			case behaveSQLError:
 				_, err := tx.Exec(ctx, `SELECT 1/0`)
+				return err
+			case behaveCommitError:
+				_, err := tx.Exec(ctx, `INSERT INTO child (id) VALUES (42)`)
 				return err
 			}
 			return nil
@@ -115,7 +119,7 @@ func TestProperty_AtMostOneEffectPerKey(t *testing.T) {
 			bes := make([]behaviour, n)
 			for i := range n {
 				ids[i] = keyOf(rapid.IntRange(0, nKeys-1).Draw(rt, "key"))
-				bes[i] = behaviour(rapid.IntRange(0, 3).Draw(rt, "behaviour"))
+				bes[i] = behaviour(rapid.IntRange(0, int(behaveCommitError)).Draw(rt, "behaviour"))
 			}
 			errs := deliver(ids, bes)
 			done := map[string]bool{}
