@@ -154,16 +154,7 @@ func TestClaimGroupCommit_CommitFailureFailsOnlyItsCompletion(t *testing.T) {
 		return nil
 	})
 
-	errs := handleAll(t, h, orders(t, 4))
-	for i, err := range errs {
-		if i == 1 {
-			d := retry.Classify(err)
-			require.Equal(t, retry.KindRetry, d.Kind, "%v", err)
-			require.Equal(t, inbox.ReasonDBCommit, d.Reason)
-			continue
-		}
-		require.NoError(t, err)
-	}
+	requireOnlyRetry(t, handleAll(t, h, orders(t, 4)), 1, inbox.ReasonDBCommit)
 	require.Equal(t, 3, b.count(t, `SELECT count(*) FROM effects`))
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM effects WHERE key = 'order:2'`))
 	require.Equal(t, 3, b.count(t, `SELECT count(*) FROM inboxmq_inbox WHERE status = 'completed'`))

@@ -35,6 +35,23 @@ func handleAll(t *testing.T, h consumer.Handler[order], msgs []*consumer.Message
 	return errs
 }
 
+// requireOnlyRetry asserts that errs[bad] asks for a retry, with reason
+// if not empty, and that every other delivery succeeded.
+func requireOnlyRetry(t *testing.T, errs []error, bad int, reason string) {
+	t.Helper()
+	for i, err := range errs {
+		if i != bad {
+			require.NoError(t, err, "delivery %d", i)
+			continue
+		}
+		d := retry.Classify(err)
+		require.Equal(t, retry.KindRetry, d.Kind, "%v", err)
+		if reason != "" {
+			require.Equal(t, reason, d.Reason)
+		}
+	}
+}
+
 func TestGroupCommit_FailureInTheMiddleRollsBackOnlyItsSavepoint(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
@@ -184,20 +201,7 @@ func TestGroupCommit_CommitFailureFailsOnlyItsDelivery(t *testing.T) {
 		}
 		return nil
 	}, fullBatch(4))
-	msgs := make([]*consumer.Message[order], 4)
-	for i := range msgs {
-		msgs[i] = newMsg(t, "payments", order{OrderID: strconv.Itoa(i + 1)}, false)
-	}
-	errs := handleAll(t, h, msgs)
-	for i, err := range errs {
-		if i == 1 {
-			d := retry.Classify(err)
-			require.Equal(t, retry.KindRetry, d.Kind, "%v", err)
-			require.Equal(t, inbox.ReasonDBCommit, d.Reason)
-			continue
-		}
-		require.NoError(t, err)
-	}
+	requireOnlyRetry(t, handleAll(t, h, orders(t, 4)), 1, inbox.ReasonDBCommit)
 	require.Equal(t, int64(8), calls.Load(), "each handler ran in the batch and once more alone")
 	require.Equal(t, 3, b.count(t, `SELECT count(*) FROM effects`))
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM effects WHERE key = 'order:2'`))
@@ -277,19 +281,7 @@ func TestGroupCommit_HandlerContextEndingMidStatementFailsOnlyItsDelivery(t *tes
 		}
 		return nil
 	}, fullBatch(4))
-	msgs := make([]*consumer.Message[order], 4)
-	for i := range msgs {
-		msgs[i] = newMsg(t, "payments", order{OrderID: strconv.Itoa(i + 1)}, false)
-	}
-	errs := handleAll(t, h, msgs)
-	for i, err := range errs {
-		if i == 1 {
-			require.Error(t, err)
-			require.Equal(t, retry.KindRetry, retry.Classify(err).Kind, "%v", err)
-			continue
-		}
-		require.NoError(t, err)
-	}
+	requireOnlyRetry(t, handleAll(t, h, orders(t, 4)), 1, "")
 	require.Equal(t, 3, b.count(t, `SELECT count(*) FROM effects`))
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM effects WHERE key = 'order:2'`))
 	require.Equal(t, inbox.RecordFailed, b.get(t, "payments", "order:2").Status)
