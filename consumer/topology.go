@@ -41,19 +41,11 @@ func (o HandlerOpts) validateTopology(queue string) error {
 			return fmt.Errorf("consumer: queue %q: argument %s is managed by inboxmq (it decides whether messages can be dropped); remove it from QueueOpts.Arguments", queue, a)
 		}
 	}
-	// Arguments that delete or expire messages without a dead-letter route:
-	// a queue that expires takes its messages with it, and a classic work
-	// queue has no dead-letter exchange, so a TTL or a length limit would
-	// drop messages there.
+	// Every work queue dead-letters into its DLQ, so a TTL or a length
+	// limit moves messages there (with the broker's x-death reason); only a
+	// queue that expires would take its messages with it.
 	if _, ok := q.Arguments["x-expires"]; ok {
 		return fmt.Errorf("consumer: queue %q: x-expires would delete the queue with its messages; remove it from QueueOpts.Arguments", queue)
-	}
-	if q.Type == Classic {
-		for _, a := range []string{argMessageTTL, "x-max-length", "x-max-length-bytes"} {
-			if _, ok := q.Arguments[a]; ok {
-				return fmt.Errorf("consumer: classic queue %q: %s would drop messages silently (a classic work queue has no dead-letter exchange); use a quorum queue or remove it", queue, a)
-			}
-		}
 	}
 	for _, tier := range q.RetryTiers {
 		if n := RetryQueueName(queue, tier); !ValidName(n) {
@@ -63,17 +55,19 @@ func (o HandlerOpts) validateTopology(queue string) error {
 	return nil
 }
 
-// workQueueArgs are the arguments of the work queue.
+// workQueueArgs are the arguments of the work queue. Every work queue
+// dead-letters into its DLQ through the default exchange, so a message the
+// broker expires, rejects or drops for a length limit lands there.
 func workQueueArgs(queue string, q QueueOpts) amqp.Table {
 	args := amqp.Table{}
 	for k, v := range q.Arguments {
 		args[k] = v
 	}
 	args[argQueueType] = string(q.Type)
+	args[argDLX] = ""
+	args[argDLRoutingKey] = q.DeadLetterQueue
 	if q.Type == Quorum {
 		args[argDeliveryLimit] = int64(q.DeliveryLimit)
-		args[argDLX] = ""
-		args[argDLRoutingKey] = q.DeadLetterQueue
 		args[argDLStrategy] = strategyAtLeastOnce
 		args[argOverflow] = overflowRejectPub
 	}
