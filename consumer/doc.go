@@ -54,7 +54,10 @@
 // quorum queue also gets a delivery limit and at-least-once dead-lettering
 // with reject-publish overflow: a crash loop ends in the DLQ. A queue that
 // exists with other arguments is a start-up error naming the queue and the
-// argument.
+// argument, with one exception: a classic work queue declared before
+// v0.1.0, which lacks only the dead-letter route, is kept as it is and
+// Start logs a warning naming the policy that gives it the route (see
+// docs/operations.md); until then a message that expires there is dropped.
 //
 // # Connections and shutdown
 //

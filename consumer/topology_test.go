@@ -9,6 +9,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
@@ -393,4 +395,54 @@ func TestConsumer_ClassicTopologyHasDeadLetterRoute(t *testing.T) {
 		"x-dead-letter-routing-key": b.queue + ".dlq",
 	})
 	require.NoError(t, err, "the broker checks equivalence: only the consumer's own arguments pass")
+}
+
+// A classic work queue declared before v0.1.0 (no dead-letter route) does
+// not stop the consumer from starting: it warns with the migration, and
+// the policy it names makes an expiring message land in the DLQ.
+func TestConsumer_LegacyClassicQueueStartsAndPolicyMigratesIt(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ch, err := b.conn.Channel()
+	require.NoError(t, err)
+	_, err = ch.QueueDeclare(b.queue, true, false, false, false, amqp.Table{"x-queue-type": "classic"})
+	require.NoError(t, err)
+	require.NoError(t, ch.Close())
+
+	core, logs := observer.New(zap.WarnLevel)
+	c := b.startPaused(t, consumer.QueueOpts{}, nil, func(cfg *consumer.Config) { cfg.Logger = zap.New(core) })
+	require.True(t, c.Ready())
+	warned := logs.FilterMessageSnippet("without a dead-letter route").All()
+	require.Len(t, warned, 1, "one warning at start: %v", logs.All())
+	fields := warned[0].ContextMap()
+	require.Equal(t, b.queue, fields["queue"])
+	require.Contains(t, fields["migration"], `"dead-letter-routing-key":"`+b.queue+`.dlq"`)
+	require.Contains(t, fields["migration"], "rabbitmqctl set_policy")
+
+	amqptest.SetQueuePolicy(t, b.queue, `{"dead-letter-exchange":"","dead-letter-routing-key":"`+b.queue+`.dlq"}`)
+	b.pub.Publish(b.queue, []byte(`{"id":"late"}`), amqp.Publishing{MessageId: "late", Expiration: "50"})
+	testenv.WaitFor(t, "the expired message in the DLQ", func() bool { return amqptest.Depth(t, b.conn, b.queue+".dlq") == 1 })
+	b.stop(t, c)
+	dead := amqptest.Drain(t, b.conn, b.queue+".dlq")
+	require.Len(t, dead, 1)
+	requireBrokerDeath(t, dead[0], b.queue, "expired")
+}
+
+// A classic queue that lacks the dead-letter route and also differs in
+// another argument is not the legacy shape: a start-up error naming it.
+func TestConsumer_LegacyQueueWithOtherArgumentsIsAClearError(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ch, err := b.conn.Channel()
+	require.NoError(t, err)
+	_, err = ch.QueueDeclare(b.queue, true, false, false, false, amqp.Table{"x-queue-type": "classic", "x-max-length": int64(5)})
+	require.NoError(t, err)
+	require.NoError(t, ch.Close())
+
+	r := consumer.NewRouter()
+	consumer.Register(r, b.queue, consumer.HandlerFunc[order](func(context.Context, *consumer.Message[order]) error { return nil }), fastOpts())
+	c := b.newConsumer(t, r, nil)
+	err = c.Start(t.Context())
+	require.ErrorContains(t, err, "different argument x-max-length than configured")
+	require.False(t, c.Ready())
 }
