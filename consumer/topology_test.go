@@ -376,6 +376,8 @@ func TestConsumer_ExpiredMessageLandsInDLQ(t *testing.T) {
 			require.Equal(t, "late", dead[0].MessageId)
 			require.JSONEq(t, `{"id":"late"}`, string(dead[0].Body))
 			requireBrokerDeath(t, dead[0], b.queue, tt.reason)
+			require.Equal(t, tt.reason+" (broker)", consumer.DeadLetterReason(dead[0].Headers))
+			require.Equal(t, b.queue, consumer.DeadLetterOrigin(dead[0].Headers))
 		})
 	}
 }
