@@ -35,7 +35,9 @@ func prefill(b *testing.B, conn *amqp.Connection, queue string, n int) {
 	ch, err := conn.Channel()
 	require.NoError(b, err)
 	defer ch.Close()
-	_, err = ch.QueueDeclare(queue, true, false, false, false, amqp.Table{"x-queue-type": "classic"})
+	_, err = ch.QueueDeclare(queue, true, false, false, false, amqp.Table{
+		"x-queue-type": "classic", "x-dead-letter-exchange": "", "x-dead-letter-routing-key": queue + ".dlq",
+	})
 	require.NoError(b, err)
 	require.NoError(b, ch.Confirm(false))
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)

@@ -44,12 +44,18 @@ func TestNew_ValidatesConfig(t *testing.T) {
 		{"queue that expires", &consumer.Config{URL: url, Router: router(&consumer.HandlerOpts{Queue: consumer.QueueOpts{
 			Type: consumer.Quorum, Arguments: map[string]any{"x-expires": int64(60000)},
 		}})}, "x-expires would delete the queue"},
-		{"classic TTL drops", &consumer.Config{URL: url, Router: router(&consumer.HandlerOpts{Queue: consumer.QueueOpts{
+		{"classic TTL dead-letters", &consumer.Config{URL: url, Router: router(&consumer.HandlerOpts{Queue: consumer.QueueOpts{
 			Arguments: map[string]any{"x-message-ttl": int64(1000)},
-		}})}, "x-message-ttl would drop messages"},
-		{"classic length limit drops", &consumer.Config{URL: url, Router: router(&consumer.HandlerOpts{Queue: consumer.QueueOpts{
+		}})}, ""},
+		{"classic length limit dead-letters", &consumer.Config{URL: url, Router: router(&consumer.HandlerOpts{Queue: consumer.QueueOpts{
 			Arguments: map[string]any{"x-max-length": int64(10)},
-		}})}, "x-max-length would drop messages"},
+		}})}, ""},
+		{"classic queue that expires", &consumer.Config{URL: url, Router: router(&consumer.HandlerOpts{Queue: consumer.QueueOpts{
+			Arguments: map[string]any{"x-expires": int64(60000)},
+		}})}, "x-expires would delete the queue"},
+		{"classic overflow", &consumer.Config{URL: url, Router: router(&consumer.HandlerOpts{Queue: consumer.QueueOpts{
+			Arguments: map[string]any{"x-overflow": "reject-publish-dlx"},
+		}})}, "x-overflow is managed by inboxmq"},
 		{"quorum TTL dead-letters", &consumer.Config{URL: url, Router: router(&consumer.HandlerOpts{Queue: consumer.QueueOpts{
 			Type: consumer.Quorum, Arguments: map[string]any{"x-message-ttl": int64(1000)},
 		}})}, ""},

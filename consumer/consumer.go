@@ -372,8 +372,12 @@ func (c *Consumer) open(s *session) error {
 	s.watch("connection", s.conn.NotifyClose(make(chan *amqp.Error, 1)))
 	s.watch("publisher connection", s.pubConn.NotifyClose(make(chan *amqp.Error, 1)))
 	for _, r := range c.routes {
-		if err := declareTopology(s.conn, r.Route); err != nil {
+		legacy, err := declareRoute(s.conn, r.Route)
+		if err != nil {
 			return err
+		}
+		if legacy {
+			warnLegacyQueue(c.log, s.conn.Config.Vhost, r.Route)
 		}
 	}
 	pub, err := newPublisher(s, c.cfg.PublishTimeout)

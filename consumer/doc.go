@@ -46,11 +46,18 @@
 // Unless QueueOpts.NoDeclare is set, Start declares per route a durable
 // work queue (classic or quorum), its DLQ "<queue>.dlq" and one wait queue
 // per delay tier ([RetryQueueName]) whose messages expire back into the
-// work queue, so a short delay never waits behind a long one. A quorum
-// queue gets a delivery limit and at-least-once dead-lettering into the
-// DLQ with reject-publish overflow: a crash loop ends in the DLQ and
-// nothing is silently dropped. A queue that exists with other arguments is
-// a start-up error naming the queue and the argument.
+// work queue, so a short delay never waits behind a long one. Every work
+// queue dead-letters into its DLQ: a message that expires there (a
+// per-message expiration set by its producer, or a TTL in
+// QueueOpts.Arguments), is rejected or is pushed out by a length limit
+// lands in the DLQ with the broker's x-death reason, never dropped. A
+// quorum queue also gets a delivery limit and at-least-once dead-lettering
+// with reject-publish overflow: a crash loop ends in the DLQ. A queue that
+// exists with other arguments is a start-up error naming the queue and the
+// argument, with one exception: a classic work queue declared before
+// v0.1.0, which lacks only the dead-letter route, is kept as it is and
+// Start logs a warning naming the policy that gives it the route (see
+// docs/operations.md); until then a message that expires there is dropped.
 //
 // # Connections and shutdown
 //

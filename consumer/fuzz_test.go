@@ -164,8 +164,10 @@ func FuzzDeathHeaders(f *testing.F) {
 		if xerr != "" {
 			h[HeaderError] = xerr
 		}
-		_ = replayMatches(h, &ReplayOpts{Reason: want})
-		_ = replayMatches(h, &ReplayOpts{Key: reason})
+		_ = replayMatches("q", h, &ReplayOpts{Reason: want})
+		_ = replayMatches("q", h, &ReplayOpts{Key: reason})
+		_ = DeadLetterReason(h)
+		_ = DeadLetterOrigin(h)
 		out := replayHeaders(h, int(count%1000))
 		if _, ok := out["x-death"]; ok {
 			t.Fatal("x-death kept on a replayed copy")

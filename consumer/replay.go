@@ -20,10 +20,9 @@ const HeaderReplayRefused = "x-replay-refused"
 type ReplayOpts struct {
 	// Limit is the most messages to replay. Defaults to 0: no limit.
 	Limit int
-	// Reason selects messages whose x-error header starts with it (such as
-	// "exhausted" or "decode"), or, without x-error, whose first x-death
-	// reason equals it (such as "delivery_limit" from a quorum queue).
-	// Defaults to "": any reason.
+	// Reason selects messages whose [DeadLetterReason] starts with it: the
+	// reason inboxmq gave (such as "exhausted" or "decode") or the broker's
+	// (such as "expired" or "delivery_limit"). Defaults to "": any reason.
 	Reason string
 	// Key selects the message with this x-idempotency-key. Defaults to "":
 	// any key.
@@ -51,13 +50,17 @@ type ReplayResult struct {
 	Refused int
 }
 
-// ReplayDLQ moves dead letters of queue back to queue. It looks at most at
-// the messages that were in the DLQ when it started (so it terminates while
-// new dead letters arrive). A selected message is published to the work
-// queue with its body (and so its idempotency key) unchanged, x-attempt
-// reset to 1 and x-replay-count incremented; the failure headers are
-// dropped. Every other message is re-published to the DLQ, so it stays
-// there. Each publish is confirmed before the original is acked; on any
+// ReplayDLQ moves dead letters of queue back to queue, whether inboxmq or
+// the broker dead-lettered them. It looks at most at the messages that were
+// in the DLQ when it started (so it terminates while new dead letters
+// arrive). A dead letter that came from another work queue
+// ([DeadLetterOrigin]) is never selected: it stays for that queue's replay.
+// A selected message is published to the work queue with its body (and so
+// its idempotency key) unchanged, x-attempt reset to 1 and x-replay-count
+// incremented; the failure headers and the broker's death headers are
+// dropped, and so is any per-message expiration, so a message that expired
+// does not expire again. Every other message is re-published to the DLQ,
+// so it stays there. Each publish is confirmed before the original is acked; on any
 // error the unsettled message stays in the DLQ. Because a replay goes
 // through the same inbox, replaying a message whose effect was already
 // committed is acked as a duplicate.
@@ -107,7 +110,7 @@ func ReplayDLQ(ctx context.Context, conn *amqp.Connection, queue string, opts *R
 			break
 		}
 		res.Scanned++
-		selected := (o.Limit <= 0 || res.Replayed < o.Limit) && replayMatches(m.Headers, &o)
+		selected := (o.Limit <= 0 || res.Replayed < o.Limit) && replayMatches(queue, m.Headers, &o)
 		replays := HeaderInt(m.Headers, HeaderReplayCount)
 		target, h := o.DeadLetterQueue, m.Headers
 		switch {
@@ -136,25 +139,73 @@ func ReplayDLQ(ctx context.Context, conn *amqp.Connection, queue string, opts *R
 	return res, nil
 }
 
-func replayMatches(h amqp.Table, o *ReplayOpts) bool {
+func replayMatches(queue string, h amqp.Table, o *ReplayOpts) bool {
+	if origin := DeadLetterOrigin(h); origin != "" && origin != queue {
+		return false
+	}
 	if o.Key != "" {
 		if k, _ := h[HeaderIdempotencyKey].(string); k != o.Key {
 			return false
 		}
 	}
-	if o.Reason == "" {
-		return true
+	return strings.HasPrefix(DeadLetterReason(h), o.Reason)
+}
+
+// DeadLetterReason returns why a dead letter is in its DLQ. When inboxmq
+// dead-lettered it, that is its x-error header ("<reason>: <error text>").
+// When the broker did, because the message expired, was rejected, exceeded
+// a length limit or the delivery limit in its work queue, that is the
+// broker's x-death reason followed by " (broker)", such as
+// "expired (broker)"; this holds even for a message that carries an older
+// x-error from a retry. It returns "" when the headers say neither.
+func DeadLetterReason(h amqp.Table) string {
+	if reason, _, ok := brokerDeath(h); ok {
+		return reason + " (broker)"
 	}
-	if e, ok := h[HeaderError].(string); ok {
-		return strings.HasPrefix(e, o.Reason)
+	s, _ := h[HeaderError].(string)
+	return s
+}
+
+// DeadLetterOrigin returns the work queue a dead letter came from: its
+// x-original-queue header when inboxmq dead-lettered or retried it, else
+// the queue the broker dead-lettered it from (x-death). It returns "" when
+// the headers say neither.
+func DeadLetterOrigin(h amqp.Table) string {
+	if q, ok := h[HeaderOriginalQueue].(string); ok && q != "" {
+		return q
 	}
-	if deaths, ok := h["x-death"].([]any); ok && len(deaths) > 0 {
-		if t, ok := deaths[0].(amqp.Table); ok {
-			r, _ := t["reason"].(string)
-			return r == o.Reason
+	_, q, _ := brokerDeath(h)
+	return q
+}
+
+// brokerDeath reports the reason and queue of the broker's dead-lettering
+// that brought the message to its DLQ. The broker lists its most recent
+// dead-lettering first in x-death. A message that inboxmq retried carries
+// x-death entries of its delay tiers too (they expire back into the work
+// queue): the last one counts only when it names the work queue itself
+// (x-original-queue). Without a usable x-death, the x-first-death headers
+// count for a message that inboxmq never handled.
+func brokerDeath(h amqp.Table) (reason, queue string, ok bool) {
+	orig, handled := h[HeaderOriginalQueue].(string)
+	if deaths, _ := h["x-death"].([]any); len(deaths) > 0 {
+		if d, isTable := deaths[0].(amqp.Table); isTable {
+			reason, _ = d["reason"].(string)
+			queue, _ = d["queue"].(string)
+			if reason != "" && queue != "" && (!handled || orig == queue) {
+				return reason, queue, true
+			}
+			return "", "", false
 		}
 	}
-	return false
+	if handled {
+		return "", "", false
+	}
+	reason, _ = h["x-first-death-reason"].(string)
+	queue, _ = h["x-first-death-queue"].(string)
+	if reason == "" || queue == "" {
+		return "", "", false
+	}
+	return reason, queue, true
 }
 
 // replayHeaders resets the attempt, counts the replay and drops the

@@ -1,12 +1,15 @@
 package consumer
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"regexp"
+	"strings"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.uber.org/zap"
 )
 
 // AMQP queue arguments that inboxmq sets.
@@ -41,19 +44,11 @@ func (o HandlerOpts) validateTopology(queue string) error {
 			return fmt.Errorf("consumer: queue %q: argument %s is managed by inboxmq (it decides whether messages can be dropped); remove it from QueueOpts.Arguments", queue, a)
 		}
 	}
-	// Arguments that delete or expire messages without a dead-letter route:
-	// a queue that expires takes its messages with it, and a classic work
-	// queue has no dead-letter exchange, so a TTL or a length limit would
-	// drop messages there.
+	// Every work queue dead-letters into its DLQ, so a TTL or a length
+	// limit moves messages there (with the broker's x-death reason); only a
+	// queue that expires would take its messages with it.
 	if _, ok := q.Arguments["x-expires"]; ok {
 		return fmt.Errorf("consumer: queue %q: x-expires would delete the queue with its messages; remove it from QueueOpts.Arguments", queue)
-	}
-	if q.Type == Classic {
-		for _, a := range []string{argMessageTTL, "x-max-length", "x-max-length-bytes"} {
-			if _, ok := q.Arguments[a]; ok {
-				return fmt.Errorf("consumer: classic queue %q: %s would drop messages silently (a classic work queue has no dead-letter exchange); use a quorum queue or remove it", queue, a)
-			}
-		}
 	}
 	for _, tier := range q.RetryTiers {
 		if n := RetryQueueName(queue, tier); !ValidName(n) {
@@ -63,17 +58,19 @@ func (o HandlerOpts) validateTopology(queue string) error {
 	return nil
 }
 
-// workQueueArgs are the arguments of the work queue.
+// workQueueArgs are the arguments of the work queue. Every work queue
+// dead-letters into its DLQ through the default exchange, so a message the
+// broker expires, rejects or drops for a length limit lands there.
 func workQueueArgs(queue string, q QueueOpts) amqp.Table {
 	args := amqp.Table{}
 	for k, v := range q.Arguments {
 		args[k] = v
 	}
 	args[argQueueType] = string(q.Type)
+	args[argDLX] = ""
+	args[argDLRoutingKey] = q.DeadLetterQueue
 	if q.Type == Quorum {
 		args[argDeliveryLimit] = int64(q.DeliveryLimit)
-		args[argDLX] = ""
-		args[argDLRoutingKey] = q.DeadLetterQueue
 		args[argDLStrategy] = strategyAtLeastOnce
 		args[argOverflow] = overflowRejectPub
 	}
@@ -113,18 +110,65 @@ func topology(queue string, q QueueOpts) []queueDecl {
 
 var inequivalentArg = regexp.MustCompile(`inequivalent arg '([^']+)'`)
 
-// declareTopology declares every queue of the route. Each declaration uses
-// its own channel, because a PRECONDITION_FAILED closes the channel.
+// declareTopology declares every queue of the route (see declareRoute).
 func declareTopology(conn *amqp.Connection, r Route) error {
+	_, err := declareRoute(conn, r)
+	return err
+}
+
+// declareRoute declares every queue of the route. Each declaration uses
+// its own channel, because a PRECONDITION_FAILED closes the channel. It
+// reports legacy when the classic work queue exists as declared before
+// v0.1.0, without a dead-letter route: that queue is kept as it is (its
+// arguments cannot change by declaring it again) and the caller warns.
+func declareRoute(conn *amqp.Connection, r Route) (bool, error) {
 	if r.Opts.Queue.NoDeclare {
-		return nil
+		return false, nil
 	}
+	legacy := false
 	for _, qd := range topology(r.Queue, r.Opts.Queue) {
-		if err := declareQueue(conn, qd); err != nil {
-			return err
+		err := declareQueue(conn, qd)
+		if qd.name == r.Queue && r.Opts.Queue.Type == Classic && lacksDeadLetterRoute(err) {
+			old := queueDecl{name: qd.name, args: cloneTable(qd.args)}
+			delete(old.args, argDLX)
+			delete(old.args, argDLRoutingKey)
+			if err = declareQueue(conn, old); err == nil {
+				legacy = true
+			}
+		}
+		if err != nil {
+			return false, err
 		}
 	}
-	return nil
+	return legacy, nil
+}
+
+// lacksDeadLetterRoute reports whether err is the broker refusing a
+// declaration because the existing queue's dead-letter arguments differ.
+func lacksDeadLetterRoute(err error) bool {
+	var ae *amqp.Error
+	if !errors.As(err, &ae) || ae.Code != amqp.PreconditionFailed {
+		return false
+	}
+	m := inequivalentArg.FindStringSubmatch(ae.Reason)
+	return m != nil && (m[1] == argDLX || m[1] == argDLRoutingKey)
+}
+
+// warnLegacyQueue logs that route's work queue has no dead-letter route of
+// its own, with the policy that gives it one.
+func warnLegacyQueue(log *zap.Logger, vhost string, r Route) {
+	dlq := r.Opts.Queue.DeadLetterQueue
+	policy := fmt.Sprintf(`rabbitmqctl set_policy -p %s %s %s '{"dead-letter-exchange":"","dead-letter-routing-key":"%s"}' --apply-to queues`,
+		shellQuote(cmp.Or(vhost, "/")), shellQuote(r.Queue+"-dlx"), shellQuote("^"+regexp.QuoteMeta(r.Queue)+"$"), dlq)
+	log.Warn("consumer: work queue was declared before v0.1.0 without a dead-letter route; "+
+		"unless a policy gives it one, a message that expires or is rejected there is dropped, not moved to the DLQ. "+
+		"Apply the policy in migration (see docs/operations.md), or delete the queue once it is empty so that the consumer declares it anew",
+		zap.String("queue", r.Queue), zap.String("dead_letter_queue", dlq), zap.String("migration", policy))
+}
+
+// shellQuote quotes s for a POSIX shell.
+func shellQuote(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 func declareQueue(conn *amqp.Connection, qd queueDecl) error {

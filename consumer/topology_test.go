@@ -9,6 +9,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
@@ -300,4 +302,149 @@ func TestConsumer_BrokerCancelRedeclaresAndResumes(t *testing.T) {
 	require.Equal(t, consumer.ActionAcked, o.Outcome.Action)
 	require.Equal(t, "after-cancel", o.ID)
 	b.stop(t, c)
+}
+
+// startPaused declares the topology of b.queue (of the queue type and
+// arguments of q) through a consumer that does not consume it: no worker
+// takes its messages until Resume. h nil handles every message with
+// success.
+func (b *testBundle) startPaused(t *testing.T, q consumer.QueueOpts, h consumer.Handler[order], mutate func(*consumer.Config)) *consumer.Consumer {
+	t.Helper()
+	if h == nil {
+		h = consumer.HandlerFunc[order](func(context.Context, *consumer.Message[order]) error { return nil })
+	}
+	r := consumer.NewRouter()
+	opts := fastOpts()
+	opts.Queue.Type, opts.Queue.Arguments = q.Type, q.Arguments
+	if q.Type == consumer.Quorum {
+		opts.Queue.DeliveryLimit = 4
+	}
+	consumer.Register(r, b.queue, h, opts)
+	c := b.newConsumer(t, r, mutate)
+	require.NoError(t, c.Pause(b.queue))
+	require.NoError(t, c.Start(t.Context()))
+	return c
+}
+
+// requireBrokerDeath checks that m was dead-lettered by the broker from
+// queue for reason, without its per-message expiration.
+func requireBrokerDeath(t *testing.T, m amqp.Delivery, queue, reason string) {
+	t.Helper()
+	deaths, ok := m.Headers["x-death"].([]any)
+	require.True(t, ok, "x-death header: %v", m.Headers)
+	require.NotEmpty(t, deaths)
+	death, ok := deaths[0].(amqp.Table)
+	require.True(t, ok, "x-death entry: %v", deaths[0])
+	require.Equal(t, reason, death["reason"])
+	require.Equal(t, queue, death["queue"])
+	require.Equal(t, reason, m.Headers["x-first-death-reason"])
+	require.Empty(t, m.Expiration, "the broker strips the expiration when it dead-letters")
+}
+
+// A message that expires in the work queue while no worker runs (a
+// per-message expiration set by its producer, or the queue's own TTL), or
+// that a length limit pushes out, is moved to the DLQ by the broker,
+// classic and quorum alike, never dropped.
+func TestConsumer_ExpiredMessageLandsInDLQ(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name       string
+		typ        consumer.QueueType
+		args       map[string]any
+		expiration string
+		reason     string
+	}{
+		{"classic per-message expiration", consumer.Classic, nil, "50", "expired"},
+		{"quorum per-message expiration", consumer.Quorum, nil, "50", "expired"},
+		{"classic queue TTL", consumer.Classic, map[string]any{"x-message-ttl": int64(50)}, "", "expired"},
+		{"classic length limit", consumer.Classic, map[string]any{"x-max-length": int64(1)}, "", "maxlen"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			c := b.startPaused(t, consumer.QueueOpts{Type: tt.typ, Arguments: tt.args}, nil, nil)
+			b.pub.Publish(b.queue, []byte(`{"id":"late"}`), amqp.Publishing{MessageId: "late", Expiration: tt.expiration})
+			if tt.reason == "maxlen" {
+				b.pub.Publish(b.queue, []byte(`{"id":"next"}`), amqp.Publishing{MessageId: "next"})
+			}
+
+			testenv.WaitFor(t, "the message in the DLQ", func() bool { return amqptest.Depth(t, b.conn, b.queue+".dlq") == 1 })
+			b.stop(t, c)
+			dead := amqptest.Drain(t, b.conn, b.queue+".dlq")
+			require.Len(t, dead, 1)
+			require.Equal(t, "late", dead[0].MessageId)
+			require.JSONEq(t, `{"id":"late"}`, string(dead[0].Body))
+			requireBrokerDeath(t, dead[0], b.queue, tt.reason)
+			require.Equal(t, tt.reason+" (broker)", consumer.DeadLetterReason(dead[0].Headers))
+			require.Equal(t, b.queue, consumer.DeadLetterOrigin(dead[0].Headers))
+		})
+	}
+}
+
+// The classic work queue is declared with a dead-letter route into its DLQ.
+func TestConsumer_ClassicTopologyHasDeadLetterRoute(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := b.startPaused(t, consumer.QueueOpts{}, nil, nil)
+	b.stop(t, c)
+	ch, err := b.conn.Channel()
+	require.NoError(t, err)
+	defer ch.Close()
+	_, err = ch.QueueDeclare(b.queue, true, false, false, false, amqp.Table{
+		"x-queue-type":              "classic",
+		"x-dead-letter-exchange":    "",
+		"x-dead-letter-routing-key": b.queue + ".dlq",
+	})
+	require.NoError(t, err, "the broker checks equivalence: only the consumer's own arguments pass")
+}
+
+// A classic work queue declared before v0.1.0 (no dead-letter route) does
+// not stop the consumer from starting: it warns with the migration, and
+// the policy it names makes an expiring message land in the DLQ.
+func TestConsumer_LegacyClassicQueueStartsAndPolicyMigratesIt(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ch, err := b.conn.Channel()
+	require.NoError(t, err)
+	_, err = ch.QueueDeclare(b.queue, true, false, false, false, amqp.Table{"x-queue-type": "classic"})
+	require.NoError(t, err)
+	require.NoError(t, ch.Close())
+
+	core, logs := observer.New(zap.WarnLevel)
+	c := b.startPaused(t, consumer.QueueOpts{}, nil, func(cfg *consumer.Config) { cfg.Logger = zap.New(core) })
+	require.True(t, c.Ready())
+	warned := logs.FilterMessageSnippet("without a dead-letter route").All()
+	require.Len(t, warned, 1, "one warning at start: %v", logs.All())
+	fields := warned[0].ContextMap()
+	require.Equal(t, b.queue, fields["queue"])
+	require.Contains(t, fields["migration"], `"dead-letter-routing-key":"`+b.queue+`.dlq"`)
+	require.Contains(t, fields["migration"], "rabbitmqctl set_policy")
+
+	amqptest.SetQueuePolicy(t, b.queue, `{"dead-letter-exchange":"","dead-letter-routing-key":"`+b.queue+`.dlq"}`)
+	b.pub.Publish(b.queue, []byte(`{"id":"late"}`), amqp.Publishing{MessageId: "late", Expiration: "50"})
+	testenv.WaitFor(t, "the expired message in the DLQ", func() bool { return amqptest.Depth(t, b.conn, b.queue+".dlq") == 1 })
+	b.stop(t, c)
+	dead := amqptest.Drain(t, b.conn, b.queue+".dlq")
+	require.Len(t, dead, 1)
+	requireBrokerDeath(t, dead[0], b.queue, "expired")
+}
+
+// A classic queue that lacks the dead-letter route and also differs in
+// another argument is not the legacy shape: a start-up error naming it.
+func TestConsumer_LegacyQueueWithOtherArgumentsIsAClearError(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ch, err := b.conn.Channel()
+	require.NoError(t, err)
+	_, err = ch.QueueDeclare(b.queue, true, false, false, false, amqp.Table{"x-queue-type": "classic", "x-max-length": int64(5)})
+	require.NoError(t, err)
+	require.NoError(t, ch.Close())
+
+	r := consumer.NewRouter()
+	consumer.Register(r, b.queue, consumer.HandlerFunc[order](func(context.Context, *consumer.Message[order]) error { return nil }), fastOpts())
+	c := b.newConsumer(t, r, nil)
+	err = c.Start(t.Context())
+	require.ErrorContains(t, err, "different argument x-max-length than configured")
+	require.False(t, c.Ready())
 }

@@ -316,7 +316,10 @@ func (e *env) freshQueue() (string, error) {
 		return "", err
 	}
 	defer ch.Close()
-	_, err = ch.QueueDeclare(q, true, false, false, false, amqp.Table{"x-queue-type": "classic"})
+	// As the consumer declares a classic work queue.
+	_, err = ch.QueueDeclare(q, true, false, false, false, amqp.Table{
+		"x-queue-type": "classic", "x-dead-letter-exchange": "", "x-dead-letter-routing-key": q + ".dlq",
+	})
 	return q, err
 }
 

@@ -64,7 +64,9 @@ func (c *cli) dlqListCmd() *cobra.Command {
 		Use:   "list QUEUE",
 		Short: "List dead letters of QUEUE without removing them",
 		Long: `list shows up to --limit dead letters: message id, idempotency key, error
-(reason: text), attempt, replay count and failure times. Messages are read
+(reason: text), attempt, replay count and failure times. A message the
+broker dead-lettered (it expired, was rejected or hit a limit in QUEUE)
+shows the broker's reason, such as "expired (broker)". Messages are read
 without acknowledgement and returned to the DLQ when list ends.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -102,8 +104,8 @@ without acknowledgement and returned to the DLQ when list ends.`,
 				}
 				views = append(views, deadLetterView{
 					MessageID: d.MessageId, Key: headerString(d.Headers, consumer.HeaderIdempotencyKey),
-					Error: headerString(d.Headers, consumer.HeaderError), Attempt: consumer.HeaderInt(d.Headers, consumer.HeaderAttempt),
-					ReplayCount: consumer.HeaderInt(d.Headers, consumer.HeaderReplayCount), OriginalQueue: headerString(d.Headers, consumer.HeaderOriginalQueue),
+					Error: consumer.DeadLetterReason(d.Headers), Attempt: consumer.HeaderInt(d.Headers, consumer.HeaderAttempt),
+					ReplayCount: consumer.HeaderInt(d.Headers, consumer.HeaderReplayCount), OriginalQueue: consumer.DeadLetterOrigin(d.Headers),
 					FirstFailedAt: headerString(d.Headers, consumer.HeaderFirstFailedAt), LastFailedAt: headerString(d.Headers, consumer.HeaderLastFailedAt),
 					Bytes: len(d.Body),
 				})
@@ -142,10 +144,12 @@ func (c *cli) dlqReplayCmd() *cobra.Command {
 		Use:   "replay QUEUE",
 		Short: "Move dead letters back to QUEUE",
 		Long: `replay moves dead letters of QUEUE back to QUEUE (selected by --reason, the
-prefix of their x-error header, and --key), at most --count of them. Each
+prefix of the reason list shows, and --key), at most --count of them. Each
 one is republished with confirm before it leaves the DLQ, with its body and
-so its idempotency key unchanged: the inbox processes it at most once.
-Messages replayed --max-replays times already stay in the DLQ.`,
+so its idempotency key unchanged: the inbox processes it at most once. A
+message that expired goes back without its expiration. Messages replayed
+--max-replays times already, and dead letters of another queue, stay in
+the DLQ.`,
 		Example: `  inboxctl dlq replay payments --reason exhausted --count 100
   inboxctl dlq replay payments --key payment:42`,
 		Args: cobra.ExactArgs(1),
@@ -178,7 +182,7 @@ Messages replayed --max-replays times already stay in the DLQ.`,
 	}
 	cmd.Flags().StringVar(&dlq, "dlq", "", `dead-letter queue name (default "<QUEUE>.dlq")`)
 	cmd.Flags().IntVar(&count, "count", 0, "most messages to replay (0: all)")
-	cmd.Flags().StringVar(&reason, "reason", "", "only dead letters whose x-error starts with this reason")
+	cmd.Flags().StringVar(&reason, "reason", "", "only dead letters whose reason starts with this (exhausted, decode, expired...)")
 	cmd.Flags().StringVar(&key, "key", "", "only the dead letters with this idempotency key")
 	cmd.Flags().IntVar(&maxReplays, "max-replays", 0, "refuse messages replayed this often already (0: default 3, -1: no bound)")
 	return cmd

@@ -4,6 +4,7 @@
 package amqptest
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -188,4 +189,44 @@ func CloseConnection(t testing.TB, name string) {
 	if err != nil {
 		t.Fatalf("amqptest: rabbitmqctl close_connection %s: %v: %s", pid, err, out)
 	}
+}
+
+// SetQueuePolicy applies a RabbitMQ policy (rabbitmqctl set_policy, as an
+// operator would) whose pattern matches exactly queue and nothing else, and
+// waits until the queue reports it. The policy is named after the queue and
+// cleared when the test ends. queue must come from [QueueName], so that a
+// test never changes anything else on a shared broker. A missing or failing
+// rabbitmqctl fails the test: CI installs it (package rabbitmq-server).
+func SetQueuePolicy(t testing.TB, queue, definition string) {
+	t.Helper()
+	if !strings.HasPrefix(queue, "t.") {
+		t.Fatalf("amqptest: SetQueuePolicy on %q: only test queues from QueueName", queue)
+	}
+	uri, err := amqp.ParseURI(testenv.AMQPURL())
+	if err != nil {
+		t.Fatalf("amqptest: parse AMQP URL: %v", err)
+	}
+	vhost := cmp.Or(uri.Vhost, "/")
+	rabbitmqctl := func(args ...string) string {
+		ctx, cancel := context.WithTimeout(context.Background(), testenv.Timeout())
+		defer cancel()
+		out, err := exec.CommandContext(ctx, "rabbitmqctl", append([]string{"-q", "-p", vhost}, args...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("amqptest: rabbitmqctl %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+		return string(out)
+	}
+	pattern := "^" + regexp.QuoteMeta(queue) + "$"
+	rabbitmqctl("set_policy", "--apply-to", "queues", "--priority", "10", queue, pattern, definition)
+	t.Cleanup(func() { rabbitmqctl("clear_policy", queue) })
+	// A classic queue answers list_queues itself, so once it names the
+	// policy it has applied it.
+	testenv.WaitFor(t, "policy "+queue+" applied", func() bool {
+		for line := range strings.SplitSeq(rabbitmqctl("list_queues", "name", "policy"), "\n") {
+			if f := strings.Fields(line); len(f) == 2 && f[0] == queue && f[1] == queue {
+				return true
+			}
+		}
+		return false
+	})
 }

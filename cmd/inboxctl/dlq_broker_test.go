@@ -1,0 +1,55 @@
+package main
+
+import (
+	"testing"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/internal/amqptest"
+	"github.com/inboxmq/inboxmq/internal/testenv"
+)
+
+// A message that expired in its work queue is a dead letter like any
+// other: list shows the broker's reason and its queue, replay sends it
+// back without the expiration.
+func TestDLQCommands_BrokerDeadLetter(t *testing.T) {
+	t.Parallel()
+	b := &cliBundle{env: map[string]string{"AMQP_URL": testenv.AMQPURL()}}
+	conn := amqptest.Dial(t)
+	queue := amqptest.QueueName(t)
+	dlq := queue + ".dlq"
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	_, err = ch.QueueDeclare(dlq, true, false, false, false, nil)
+	require.NoError(t, err)
+	_, err = ch.QueueDeclare(queue, true, false, false, false, amqp.Table{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dlq})
+	require.NoError(t, err)
+	require.NoError(t, ch.Close())
+	amqptest.NewPublisher(t, conn).Publish(queue, []byte(`{"id":"late"}`), amqp.Publishing{MessageId: "late", Expiration: "50"})
+	testenv.WaitFor(t, "the expired message in the DLQ", func() bool { return amqptest.Depth(t, conn, dlq) == 1 })
+
+	r := b.run(t, "dlq", "list", queue)
+	require.Equal(t, exitOK, r.code, r.errOut)
+	require.Regexp(t, `(?m)^late\s+.*expired \(broker\)$`, r.out)
+	r = b.run(t, "dlq", "list", queue, "-o", "json")
+	require.Equal(t, exitOK, r.code, r.errOut)
+	var list struct {
+		DeadLetters []deadLetterView `json:"dead_letters"`
+	}
+	r.json(t, &list)
+	require.Len(t, list.DeadLetters, 1)
+	require.Equal(t, "expired (broker)", list.DeadLetters[0].Error)
+	require.Equal(t, queue, list.DeadLetters[0].OriginalQueue)
+
+	r = b.run(t, "dlq", "replay", queue, "--reason", "expired")
+	require.Equal(t, exitOK, r.code, r.errOut)
+	require.Contains(t, r.out, "replayed 1 of 1")
+	m, ok := amqptest.Get(t, conn, queue)
+	require.True(t, ok)
+	require.Equal(t, "late", m.MessageId)
+	require.Empty(t, m.Expiration)
+	require.Equal(t, 1, consumer.HeaderInt(m.Headers, consumer.HeaderReplayCount))
+	require.Zero(t, amqptest.Depth(t, conn, dlq))
+}
