@@ -188,6 +188,16 @@ func (s *Store) execDistinct(units []*unit, pipeline bool) {
 
 	claimed, err := s.claimBatch(ctx, tx, br, units)
 	endSpans(err)
+	if err != nil && len(units) > 1 && isPermanent(err) {
+		// One key's values cannot be stored (a NUL byte, say): the claim
+		// of all of them failed with it. Claim each in a transaction of its
+		// own, so that only the bad one fails.
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		for _, u := range units {
+			s.execDistinct([]*unit{u}, false)
+		}
+		return
+	}
 	if err != nil {
 		failAll(units, err)
 		return

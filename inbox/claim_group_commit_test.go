@@ -141,7 +141,8 @@ func TestClaimGroupCommit_TakenOverClaimIsFencedOutAlone(t *testing.T) {
 
 // A completion whose writes fail only at COMMIT fails the batch's commit;
 // the completions then run again one by one, so only that one fails (its
-// claim released for the retry) and the others commit once.
+// claim released; a foreign key violation is permanent) and the others
+// commit once.
 func TestClaimGroupCommit_CommitFailureFailsOnlyItsCompletion(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
@@ -154,7 +155,7 @@ func TestClaimGroupCommit_CommitFailureFailsOnlyItsCompletion(t *testing.T) {
 		return nil
 	})
 
-	requireOnlyRetry(t, handleAll(t, h, orders(t, 4)), 1, inbox.ReasonDBCommit)
+	requireOnlyPermanent(t, handleAll(t, h, orders(t, 4)), 1, inbox.ReasonDBIntegrityViolation)
 	require.Equal(t, 3, b.count(t, `SELECT count(*) FROM effects`))
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM effects WHERE key = 'order:2'`))
 	require.Equal(t, 3, b.count(t, `SELECT count(*) FROM inboxmq_inbox WHERE status = 'completed'`))

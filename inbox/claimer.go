@@ -1,6 +1,7 @@
 package inbox
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"time"
@@ -59,17 +60,7 @@ func (s *Store) sendLeases(batch []*leaseReq) {
 	defer done()
 
 	if len(batch) == 1 {
-		r := batch[0]
-		// The asynchronous statement returns set_config's value too; nil skips it.
-		sql, dest := s.sql.claimLeaseAsync, []any{&r.fence, &r.attempts, &r.steps, &r.now, nil}
-		if !async {
-			sql, dest = s.sql.claimLease, dest[:4]
-		}
-		err := s.pool.QueryRow(ctx, sql, r.u.consumer, r.u.key, r.token, r.lease, r.u.fp, messageIDArg(r.u), r.u.payload).Scan(dest...)
-		r.claimed = err == nil
-		if !errors.Is(err, pgx.ErrNoRows) {
-			r.err = err
-		}
+		s.sendLease(ctx, batch[0], async)
 		return
 	}
 
@@ -109,6 +100,16 @@ func (s *Store) sendLeases(batch []*leaseReq) {
 		rows.Close()
 		err = errors.Join(err, rows.Err())
 	}
+	if err != nil && isPermanent(err) {
+		// One key's values cannot be stored (a NUL byte, say), and the
+		// statement failed for all: claim each alone, so that only the bad
+		// one fails.
+		for _, r := range batch {
+			r.claimed, r.err = false, nil
+			s.sendLease(ctx, r, !r.durable)
+		}
+		return
+	}
 	if err != nil {
 		// No claim of the round is used. A failed statement wrote none (it
 		// is one transaction); after an answer lost or misread, any claim
@@ -116,6 +117,20 @@ func (s *Store) sendLeases(batch []*leaseReq) {
 		for _, r := range batch {
 			r.claimed, r.err = false, err
 		}
+	}
+}
+
+// sendLease claims r's key alone, with claimLease.
+func (s *Store) sendLease(ctx context.Context, r *leaseReq, async bool) {
+	// The asynchronous statement returns set_config's value too; nil skips it.
+	sql, dest := s.sql.claimLeaseAsync, []any{&r.fence, &r.attempts, &r.steps, &r.now, nil}
+	if !async {
+		sql, dest = s.sql.claimLease, dest[:4]
+	}
+	err := s.pool.QueryRow(ctx, sql, r.u.consumer, r.u.key, r.token, r.lease, r.u.fp, messageIDArg(r.u), r.u.payload).Scan(dest...)
+	r.claimed = err == nil
+	if !errors.Is(err, pgx.ErrNoRows) {
+		r.err = err
 	}
 }
 

@@ -110,7 +110,12 @@
 // serialization failures, deadlocks and connection loss become retryable
 // with a reason (db_serialization, db_deadlock, db_connection…), and a
 // unique violation on a business table a duplicate (source
-// business_constraint).
+// business_constraint). A value PostgreSQL refuses (a data exception such
+// as a NUL byte in a text column, reason db_data_exception) or a broken
+// constraint other than a unique one (not null, foreign key, check: reason
+// db_integrity_violation) fails the same way on every attempt, so it is
+// permanent: the message is dead-lettered at once, whether the handler's
+// write or the inbox's own claim of the key raised it.
 //
 // # Tracing
 //

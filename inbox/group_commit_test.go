@@ -201,7 +201,7 @@ func TestGroupCommit_CommitFailureFailsOnlyItsDelivery(t *testing.T) {
 		}
 		return nil
 	}, fullBatch(4))
-	requireOnlyRetry(t, handleAll(t, h, orders(t, 4)), 1, inbox.ReasonDBCommit)
+	requireOnlyPermanent(t, handleAll(t, h, orders(t, 4)), 1, inbox.ReasonDBIntegrityViolation)
 	require.Equal(t, int64(8), calls.Load(), "each handler ran in the batch and once more alone")
 	require.Equal(t, 3, b.count(t, `SELECT count(*) FROM effects`))
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM effects WHERE key = 'order:2'`))

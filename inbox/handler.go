@@ -66,16 +66,20 @@ type HandlerOpts struct {
 //
 // A concurrent duplicate blocks on the primary key until the first
 // transaction commits (then it is a duplicate) or rolls back (then it
-// proceeds). h's errors are mapped with [MapError]: database errors become
-// retryable with a reason, a unique violation on a business table a
-// duplicate; h's own retry errors pass through. An empty key is permanent.
+// proceeds). h's errors are mapped with [MapError]: transient database
+// errors become retryable with a reason, a value or constraint PostgreSQL
+// refuses (classes 22 and 23) permanent, a unique violation on a business
+// table a duplicate; h's own retry errors pass through. An empty key is
+// permanent, and so is a key PostgreSQL cannot store (a NUL byte): in a
+// batch, such a key fails alone.
 //
 // With opts.GroupCommit set, deliveries handled concurrently share one
 // transaction: one claim statement for all keys in key order, a savepoint
 // per delivery (a failure rolls back only its own writes), one COMMIT. A
 // failed COMMIT (a deferred constraint, a serialization failure) runs the
 // batch's deliveries again one by one, each in its own transaction, so that
-// only the delivery whose writes fail at COMMIT fails (retryable); their
+// only the delivery whose writes fail at COMMIT fails (classified by
+// MapError: a deferred foreign key is permanent); their
 // handlers then run twice, the first run rolled back.
 //
 // Handler panics if s or h is nil (a start-up bug).
