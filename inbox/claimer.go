@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -66,18 +67,19 @@ func (s *Store) sendLeases(batch []*leaseReq) {
 
 	n := len(batch)
 	consumers, keys, owners, mids := make([]string, n), make([]string, n), make([]string, n), make([]*string, n)
-	leases, fps, payloads := make([]int64, n), make([][]byte, n), make([][]byte, n)
+	leases, fps, payloads, attempts := make([]int64, n), make([][]byte, n), make([][]byte, n), make([]int32, n)
 	byKey := make(map[unitKey]*leaseReq, n)
 	for i, r := range batch {
 		consumers[i], keys[i], owners[i], mids[i] = r.u.consumer, r.u.key, r.token, messageIDArg(r.u)
 		leases[i], fps[i], payloads[i] = r.lease, r.u.fp, r.u.payload
+		attempts[i] = int32(min(r.u.attempt, math.MaxInt32)) //nolint:gosec // bounded above
 		byKey[unitKey{r.u.consumer, r.u.key}] = r
 	}
 	sql := s.sql.claimLeases
 	if async {
 		sql = s.sql.claimLeasesAsync
 	}
-	rows, err := s.pool.Query(ctx, sql, consumers, keys, owners, leases, fps, mids, payloads)
+	rows, err := s.pool.Query(ctx, sql, consumers, keys, owners, leases, fps, mids, payloads, attempts)
 	if err == nil {
 		var k unitKey
 		var fence int64
@@ -127,7 +129,7 @@ func (s *Store) sendLease(ctx context.Context, r *leaseReq, async bool) {
 	if !async {
 		sql, dest = s.sql.claimLease, dest[:4]
 	}
-	err := s.pool.QueryRow(ctx, sql, r.u.consumer, r.u.key, r.token, r.lease, r.u.fp, messageIDArg(r.u), r.u.payload).Scan(dest...)
+	err := s.pool.QueryRow(ctx, sql, r.u.consumer, r.u.key, r.token, r.lease, r.u.fp, messageIDArg(r.u), r.u.payload, r.u.attempt).Scan(dest...)
 	r.claimed = err == nil
 	if !errors.Is(err, pgx.ErrNoRows) {
 		r.err = err

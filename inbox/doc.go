@@ -23,6 +23,17 @@
 // [ErrKeyConflict]. A failed attempt rolls back and is recorded on the row
 // (attempts, last_error, last_failed_at).
 //
+// # Attempts and deliveries
+//
+// A row's attempts is the broker attempt (the x-attempt header,
+// consumer.Delivery.Attempt) of the last delivery that took the key up or
+// failed on it, in both modes. In-process tries of one delivery and the
+// broker's redeliveries of it do not add to it, so it is the number a
+// dead-letter copy of the key carries in x-attempt, and a replay from the
+// DLQ starts again at 1. The deliveries column is the crash-loop counter only: it counts the broker's
+// redeliveries of the key on classic queues (see StoreConfig.CrashLimit),
+// not every delivery.
+//
 //	consumer.Register(router, "payments", inbox.Handler(store,
 //		func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[Payment]) error {
 //			_, err := tx.Exec(ctx, `INSERT INTO payments …`, …)

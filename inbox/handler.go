@@ -62,7 +62,9 @@ type HandlerOpts struct {
 //     runs with the same transaction;
 //  5. h returned nil: COMMIT (the consumer acks after Handle returns nil);
 //     h failed: ROLLBACK, and the failed attempt (attempts, last_error,
-//     last_failed_at) is recorded on the row.
+//     last_failed_at) is recorded on the row. The row's attempts is the
+//     delivery's broker attempt (msg.Attempt), not a count of handler runs:
+//     see Record.Attempts.
 //
 // A concurrent duplicate blocks on the primary key until the first
 // transaction commits (then it is a duplicate) or rolls back (then it
@@ -96,7 +98,7 @@ func Handler[T any](s *Store, h TxHandlerFunc[T], opts *HandlerOpts) consumer.Ha
 		b = newBatcher(s, o.GroupCommit.or(s.cfg.GroupCommit))
 	}
 	return consumer.HandlerFunc[T](func(ctx context.Context, msg *consumer.Message[T]) error {
-		u, err := s.newUnit(ctx, msg.Consumer, msg.Key, msg.ID, msg.Delivery, fingerprint(msg), o.StorePayload)
+		u, err := s.newUnit(ctx, msg.Consumer, msg.Key, msg.ID, msg.Attempt, msg.Delivery, fingerprint(msg), o.StorePayload)
 		if err != nil {
 			return err
 		}
@@ -115,14 +117,14 @@ func Handler[T any](s *Store, h TxHandlerFunc[T], opts *HandlerOpts) consumer.Ha
 	})
 }
 
-func (s *Store) newUnit(ctx context.Context, consumerName, key, messageID string, d *consumer.Delivery, fp []byte, storePayload bool) (*unit, error) {
+func (s *Store) newUnit(ctx context.Context, consumerName, key, messageID string, attempt int, d *consumer.Delivery, fp []byte, storePayload bool) (*unit, error) {
 	if key == "" {
 		return nil, retry.Permanent(retry.WithReason(retry.ReasonInvalid, errors.New("inbox: empty idempotency key")))
 	}
 	if consumerName == "" {
 		return nil, retry.Permanent(retry.WithReason(retry.ReasonInvalid, errors.New("inbox: empty consumer name")))
 	}
-	u := &unit{ctx: ctx, consumer: consumerName, key: key, messageID: messageID, fp: fp, done: make(chan struct{})}
+	u := &unit{ctx: ctx, consumer: consumerName, key: key, messageID: messageID, attempt: max(attempt, 1), fp: fp, done: make(chan struct{})}
 	if d != nil {
 		if storePayload {
 			u.payload = d.Body
