@@ -535,9 +535,11 @@ func (s *Store) recordFailure(u *unit, herr error) {
 }
 
 // errorText bounds the stored error text.
-func errorText(err error) string {
+func errorText(err error) string { return boundText(err.Error()) }
+
+// boundText cuts s to the length stored as last_error.
+func boundText(s string) string {
 	const limit = 2000
-	s := err.Error()
 	if len(s) > limit {
 		s = s[:limit]
 	}

@@ -59,37 +59,69 @@ func (b *e2e) waitDeadLetter(t *testing.T) amqp.Delivery {
 // the key up: a job that always fails, retried in process and through the
 // broker up to the policy's bound, ends with the same number on its row as
 // on its dead-letter copy (x-attempt), not the count of handler runs — in
-// transactional and in claim mode.
+// transactional and in claim mode. With the store's DeadLetterObserver the
+// row is dead with the copy's x-error.
 func TestE2E_RowAttemptsMatchDeadLetterCopy(t *testing.T) {
 	t.Parallel()
-	fail := func(runs *atomic.Int64) error {
-		runs.Add(1)
-		return errors.New("gateway down")
+	// gateway fails until it is up, counting its calls.
+	type gateway struct{ runs, up atomic.Int64 }
+	call := func(g *gateway) error {
+		g.runs.Add(1)
+		if g.up.Load() == 0 {
+			return errors.New("gateway down")
+		}
+		return nil
 	}
 	for _, tc := range []struct {
 		name string
-		h    func(s *inbox.Store, runs *atomic.Int64) consumer.Handler[order]
+		h    func(s *inbox.Store, g *gateway) consumer.Handler[order]
 	}{
-		{"transactional", func(s *inbox.Store, runs *atomic.Int64) consumer.Handler[order] {
-			return inbox.Handler(s, func(context.Context, pgx.Tx, *consumer.Message[order]) error { return fail(runs) }, nil)
+		{"transactional", func(s *inbox.Store, g *gateway) consumer.Handler[order] {
+			return inbox.Handler(s, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[order]) error {
+				if err := call(g); err != nil {
+					return err
+				}
+				return effectHandler(nil)(ctx, tx, msg)
+			}, nil)
 		}},
-		{"claim", func(s *inbox.Store, runs *atomic.Int64) consumer.Handler[order] {
-			return inbox.ClaimHandler(s, func(context.Context, *inbox.Claim, *consumer.Message[order]) error { return fail(runs) }, nil)
+		{"claim", func(s *inbox.Store, g *gateway) consumer.Handler[order] {
+			return inbox.ClaimHandler(s, func(ctx context.Context, c *inbox.Claim, msg *consumer.Message[order]) error {
+				if err := call(g); err != nil {
+					return err
+				}
+				return c.Complete(ctx, completeWithEffect(msg))
+			}, nil)
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			b := setupE2E(t)
 			const maxAttempts, inProcessTries = 3, 2
-			var runs atomic.Int64
-			b.startWith(t, tc.h(b.store, &runs), retry.Exponential{InitialInterval: time.Millisecond, MaxAttempts: maxAttempts},
-				retry.InProcess{Tries: inProcessTries, InitialInterval: time.Millisecond, MaxInterval: time.Millisecond})
+			g := &gateway{}
+			b.startWith(t, tc.h(b.store, g), retry.Exponential{InitialInterval: time.Millisecond, MaxAttempts: maxAttempts},
+				retry.InProcess{Tries: inProcessTries, InitialInterval: time.Millisecond, MaxInterval: time.Millisecond},
+				b.store.DeadLetterObserver())
 			b.pub.Publish(b.queue, []byte(`{"order_id":"a1","amount":5}`), amqp.Publishing{MessageId: "m1"})
 
 			dead := b.waitDeadLetter(t)
-			require.Equal(t, int64(maxAttempts*(1+inProcessTries)), runs.Load(), "every broker attempt ran in process too")
+			require.Equal(t, int64(maxAttempts*(1+inProcessTries)), g.runs.Load(), "every broker attempt ran in process too")
 			require.Equal(t, maxAttempts, consumer.HeaderInt(dead.Headers, consumer.HeaderAttempt))
-			require.Equal(t, maxAttempts, b.get(t, "payments", "order:a1").Attempts, "the row says what the DLQ copy says")
+			r := b.get(t, "payments", "order:a1")
+			require.Equal(t, maxAttempts, r.Attempts, "the row says what the DLQ copy says")
+			require.Equal(t, inbox.RecordDead, r.Status, "dead-lettered, so dead")
+			require.Equal(t, dead.Headers[consumer.HeaderError], *r.LastError, "with the copy's x-error")
+
+			// The gateway is back; the replay takes the dead key up again.
+			g.up.Store(1)
+			b.pub.Publish(b.queue+".dlq", dead.Body, amqp.Publishing{MessageId: dead.MessageId, Headers: dead.Headers})
+			res, err := consumer.ReplayDLQ(t.Context(), b.conn, b.queue, nil)
+			require.NoError(t, err)
+			require.Equal(t, 1, res.Replayed)
+			require.Equal(t, consumer.ActionAcked, b.obs.next(t).Action)
+			r = b.get(t, "payments", "order:a1")
+			require.Equal(t, inbox.RecordCompleted, r.Status)
+			require.Equal(t, 1, r.Attempts, "a replay starts again at attempt 1")
+			require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects WHERE key = 'order:a1'`))
 		})
 	}
 }

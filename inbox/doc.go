@@ -34,6 +34,14 @@
 // redeliveries of the key on classic queues (see StoreConfig.CrashLimit),
 // not every delivery.
 //
+// # Dead letters
+//
+// Add [Store.DeadLetterObserver] to consumer.Config.Observers and a key
+// whose delivery the consumer dead-letters gets a dead row, whose last
+// error is the dead-letter copy's x-error (reason: error) and whose
+// attempts is the copy's x-attempt; a replay from the DLQ takes it up
+// again.
+//
 //	consumer.Register(router, "payments", inbox.Handler(store,
 //		func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[Payment]) error {
 //			_, err := tx.Exec(ctx, `INSERT INTO payments …`, …)

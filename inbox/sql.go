@@ -25,6 +25,8 @@ type statements struct {
 	failAuto string
 	// redelivered counts a broker redelivery (the crash-loop bound).
 	redelivered string
+	// markDead records a dead letter of the key (DeadLetterObserver).
+	markDead string
 
 	// claimLease takes one key in claim mode (autocommit); claimLeases
 	// takes several, claimed by concurrent deliveries, in one statement in
@@ -105,6 +107,12 @@ ON CONFLICT (consumer, key) DO UPDATE SET
 		ELSE i.status END,
 	updated_at = now()
 RETURNING status, deliveries`,
+
+		// A claim still processing is its owner's (or the reconciler's) to
+		// settle; a completed row stays completed.
+		markDead: `UPDATE ` + t + ` SET status = 'dead', last_error = $3, attempts = $4,
+	last_failed_at = now(), updated_at = now()
+WHERE consumer = $1 AND key = $2 AND status NOT IN ('completed', 'processing')`,
 
 		claimLease: `INSERT INTO ` + t + ` AS i (consumer, key, status, owner, fence, lease_until, attempts, fingerprint, message_id, payload)
 VALUES ($1, $2, 'processing', $3, 1, now() + $4::bigint * interval '1 microsecond', $8, $5, $6, $7)
