@@ -3,7 +3,6 @@ package inbox_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync/atomic"
 	"testing"
 
@@ -115,5 +114,5 @@ func TestDeadLetterObserver_CrashLoopBoundHolds(t *testing.T) {
 	requirePermanent(t, last, inbox.ReasonCrashLoop)
 	require.Equal(t, int64(limit), calls.Load(), "the handler ran at most CrashLimit times")
 	require.Equal(t, inbox.RecordDead, b.get(t, "payments", "order:c").Status)
-	require.Equal(t, fmt.Sprint(limit+1), fmt.Sprint(b.get(t, "payments", "order:c").Deliveries))
+	require.Equal(t, limit+1, b.get(t, "payments", "order:c").Deliveries)
 }
