@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -46,6 +47,7 @@ type unit struct {
 	consumer  string
 	key       string
 	messageID string
+	attempt   int // the delivery's broker attempt (x-attempt), 1-based
 	fp        []byte
 	payload   []byte // nil unless the handler stores payloads
 	run       func(ctx context.Context, tx pgx.Tx) error
@@ -188,6 +190,16 @@ func (s *Store) execDistinct(units []*unit, pipeline bool) {
 
 	claimed, err := s.claimBatch(ctx, tx, br, units)
 	endSpans(err)
+	if err != nil && len(units) > 1 && isPermanent(err) {
+		// One key's values cannot be stored (a NUL byte, say): the claim
+		// of all of them failed with it. Claim each in a transaction of its
+		// own, so that only the bad one fails.
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		for _, u := range units {
+			s.execDistinct([]*unit{u}, false)
+		}
+		return
+	}
 	if err != nil {
 		failAll(units, err)
 		return
@@ -317,7 +329,7 @@ func (s *Store) queueClaim(b *pgx.Batch, units []*unit) {
 		if u.messageID != "" {
 			mid = &u.messageID
 		}
-		b.Queue(s.sql.claimOne, u.consumer, u.key, u.fp, mid, u.payload)
+		b.Queue(s.sql.claimOne, u.consumer, u.key, u.fp, mid, u.payload, u.attempt)
 		return
 	}
 	n := len(units)
@@ -326,13 +338,15 @@ func (s *Store) queueClaim(b *pgx.Batch, units []*unit) {
 	fps := make([][]byte, n)
 	mids := make([]*string, n)
 	payloads := make([][]byte, n)
+	attempts := make([]int32, n)
 	for i, u := range units {
 		consumers[i], keys[i], fps[i], payloads[i] = u.consumer, u.key, u.fp, u.payload
+		attempts[i] = int32(min(u.attempt, math.MaxInt32)) //nolint:gosec // bounded above
 		if u.messageID != "" {
 			mids[i] = &u.messageID
 		}
 	}
-	b.Queue(s.sql.claim, consumers, keys, fps, mids, payloads)
+	b.Queue(s.sql.claim, consumers, keys, fps, mids, payloads, attempts)
 }
 
 // queueCompletion queues the fenced completion of the claims of units,
@@ -515,15 +529,17 @@ func (s *Store) recordFailure(u *unit, herr error) {
 	if u.messageID != "" {
 		mid = &u.messageID
 	}
-	if _, err := s.pool.Exec(ctx, s.sql.failAuto, u.consumer, u.key, u.fp, mid, errorText(herr)); err != nil {
+	if _, err := s.pool.Exec(ctx, s.sql.failAuto, u.consumer, u.key, u.fp, mid, errorText(herr), u.attempt); err != nil {
 		s.cfg.Logger.Warn("inbox: record failed attempt", zap.String("consumer", u.consumer), zap.String("key", u.key), zap.Error(err))
 	}
 }
 
 // errorText bounds the stored error text.
-func errorText(err error) string {
+func errorText(err error) string { return boundText(err.Error()) }
+
+// boundText cuts s to the length stored as last_error.
+func boundText(s string) string {
 	const limit = 2000
-	s := err.Error()
 	if len(s) > limit {
 		s = s[:limit]
 	}

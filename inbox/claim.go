@@ -114,7 +114,10 @@ type Claim struct {
 	// Fence increases with every claim of the key; a completion is accepted
 	// only with the current owner token and fence.
 	Fence int64
-	// Attempt is the 1-based number of this claim of the key.
+	// Attempt is the delivery's broker attempt (x-attempt, 1-based), as
+	// recorded on the row (Record.Attempts). A claim after a crash or a
+	// takeover has the attempt of its delivery; a Fence above 1 tells that
+	// the key was claimed before.
 	Attempt int
 
 	s     *Store
@@ -266,7 +269,8 @@ func (c *Claim) completeAlone(ctx context.Context, fn func(ctx context.Context, 
 // PostgreSQL. Per delivery:
 //
 //  1. the key is claimed in one short statement: status processing, a
-//     random owner token, fence+1, lease_until = now()+Lease, attempts+1,
+//     random owner token, fence+1, lease_until = now()+Lease, attempts set
+//     to the delivery's broker attempt,
 //     committed asynchronously unless opts.DurableClaim (see there).
 //     Claims of concurrent deliveries that coincide share one statement
 //     (one round trip, one transaction), each keeping its own verdict.
@@ -280,8 +284,8 @@ func (c *Claim) completeAlone(ctx context.Context, fn func(ctx context.Context, 
 //  3. h runs; Complete commits its business writes with the fenced
 //     completion, and a late worker whose claim was taken over is fenced out
 //     (a duplicate, nothing written);
-//  4. if h fails, the claim is released (status failed, attempts,
-//     last_error, last_failed_at; owner cleared) so a retry can take it.
+//  4. if h fails, the claim is released (status failed, last_error,
+//     last_failed_at; owner cleared) so a retry can take it.
 //
 // ClaimHandler panics if s or h is nil or opts is invalid (a start-up bug).
 func ClaimHandler[T any](s *Store, h ClaimFunc[T], opts *ClaimOpts) consumer.Handler[T] {
@@ -297,7 +301,7 @@ func ClaimHandler[T any](s *Store, h ClaimFunc[T], opts *ClaimOpts) consumer.Han
 		b = newBatcher(s, o.GroupCommit.or(s.cfg.GroupCommit))
 	}
 	return consumer.HandlerFunc[T](func(ctx context.Context, msg *consumer.Message[T]) error {
-		u, err := s.newUnit(ctx, msg.Consumer, msg.Key, msg.ID, msg.Delivery, fingerprint(msg), o.StorePayload)
+		u, err := s.newUnit(ctx, msg.Consumer, msg.Key, msg.ID, msg.Attempt, msg.Delivery, fingerprint(msg), o.StorePayload)
 		if err != nil {
 			return err
 		}

@@ -79,7 +79,7 @@ func TestClaimGroupCommit_FailureInTheMiddleReleasesOnlyItsClaim(t *testing.T) {
 	for i, err := range errs {
 		if i == 2 {
 			require.ErrorContains(t, err, "division by zero")
-			require.Equal(t, retry.KindRetry, retry.Classify(err).Kind)
+			requirePermanent(t, err, inbox.ReasonDBDataException)
 			continue
 		}
 		require.NoError(t, err)
@@ -93,8 +93,10 @@ func TestClaimGroupCommit_FailureInTheMiddleReleasesOnlyItsClaim(t *testing.T) {
 	require.Contains(t, *r.LastError, "division by zero")
 	require.Equal(t, inbox.RecordCompleted, b.get(t, "payments", "order:4").Status)
 
-	// The retry takes the released claim and completes once.
-	require.NoError(t, completingClaimHandler(b, nil).Handle(t.Context(), newMsg(t, "payments", order{OrderID: "3", Amount: 2}, false)))
+	// A replay takes the released claim and completes once.
+	replayed := newMsg(t, "payments", order{OrderID: "3", Amount: 2}, false)
+	replayed.Attempt = 2
+	require.NoError(t, completingClaimHandler(b, nil).Handle(t.Context(), replayed))
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects WHERE key = 'order:3'`))
 	r = b.get(t, "payments", "order:3")
 	require.Equal(t, inbox.RecordCompleted, r.Status)
@@ -141,7 +143,8 @@ func TestClaimGroupCommit_TakenOverClaimIsFencedOutAlone(t *testing.T) {
 
 // A completion whose writes fail only at COMMIT fails the batch's commit;
 // the completions then run again one by one, so only that one fails (its
-// claim released for the retry) and the others commit once.
+// claim released; a foreign key violation is permanent) and the others
+// commit once.
 func TestClaimGroupCommit_CommitFailureFailsOnlyItsCompletion(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
@@ -154,7 +157,7 @@ func TestClaimGroupCommit_CommitFailureFailsOnlyItsCompletion(t *testing.T) {
 		return nil
 	})
 
-	requireOnlyRetry(t, handleAll(t, h, orders(t, 4)), 1, inbox.ReasonDBCommit)
+	requireOnlyPermanent(t, handleAll(t, h, orders(t, 4)), 1, inbox.ReasonDBIntegrityViolation)
 	require.Equal(t, 3, b.count(t, `SELECT count(*) FROM effects`))
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM effects WHERE key = 'order:2'`))
 	require.Equal(t, 3, b.count(t, `SELECT count(*) FROM inboxmq_inbox WHERE status = 'completed'`))

@@ -1,8 +1,10 @@
 package inbox
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
+	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -59,34 +61,25 @@ func (s *Store) sendLeases(batch []*leaseReq) {
 	defer done()
 
 	if len(batch) == 1 {
-		r := batch[0]
-		// The asynchronous statement returns set_config's value too; nil skips it.
-		sql, dest := s.sql.claimLeaseAsync, []any{&r.fence, &r.attempts, &r.steps, &r.now, nil}
-		if !async {
-			sql, dest = s.sql.claimLease, dest[:4]
-		}
-		err := s.pool.QueryRow(ctx, sql, r.u.consumer, r.u.key, r.token, r.lease, r.u.fp, messageIDArg(r.u), r.u.payload).Scan(dest...)
-		r.claimed = err == nil
-		if !errors.Is(err, pgx.ErrNoRows) {
-			r.err = err
-		}
+		s.sendLease(ctx, batch[0], async)
 		return
 	}
 
 	n := len(batch)
 	consumers, keys, owners, mids := make([]string, n), make([]string, n), make([]string, n), make([]*string, n)
-	leases, fps, payloads := make([]int64, n), make([][]byte, n), make([][]byte, n)
+	leases, fps, payloads, attempts := make([]int64, n), make([][]byte, n), make([][]byte, n), make([]int32, n)
 	byKey := make(map[unitKey]*leaseReq, n)
 	for i, r := range batch {
 		consumers[i], keys[i], owners[i], mids[i] = r.u.consumer, r.u.key, r.token, messageIDArg(r.u)
 		leases[i], fps[i], payloads[i] = r.lease, r.u.fp, r.u.payload
+		attempts[i] = int32(min(r.u.attempt, math.MaxInt32)) //nolint:gosec // bounded above
 		byKey[unitKey{r.u.consumer, r.u.key}] = r
 	}
 	sql := s.sql.claimLeases
 	if async {
 		sql = s.sql.claimLeasesAsync
 	}
-	rows, err := s.pool.Query(ctx, sql, consumers, keys, owners, leases, fps, mids, payloads)
+	rows, err := s.pool.Query(ctx, sql, consumers, keys, owners, leases, fps, mids, payloads, attempts)
 	if err == nil {
 		var k unitKey
 		var fence int64
@@ -109,6 +102,16 @@ func (s *Store) sendLeases(batch []*leaseReq) {
 		rows.Close()
 		err = errors.Join(err, rows.Err())
 	}
+	if err != nil && isPermanent(err) {
+		// One key's values cannot be stored (a NUL byte, say), and the
+		// statement failed for all: claim each alone, so that only the bad
+		// one fails.
+		for _, r := range batch {
+			r.claimed, r.err = false, nil
+			s.sendLease(ctx, r, !r.durable)
+		}
+		return
+	}
 	if err != nil {
 		// No claim of the round is used. A failed statement wrote none (it
 		// is one transaction); after an answer lost or misread, any claim
@@ -116,6 +119,20 @@ func (s *Store) sendLeases(batch []*leaseReq) {
 		for _, r := range batch {
 			r.claimed, r.err = false, err
 		}
+	}
+}
+
+// sendLease claims r's key alone, with claimLease.
+func (s *Store) sendLease(ctx context.Context, r *leaseReq, async bool) {
+	// The asynchronous statement returns set_config's value too; nil skips it.
+	sql, dest := s.sql.claimLeaseAsync, []any{&r.fence, &r.attempts, &r.steps, &r.now, nil}
+	if !async {
+		sql, dest = s.sql.claimLease, dest[:4]
+	}
+	err := s.pool.QueryRow(ctx, sql, r.u.consumer, r.u.key, r.token, r.lease, r.u.fp, messageIDArg(r.u), r.u.payload, r.u.attempt).Scan(dest...)
+	r.claimed = err == nil
+	if !errors.Is(err, pgx.ErrNoRows) {
+		r.err = err
 	}
 }
 

@@ -23,6 +23,25 @@
 // [ErrKeyConflict]. A failed attempt rolls back and is recorded on the row
 // (attempts, last_error, last_failed_at).
 //
+// # Attempts and deliveries
+//
+// A row's attempts is the broker attempt (the x-attempt header,
+// consumer.Delivery.Attempt) of the last delivery that took the key up or
+// failed on it, in both modes. In-process tries of one delivery and the
+// broker's redeliveries of it do not add to it, so it is the number a
+// dead-letter copy of the key carries in x-attempt, and a replay from the
+// DLQ starts again at 1. The deliveries column is the crash-loop counter only: it counts the broker's
+// redeliveries of the key on classic queues (see StoreConfig.CrashLimit),
+// not every delivery.
+//
+// # Dead letters
+//
+// Add [Store.DeadLetterObserver] to consumer.Config.Observers and a key
+// whose delivery the consumer dead-letters gets a dead row, whose last
+// error is the dead-letter copy's x-error (reason: error) and whose
+// attempts is the copy's x-attempt; a replay from the DLQ takes it up
+// again.
+//
 //	consumer.Register(router, "payments", inbox.Handler(store,
 //		func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[Payment]) error {
 //			_, err := tx.Exec(ctx, `INSERT INTO payments …`, …)
@@ -110,7 +129,12 @@
 // serialization failures, deadlocks and connection loss become retryable
 // with a reason (db_serialization, db_deadlock, db_connection…), and a
 // unique violation on a business table a duplicate (source
-// business_constraint).
+// business_constraint). A value PostgreSQL refuses (a data exception such
+// as a NUL byte in a text column, reason db_data_exception) or a broken
+// constraint other than a unique one (not null, foreign key, check: reason
+// db_integrity_violation) fails the same way on every attempt, so it is
+// permanent: the message is dead-lettered at once, whether the handler's
+// write or the inbox's own claim of the key raised it.
 //
 // # Tracing
 //

@@ -45,10 +45,17 @@ const (
 	ReasonDBTimeout       = "db_timeout"       // statement or lock timeout
 	ReasonDBReadOnly      = "db_read_only"     // a write reached a read-only server (fail-over)
 	ReasonDBCommit        = "db_commit"        // COMMIT failed
-	ReasonClaimHeld       = "claim_held"       // another worker holds a live claim
-	ReasonLeaseLost       = "lease_lost"       // the claim's lease was lost or reached its cap
-	ReasonCrashLoop       = "crash_loop"       // redelivered more than StoreConfig.CrashLimit times
-	ReasonPanic           = retry.ReasonPanic  // the handler panicked
+	// ReasonDBDataException: PostgreSQL refused a value (SQLSTATE class 22,
+	// such as a NUL byte in a text column or a number out of range).
+	ReasonDBDataException = "db_data_exception"
+	// ReasonDBIntegrityViolation: a write broke a constraint (SQLSTATE
+	// class 23: not null, foreign key, check, exclusion) other than a
+	// unique one, which is a duplicate.
+	ReasonDBIntegrityViolation = "db_integrity_violation"
+	ReasonClaimHeld            = "claim_held"      // another worker holds a live claim
+	ReasonLeaseLost            = "lease_lost"      // the claim's lease was lost or reached its cap
+	ReasonCrashLoop            = "crash_loop"      // redelivered more than StoreConfig.CrashLimit times
+	ReasonPanic                = retry.ReasonPanic // the handler panicked
 )
 
 // classified reports whether err already carries a decision of the retry
@@ -80,7 +87,16 @@ func classified(err error) bool {
 //   - 25006 read_only_sql_transaction → retryable, reason db_read_only;
 //   - 23505 unique_violation → duplicate with source business_constraint (the
 //     inbox's own key never raises it: the claim uses ON CONFLICT);
+//   - class 22 (data exception: a NUL byte or invalid text in a text
+//     column, a value out of range) → permanent, reason db_data_exception;
+//   - the rest of class 23 (integrity constraint violation: not null,
+//     foreign key, check, exclusion) → permanent, reason
+//     db_integrity_violation;
 //   - anything else passes through unchanged (the retry policy bounds it).
+//
+// Classes 22 and 23 are permanent wherever they come from, the inbox's own
+// statements included (a key PostgreSQL cannot store fails the claim):
+// the same values fail the same way on every attempt.
 func MapError(err error) error {
 	m, _ := mapError(err)
 	return m
@@ -100,7 +116,7 @@ func mapError(err error) (error, bool) {
 		case pgErr.Code == "40P01":
 			return retry.WithReason(ReasonDBDeadlock, retry.Retryable(err)), true
 		case pgErr.Code == "57P01", pgErr.Code == "57P02", pgErr.Code == "57P03", pgErr.Code == "53300",
-			len(pgErr.Code) == 5 && pgErr.Code[:2] == "08":
+			sqlClass(pgErr.Code) == "08":
 			return retry.WithReason(ReasonDBConnection, retry.Retryable(err)), true
 		case pgErr.Code == "57014", pgErr.Code == "55P03":
 			return retry.WithReason(ReasonDBTimeout, retry.Retryable(err)), true
@@ -108,6 +124,10 @@ func mapError(err error) (error, bool) {
 			return retry.WithReason(ReasonDBReadOnly, retry.Retryable(err)), true
 		case pgErr.Code == "23505":
 			return retry.Duplicate(retry.SourceBusiness, err), true
+		case sqlClass(pgErr.Code) == "22":
+			return retry.WithReason(ReasonDBDataException, retry.Permanent(err)), true
+		case sqlClass(pgErr.Code) == "23":
+			return retry.WithReason(ReasonDBIntegrityViolation, retry.Permanent(err)), true
 		}
 		return err, false
 	}
@@ -122,6 +142,22 @@ func mapError(err error) (error, bool) {
 		return retry.WithReason(ReasonDBConnection, retry.Retryable(err)), true
 	}
 	return err, false
+}
+
+// isPermanent reports whether err, mapped, fails permanently: the same
+// statement would fail the same way again.
+func isPermanent(err error) bool {
+	var perm *retry.PermanentError
+	return errors.As(MapError(err), &perm)
+}
+
+// sqlClass is the class of a SQLSTATE (its first two characters), or ""
+// for a malformed code.
+func sqlClass(code string) string {
+	if len(code) != 5 {
+		return ""
+	}
+	return code[:2]
 }
 
 // infraError maps an error of the inbox's own statements (begin, claim,

@@ -22,7 +22,7 @@ import (
 // nil, the documented codes get their decision, and an already-classified
 // error keeps its decision.
 func FuzzMapError(f *testing.F) {
-	for _, c := range []string{"40001", "40P01", "57P01", "53300", "08006", "57014", "55P03", "25006", "23505", "23503", "42P01", "XX000", "", "0", "08"} {
+	for _, c := range []string{"40001", "40P01", "57P01", "53300", "08006", "57014", "55P03", "25006", "23505", "23503", "22021", "22P02", "23502", "42P01", "XX000", "", "0", "08"} {
 		f.Add(c, "boom", uint8(0))
 	}
 	f.Add("40001", "wrapped", uint8(1))
@@ -62,6 +62,8 @@ func FuzzMapError(f *testing.F) {
 		switch {
 		case code == "23505":
 			want = retry.KindDuplicate
+		case len(code) == 5 && (code[:2] == "22" || code[:2] == "23"):
+			want = retry.KindPermanent
 		case code == "40001", code == "40P01", code == "57P01", code == "57P02", code == "57P03", code == "53300",
 			len(code) == 5 && code[:2] == "08", code == "57014", code == "55P03", code == "25006":
 			want = retry.KindRetry

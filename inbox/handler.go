@@ -62,20 +62,26 @@ type HandlerOpts struct {
 //     runs with the same transaction;
 //  5. h returned nil: COMMIT (the consumer acks after Handle returns nil);
 //     h failed: ROLLBACK, and the failed attempt (attempts, last_error,
-//     last_failed_at) is recorded on the row.
+//     last_failed_at) is recorded on the row. The row's attempts is the
+//     delivery's broker attempt (msg.Attempt), not a count of handler runs:
+//     see Record.Attempts.
 //
 // A concurrent duplicate blocks on the primary key until the first
 // transaction commits (then it is a duplicate) or rolls back (then it
-// proceeds). h's errors are mapped with [MapError]: database errors become
-// retryable with a reason, a unique violation on a business table a
-// duplicate; h's own retry errors pass through. An empty key is permanent.
+// proceeds). h's errors are mapped with [MapError]: transient database
+// errors become retryable with a reason, a value or constraint PostgreSQL
+// refuses (classes 22 and 23) permanent, a unique violation on a business
+// table a duplicate; h's own retry errors pass through. An empty key is
+// permanent, and so is a key PostgreSQL cannot store (a NUL byte): in a
+// batch, such a key fails alone.
 //
 // With opts.GroupCommit set, deliveries handled concurrently share one
 // transaction: one claim statement for all keys in key order, a savepoint
 // per delivery (a failure rolls back only its own writes), one COMMIT. A
 // failed COMMIT (a deferred constraint, a serialization failure) runs the
 // batch's deliveries again one by one, each in its own transaction, so that
-// only the delivery whose writes fail at COMMIT fails (retryable); their
+// only the delivery whose writes fail at COMMIT fails (classified by
+// MapError: a deferred foreign key is permanent); their
 // handlers then run twice, the first run rolled back.
 //
 // Handler panics if s or h is nil (a start-up bug).
@@ -92,7 +98,7 @@ func Handler[T any](s *Store, h TxHandlerFunc[T], opts *HandlerOpts) consumer.Ha
 		b = newBatcher(s, o.GroupCommit.or(s.cfg.GroupCommit))
 	}
 	return consumer.HandlerFunc[T](func(ctx context.Context, msg *consumer.Message[T]) error {
-		u, err := s.newUnit(ctx, msg.Consumer, msg.Key, msg.ID, msg.Delivery, fingerprint(msg), o.StorePayload)
+		u, err := s.newUnit(ctx, msg.Consumer, msg.Key, msg.ID, msg.Attempt, msg.Delivery, fingerprint(msg), o.StorePayload)
 		if err != nil {
 			return err
 		}
@@ -111,14 +117,14 @@ func Handler[T any](s *Store, h TxHandlerFunc[T], opts *HandlerOpts) consumer.Ha
 	})
 }
 
-func (s *Store) newUnit(ctx context.Context, consumerName, key, messageID string, d *consumer.Delivery, fp []byte, storePayload bool) (*unit, error) {
+func (s *Store) newUnit(ctx context.Context, consumerName, key, messageID string, attempt int, d *consumer.Delivery, fp []byte, storePayload bool) (*unit, error) {
 	if key == "" {
 		return nil, retry.Permanent(retry.WithReason(retry.ReasonInvalid, errors.New("inbox: empty idempotency key")))
 	}
 	if consumerName == "" {
 		return nil, retry.Permanent(retry.WithReason(retry.ReasonInvalid, errors.New("inbox: empty consumer name")))
 	}
-	u := &unit{ctx: ctx, consumer: consumerName, key: key, messageID: messageID, fp: fp, done: make(chan struct{})}
+	u := &unit{ctx: ctx, consumer: consumerName, key: key, messageID: messageID, attempt: max(attempt, 1), fp: fp, done: make(chan struct{})}
 	if d != nil {
 		if storePayload {
 			u.payload = d.Body

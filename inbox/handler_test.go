@@ -106,12 +106,14 @@ func TestHandler_FailureRollsBackAndIsRecorded(t *testing.T) {
 	require.NotNil(t, r.LastFailedAt)
 
 	fail = false
-	require.NoError(t, h.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "2", Amount: 7}, false)))
+	retried := newMsg(t, "payments", order{OrderID: "2", Amount: 7}, false)
+	retried.Attempt = 2 // the broker's retry copy
+	require.NoError(t, h.Handle(t.Context(), retried))
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`))
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM ledger`))
 	r = b.get(t, "payments", "order:2")
 	require.Equal(t, inbox.RecordCompleted, r.Status)
-	require.Equal(t, 2, r.Attempts)
+	require.Equal(t, 2, r.Attempts, "the broker attempt that took the key up")
 
 	err = h.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "2", Amount: 7}, false))
 	require.ErrorIs(t, err, inbox.ErrDuplicate)
@@ -159,14 +161,19 @@ func TestHandler_SerializationFailureIsRetryable(t *testing.T) {
 		}
 		return effectHandler(nil)(ctx, tx, msg)
 	}, nil)
-	for range injected {
-		err := h.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "s"}, false))
+	attempt := func(n int) *consumer.Message[order] {
+		m := newMsg(t, "payments", order{OrderID: "s"}, false)
+		m.Attempt = n
+		return m
+	}
+	for i := range injected {
+		err := h.Handle(t.Context(), attempt(i+1))
 		d := retry.Classify(err)
 		require.Equal(t, retry.KindRetry, d.Kind)
 		require.Equal(t, inbox.ReasonDBSerialization, d.Reason)
 	}
 	require.Equal(t, injected, b.get(t, "payments", "order:s").Attempts)
-	require.NoError(t, h.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "s"}, false)))
+	require.NoError(t, h.Handle(t.Context(), attempt(injected+1)))
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`))
 	require.Equal(t, injected+1, b.get(t, "payments", "order:s").Attempts)
 }

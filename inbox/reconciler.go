@@ -27,9 +27,10 @@ type ReconcilerConfig struct {
 	// BatchSize is the most claims handled in one transaction. Defaults to
 	// 100.
 	BatchSize int
-	// MaxAttempts marks a stale claim dead instead of releasing it once it
-	// has been attempted this many times. Defaults to 10; -1 never marks
-	// claims dead.
+	// MaxAttempts marks a stale claim dead instead of releasing it once its
+	// key has been claimed this many times (its fence: every claim counts,
+	// those of workers that vanished included, which the broker attempt
+	// does not see). Defaults to 10; -1 never marks claims dead.
 	MaxAttempts int
 	// EffectChecks maps a consumer name to the check of its effect. A
 	// consumer without one has its stale claims released for retry.
@@ -60,7 +61,8 @@ type StaleClaim struct {
 	Owner *string
 	// Fence is the claim's fence.
 	Fence int64
-	// Attempts counts the attempts that claimed the key.
+	// Attempts is the broker attempt (x-attempt) of the delivery that
+	// claimed the key last.
 	Attempts int
 	// LastError is the last recorded failure, if any.
 	LastError *string
@@ -220,7 +222,7 @@ func (r *Reconciler) act(ctx context.Context, tx pgx.Tx, c *StaleClaim) error {
 		}
 	}
 	status, action := RecordFailed, ActionReleased
-	if r.cfg.MaxAttempts > 0 && c.Attempts >= r.cfg.MaxAttempts {
+	if r.cfg.MaxAttempts > 0 && c.Fence >= int64(r.cfg.MaxAttempts) {
 		status, action = RecordDead, ActionDead
 	}
 	owner := "<none>"

@@ -2,6 +2,12 @@ package inbox
 
 // statements are the store's SQL, built once per table name (quoted with
 // pgx.Identifier). Every value is a parameter.
+//
+// The attempts column is the broker attempt (x-attempt) of the last
+// delivery that took the key up (claim) or failed on it: each statement
+// that writes it sets it to that delivery's number, so in-process tries and
+// redeliveries of one broker attempt do not add to it, and a failed row
+// shows the attempt its dead-letter copy carries.
 type statements struct {
 	// claim takes up a batch of keys in one statement, in a fixed
 	// (consumer, key) order so that two batches sharing keys lock them in the
@@ -19,6 +25,8 @@ type statements struct {
 	failAuto string
 	// redelivered counts a broker redelivery (the crash-loop bound).
 	redelivered string
+	// markDead records a dead letter of the key (DeadLetterObserver).
+	markDead string
 
 	// claimLease takes one key in claim mode (autocommit); claimLeases
 	// takes several, claimed by concurrent deliveries, in one statement in
@@ -47,7 +55,7 @@ type statements struct {
 // (received, failed, dead) row or an expired claim is taken.
 const claimLeaseConflict = `ON CONFLICT (consumer, key) DO UPDATE SET
 	status = 'processing', owner = EXCLUDED.owner, fence = i.fence + 1, lease_until = EXCLUDED.lease_until,
-	attempts = i.attempts + 1, fingerprint = EXCLUDED.fingerprint, message_id = EXCLUDED.message_id,
+	attempts = EXCLUDED.attempts, fingerprint = EXCLUDED.fingerprint, message_id = EXCLUDED.message_id,
 	payload = COALESCE(EXCLUDED.payload, i.payload), updated_at = now()
 WHERE i.status IN ('received', 'failed', 'dead') OR (i.status = 'processing' AND i.lease_until <= now())
 `
@@ -56,7 +64,7 @@ WHERE i.status IN ('received', 'failed', 'dead') OR (i.status = 'processing' AND
 // claimOne.
 const claimConflict = `ON CONFLICT (consumer, key) DO UPDATE SET
 	status = 'completed', fingerprint = EXCLUDED.fingerprint, message_id = EXCLUDED.message_id,
-	payload = COALESCE(EXCLUDED.payload, i.payload), fence = i.fence + 1, attempts = i.attempts + 1,
+	payload = COALESCE(EXCLUDED.payload, i.payload), fence = i.fence + 1, attempts = EXCLUDED.attempts,
 	owner = NULL, lease_until = NULL, completed_at = now(), updated_at = now()
 WHERE i.status <> 'completed' AND NOT (i.status = 'processing' AND i.lease_until > now())
 `
@@ -64,13 +72,13 @@ WHERE i.status <> 'completed' AND NOT (i.status = 'processing' AND i.lease_until
 func buildStatements(t string) statements {
 	st := statements{
 		claim: `INSERT INTO ` + t + ` AS i (consumer, key, status, fingerprint, message_id, payload, fence, attempts, completed_at)
-SELECT k.consumer, k.key, 'completed', k.fp, k.mid, k.payload, 1, 1, now()
-FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::bytea[]) AS k(consumer, key, fp, mid, payload)
+SELECT k.consumer, k.key, 'completed', k.fp, k.mid, k.payload, 1, k.attempt, now()
+FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::bytea[], $6::int[]) AS k(consumer, key, fp, mid, payload, attempt)
 ORDER BY k.consumer, k.key
 ` + claimConflict + `RETURNING consumer, key, fence`,
 
 		claimOne: `INSERT INTO ` + t + ` AS i (consumer, key, status, fingerprint, message_id, payload, fence, attempts, completed_at)
-VALUES ($1, $2, 'completed', $3, $4, $5, 1, 1, now())
+VALUES ($1, $2, 'completed', $3, $4, $5, 1, $6, now())
 ` + claimConflict + `RETURNING fence`,
 
 		lookup: `SELECT consumer, key, status, fingerprint,
@@ -83,10 +91,10 @@ WHERE (consumer, key) IN (SELECT * FROM unnest($1::text[], $2::text[]))`,
 WHERE consumer = $1 AND key = $2`,
 
 		failAuto: `INSERT INTO ` + t + ` AS i (consumer, key, status, fingerprint, message_id, attempts, last_error, last_failed_at)
-VALUES ($1, $2, 'failed', $3, $4, 1, $5, now())
+VALUES ($1, $2, 'failed', $3, $4, $6, $5, now())
 ON CONFLICT (consumer, key) DO UPDATE SET
 	status = 'failed', fingerprint = EXCLUDED.fingerprint, message_id = EXCLUDED.message_id,
-	attempts = i.attempts + 1, last_error = EXCLUDED.last_error, last_failed_at = now(), updated_at = now()
+	attempts = EXCLUDED.attempts, last_error = EXCLUDED.last_error, last_failed_at = now(), updated_at = now()
 WHERE i.status NOT IN ('completed', 'processing')`,
 
 		redelivered: `INSERT INTO ` + t + ` AS i (consumer, key, status, message_id, deliveries)
@@ -100,13 +108,19 @@ ON CONFLICT (consumer, key) DO UPDATE SET
 	updated_at = now()
 RETURNING status, deliveries`,
 
+		// A claim still processing is its owner's (or the reconciler's) to
+		// settle; a completed row stays completed.
+		markDead: `UPDATE ` + t + ` SET status = 'dead', last_error = $3, attempts = $4,
+	last_failed_at = now(), updated_at = now()
+WHERE consumer = $1 AND key = $2 AND status NOT IN ('completed', 'processing')`,
+
 		claimLease: `INSERT INTO ` + t + ` AS i (consumer, key, status, owner, fence, lease_until, attempts, fingerprint, message_id, payload)
-VALUES ($1, $2, 'processing', $3, 1, now() + $4::bigint * interval '1 microsecond', 1, $5, $6, $7)
+VALUES ($1, $2, 'processing', $3, 1, now() + $4::bigint * interval '1 microsecond', $8, $5, $6, $7)
 ` + claimLeaseConflict + `RETURNING fence, attempts, steps, now()`,
 
 		claimLeases: `INSERT INTO ` + t + ` AS i (consumer, key, status, owner, fence, lease_until, attempts, fingerprint, message_id, payload)
-SELECT k.consumer, k.key, 'processing', k.owner, 1, now() + k.lease * interval '1 microsecond', 1, k.fp, k.mid, k.payload
-FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bytea[], $6::text[], $7::bytea[]) AS k(consumer, key, owner, lease, fp, mid, payload)
+SELECT k.consumer, k.key, 'processing', k.owner, 1, now() + k.lease * interval '1 microsecond', k.attempt, k.fp, k.mid, k.payload
+FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bytea[], $6::text[], $7::bytea[], $8::int[]) AS k(consumer, key, owner, lease, fp, mid, payload, attempt)
 ORDER BY k.consumer, k.key
 ` + claimLeaseConflict + `RETURNING i.consumer, i.key, fence, attempts, steps, now()`,
 

@@ -222,9 +222,18 @@ type Record struct {
 	Fence int64
 	// LeaseUntil is when a claim of claim mode expires.
 	LeaseUntil *time.Time
-	// Attempts counts the attempts that claimed the key.
+	// Attempts is the broker attempt number (the x-attempt header,
+	// consumer.Delivery.Attempt) of the last delivery that took the key up
+	// or failed on it. In-process tries and redeliveries of one broker
+	// attempt do not add to it, so a dead-lettered key's row shows the
+	// attempt its dead-letter copy carries; a replay starts again at 1.
 	Attempts int
-	// Deliveries counts broker redeliveries (the crash-loop counter).
+	// Deliveries counts the broker's redeliveries of the key on classic
+	// queues (deliveries with the redelivered flag: a worker died or lost
+	// its connection before settling): the crash-loop counter of
+	// StoreConfig.CrashLimit. It does not count first deliveries, retries
+	// or quorum queues' deliveries, and starts again after the row was
+	// dead.
 	Deliveries int
 	// LastError and LastFailedAt describe the last failed attempt.
 	LastError    *string

@@ -52,7 +52,7 @@ type recordView struct {
 	Owner        *string    `json:"owner"`
 	LeaseUntil   *time.Time `json:"lease_until"`
 	Attempts     int        `json:"attempts"`
-	Deliveries   int        `json:"deliveries"`
+	Redeliveries int        `json:"redeliveries"`
 	LastError    *string    `json:"last_error"`
 	LastFailedAt *time.Time `json:"last_failed_at"`
 	MessageID    *string    `json:"message_id"`
@@ -64,7 +64,7 @@ type recordView struct {
 func viewOf(r *inbox.Record) recordView {
 	return recordView{
 		Consumer: r.Consumer, Key: r.Key, Status: r.Status, Fence: r.Fence, Owner: r.Owner, LeaseUntil: r.LeaseUntil,
-		Attempts: r.Attempts, Deliveries: r.Deliveries, LastError: r.LastError, LastFailedAt: r.LastFailedAt,
+		Attempts: r.Attempts, Redeliveries: r.Deliveries, LastError: r.LastError, LastFailedAt: r.LastFailedAt,
 		MessageID: r.MessageID, FirstSeenAt: r.FirstSeenAt, UpdatedAt: r.UpdatedAt, CompletedAt: r.CompletedAt,
 	}
 }
@@ -89,9 +89,16 @@ func (c *cli) statusCmd() *cobra.Command {
 		Use:   "status KEY --consumer C",
 		Short: "Show the inbox row of one idempotency key",
 		Long: `status prints the inbox row of (consumer, KEY): status, fence, owner and
-lease, attempts, deliveries, last error and times. It exits with code 3 if
-the inbox has no such row (the message was never seen, or retention
-deleted it).`,
+lease, attempts, redeliveries, last error and times. It exits with code 3
+if the inbox has no such row (the message was never seen, or retention
+deleted it).
+
+attempts is the broker attempt (x-attempt) of the last delivery that took
+the key up or failed on it: in-process tries do not add to it, and it is
+the attempt a dead-letter copy of the key carries. redeliveries is the
+crash-loop counter: the broker's redeliveries of the key on classic queues
+(a worker died or lost its connection before settling), not every delivery;
+it is 0 for a key that only went through retries.`,
 		Example: `  inboxctl status payment:42 --consumer payments
   inboxctl status payment:42 --consumer payments -o json`,
 		Args: cobra.ExactArgs(1),
@@ -120,8 +127,8 @@ deleted it).`,
 					{"fence", fmt.Sprint(v.Fence)},
 					{"owner", str(v.Owner)},
 					{"lease_until", tm(v.LeaseUntil)},
-					{"attempts", fmt.Sprint(v.Attempts)},
-					{"deliveries", fmt.Sprint(v.Deliveries)},
+					{"attempts (broker attempt)", fmt.Sprint(v.Attempts)},
+					{"redeliveries (crash counter)", fmt.Sprint(v.Redeliveries)},
 					{"last_error", str(v.LastError)},
 					{"last_failed_at", tm(v.LastFailedAt)},
 					{"message_id", str(v.MessageID)},
@@ -163,6 +170,9 @@ than --older-than ago, oldest first (at most 1000). Such a claim belongs to
 a worker that died or hung; reconcile makes it safe to retry.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if olderThan < 0 {
+				return usagef("--older-than %s: want a duration of 0 or more", olderThan)
+			}
 			ctx, cancel := c.ctx(cmd)
 			defer cancel()
 			s, closeDB, err := c.openStore(ctx)
@@ -207,6 +217,9 @@ plus the DLQ replay window).`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if olderThan <= 0 {
 				return usagef("--older-than must be a positive duration such as 168h")
+			}
+			if err := intFlagAtLeast("batch-size", batch, 1, "want a positive number of rows per DELETE"); err != nil {
+				return err
 			}
 			ctx, cancel := c.ctx(cmd)
 			defer cancel()

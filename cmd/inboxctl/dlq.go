@@ -50,6 +50,17 @@ type deadLetterView struct {
 	Bytes         int    `json:"bytes"`
 }
 
+// replayView is what dlq replay prints: consumer.ReplayResult and the
+// queues it worked on.
+type replayView struct {
+	Queue           string `json:"queue"`
+	DeadLetterQueue string `json:"dead_letter_queue"`
+	Scanned         int    `json:"scanned"`
+	Replayed        int    `json:"replayed"`
+	Kept            int    `json:"kept"`
+	Refused         int    `json:"refused"`
+}
+
 func headerString(h amqp.Table, name string) string {
 	if s, ok := h[name].(string); ok {
 		return s
@@ -72,6 +83,9 @@ without acknowledgement and returned to the DLQ when list ends.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			name, err := dlqName(args[0], dlq)
 			if err != nil {
+				return err
+			}
+			if err := intFlagAtLeast("limit", limit, 0, "want a positive number of dead letters, or 0 for all"); err != nil {
 				return err
 			}
 			conn, err := c.dialBroker()
@@ -158,8 +172,11 @@ the DLQ.`,
 			if err != nil {
 				return err
 			}
-			if count < 0 {
-				return usagef("--count must not be negative")
+			if err := intFlagAtLeast("count", count, 0, "want a positive number of messages, or 0 for all"); err != nil {
+				return err
+			}
+			if err := intFlagAtLeast("max-replays", maxReplays, -1, "want a positive bound, 0 for the default (3) or -1 for no bound"); err != nil {
+				return err
 			}
 			ctx, cancel := c.ctx(cmd)
 			defer cancel()
@@ -174,7 +191,8 @@ the DLQ.`,
 			if err != nil {
 				return err
 			}
-			return c.emit(res, func(w io.Writer) {
+			v := replayView{Queue: args[0], DeadLetterQueue: name, Scanned: res.Scanned, Replayed: res.Replayed, Kept: res.Kept, Refused: res.Refused}
+			return c.emit(v, func(w io.Writer) {
 				fmt.Fprintf(w, "replayed %d of %d scanned (kept %d, refused %d) from %s to %s\n",
 					res.Replayed, res.Scanned, res.Kept, res.Refused, name, args[0])
 			})

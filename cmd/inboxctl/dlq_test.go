@@ -52,7 +52,7 @@ func TestDLQCommands(t *testing.T) {
 
 	r = b.run(t, "dlq", "replay", queue, "--key", "order:1", "-o", "json")
 	require.Equal(t, exitOK, r.code, r.errOut)
-	var res consumer.ReplayResult
+	var res replayView
 	r.json(t, &res)
 	require.Equal(t, 1, res.Replayed)
 	require.Equal(t, 1, amqptest.Depth(t, conn, queue))

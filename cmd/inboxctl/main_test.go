@@ -190,8 +190,8 @@ func TestStatus(t *testing.T) {
 	r := b.run(t, "status", "payment:42", "--consumer", "payments")
 	require.Equal(t, exitOK, r.code, r.errOut)
 	for _, line := range []string{
-		"consumer:", "key:", "status:", "fence:", "owner:", "lease_until:", "attempts:",
-		"deliveries:", "last_error:", "message_id:", "first_seen_at:", "completed_at:",
+		"consumer:", "key:", "status:", "fence:", "owner:", "lease_until:", "attempts (broker attempt):",
+		"redeliveries (crash counter):", "last_error:", "message_id:", "first_seen_at:", "completed_at:",
 	} {
 		require.Contains(t, r.out, line)
 	}
@@ -206,7 +206,7 @@ func TestStatus(t *testing.T) {
 	require.Equal(t, "completed", v.Status)
 	require.Equal(t, int64(2), v.Fence)
 	require.Equal(t, 3, v.Attempts)
-	require.Equal(t, 4, v.Deliveries)
+	require.Equal(t, 4, v.Redeliveries)
 	require.NotNil(t, v.CompletedAt)
 
 	r = b.run(t, "status", "payment:43", "--consumer", "payments")

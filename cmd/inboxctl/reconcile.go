@@ -54,6 +54,18 @@ none) and changes nothing.`,
   inboxctl reconcile --grace 1m`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if grace < 0 {
+				return usagef("--grace %s: want a duration of 0 or more", grace)
+			}
+			if err := intFlagAtLeast("batch-size", batch, 1, "want a positive number of claims"); err != nil {
+				return err
+			}
+			if maxAttempts == 0 {
+				return usagef("--max-attempts 0: want a positive bound, or -1 never to mark claims dead")
+			}
+			if err := intFlagAtLeast("max-attempts", maxAttempts, -1, "want a positive bound, or -1 never to mark claims dead"); err != nil {
+				return err
+			}
 			ctx, cancel := c.ctx(cmd)
 			defer cancel()
 			s, closeDB, err := c.openStore(ctx)
@@ -96,6 +108,6 @@ none) and changes nothing.`,
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "list what the pass would do, change nothing")
 	cmd.Flags().DurationVar(&grace, "grace", 30*time.Second, "how long past its lease a claim must be to count as stale")
 	cmd.Flags().IntVar(&batch, "batch-size", 100, "most claims handled in the pass")
-	cmd.Flags().IntVar(&maxAttempts, "max-attempts", 10, "mark a claim dead instead of releasing it after this many attempts (-1: never)")
+	cmd.Flags().IntVar(&maxAttempts, "max-attempts", 10, "mark a claim dead instead of releasing it once its key was claimed this often (its fence; -1: never)")
 	return cmd
 }

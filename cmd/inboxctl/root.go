@@ -246,6 +246,15 @@ func (c *cli) actor() string {
 	return "inboxctl:" + name + "@" + host
 }
 
+// intFlagAtLeast refuses an integer flag below lowest with a usage error
+// naming the flag and what its values mean.
+func intFlagAtLeast(flag string, v, lowest int, meaning string) error {
+	if v < lowest {
+		return usagef("--%s %d: %s", flag, v, meaning)
+	}
+	return nil
+}
+
 // emit writes v as JSON (--output json) or calls text.
 func (c *cli) emit(v any, text func(w io.Writer)) error {
 	if c.output == "json" {

@@ -112,7 +112,7 @@ func run(ctx context.Context, cfg config) error {
 		URL:       cfg.AMQPURL,
 		Router:    router,
 		Logger:    logger,
-		Observers: []consumer.Observer{m, middleware.NewLogObserver(logger, nil)},
+		Observers: []consumer.Observer{m, middleware.NewLogObserver(logger, nil), store.DeadLetterObserver()},
 	})
 	if err != nil {
 		return err
