@@ -164,8 +164,8 @@ func replayHeaders(h amqp.Table, replays int) amqp.Table {
 	for _, k := range []string{HeaderError, HeaderLastFailedAt, HeaderDeliveryCount, HeaderReplayRefused, "x-death", "x-first-death-exchange", "x-first-death-queue", "x-first-death-reason"} {
 		delete(out, k)
 	}
-	out[HeaderAttempt] = int32(1)
-	out[HeaderReplayCount] = int32(replays + 1) //nolint:gosec // bounded by MaxReplays
+	out[HeaderAttempt] = int64(1)
+	out[HeaderReplayCount] = int64(replays) + 1
 	return out
 }
 

@@ -284,7 +284,7 @@ func (c *Consumer) settle(r *route, j *job, d *Delivery, dec retry.Decision, inP
 		}
 		tier := retry.Tier(r.Opts.Queue.RetryTiers, max(dec.Delay, delay))
 		h := failureHeaders(d.Headers, r.Queue, dec.Reason, dec.Err, time.Now())
-		h[HeaderAttempt] = int32(next) //nolint:gosec // attempts are small
+		h[HeaderAttempt] = int64(next)
 		if err := j.sess.pub.publish(c.baseCtx, RetryQueueName(r.Queue, tier), copyOf(&j.raw, h)); err != nil {
 			status = c.requeueAfter(r, j, &out, err)
 			break
@@ -317,7 +317,7 @@ func (c *Consumer) settle(r *route, j *job, d *Delivery, dec retry.Decision, inP
 // deadLetter publishes a copy to the DLQ with confirm, then acks.
 func (c *Consumer) deadLetter(r *route, j *job, d *Delivery, out *Outcome) string {
 	h := failureHeaders(d.Headers, r.Queue, out.Decision.Reason, out.Decision.Err, time.Now())
-	h[HeaderAttempt] = int32(d.Attempt) //nolint:gosec // attempts are small
+	h[HeaderAttempt] = int64(d.Attempt)
 	if d.Key != "" {
 		h[HeaderIdempotencyKey] = d.Key
 	}
