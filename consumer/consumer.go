@@ -314,6 +314,9 @@ func (s *session) close() {
 	if s.pubConn != nil {
 		_ = s.pubConn.Close()
 	}
+	if s.pub != nil {
+		s.pub.close()
+	}
 	s.loops.Wait()
 }
 
@@ -360,9 +363,7 @@ func (c *Consumer) connect(ctx context.Context) (*session, error) {
 	s := &session{c: c, conn: conn, pubConn: pubConn, stopConsuming: make(chan struct{}), failed: make(chan struct{})}
 	if err := c.open(s); err != nil {
 		s.fail(err)
-		_ = conn.Close()
-		_ = pubConn.Close()
-		s.loops.Wait()
+		s.close()
 		return nil, err
 	}
 	return s, nil
@@ -376,7 +377,11 @@ func (c *Consumer) open(s *session) error {
 			return err
 		}
 	}
-	pub, err := newPublisher(s, c.cfg.PublishTimeout)
+	workers := 0
+	for _, r := range c.routes {
+		workers += r.Opts.Queue.Concurrency
+	}
+	pub, err := newPublisher(s.pubConn, c.cfg.PublishTimeout, workers, c.log)
 	if err != nil {
 		return err
 	}

@@ -87,14 +87,15 @@ func ReplayDLQ(ctx context.Context, conn *amqp.Connection, queue string, opts *R
 		return res, fmt.Errorf("consumer: replay: open channel: %w", err)
 	}
 	defer func() { _ = ch.Close() }()
-	if err := ch.Confirm(false); err != nil {
-		return res, fmt.Errorf("consumer: replay: confirm mode: %w", err)
-	}
 	q, err := ch.QueueDeclarePassive(o.DeadLetterQueue, true, false, false, false, nil)
 	if err != nil {
 		return res, fmt.Errorf("consumer: replay: inspect %q: %w", o.DeadLetterQueue, err)
 	}
-	pub := newConfirmPublisher(ch, o.PublishTimeout, zap.NewNop())
+	pub, err := newPublisher(conn, o.PublishTimeout, 1, zap.NewNop())
+	if err != nil {
+		return res, fmt.Errorf("consumer: replay: %w", err)
+	}
+	defer pub.close()
 	for range q.Messages {
 		if err := ctx.Err(); err != nil {
 			return res, fmt.Errorf("consumer: replay: %w", err)
