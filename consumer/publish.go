@@ -185,9 +185,16 @@ func copyOf(raw *amqp.Delivery, headers amqp.Table) amqp.Publishing {
 // maxErrorHeader bounds the x-error header.
 const maxErrorHeader = 1024
 
+// maxClockSkew is how far in the future an incoming x-first-failed-at may
+// lie and still be trusted: the copy may come from a worker on another host
+// whose clock runs a little ahead.
+const maxClockSkew = time.Minute
+
 // failureHeaders copies h (trace context included) and adds the failure
 // headers: x-error, first and last failure times and x-original-queue. The
-// broker's own x-delivery-count is dropped (it counts per queue).
+// broker's own x-delivery-count is dropped (it counts per queue). An
+// incoming x-first-failed-at is kept only from one of our own copies
+// ([ownFirstFailure]); any other is replaced by now.
 func failureHeaders(h amqp.Table, queue, reason string, err error, now time.Time) amqp.Table {
 	out := make(amqp.Table, len(h)+6)
 	for k, v := range h {
@@ -209,12 +216,30 @@ func failureHeaders(h amqp.Table, queue, reason string, err error, now time.Time
 	}
 	ts := now.UTC().Format(time.RFC3339Nano)
 	out[HeaderError] = text
-	if _, ok := out[HeaderFirstFailedAt]; !ok {
+	if first, ok := ownFirstFailure(h, queue, now); ok {
+		out[HeaderFirstFailedAt] = first
+	} else {
 		out[HeaderFirstFailedAt] = ts
 	}
 	out[HeaderLastFailedAt] = ts
 	out[HeaderOriginalQueue] = queue
 	return out
+}
+
+// ownFirstFailure returns h's x-first-failed-at if h is one of our own
+// copies of a delivery from queue (x-original-queue names it: a retry copy,
+// or a dead letter replayed or released back) and the time is a valid RFC
+// 3339 time not in the future. A producer could set the header to anything.
+func ownFirstFailure(h amqp.Table, queue string, now time.Time) (string, bool) {
+	if q, _ := h[HeaderOriginalQueue].(string); q != queue {
+		return "", false
+	}
+	s, _ := h[HeaderFirstFailedAt].(string)
+	at, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil || at.After(now.Add(maxClockSkew)) {
+		return "", false
+	}
+	return s, true
 }
 
 // errorText is err's text without the taxonomy's own wrappers (the reason
