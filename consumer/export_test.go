@@ -50,3 +50,9 @@ func (p *publisher) Publish(ctx context.Context, queue string, msg amqp.Publishi
 
 // Close closes the publisher's channels.
 func (p *publisher) Close() { p.close() }
+
+// ContentHeaderSize is the size of msg's content header frame.
+var ContentHeaderSize = contentHeaderSize
+
+// FitFrame trims msg's headers to fit a frame of frameMax bytes.
+var FitFrame = fitFrame

@@ -34,8 +34,11 @@ type publisher struct {
 	conn    *amqp.Connection
 	timeout time.Duration
 	log     *zap.Logger
-	idle    chan *confirmChannel
-	closing sync.WaitGroup // channels being closed in the background
+	// frameMax is the connection's negotiated frame size (0: no limit): a
+	// copy's properties, its headers among them, must fit in one frame.
+	frameMax int
+	idle     chan *confirmChannel
+	closing  sync.WaitGroup // channels being closed in the background
 }
 
 // confirmChannel is one channel of the pool, with its returns.
@@ -50,7 +53,8 @@ type confirmChannel struct {
 func newPublisher(conn *amqp.Connection, timeout time.Duration, idle int, log *zap.Logger) (*publisher, error) {
 	p := &publisher{
 		conn: conn, timeout: timeout, log: log,
-		idle: make(chan *confirmChannel, max(idle, 1)),
+		frameMax: conn.Config.FrameSize,
+		idle:     make(chan *confirmChannel, max(idle, 1)),
 	}
 	cc, err := p.open()
 	if err != nil {
@@ -126,8 +130,15 @@ func (p *publisher) close() {
 // broker's confirm, bounded by the publish timeout. A nacked or returned
 // copy is an error. Copies are published with mandatory set: a copy that no
 // queue takes (its queue was deleted behind our back) is returned, and the
-// publish fails (the original is requeued, never acked).
+// publish fails (the original is requeued, never acked). A copy whose
+// properties would not fit in one frame of the connection has its headers
+// trimmed first ([fitFrame]).
 func (p *publisher) publish(ctx context.Context, queue string, msg amqp.Publishing) error {
+	if n := fitFrame(&msg, p.frameMax); n > 0 {
+		p.log.Warn("consumer: a retry or dead-letter copy did not fit in one frame; headers dropped",
+			zap.String("queue", queue), zap.String("message_id", msg.MessageId), zap.Int("dropped", n),
+			zap.Int("frame_max", p.frameMax))
+	}
 	cc, err := p.acquire()
 	if err != nil {
 		return fmt.Errorf("consumer: publish to %q: %w", queue, err)
