@@ -28,6 +28,9 @@ type Consumer struct {
 	byQueue map[string]*route
 	hooks   atomic.Pointer[testHooks]
 	acks    ackStats
+	// settleFailures outlives sessions: a delivery whose settlement failed
+	// waits longer each time it comes back, on any session.
+	settleFailures settleFailures
 
 	mu       sync.Mutex
 	state    ConnState
