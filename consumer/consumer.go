@@ -28,6 +28,9 @@ type Consumer struct {
 	byQueue map[string]*route
 	hooks   atomic.Pointer[testHooks]
 	acks    ackStats
+	// settleFailures outlives sessions: a delivery whose settlement failed
+	// waits longer each time it comes back, on any session.
+	settleFailures settleFailures
 
 	mu       sync.Mutex
 	state    ConnState
@@ -314,6 +317,9 @@ func (s *session) close() {
 	if s.pubConn != nil {
 		_ = s.pubConn.Close()
 	}
+	if s.pub != nil {
+		s.pub.close()
+	}
 	s.loops.Wait()
 }
 
@@ -360,9 +366,7 @@ func (c *Consumer) connect(ctx context.Context) (*session, error) {
 	s := &session{c: c, conn: conn, pubConn: pubConn, stopConsuming: make(chan struct{}), failed: make(chan struct{})}
 	if err := c.open(s); err != nil {
 		s.fail(err)
-		_ = conn.Close()
-		_ = pubConn.Close()
-		s.loops.Wait()
+		s.close()
 		return nil, err
 	}
 	return s, nil
@@ -380,7 +384,11 @@ func (c *Consumer) open(s *session) error {
 			warnLegacyQueue(c.log, s.conn.Config.Vhost, r.Route)
 		}
 	}
-	pub, err := newPublisher(s, c.cfg.PublishTimeout)
+	workers := 0
+	for _, r := range c.routes {
+		workers += r.Opts.Queue.Concurrency
+	}
+	pub, err := newPublisher(s.pubConn, c.cfg.PublishTimeout, workers, c.log)
 	if err != nil {
 		return err
 	}

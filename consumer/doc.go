@@ -37,9 +37,18 @@
 // a multiple ack never settles a delivery that is still running.
 //
 // A copy that the broker does not confirm leaves the original requeued,
-// never acked. Short blips are first retried in process
-// (HandlerOpts.InProcess); each try starts from scratch. A panic in a
-// handler becomes an error with reason "panic" and the worker lives on.
+// never acked. A delivery whose settlement failed (a copy not confirmed,
+// an ack lost with its channel) comes back, requeued or redelivered on the
+// next connection, and waits longer each time before its handler runs
+// again: a settlement that keeps failing never becomes a hot loop. A copy
+// whose headers would not fit in one frame of the connection is trimmed
+// (the original headers go first, largest first) and its x-error says so;
+// it is still retried or dead-lettered. Copies carry no header of the
+// consumer's own beyond the failure headers.
+//
+// Short blips are first retried in process (HandlerOpts.InProcess); each
+// try starts from scratch. A panic in a handler becomes an error with
+// reason "panic" and the worker lives on.
 //
 // # Topology
 //

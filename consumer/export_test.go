@@ -1,5 +1,13 @@
 package consumer
 
+import (
+	"context"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.uber.org/zap"
+)
+
 // SetTestHooks arms the fault-injection hooks of c (before Start). Either
 // function may be nil.
 func SetTestHooks(c *Consumer, beforeAck, afterPublish func(d *Delivery)) {
@@ -22,3 +30,29 @@ func SetAckRoundHook(c *Consumer, hook func(queued func() int)) {
 func AckStats(c *Consumer) (frames, settled uint64) {
 	return c.acks.frames.Load(), c.acks.settled.Load()
 }
+
+// ErrReturned is the error of a copy the broker returned unroutable.
+var ErrReturned = errReturned
+
+// CopyPublisher is the consumer's publisher of retry and dead-letter copies.
+type CopyPublisher = publisher
+
+// NewCopyPublisher builds the publisher of copies on conn, keeping up to
+// idle channels.
+func NewCopyPublisher(conn *amqp.Connection, timeout time.Duration, idle int) (*CopyPublisher, error) {
+	return newPublisher(conn, timeout, idle, zap.NewNop())
+}
+
+// Publish publishes one copy and waits for its confirm.
+func (p *publisher) Publish(ctx context.Context, queue string, msg amqp.Publishing) error {
+	return p.publish(ctx, queue, msg)
+}
+
+// Close closes the publisher's channels.
+func (p *publisher) Close() { p.close() }
+
+// ContentHeaderSize is the size of msg's content header frame.
+var ContentHeaderSize = contentHeaderSize
+
+// FitFrame trims msg's headers to fit a frame of frameMax bytes.
+var FitFrame = fitFrame

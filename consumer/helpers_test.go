@@ -76,6 +76,20 @@ func (r *recorder) next(t *testing.T) outcomeRec {
 	return testenv.WaitChan(t, r.outcomes, "an outcome")
 }
 
+// drainStates returns the connection states reported so far and not yet
+// read.
+func (r *recorder) drainStates() []consumer.ConnState {
+	var out []consumer.ConnState
+	for {
+		select {
+		case s := <-r.states:
+			out = append(out, s)
+		default:
+			return out
+		}
+	}
+}
+
 // waitState waits until the consumer reports state s.
 func (r *recorder) waitState(t *testing.T, s consumer.ConnState) {
 	t.Helper()

@@ -13,9 +13,15 @@ const (
 	// retries. A message without it is attempt 1.
 	HeaderAttempt = "x-attempt"
 	// HeaderError carries the reason a message was dead-lettered or retried:
-	// "<reason>: <error text>".
+	// "<reason>: <error text>", at most 1 KiB. A copy whose headers had to
+	// be trimmed to fit the connection's frame ends it with "; original
+	// headers trimmed: N dropped".
 	HeaderError = "x-error"
-	// HeaderFirstFailedAt and HeaderLastFailedAt carry RFC 3339 times.
+	// HeaderFirstFailedAt and HeaderLastFailedAt carry RFC 3339 times. A
+	// copy keeps an incoming first failure time only from one of its own
+	// earlier copies (HeaderOriginalQueue names the same queue) and only if
+	// it is a valid time not in the future; otherwise it is the time of
+	// this failure.
 	HeaderFirstFailedAt = "x-first-failed-at"
 	HeaderLastFailedAt  = "x-last-failed-at"
 	// HeaderOriginalQueue names the work queue a retried or dead-lettered

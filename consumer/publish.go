@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -23,121 +21,157 @@ var errNotConfirmed = errors.New("consumer: broker did not confirm the publish (
 // acked.
 var errReturned = errors.New("consumer: copy returned unroutable (its queue is missing)")
 
-// headerCopyID tags each retry or dead-letter copy so that a basic.return
-// can be matched to its publish. It has no meaning downstream.
-const headerCopyID = "x-inboxmq-copy-id"
-
-// publisher is a connection's confirm-mode channel, shared by the workers
-// for retry and dead-letter copies.
+// publisher publishes the retry and dead-letter copies of one connection
+// with publisher confirms, on a small pool of confirm-mode channels. Each
+// channel carries one publish at a time: the broker sends a copy's
+// basic.return before its confirm on the same channel, and amqp091 hands
+// both over in that order, so a return waiting on the channel once the
+// confirm arrived belongs to that publish. No header on the copy is needed
+// to match a return to its publish. A channel whose publish did not end in
+// a confirm (a timeout, a failed write) may still receive that publish's
+// return, so it is closed rather than reused.
 type publisher struct {
-	ch      *amqp.Channel
+	conn    *amqp.Connection
 	timeout time.Duration
 	log     *zap.Logger
-
-	// returns receives the broker's basic.return frames. The broker sends a
-	// copy's return before its confirm, and amqp091 hands both over in that
-	// order, so once a copy is confirmed its return (if any) is already in
-	// this channel: the waiter drains it into returned and looks itself up.
-	returns  chan amqp.Return
-	mu       sync.Mutex
-	returned map[string]returnedCopy
-	seq      atomic.Uint64
+	// frameMax is the connection's negotiated frame size (0: no limit): a
+	// copy's properties, its headers among them, must fit in one frame.
+	frameMax int
+	idle     chan *confirmChannel
+	closing  sync.WaitGroup // channels being closed in the background
 }
 
-// returnedCopy is a return waiting for its publisher to look it up.
-type returnedCopy struct {
-	r  amqp.Return
-	at time.Time
+// confirmChannel is one channel of the pool, with its returns.
+type confirmChannel struct {
+	ch      *amqp.Channel
+	returns chan amqp.Return
 }
 
-// returnsBuffer must exceed the publishes that can be outstanding at once
-// (the workers of every route), or the connection's reader would block.
-const returnsBuffer = 4096
+// newPublisher opens the first channel of a pool on conn (so a connection
+// that cannot publish with confirms fails at once) and keeps up to idle
+// channels open between publishes: the most copies published at once.
+func newPublisher(conn *amqp.Connection, timeout time.Duration, idle int, log *zap.Logger) (*publisher, error) {
+	p := &publisher{
+		conn: conn, timeout: timeout, log: log,
+		frameMax: conn.Config.FrameSize,
+		idle:     make(chan *confirmChannel, max(idle, 1)),
+	}
+	cc, err := p.open()
+	if err != nil {
+		return nil, err
+	}
+	p.release(cc)
+	return p, nil
+}
 
-func newPublisher(s *session, timeout time.Duration) (*publisher, error) {
-	ch, err := s.pubConn.Channel()
+func (p *publisher) open() (*confirmChannel, error) {
+	ch, err := p.conn.Channel()
 	if err != nil {
 		return nil, fmt.Errorf("consumer: open publisher channel: %w", err)
 	}
 	if err := ch.Confirm(false); err != nil {
+		_ = ch.Close()
 		return nil, fmt.Errorf("consumer: put publisher channel in confirm mode: %w", err)
 	}
-	s.watch("publisher channel", ch.NotifyClose(make(chan *amqp.Error, 1)))
-	return newConfirmPublisher(ch, timeout, s.c.log), nil
+	// One publish at a time, so at most one return is ever pending.
+	return &confirmChannel{ch: ch, returns: ch.NotifyReturn(make(chan amqp.Return, 1))}, nil
 }
 
-// newConfirmPublisher wraps ch, already in confirm mode. Copies are
-// published with mandatory set: a copy that no queue takes (its queue was
-// deleted behind our back) is returned, and the publish fails (the original
-// is requeued, never acked).
-func newConfirmPublisher(ch *amqp.Channel, timeout time.Duration, log *zap.Logger) *publisher {
-	p := &publisher{ch: ch, timeout: timeout, log: log, returned: make(map[string]returnedCopy)}
-	p.returns = ch.NotifyReturn(make(chan amqp.Return, returnsBuffer))
-	return p
-}
-
-// publish sends msg to queue through the default exchange and waits for the
-// broker's confirm, bounded by the publish timeout. A nacked or returned
-// copy is an error.
-func (p *publisher) publish(ctx context.Context, queue string, msg amqp.Publishing) error {
-	ctx, cancel := context.WithTimeout(ctx, p.timeout)
-	defer cancel()
-	id := strconv.FormatUint(p.seq.Add(1), 36)
-	h := make(amqp.Table, len(msg.Headers)+1)
-	for k, v := range msg.Headers {
-		h[k] = v
-	}
-	h[headerCopyID] = id
-	msg.Headers = h
-	dc, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, true, false, msg)
-	if err != nil {
-		return fmt.Errorf("consumer: publish to %q: %w", queue, err)
-	}
-	ok, err := dc.WaitContext(ctx)
-	if err != nil {
-		return fmt.Errorf("consumer: wait for confirm from %q: %w", queue, err)
-	}
-	if !ok {
-		return fmt.Errorf("consumer: publish to %q: %w", queue, errNotConfirmed)
-	}
-	if r, returned := p.takeReturn(id); returned {
-		p.log.Error("consumer: a retry or dead-letter copy was returned unroutable; its queue is missing",
-			zap.String("queue", r.RoutingKey), zap.String("message_id", r.MessageId),
-			zap.Uint16("reply_code", r.ReplyCode), zap.String("reply_text", r.ReplyText))
-		return fmt.Errorf("consumer: publish to %q: %w", queue, errReturned)
-	}
-	return nil
-}
-
-// takeReturn drains the returns received so far and reports whether the
-// copy tagged id was among them (removing it).
-func (p *publisher) takeReturn(id string) (amqp.Return, bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	now := time.Now()
+// acquire takes an idle open channel, or opens one.
+func (p *publisher) acquire() (*confirmChannel, error) {
 	for {
 		select {
-		case r := <-p.returns:
-			if rid, ok := r.Headers[headerCopyID].(string); ok {
-				p.returned[rid] = returnedCopy{r: r, at: now}
+		case cc := <-p.idle:
+			if cc.ch.IsClosed() {
+				continue
 			}
+			return cc, nil
+		default:
+			return p.open()
+		}
+	}
+}
+
+// release puts cc back in the pool, or closes it when the pool is full.
+func (p *publisher) release(cc *confirmChannel) {
+	select {
+	case p.idle <- cc:
+	default:
+		p.discard(cc)
+	}
+}
+
+// discard closes cc in the background: on a blocked connection the close
+// waits for the broker, and the publish that gave up on cc must not.
+func (p *publisher) discard(cc *confirmChannel) {
+	p.closing.Add(1)
+	go func() {
+		defer p.closing.Done()
+		_ = cc.ch.Close()
+	}()
+}
+
+// close closes the pooled channels and waits for those being closed. Call
+// it after closing the connection, or with a connection that answers.
+func (p *publisher) close() {
+	for {
+		select {
+		case cc := <-p.idle:
+			p.discard(cc)
 			continue
 		default:
 		}
 		break
 	}
-	rc, ok := p.returned[id]
-	delete(p.returned, id)
-	// Returns whose publisher gave up waiting (timed out or nacked) are
-	// never looked up: forget them once no waiter can still be alive.
-	if len(p.returned) > 0 {
-		for k, v := range p.returned {
-			if now.Sub(v.at) > 2*p.timeout+time.Minute {
-				delete(p.returned, k)
-			}
-		}
+	p.closing.Wait()
+}
+
+// publish sends msg to queue through the default exchange and waits for the
+// broker's confirm, bounded by the publish timeout. A nacked or returned
+// copy is an error. Copies are published with mandatory set: a copy that no
+// queue takes (its queue was deleted behind our back) is returned, and the
+// publish fails (the original is requeued, never acked). A copy whose
+// properties would not fit in one frame of the connection has its headers
+// trimmed first ([fitFrame]).
+func (p *publisher) publish(ctx context.Context, queue string, msg amqp.Publishing) error {
+	if n := fitFrame(&msg, p.frameMax); n > 0 {
+		p.log.Warn("consumer: a retry or dead-letter copy did not fit in one frame; headers dropped",
+			zap.String("queue", queue), zap.String("message_id", msg.MessageId), zap.Int("dropped", n),
+			zap.Int("frame_max", p.frameMax))
 	}
-	return rc.r, ok
+	cc, err := p.acquire()
+	if err != nil {
+		return fmt.Errorf("consumer: publish to %q: %w", queue, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, p.timeout)
+	defer cancel()
+	dc, err := cc.ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, true, false, msg)
+	if err != nil {
+		p.discard(cc)
+		return fmt.Errorf("consumer: publish to %q: %w", queue, err)
+	}
+	ok, err := dc.WaitContext(ctx)
+	if err != nil {
+		p.discard(cc)
+		return fmt.Errorf("consumer: wait for confirm from %q: %w", queue, err)
+	}
+	var ret amqp.Return
+	returned := false
+	select {
+	case ret, returned = <-cc.returns: // false if the channel closed
+	default:
+	}
+	p.release(cc)
+	if !ok {
+		return fmt.Errorf("consumer: publish to %q: %w", queue, errNotConfirmed)
+	}
+	if returned {
+		p.log.Error("consumer: a retry or dead-letter copy was returned unroutable; its queue is missing",
+			zap.String("queue", ret.RoutingKey), zap.String("message_id", ret.MessageId),
+			zap.Uint16("reply_code", ret.ReplyCode), zap.String("reply_text", ret.ReplyText))
+		return fmt.Errorf("consumer: publish to %q: %w", queue, errReturned)
+	}
+	return nil
 }
 
 // copyOf builds a persistent copy of raw (same body, ids and content type)
@@ -162,13 +196,20 @@ func copyOf(raw *amqp.Delivery, headers amqp.Table) amqp.Publishing {
 // maxErrorHeader bounds the x-error header.
 const maxErrorHeader = 1024
 
+// maxClockSkew is how far in the future an incoming x-first-failed-at may
+// lie and still be trusted: the copy may come from a worker on another host
+// whose clock runs a little ahead.
+const maxClockSkew = time.Minute
+
 // failureHeaders copies h (trace context included) and adds the failure
 // headers: x-error, first and last failure times and x-original-queue. The
-// broker's own x-delivery-count is dropped (it counts per queue).
+// broker's own x-delivery-count is dropped (it counts per queue). An
+// incoming x-first-failed-at is kept only from one of our own copies
+// ([ownFirstFailure]); any other is replaced by now.
 func failureHeaders(h amqp.Table, queue, reason string, err error, now time.Time) amqp.Table {
 	out := make(amqp.Table, len(h)+6)
 	for k, v := range h {
-		if k == HeaderDeliveryCount || k == headerCopyID {
+		if k == HeaderDeliveryCount {
 			continue
 		}
 		out[k] = v
@@ -186,12 +227,30 @@ func failureHeaders(h amqp.Table, queue, reason string, err error, now time.Time
 	}
 	ts := now.UTC().Format(time.RFC3339Nano)
 	out[HeaderError] = text
-	if _, ok := out[HeaderFirstFailedAt]; !ok {
+	if first, ok := ownFirstFailure(h, queue, now); ok {
+		out[HeaderFirstFailedAt] = first
+	} else {
 		out[HeaderFirstFailedAt] = ts
 	}
 	out[HeaderLastFailedAt] = ts
 	out[HeaderOriginalQueue] = queue
 	return out
+}
+
+// ownFirstFailure returns h's x-first-failed-at if h is one of our own
+// copies of a delivery from queue (x-original-queue names it: a retry copy,
+// or a dead letter replayed or released back) and the time is a valid RFC
+// 3339 time not in the future. A producer could set the header to anything.
+func ownFirstFailure(h amqp.Table, queue string, now time.Time) (string, bool) {
+	if q, _ := h[HeaderOriginalQueue].(string); q != queue {
+		return "", false
+	}
+	s, _ := h[HeaderFirstFailedAt].(string)
+	at, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil || at.After(now.Add(maxClockSkew)) {
+		return "", false
+	}
+	return s, true
 }
 
 // errorText is err's text without the taxonomy's own wrappers (the reason

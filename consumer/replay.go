@@ -90,14 +90,15 @@ func ReplayDLQ(ctx context.Context, conn *amqp.Connection, queue string, opts *R
 		return res, fmt.Errorf("consumer: replay: open channel: %w", err)
 	}
 	defer func() { _ = ch.Close() }()
-	if err := ch.Confirm(false); err != nil {
-		return res, fmt.Errorf("consumer: replay: confirm mode: %w", err)
-	}
 	q, err := ch.QueueDeclarePassive(o.DeadLetterQueue, true, false, false, false, nil)
 	if err != nil {
 		return res, fmt.Errorf("consumer: replay: inspect %q: %w", o.DeadLetterQueue, err)
 	}
-	pub := newConfirmPublisher(ch, o.PublishTimeout, zap.NewNop())
+	pub, err := newPublisher(conn, o.PublishTimeout, 1, zap.NewNop())
+	if err != nil {
+		return res, fmt.Errorf("consumer: replay: %w", err)
+	}
+	defer pub.close()
 	for range q.Messages {
 		if err := ctx.Err(); err != nil {
 			return res, fmt.Errorf("consumer: replay: %w", err)
@@ -215,8 +216,8 @@ func replayHeaders(h amqp.Table, replays int) amqp.Table {
 	for _, k := range []string{HeaderError, HeaderLastFailedAt, HeaderDeliveryCount, HeaderReplayRefused, "x-death", "x-first-death-exchange", "x-first-death-queue", "x-first-death-reason"} {
 		delete(out, k)
 	}
-	out[HeaderAttempt] = int32(1)
-	out[HeaderReplayCount] = int32(replays + 1) //nolint:gosec // bounded by MaxReplays
+	out[HeaderAttempt] = int64(1)
+	out[HeaderReplayCount] = int64(replays) + 1
 	return out
 }
 

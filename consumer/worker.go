@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"runtime/debug"
 	"time"
 
@@ -172,6 +171,12 @@ func (c *Consumer) process(r *route, j *job) {
 	opts := &r.Opts
 	d := NewDelivery(r.Queue, opts.Consumer, c.cfg.Name, &j.raw, c.cfg.Observers...)
 	d.Transition(StatusReceived, nil)
+	if !c.holdBack(r, j, d) {
+		// Stop, or the end of the delivery's session, cut the wait short:
+		// the handler did not run; it is requeued (or redelivered).
+		c.settle(r, j, d, retry.Decision{Kind: retry.KindInterrupted, Reason: "stopped"}, 0)
+		return
+	}
 	ctx := c.baseCtx
 	tries := 1
 	err := c.call(ctx, r.Handler, d)
@@ -185,6 +190,33 @@ func (c *Consumer) process(r *route, j *job) {
 	}
 	dec := decide(ctx, err, opts.Rules)
 	c.settle(r, j, d, dec, max(tries-1, 0))
+}
+
+// holdBack makes a delivery whose settlement failed lately wait out its
+// delay before its handler runs: it may be back at once, requeued after a
+// wait that its session's end cut short, or redelivered on a new session
+// after its copy broke the old one. Each failure in a row waits longer, so
+// a delivery that can never be settled runs a few times a minute at most,
+// not in a hot loop. It returns false if Stop or the end of the delivery's
+// session cut the wait short.
+func (c *Consumer) holdBack(r *route, j *job, d *Delivery) bool {
+	wait, fails := c.settleFailures.hold(r.Queue, &j.raw, time.Now())
+	if wait <= 0 {
+		return true
+	}
+	c.log.Warn("consumer: holding back a delivery whose settlement failed before",
+		zap.String("queue", r.Queue), zap.String("message_id", d.MessageID),
+		zap.Int("settlement_failures", fails), zap.Duration("wait", wait))
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-c.stopCh:
+		return false
+	case <-j.sess.failed:
+		return false
+	}
 }
 
 // retryInProcess runs opts.InProcess.Do after a first failed call (first),
@@ -266,7 +298,7 @@ func (c *Consumer) settle(r *route, j *job, d *Delivery, dec retry.Decision, inP
 			status = StatusDuplicate
 		}
 		out.Action = ActionAcked
-		status = settled(&out, j.ack(), status)
+		status = c.settled(r, j, &out, j.ack(), status)
 	case dec.Kind == retry.KindRetry:
 		// A deferred retry (another worker holds the key) is not a failed
 		// attempt: same attempt number, no policy bound.
@@ -284,7 +316,7 @@ func (c *Consumer) settle(r *route, j *job, d *Delivery, dec retry.Decision, inP
 		}
 		tier := retry.Tier(r.Opts.Queue.RetryTiers, max(dec.Delay, delay))
 		h := failureHeaders(d.Headers, r.Queue, dec.Reason, dec.Err, time.Now())
-		h[HeaderAttempt] = int32(next) //nolint:gosec // attempts are small
+		h[HeaderAttempt] = int64(next)
 		if err := j.sess.pub.publish(c.baseCtx, RetryQueueName(r.Queue, tier), copyOf(&j.raw, h)); err != nil {
 			status = c.requeueAfter(r, j, &out, err)
 			break
@@ -292,12 +324,12 @@ func (c *Consumer) settle(r *route, j *job, d *Delivery, dec retry.Decision, inP
 		c.hooks.Load().runAfterPublish(d)
 		r.copyFailures.Store(0)
 		out.Action, out.Delay = ActionRetried, tier
-		status = settled(&out, j.ack(), StatusRetry)
+		status = c.settled(r, j, &out, j.ack(), StatusRetry)
 	case dec.Kind == retry.KindPermanent:
 		status = c.deadLetter(r, j, d, &out)
 	default: // interrupted
 		out.Action = ActionRequeued
-		status = settled(&out, j.requeue(), StatusRequeued)
+		status = c.settled(r, j, &out, j.requeue(), StatusRequeued)
 	}
 	out.Duration = time.Since(d.ReceivedAt)
 	if out.Err != nil {
@@ -317,7 +349,7 @@ func (c *Consumer) settle(r *route, j *job, d *Delivery, dec retry.Decision, inP
 // deadLetter publishes a copy to the DLQ with confirm, then acks.
 func (c *Consumer) deadLetter(r *route, j *job, d *Delivery, out *Outcome) string {
 	h := failureHeaders(d.Headers, r.Queue, out.Decision.Reason, out.Decision.Err, time.Now())
-	h[HeaderAttempt] = int32(d.Attempt) //nolint:gosec // attempts are small
+	h[HeaderAttempt] = int64(d.Attempt)
 	if d.Key != "" {
 		h[HeaderIdempotencyKey] = d.Key
 	}
@@ -327,15 +359,21 @@ func (c *Consumer) deadLetter(r *route, j *job, d *Delivery, out *Outcome) strin
 	c.hooks.Load().runAfterPublish(d)
 	r.copyFailures.Store(0)
 	out.Action = ActionDeadLettered
-	return settled(out, j.ack(), StatusDeadLettered)
+	return c.settled(r, j, out, j.ack(), StatusDeadLettered)
 }
 
 // settled records the result of the final ack or nack: if it failed, the
-// channel is gone, nothing was settled and the broker redelivers.
-func settled(out *Outcome, err error, status string) string {
+// channel is gone, nothing was settled and the broker redelivers (after
+// the delivery's hold: the failure is remembered). A delivery acked is
+// done and forgotten.
+func (c *Consumer) settled(r *route, j *job, out *Outcome, err error, status string) string {
 	if err == nil {
+		if out.Action != ActionRequeued {
+			c.settleFailures.forget(r.Queue, &j.raw)
+		}
 		return status
 	}
+	c.settleFailures.record(identify(r.Queue, &j.raw), 0, time.Now())
 	out.Action, out.Err = ActionAbandoned, err
 	return StatusFailed
 }
@@ -351,10 +389,13 @@ func (c *Consumer) requeueAfter(r *route, j *job, out *Outcome, pubErr error) st
 		}
 	}
 	// The broker would redeliver at once: while copies keep failing (a
-	// nacking or blocked broker, a DLQ without a quorum), wait first, longer
-	// each time, so the route does not spin through handler runs.
+	// nacking or blocked broker, a DLQ without a quorum, a copy that breaks
+	// the connection), wait first, longer each time, so the route does not
+	// spin through handler runs. The failure is remembered: if Stop or the
+	// session's end cuts the wait short, the delivery's return waits out
+	// the rest (holdBack).
 	fails := r.copyFailures.Add(1)
-	wait := time.Duration(float64(min(100*time.Millisecond<<min(fails-1, 9), 30*time.Second)) * (0.5 + rand.Float64()))
+	wait := c.settleFailures.record(identify(r.Queue, &j.raw), int(fails), time.Now())
 	t := time.NewTimer(wait)
 	select {
 	case <-t.C:

@@ -221,7 +221,8 @@ func New(reg prometheus.Registerer, cfg *Config) (*Metrics, error) {
 		stale: counter("stale_processing_records_total",
 			"Claims found past their lease by the reconciler.", "consumer"),
 		settleErrors: counter("settle_errors_total",
-			"Deliveries whose ack, nack or republish failed.", "queue", "consumer", "action"),
+			"Deliveries whose ack, nack or republish failed (requeued or redelivered, then held back longer each time).",
+			"queue", "consumer", "action"),
 		handlerTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: ns, Name: "handler_duration_seconds",
 			Help:        "Time spent in the middleware chain and handler (lock, inbox, business work), by result kind; observed by middleware.Metrics.",

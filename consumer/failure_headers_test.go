@@ -1,0 +1,39 @@
+package consumer
+
+import (
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+)
+
+func TestFailureHeaders_FirstFailedAtIsTrustedOnlyFromOwnCopies(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+	nowText := now.Format(time.RFC3339Nano)
+	past := now.Add(-time.Hour).Format(time.RFC3339)
+	for _, tc := range []struct {
+		name    string
+		headers amqp.Table
+		want    string
+	}{
+		{"none", amqp.Table{}, nowText},
+		{"own copy", amqp.Table{HeaderOriginalQueue: "q", HeaderFirstFailedAt: past}, past},
+		{"own copy, clock a little ahead", amqp.Table{HeaderOriginalQueue: "q", HeaderFirstFailedAt: now.Add(30 * time.Second).Format(time.RFC3339)}, now.Add(30 * time.Second).Format(time.RFC3339)},
+		{"producer-set", amqp.Table{HeaderFirstFailedAt: past}, nowText},
+		{"another queue's copy", amqp.Table{HeaderOriginalQueue: "other", HeaderFirstFailedAt: past}, nowText},
+		{"future", amqp.Table{HeaderOriginalQueue: "q", HeaderFirstFailedAt: now.Add(time.Hour).Format(time.RFC3339)}, nowText},
+		{"not a time", amqp.Table{HeaderOriginalQueue: "q", HeaderFirstFailedAt: "yesterday"}, nowText},
+		{"not a string", amqp.Table{HeaderOriginalQueue: "q", HeaderFirstFailedAt: now.Add(-time.Hour)}, nowText},
+		{"original queue not a string", amqp.Table{HeaderOriginalQueue: []byte("q"), HeaderFirstFailedAt: past}, nowText},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			out := failureHeaders(tc.headers, "q", "permanent", nil, now)
+			require.Equal(t, tc.want, out[HeaderFirstFailedAt])
+			require.Equal(t, nowText, out[HeaderLastFailedAt])
+			require.Equal(t, "q", out[HeaderOriginalQueue])
+		})
+	}
+}
