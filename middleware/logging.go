@@ -8,6 +8,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/internal/clip"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
@@ -31,6 +32,7 @@ const (
 	LogFieldReason         = "reason"
 	LogFieldAction         = "action"
 	LogFieldDelay          = "delay"
+	LogFieldError          = "error"
 )
 
 // LogOpts configures [NewLogObserver]. A nil *LogOpts means all defaults.
@@ -81,6 +83,14 @@ type logObserver struct {
 // lock_result and fence (when the lock set them), duration since receipt,
 // and error.
 //
+// Every text that may come from a payload (the error, which for a decode
+// failure quotes the input, the idempotency key and the lock key) is cut
+// to 1 KiB, ending with a "… [truncated from N bytes]" marker, so one line
+// stays small whatever a producer sent. No line carries a stack trace,
+// whatever the logger's stack-trace level (zap's production configuration
+// adds one at error): these are expected outcomes, and the stack would
+// only show the observer's own call path. [Recover] logs a panic's stack.
+//
 // Levels: received, locked, processing and completed are written at
 // opts.SuccessLevel and sampled (per status, zap's sampler); duplicate lines
 // (with duplicate_source) are written at info, retry, lock_failed and
@@ -96,6 +106,7 @@ func NewLogObserver(logger *zap.Logger, opts *LogOpts) consumer.Observer {
 	if logger == nil {
 		logger = zap.NewNop()
 	}
+	logger = logger.WithOptions(zap.AddStacktrace(noStacktrace))
 	success := logger
 	if o.SampleFirst > 0 {
 		success = logger.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
@@ -106,6 +117,9 @@ func NewLogObserver(logger *zap.Logger, opts *LogOpts) consumer.Observer {
 }
 
 var _ consumer.Observer = (*logObserver)(nil)
+
+// noStacktrace enables stack traces at no level.
+var noStacktrace = zap.LevelEnablerFunc(func(zapcore.Level) bool { return false })
 
 // OnTransition writes the line of one transition.
 func (l *logObserver) OnTransition(d *consumer.Delivery, status string, err error) {
@@ -135,7 +149,7 @@ func (l *logObserver) OnTransition(d *consumer.Delivery, status string, err erro
 		if status == consumer.StatusRetry || status == consumer.StatusDeadLettered || status == consumer.StatusFailed {
 			fields = append(fields, zap.String(LogFieldReason, retry.Classify(err).Reason))
 		}
-		fields = append(fields, zap.Error(err))
+		fields = append(fields, errorField(err))
 	}
 	ce.Write(fields...)
 }
@@ -157,7 +171,7 @@ func (l *logObserver) OnOutcome(d *consumer.Delivery, o consumer.Outcome) {
 	fields = append(fields,
 		zap.Duration(LogFieldDuration, o.Duration),
 		zap.String(LogFieldReason, o.Decision.Reason),
-		zap.Error(o.Err))
+		errorField(o.Err))
 	ce.Write(fields...)
 }
 
@@ -173,7 +187,7 @@ func (l *logObserver) OnInProcessRetry(d *consumer.Delivery, dec retry.Decision,
 	fields = append(fields,
 		zap.String(LogFieldReason, dec.Reason),
 		zap.Duration(LogFieldDelay, delay),
-		zap.Error(dec.Err))
+		errorField(dec.Err))
 	ce.Write(fields...)
 }
 
@@ -189,7 +203,7 @@ func (l *logObserver) OnConnState(state consumer.ConnState, err error) {
 		return
 	}
 	if err != nil {
-		ce.Write(zap.String("state", string(state)), zap.Error(err))
+		ce.Write(zap.String("state", string(state)), errorField(err))
 		return
 	}
 	ce.Write(zap.String("state", string(state)))
@@ -198,7 +212,7 @@ func (l *logObserver) OnConnState(state consumer.ConnState, err error) {
 func deliveryFields(fields []zap.Field, d *consumer.Delivery) []zap.Field {
 	fields = append(fields,
 		zap.String(LogFieldMessageID, d.MessageID),
-		zap.String(LogFieldIdempotencyKey, d.Key),
+		zap.String(LogFieldIdempotencyKey, clip.Text(d.Key, clip.Limit)),
 		zap.String(LogFieldConsumer, d.Consumer),
 		zap.String(LogFieldQueue, d.Queue),
 		zap.String(LogFieldWorkerID, d.WorkerID),
@@ -209,7 +223,7 @@ func deliveryFields(fields []zap.Field, d *consumer.Delivery) []zap.Field {
 		fields = append(fields, zap.Int(LogFieldDeliveryCount, d.DeliveryCount))
 	}
 	if d.LockKey != "" {
-		fields = append(fields, zap.String(LogFieldLockKey, d.LockKey))
+		fields = append(fields, zap.String(LogFieldLockKey, clip.Text(d.LockKey, clip.Limit)))
 	}
 	if d.LockResult != "" {
 		fields = append(fields, zap.String(LogFieldLockResult, d.LockResult))
@@ -218,6 +232,14 @@ func deliveryFields(fields []zap.Field, d *consumer.Delivery) []zap.Field {
 		fields = append(fields, zap.Int64(LogFieldFence, d.Fence))
 	}
 	return fields
+}
+
+// errorField is the error's text, cut to clip.Limit; nothing for nil.
+func errorField(err error) zap.Field {
+	if err == nil {
+		return zap.Skip()
+	}
+	return zap.String(LogFieldError, clip.Text(err.Error(), clip.Limit))
 }
 
 // duplicateSource names where a duplicate was caught, from the error the
