@@ -171,10 +171,10 @@ func (c *Consumer) work(r *route) {
 func (c *Consumer) process(r *route, j *job) {
 	opts := &r.Opts
 	d := NewDelivery(r.Queue, opts.Consumer, c.cfg.Name, &j.raw, c.cfg.Observers...)
-	d.Transition(StatusReceived, nil)
 	ctx := c.baseCtx
 	tries := 1
 	err := c.call(ctx, r.Handler, d)
+	d.transitionReceived() // the decode adapter did unless decoding failed
 	if err != nil && inProcessTries(opts.InProcess) > 0 {
 		if dec := retry.Classify(err, opts.Rules...); dec.Kind == retry.KindRetry && dec.Delay == 0 && ctx.Err() == nil {
 			// A blip: retry in process. The fast path above keeps the
