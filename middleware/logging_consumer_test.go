@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-
+	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -188,4 +188,100 @@ func TestLogObserver_HugeDecodeErrorIsBoundedWithoutStack(t *testing.T) {
 	text, _ := dead[0]["error"].(string)
 	require.Len(t, text, clip.Limit)
 	require.Contains(t, text, "… [truncated from ")
+}
+
+// A route whose retries exhaust is dead-lettered with reason exhausted:
+// its dead_lettered line says so, as x-error and the metric do. The
+// in-process retries and the broker retry have statuses of their own.
+func TestLogObserver_ExhaustedDeadLetterLogsTheSettledReason(t *testing.T) {
+	t.Parallel()
+	b := setupConsumerLog(t, consumer.HandlerFunc[loggedPayment](func(context.Context, *consumer.Message[loggedPayment]) error {
+		return errors.New("gateway down")
+	}), &consumer.HandlerOpts{
+		Policy:    retry.Exponential{InitialInterval: 10 * time.Millisecond, MaxAttempts: 2},
+		InProcess: retry.InProcess{Tries: 1, InitialInterval: time.Millisecond, MaxInterval: time.Millisecond},
+		Queue:     consumer.QueueOpts{Concurrency: 1, RetryTiers: []time.Duration{20 * time.Millisecond}},
+	})
+	b.pub.Publish(b.queue, []byte(`{"order_id":"ex","amount_cents":1}`), amqp.Publishing{MessageId: "ex-1"})
+	o := waitAction(t, b.outcomes, consumer.ActionDeadLettered)
+	require.Equal(t, retry.ReasonExhausted, o.Decision.Reason)
+
+	dead := amqptest.Drain(t, b.conn, b.queue+".dlq")
+	require.Len(t, dead, 1)
+	xerr, _ := dead[0].Headers[consumer.HeaderError].(string)
+	require.True(t, strings.HasPrefix(xerr, retry.ReasonExhausted+": "), "x-error %q", xerr)
+	require.InDelta(t, 1, b.counter(t, "dead_lettered_total", "reason", retry.ReasonExhausted), 0)
+
+	_, parsed := b.logs.lines(t)
+	lines := linesWith(parsed, consumer.StatusDeadLettered)
+	require.Len(t, lines, 1)
+	require.Equal(t, retry.ReasonExhausted, lines[0]["reason"], "the log says what x-error and the metric say")
+	require.Equal(t, "payment:ex", lines[0]["idempotency_key"])
+
+	broker := linesWith(parsed, consumer.StatusRetry)
+	require.Len(t, broker, 1, "one broker retry (attempt 1 to 2)")
+	require.Equal(t, "error", broker[0]["reason"])
+	require.InDelta(t, 0.02, broker[0]["delay"], 1e-9, "the broker retry names its delay tier (seconds)")
+	require.Len(t, linesWith(parsed, consumer.StatusRetryInProcess), 2, "one in-process retry per attempt")
+}
+
+var errDeclined = errors.New("card declined")
+
+// A route's own rule decides, not the default classification: a plain
+// error that a rule makes permanent is logged with the rule's reason.
+func TestLogObserver_CustomRuleIsLoggedAsSettled(t *testing.T) {
+	t.Parallel()
+	declined := func(err error) (retry.Decision, bool) {
+		if errors.Is(err, errDeclined) {
+			return retry.Decision{Kind: retry.KindPermanent, Reason: "card_declined"}, true
+		}
+		return retry.Decision{}, false
+	}
+	b := setupConsumerLog(t, consumer.HandlerFunc[loggedPayment](func(context.Context, *consumer.Message[loggedPayment]) error {
+		return errDeclined
+	}), &consumer.HandlerOpts{Rules: []retry.Rule{declined}})
+	b.pub.Publish(b.queue, []byte(`{"order_id":"rule","amount_cents":1}`), amqp.Publishing{MessageId: "rule-1"})
+	waitAction(t, b.outcomes, consumer.ActionDeadLettered)
+
+	_, parsed := b.logs.lines(t)
+	lines := linesWith(parsed, consumer.StatusDeadLettered)
+	require.Len(t, lines, 1)
+	require.Equal(t, "card_declined", lines[0]["reason"])
+	require.Equal(t, "card declined", lines[0]["error"])
+	require.InDelta(t, 1, b.counter(t, "dead_lettered_total", "reason", "card_declined"), 0)
+}
+
+// The received line carries the idempotency key once the payload is
+// decoded; an undecodable delivery still gets a received line (without a
+// key) and a dead_lettered line. Each delivery is received once.
+func TestLogObserver_ReceivedCarriesTheKey(t *testing.T) {
+	t.Parallel()
+	b := setupConsumerLog(t, consumer.HandlerFunc[loggedPayment](func(context.Context, *consumer.Message[loggedPayment]) error {
+		return nil
+	}), &consumer.HandlerOpts{Queue: consumer.QueueOpts{Concurrency: 1}})
+	b.pub.Publish(b.queue, []byte(`{"order_id":"r1","amount_cents":1}`), amqp.Publishing{MessageId: "good"})
+	b.pub.Publish(b.queue, []byte(`{not json`), amqp.Publishing{MessageId: "bad"})
+	waitAction(t, b.outcomes, consumer.ActionAcked)
+	waitAction(t, b.outcomes, consumer.ActionDeadLettered)
+
+	_, parsed := b.logs.lines(t)
+	byID := map[string][]string{}
+	keys := map[string]any{}
+	for _, m := range parsed {
+		id, _ := m["message_id"].(string)
+		status, _ := m["status"].(string)
+		if id == "" || status == "" {
+			continue
+		}
+		byID[id] = append(byID[id], status)
+		if status == consumer.StatusReceived {
+			keys[id] = m["idempotency_key"]
+		}
+	}
+	require.Equal(t, []string{consumer.StatusReceived, consumer.StatusCompleted}, byID["good"])
+	require.Equal(t, "payment:r1", keys["good"])
+	require.Equal(t, []string{consumer.StatusReceived, consumer.StatusDeadLettered}, byID["bad"])
+	require.Empty(t, keys["bad"])
+	require.InDelta(t, 2, b.counter(t, "deliveries_received_total", "queue", b.queue), 0)
+	require.InDelta(t, 0, b.counter(t, "in_flight", "queue", b.queue), 0)
 }
