@@ -39,16 +39,33 @@ const (
 
 // Status transitions of a delivery. Each one is reported to the observers
 // (and so becomes one structured log line).
+//
+// StatusReceived is reported once per delivery, after its payload was
+// decoded, so it carries the idempotency key; a delivery that could not be
+// decoded (or whose middleware failed before decoding) is reported
+// received, without a key, when its handler chain returns. Router-wide
+// middleware runs before it.
+//
+// The settlement statuses (completed, duplicate, retry, failed,
+// dead_lettered, requeued) are reported once per delivery, when the
+// consumer has settled it, just before [Observer.OnOutcome];
+// [Outcome.Status] names the same one.
 const (
-	StatusReceived     = "received"
-	StatusLocked       = "locked"
-	StatusProcessing   = "processing"
-	StatusCompleted    = "completed"
-	StatusDuplicate    = "duplicate"
-	StatusRetry        = "retry"
-	StatusFailed       = "failed"
-	StatusDeadLettered = "dead_lettered"
-	StatusRequeued     = "requeued"
+	StatusReceived   = "received"
+	StatusLocked     = "locked"
+	StatusProcessing = "processing"
+	StatusCompleted  = "completed"
+	StatusDuplicate  = "duplicate"
+	// StatusRetry: a broker retry. A copy with the next attempt number was
+	// published to a delay tier (Outcome.Delay) and the original acked.
+	StatusRetry = "retry"
+	// StatusRetryInProcess: an in-process retry. The handler runs again in
+	// this worker after a short pause, with the same attempt number; it is
+	// reported through [Observer.OnInProcessRetry], never as a transition.
+	StatusRetryInProcess = "retry_in_process"
+	StatusFailed         = "failed"
+	StatusDeadLettered   = "dead_lettered"
+	StatusRequeued       = "requeued"
 	// StatusLockFailed: the Redis lock is held by another worker (the
 	// delivery is retried later). StatusLockExpired: the lock or lease was
 	// lost before completion (the handler's context is cancelled).
@@ -91,7 +108,8 @@ type Delivery struct {
 
 	// Key is the idempotency key from the payload's business identity. It is
 	// set after decoding, so it is empty in router-wide middleware until the
-	// inner chain runs.
+	// inner chain runs, and stays empty for a payload that could not be
+	// decoded.
 	Key string
 	// Value is the decoded payload (a *T), set after decoding.
 	Value any
@@ -107,6 +125,7 @@ type Delivery struct {
 	Raw *amqp.Delivery
 
 	observers []Observer // fixed at NewDelivery
+	received  bool       // StatusReceived was reported
 }
 
 // NewDelivery builds a Delivery from a raw AMQP delivery, reading the
@@ -137,6 +156,17 @@ func (d *Delivery) Transition(status string, err error) {
 	for _, o := range d.observers {
 		o.OnTransition(d, status, err)
 	}
+}
+
+// transitionReceived reports StatusReceived the first time it is called.
+// The decode adapter calls it once the key is known; the consumer calls it
+// when the handler chain returns, for a delivery that never got that far.
+func (d *Delivery) transitionReceived() {
+	if d.received {
+		return
+	}
+	d.received = true
+	d.Transition(StatusReceived, nil)
 }
 
 // HeaderInt reads an integer header of any AMQP integer type (or a decimal

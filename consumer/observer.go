@@ -24,9 +24,14 @@ const (
 	ActionAbandoned Action = "abandoned"
 )
 
-// Outcome describes how one delivery ended.
+// Outcome describes how one delivery ended. It is the consumer's own
+// account: observers take the reason and the kind from Decision rather
+// than classifying the error again, since the route's Rules and the retry
+// policy (which turns a last failed attempt into reason exhausted) decide.
 type Outcome struct {
-	// Decision is the classifier's verdict on the handler's last error.
+	// Decision is the verdict the delivery was settled on: the route's
+	// classification of the handler's last error, with Reason
+	// retry.ReasonExhausted when the policy allowed no further attempt.
 	Decision retry.Decision
 	// Action is what the consumer did.
 	Action Action
@@ -39,6 +44,29 @@ type Outcome struct {
 	// Err is an error settling the delivery (a failed publish or ack), nil
 	// when the action succeeded.
 	Err error
+}
+
+// Status returns the settlement status the consumer reported for this
+// outcome, just before OnOutcome: StatusCompleted or StatusDuplicate when
+// acked, StatusRetry when retried through a delay tier,
+// StatusDeadLettered, StatusRequeued, and StatusFailed when nothing could
+// be settled (ActionAbandoned).
+func (o Outcome) Status() string {
+	switch o.Action {
+	case ActionAcked:
+		if o.Decision.Kind == retry.KindDuplicate {
+			return StatusDuplicate
+		}
+		return StatusCompleted
+	case ActionRetried:
+		return StatusRetry
+	case ActionDeadLettered:
+		return StatusDeadLettered
+	case ActionRequeued:
+		return StatusRequeued
+	default:
+		return StatusFailed
+	}
 }
 
 // ConnState is the state of the consumer's broker connection.
@@ -58,11 +86,14 @@ const (
 // [NopObserver] to implement only some methods.
 type Observer interface {
 	// OnTransition reports a status transition of one delivery (Status*
-	// constants); err is the error that caused it, if any.
+	// constants); err is the error that caused it, if any. For the
+	// settlement statuses, OnOutcome follows with the decision.
 	OnTransition(d *Delivery, status string, err error)
 	// OnOutcome reports how a delivery ended.
 	OnOutcome(d *Delivery, o Outcome)
-	// OnInProcessRetry reports an in-process retry about to sleep for delay.
+	// OnInProcessRetry reports an in-process retry (StatusRetryInProcess)
+	// about to sleep for delay; dec is the route's classification of the
+	// error that caused it.
 	OnInProcessRetry(d *Delivery, dec retry.Decision, delay time.Duration)
 	// OnConnState reports a connection state change; err is the cause of a
 	// disconnection.

@@ -270,6 +270,7 @@ func RegisterSafely[T any](r *Router, queue string, h Handler[T], opts *HandlerO
 			}
 		}
 		d.Value = v
+		d.transitionReceived() // once the key is known
 		return inner(ctx, d)
 	}
 

@@ -170,16 +170,17 @@ func (c *Consumer) work(r *route) {
 func (c *Consumer) process(r *route, j *job) {
 	opts := &r.Opts
 	d := NewDelivery(r.Queue, opts.Consumer, c.cfg.Name, &j.raw, c.cfg.Observers...)
-	d.Transition(StatusReceived, nil)
 	if !c.holdBack(r, j, d) {
 		// Stop, or the end of the delivery's session, cut the wait short:
 		// the handler did not run; it is requeued (or redelivered).
+		d.transitionReceived() // keeps received and settled lines paired
 		c.settle(r, j, d, retry.Decision{Kind: retry.KindInterrupted, Reason: "stopped"}, 0)
 		return
 	}
 	ctx := c.baseCtx
 	tries := 1
 	err := c.call(ctx, r.Handler, d)
+	d.transitionReceived() // the decode adapter did unless decoding failed
 	if err != nil && inProcessTries(opts.InProcess) > 0 {
 		if dec := retry.Classify(err, opts.Rules...); dec.Kind == retry.KindRetry && dec.Delay == 0 && ctx.Err() == nil {
 			// A blip: retry in process. The fast path above keeps the

@@ -19,7 +19,7 @@ import (
 )
 
 // ExampleNewLogObserver writes one JSON line per transition. The consumer
-// calls the observer; here the transitions are reported by hand.
+// calls the observer; here a duplicate's outcome is reported by hand.
 func ExampleNewLogObserver() {
 	enc := zap.NewProductionEncoderConfig()
 	enc.TimeKey = "" // stable output for the example
@@ -31,7 +31,7 @@ func ExampleNewLogObserver() {
 
 	d := consumer.NewDelivery("payments", "payments", "worker-1", &amqp.Delivery{MessageId: "m-1", Redelivered: true})
 	d.Key = "payment:order-42"
-	obs.OnTransition(d, consumer.StatusDuplicate, retry.Duplicate(retry.SourceInbox, nil))
+	obs.OnOutcome(d, consumer.Outcome{Action: consumer.ActionAcked, Decision: retry.Classify(retry.Duplicate(retry.SourceInbox, nil))})
 	// Output:
 	// {"level":"info","msg":"delivery duplicate","status":"duplicate","message_id":"m-1","idempotency_key":"payment:order-42","consumer":"payments","queue":"payments","worker_id":"worker-1","attempt":1,"redelivered":true,"duration":"0s","duplicate_source":"inbox","error":"retry: duplicate message (inbox)"}
 }

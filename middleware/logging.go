@@ -8,6 +8,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/internal/clip"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
@@ -31,6 +32,7 @@ const (
 	LogFieldReason         = "reason"
 	LogFieldAction         = "action"
 	LogFieldDelay          = "delay"
+	LogFieldError          = "error"
 )
 
 // LogOpts configures [NewLogObserver]. A nil *LogOpts means all defaults.
@@ -81,12 +83,29 @@ type logObserver struct {
 // lock_result and fence (when the lock set them), duration since receipt,
 // and error.
 //
+// Every text that may come from a payload (the error, which for a decode
+// failure quotes the input, the idempotency key and the lock key) is cut
+// to 1 KiB, ending with a "… [truncated from N bytes]" marker, so one line
+// stays small whatever a producer sent. No line carries a stack trace,
+// whatever the logger's stack-trace level (zap's production configuration
+// adds one at error): these are expected outcomes, and the stack would
+// only show the observer's own call path. [Recover] logs a panic's stack.
+//
+// The settlement line (completed, duplicate, retry, failed, dead_lettered
+// or requeued) is written from the outcome, with the reason the consumer
+// settled on: the one x-error and the dead_lettered_total and
+// job_retry_total labels carry. Status retry is a broker retry (a copy
+// went to a delay tier; the line has its delay); retry_in_process is an
+// in-process retry (the line has the pause before the next try). The
+// received line is written once the payload is decoded, so it carries the
+// key; an undecodable delivery's has none.
+//
 // Levels: received, locked, processing and completed are written at
 // opts.SuccessLevel and sampled (per status, zap's sampler); duplicate lines
-// (with duplicate_source) are written at info, retry, lock_failed and
-// requeued at warn, failed, dead_lettered and lock_expired at error — and
-// none of these is ever sampled. In-process retries, settle failures and
-// broker connection changes are logged too. A nil logger means zap.NewNop().
+// (with duplicate_source) are written at info, retry, retry_in_process,
+// lock_failed and requeued at warn, failed, dead_lettered and lock_expired
+// at error — and none of these is ever sampled. Settle failures and broker
+// connection changes are logged too. A nil logger means zap.NewNop().
 //
 // Give it to the consumer as one of its observers. Use a JSON encoder
 // (zap.NewProduction) so the lines are queryable with jq, as the runbook
@@ -96,6 +115,7 @@ func NewLogObserver(logger *zap.Logger, opts *LogOpts) consumer.Observer {
 	if logger == nil {
 		logger = zap.NewNop()
 	}
+	logger = logger.WithOptions(zap.AddStacktrace(noStacktrace))
 	success := logger
 	if o.SampleFirst > 0 {
 		success = logger.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
@@ -107,43 +127,59 @@ func NewLogObserver(logger *zap.Logger, opts *LogOpts) consumer.Observer {
 
 var _ consumer.Observer = (*logObserver)(nil)
 
-// OnTransition writes the line of one transition.
+// noStacktrace enables stack traces at no level.
+var noStacktrace = zap.LevelEnablerFunc(func(zapcore.Level) bool { return false })
+
+// OnTransition writes the line of one transition, except the settlement
+// statuses: OnOutcome writes those, with the decision the consumer settled
+// on.
 func (l *logObserver) OnTransition(d *consumer.Delivery, status string, err error) {
-	logger, lvl := l.all, zapcore.InfoLevel
 	switch status {
-	case consumer.StatusReceived, consumer.StatusLocked, consumer.StatusProcessing, consumer.StatusCompleted:
-		logger, lvl = l.success, l.level
-	case consumer.StatusDuplicate:
-		lvl = zapcore.InfoLevel
-	case consumer.StatusRetry, consumer.StatusLockFailed, consumer.StatusRequeued:
-		lvl = zapcore.WarnLevel
-	case consumer.StatusFailed, consumer.StatusDeadLettered, consumer.StatusLockExpired:
-		lvl = zapcore.ErrorLevel
+	case consumer.StatusCompleted, consumer.StatusDuplicate, consumer.StatusRetry,
+		consumer.StatusFailed, consumer.StatusDeadLettered, consumer.StatusRequeued:
+		return
 	}
-	ce := logger.Check(lvl, "delivery "+status)
+	ce := l.check(status)
 	if ce == nil {
 		return
 	}
 	fields := make([]zap.Field, 0, 16)
 	fields = append(fields, zap.String(LogFieldStatus, status))
 	fields = deliveryFields(fields, d)
-	fields = append(fields, zap.Duration(LogFieldDuration, time.Since(d.ReceivedAt)))
-	if status == consumer.StatusDuplicate {
-		fields = append(fields, zap.String(LogFieldSource, duplicateSource(err)))
-	}
-	if err != nil {
-		if status == consumer.StatusRetry || status == consumer.StatusDeadLettered || status == consumer.StatusFailed {
-			fields = append(fields, zap.String(LogFieldReason, retry.Classify(err).Reason))
-		}
-		fields = append(fields, zap.Error(err))
-	}
+	fields = append(fields, zap.Duration(LogFieldDuration, time.Since(d.ReceivedAt)), errorField(err))
 	ce.Write(fields...)
 }
 
-// OnOutcome writes a line only when settling failed (the ack or republish
-// returned an error, or the delivery was abandoned): the success path is
-// already covered by the transition lines.
+// OnOutcome writes the settlement line (status from [consumer.Outcome.Status])
+// with the reason of the decision the consumer settled on, never a
+// classification of its own: a route's Rules, and the policy that turns a
+// last failed attempt into reason exhausted, decide. A broker retry's line
+// names its delay tier. When settling failed (the ack or republish returned
+// an error, or the delivery was abandoned) a "delivery settle failed" line
+// follows.
 func (l *logObserver) OnOutcome(d *consumer.Delivery, o consumer.Outcome) {
+	status := o.Status()
+	if ce := l.check(status); ce != nil {
+		fields := make([]zap.Field, 0, 18)
+		fields = append(fields, zap.String(LogFieldStatus, status))
+		fields = deliveryFields(fields, d)
+		fields = append(fields, zap.Duration(LogFieldDuration, o.Duration))
+		switch o.Decision.Kind {
+		case retry.KindSucceeded:
+		case retry.KindDuplicate:
+			fields = append(fields, zap.String(LogFieldSource, duplicateSource(o.Decision)))
+		default:
+			fields = append(fields, zap.String(LogFieldReason, o.Decision.Reason))
+		}
+		if o.Action == consumer.ActionRetried {
+			fields = append(fields, zap.Duration(LogFieldDelay, o.Delay))
+		}
+		err := o.Decision.Err
+		if o.Err != nil {
+			err = o.Err
+		}
+		ce.Write(append(fields, errorField(err))...)
+	}
 	if o.Err == nil && o.Action != consumer.ActionAbandoned {
 		return
 	}
@@ -157,24 +193,41 @@ func (l *logObserver) OnOutcome(d *consumer.Delivery, o consumer.Outcome) {
 	fields = append(fields,
 		zap.Duration(LogFieldDuration, o.Duration),
 		zap.String(LogFieldReason, o.Decision.Reason),
-		zap.Error(o.Err))
+		errorField(o.Err))
 	ce.Write(fields...)
 }
 
-// OnInProcessRetry writes a warn line per in-process retry (never sampled).
+// OnInProcessRetry writes a warn line per in-process retry (status
+// retry_in_process, never sampled).
 func (l *logObserver) OnInProcessRetry(d *consumer.Delivery, dec retry.Decision, delay time.Duration) {
-	ce := l.all.Check(zapcore.WarnLevel, "delivery in-process retry")
+	ce := l.check(consumer.StatusRetryInProcess)
 	if ce == nil {
 		return
 	}
 	fields := make([]zap.Field, 0, 16)
-	fields = append(fields, zap.String(LogFieldStatus, consumer.StatusRetry))
+	fields = append(fields, zap.String(LogFieldStatus, consumer.StatusRetryInProcess))
 	fields = deliveryFields(fields, d)
 	fields = append(fields,
 		zap.String(LogFieldReason, dec.Reason),
 		zap.Duration(LogFieldDelay, delay),
-		zap.Error(dec.Err))
+		errorField(dec.Err))
 	ce.Write(fields...)
+}
+
+// check returns the entry of a "delivery <status>" line at the status's
+// level, through the sampled logger for success statuses; nil when that
+// level is disabled or the line is sampled away.
+func (l *logObserver) check(status string) *zapcore.CheckedEntry {
+	logger, lvl := l.all, zapcore.InfoLevel
+	switch status {
+	case consumer.StatusReceived, consumer.StatusLocked, consumer.StatusProcessing, consumer.StatusCompleted:
+		logger, lvl = l.success, l.level
+	case consumer.StatusRetry, consumer.StatusRetryInProcess, consumer.StatusLockFailed, consumer.StatusRequeued:
+		lvl = zapcore.WarnLevel
+	case consumer.StatusFailed, consumer.StatusDeadLettered, consumer.StatusLockExpired:
+		lvl = zapcore.ErrorLevel
+	}
+	return logger.Check(lvl, "delivery "+status)
 }
 
 // OnConnState logs broker connection changes: connected and stopped at
@@ -189,7 +242,7 @@ func (l *logObserver) OnConnState(state consumer.ConnState, err error) {
 		return
 	}
 	if err != nil {
-		ce.Write(zap.String("state", string(state)), zap.Error(err))
+		ce.Write(zap.String("state", string(state)), errorField(err))
 		return
 	}
 	ce.Write(zap.String("state", string(state)))
@@ -198,7 +251,7 @@ func (l *logObserver) OnConnState(state consumer.ConnState, err error) {
 func deliveryFields(fields []zap.Field, d *consumer.Delivery) []zap.Field {
 	fields = append(fields,
 		zap.String(LogFieldMessageID, d.MessageID),
-		zap.String(LogFieldIdempotencyKey, d.Key),
+		zap.String(LogFieldIdempotencyKey, clip.Text(d.Key, clip.Limit)),
 		zap.String(LogFieldConsumer, d.Consumer),
 		zap.String(LogFieldQueue, d.Queue),
 		zap.String(LogFieldWorkerID, d.WorkerID),
@@ -209,7 +262,7 @@ func deliveryFields(fields []zap.Field, d *consumer.Delivery) []zap.Field {
 		fields = append(fields, zap.Int(LogFieldDeliveryCount, d.DeliveryCount))
 	}
 	if d.LockKey != "" {
-		fields = append(fields, zap.String(LogFieldLockKey, d.LockKey))
+		fields = append(fields, zap.String(LogFieldLockKey, clip.Text(d.LockKey, clip.Limit)))
 	}
 	if d.LockResult != "" {
 		fields = append(fields, zap.String(LogFieldLockResult, d.LockResult))
@@ -220,13 +273,25 @@ func deliveryFields(fields []zap.Field, d *consumer.Delivery) []zap.Field {
 	return fields
 }
 
-// duplicateSource names where a duplicate was caught, from the error the
-// transition carries (a *retry.DuplicateError names it; a bare
-// retry.ErrDuplicate is the inbox's).
-func duplicateSource(err error) string {
-	var dup *retry.DuplicateError
-	if errors.As(err, &dup) && dup.Source != "" {
-		return dup.Source
+// errorField is the error's text, cut to clip.Limit; nothing for nil.
+func errorField(err error) zap.Field {
+	if err == nil {
+		return zap.Skip()
 	}
-	return retry.SourceInbox
+	return zap.String(LogFieldError, clip.Text(err.Error(), clip.Limit))
+}
+
+// duplicateSource names where a duplicate was caught: the decision's
+// source (a *retry.DuplicateError names it), else the inbox's (a bare
+// retry.ErrDuplicate, or a Rule that named none).
+func duplicateSource(dec retry.Decision) string {
+	var dup *retry.DuplicateError
+	switch {
+	case dec.Source != "":
+		return dec.Source
+	case errors.As(dec.Err, &dup) && dup.Source != "":
+		return dup.Source
+	default:
+		return retry.SourceInbox
+	}
 }

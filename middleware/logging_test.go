@@ -45,7 +45,9 @@ func TestLogObserver_LinePerTransition(t *testing.T) {
 	d.LockResult = "acquired"
 	d.Fence = 7
 
-	statuses := []struct {
+	// Transitions before settlement come through OnTransition; the
+	// settlement line comes through OnOutcome, with the settled decision.
+	transitions := []struct {
 		status string
 		err    error
 		level  zapcore.Level
@@ -55,25 +57,46 @@ func TestLogObserver_LinePerTransition(t *testing.T) {
 		{consumer.StatusLockFailed, errors.New("held"), zapcore.WarnLevel},
 		{consumer.StatusLockExpired, errors.New("lost"), zapcore.ErrorLevel},
 		{consumer.StatusProcessing, nil, zapcore.InfoLevel},
-		{consumer.StatusCompleted, nil, zapcore.InfoLevel},
-		{consumer.StatusDuplicate, retry.Duplicate(retry.SourceFenced, nil), zapcore.InfoLevel},
-		{consumer.StatusRetry, retry.WithReason("db_deadlock", errors.New("40P01")), zapcore.WarnLevel},
-		{consumer.StatusFailed, errors.New("boom"), zapcore.ErrorLevel},
-		{consumer.StatusDeadLettered, retry.Permanent(errors.New("bad card")), zapcore.ErrorLevel},
-		{consumer.StatusRequeued, errors.New("stopping"), zapcore.WarnLevel},
+		{consumer.StatusParked, nil, zapcore.InfoLevel},
 	}
-	for _, s := range statuses {
+	dup := retry.Duplicate(retry.SourceFenced, nil)
+	deadlock := retry.WithReason("db_deadlock", errors.New("40P01"))
+	badCard := retry.Permanent(errors.New("bad card"))
+	stopping := errors.New("stopping")
+	outcomes := []struct {
+		out    consumer.Outcome
+		status string
+		err    error
+		level  zapcore.Level
+	}{
+		{consumer.Outcome{Action: consumer.ActionAcked, Decision: retry.Classify(nil)}, consumer.StatusCompleted, nil, zapcore.InfoLevel},
+		{consumer.Outcome{Action: consumer.ActionAcked, Decision: retry.Classify(dup)}, consumer.StatusDuplicate, dup, zapcore.InfoLevel},
+		{consumer.Outcome{Action: consumer.ActionRetried, Decision: retry.Classify(deadlock), Delay: 5 * time.Second}, consumer.StatusRetry, deadlock, zapcore.WarnLevel},
+		{consumer.Outcome{Action: consumer.ActionDeadLettered, Decision: retry.Classify(badCard)}, consumer.StatusDeadLettered, badCard, zapcore.ErrorLevel},
+		{consumer.Outcome{Action: consumer.ActionRequeued, Decision: retry.Decision{Kind: retry.KindInterrupted, Reason: "stopped", Err: stopping}}, consumer.StatusRequeued, stopping, zapcore.WarnLevel},
+	}
+	for _, s := range transitions {
 		b.obs.OnTransition(d, s.status, s.err)
+	}
+	for _, o := range outcomes {
+		b.obs.OnTransition(d, o.status, o.err) // written from the outcome instead
+		b.obs.OnOutcome(d, o.out)
 	}
 
 	entries := b.logs.AllUntimed()
-	require.Len(t, entries, len(statuses))
+	require.Len(t, entries, len(transitions)+len(outcomes))
 	for i, e := range entries {
-		s := statuses[i]
-		require.Equal(t, "delivery "+s.status, e.Message)
-		require.Equal(t, s.level, e.Level, s.status)
+		status, err, level := "", error(nil), zapcore.InfoLevel
+		if i < len(transitions) {
+			status, err, level = transitions[i].status, transitions[i].err, transitions[i].level
+		} else {
+			o := outcomes[i-len(transitions)]
+			status, err, level = o.status, o.err, o.level
+		}
+		require.Equal(t, "delivery "+status, e.Message)
+		require.Equal(t, level, e.Level, status)
 		f := e.ContextMap()
-		require.Equal(t, s.status, f["status"])
+		require.Equal(t, status, f["status"])
 		require.Equal(t, "msg-1", f["message_id"])
 		require.Equal(t, "payment:order-42", f["idempotency_key"])
 		require.Equal(t, "payments-svc", f["consumer"])
@@ -86,15 +109,38 @@ func TestLogObserver_LinePerTransition(t *testing.T) {
 		require.Equal(t, "acquired", f["lock_result"])
 		require.Equal(t, int64(7), f["fence"])
 		require.Contains(t, f, "duration")
-		if s.err != nil {
-			require.Equal(t, s.err.Error(), f["error"])
+		if err != nil {
+			require.Equal(t, err.Error(), f["error"])
 		} else {
 			require.NotContains(t, f, "error")
 		}
 	}
-	require.Equal(t, "fenced", entries[6].ContextMap()["duplicate_source"])
-	require.Equal(t, "db_deadlock", entries[7].ContextMap()["reason"])
-	require.Equal(t, "permanent", entries[9].ContextMap()["reason"])
+	byStatus := map[string]map[string]any{}
+	for _, e := range entries {
+		byStatus[e.ContextMap()["status"].(string)] = e.ContextMap() //nolint:forcetypeassert // every line has a status
+	}
+	require.Equal(t, "fenced", byStatus[consumer.StatusDuplicate]["duplicate_source"])
+	require.Equal(t, "db_deadlock", byStatus[consumer.StatusRetry]["reason"])
+	require.Equal(t, 5*time.Second, byStatus[consumer.StatusRetry]["delay"])
+	require.Equal(t, "permanent", byStatus[consumer.StatusDeadLettered]["reason"])
+	require.Equal(t, "stopped", byStatus[consumer.StatusRequeued]["reason"])
+	require.NotContains(t, byStatus[consumer.StatusCompleted], "reason")
+}
+
+// The settlement line takes the reason of the decision the consumer
+// settled on, not the default classification of its error.
+func TestLogObserver_SettledDecisionDecidesTheReason(t *testing.T) {
+	t.Parallel()
+	b := setupLog(t, nil)
+	err := errors.New("gateway down") // classifies as retry, reason "error"
+	b.obs.OnOutcome(testDelivery(), consumer.Outcome{
+		Action:   consumer.ActionDeadLettered,
+		Decision: retry.Decision{Kind: retry.KindRetry, Reason: retry.ReasonExhausted, Err: err},
+	})
+	e := b.logs.FilterMessage("delivery dead_lettered").AllUntimed()
+	require.Len(t, e, 1)
+	require.Equal(t, retry.ReasonExhausted, e[0].ContextMap()["reason"])
+	require.Equal(t, "gateway down", e[0].ContextMap()["error"])
 }
 
 func TestLogObserver_SamplesSuccessNeverFailures(t *testing.T) {
@@ -103,18 +149,18 @@ func TestLogObserver_SamplesSuccessNeverFailures(t *testing.T) {
 	d := testDelivery()
 	const n = 50
 	for range n {
-		b.obs.OnTransition(d, consumer.StatusCompleted, nil)
-		b.obs.OnTransition(d, consumer.StatusRetry, errors.New("later"))
-		b.obs.OnTransition(d, consumer.StatusFailed, errors.New("boom"))
-		b.obs.OnTransition(d, consumer.StatusDeadLettered, retry.Permanent(errors.New("poison")))
-		b.obs.OnTransition(d, consumer.StatusDuplicate, retry.ErrDuplicate)
+		b.obs.OnOutcome(d, consumer.Outcome{Action: consumer.ActionAcked, Decision: retry.Classify(nil)})
+		b.obs.OnOutcome(d, consumer.Outcome{Action: consumer.ActionRetried, Decision: retry.Classify(errors.New("later"))})
+		b.obs.OnOutcome(d, consumer.Outcome{Action: consumer.ActionAbandoned, Decision: retry.Classify(nil), Err: errors.New("boom")})
+		b.obs.OnOutcome(d, consumer.Outcome{Action: consumer.ActionDeadLettered, Decision: retry.Classify(retry.Permanent(errors.New("poison")))})
+		b.obs.OnOutcome(d, consumer.Outcome{Action: consumer.ActionAcked, Decision: retry.Classify(retry.ErrDuplicate)})
 		b.obs.OnTransition(d, consumer.StatusLockExpired, errors.New("lost"))
 		b.obs.OnInProcessRetry(d, retry.Classify(errors.New("blip")), time.Millisecond)
 	}
 	require.Equal(t, 2, b.logs.FilterMessage("delivery completed").Len(), "success lines are sampled")
 	for _, msg := range []string{
-		"delivery retry", "delivery failed", "delivery dead_lettered", "delivery duplicate",
-		"delivery lock_expired", "delivery in-process retry",
+		"delivery retry", "delivery failed", "delivery settle failed", "delivery dead_lettered", "delivery duplicate",
+		"delivery lock_expired", "delivery retry_in_process",
 	} {
 		require.Equal(t, n, b.logs.FilterMessage(msg).Len(), msg+" is never sampled")
 	}
@@ -137,7 +183,8 @@ func TestLogObserver_OutcomeAndConnState(t *testing.T) {
 	d := testDelivery()
 
 	b.obs.OnOutcome(d, consumer.Outcome{Action: consumer.ActionAcked})
-	require.Zero(t, b.logs.Len(), "a settled delivery adds no line")
+	require.Equal(t, 1, b.logs.FilterMessage("delivery completed").Len())
+	require.Zero(t, b.logs.FilterMessage("delivery settle failed").Len(), "a settled delivery adds no settle-failed line")
 
 	b.obs.OnOutcome(d, consumer.Outcome{
 		Action: consumer.ActionRetried, Err: errors.New("publish not confirmed"),
@@ -163,7 +210,8 @@ func TestLogObserver_OutcomeAndConnState(t *testing.T) {
 func TestLogObserver_NilLogger(t *testing.T) {
 	t.Parallel()
 	obs := middleware.NewLogObserver(nil, nil)
-	obs.OnTransition(testDelivery(), consumer.StatusFailed, errors.New("x"))
+	obs.OnTransition(testDelivery(), consumer.StatusLockExpired, errors.New("x"))
+	obs.OnOutcome(testDelivery(), consumer.Outcome{Action: consumer.ActionAbandoned, Err: errors.New("x")})
 	obs.OnConnState(consumer.ConnConnected, nil)
 }
 
@@ -176,6 +224,7 @@ func BenchmarkLogObserver_SampledSuccess(b *testing.B) {
 		obs.OnTransition(d, consumer.StatusReceived, nil)
 		obs.OnTransition(d, consumer.StatusProcessing, nil)
 		obs.OnTransition(d, consumer.StatusCompleted, nil)
+		obs.OnOutcome(d, consumer.Outcome{Action: consumer.ActionAcked})
 	}
 }
 

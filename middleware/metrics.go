@@ -14,7 +14,9 @@ import (
 // Metrics returns middleware that times the rest of the chain (lock, inbox,
 // decoding and the business handler) and records it in m's
 // handler_duration_seconds{queue,consumer,kind} histogram, where kind is the
-// classification of the returned error. When the ctx carries a sampled span
+// default classification of the returned error for that run of the chain
+// (the route's Rules and the retry policy apply later, when the consumer
+// settles: the per-delivery counters carry that settled reason). When the ctx carries a sampled span
 // (put [Tracing] outside Metrics), the observation carries its trace id as
 // an exemplar, so a slow bucket in Grafana links to a trace.
 //

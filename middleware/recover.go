@@ -8,6 +8,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/internal/clip"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
@@ -33,9 +34,11 @@ func (e *PanicError) Unwrap() error {
 
 // RecoverOpts configure [Recover]. A nil *RecoverOpts means defaults.
 type RecoverOpts struct {
-	// Logger logs each recovered panic at error level with its stack (the
-	// error itself carries only the value, to keep the dead letter's
-	// x-error header short). Defaults to no logging.
+	// Logger logs each recovered panic at error level with its stack in
+	// field "stack" (the error itself carries only the value, to keep the
+	// dead letter's x-error header short). The panic value's text is cut to
+	// 1 KiB, and the logger adds no stack trace of its own (the recovering
+	// frame's would repeat the panic's). Defaults to no logging.
 	Logger *zap.Logger
 }
 
@@ -46,8 +49,8 @@ type RecoverOpts struct {
 // hot-looped. Put it outermost.
 func Recover(opts *RecoverOpts) consumer.Middleware {
 	var logger *zap.Logger
-	if opts != nil {
-		logger = opts.Logger
+	if opts != nil && opts.Logger != nil {
+		logger = opts.Logger.WithOptions(zap.AddStacktrace(noStacktrace))
 	}
 	return func(next consumer.DeliveryHandler) consumer.DeliveryHandler {
 		return func(ctx context.Context, d *consumer.Delivery) (err error) {
@@ -63,7 +66,7 @@ func Recover(opts *RecoverOpts) consumer.Middleware {
 						zap.String(LogFieldConsumer, d.Consumer),
 						zap.String(LogFieldMessageID, d.MessageID),
 						zap.String(LogFieldIdempotencyKey, d.Key),
-						zap.Any("panic", v),
+						zap.String("panic", clip.Text(fmt.Sprint(v), clip.Limit)),
 						zap.ByteString("stack", perr.Stack))
 				}
 				err = retry.WithReason(retry.ReasonPanic, perr)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -12,6 +13,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/internal/clip"
 	"github.com/inboxmq/inboxmq/middleware"
 	"github.com/inboxmq/inboxmq/retry"
 )
@@ -57,4 +59,25 @@ func TestRecover_NoPanicPassesThrough(t *testing.T) {
 	boom := errors.New("boom")
 	require.ErrorIs(t, mw(func(context.Context, *consumer.Delivery) error { return boom })(t.Context(), keyedDelivery("k")), boom)
 	require.NoError(t, mw(func(context.Context, *consumer.Delivery) error { return nil })(t.Context(), keyedDelivery("k")))
+}
+
+// A panic whose value quotes a huge payload logs the value cut to 1 KiB,
+// and its stack once (the "stack" field), not again as zap's stacktrace.
+func TestRecover_PanicLineIsBoundedWithOneStack(t *testing.T) {
+	t.Parallel()
+	core, logs := observer.New(zapcore.ErrorLevel)
+	logger := zap.New(core, zap.AddStacktrace(zapcore.ErrorLevel)) // as zap.NewProduction
+	mw := middleware.Recover(&middleware.RecoverOpts{Logger: logger})
+
+	_ = mw(func(context.Context, *consumer.Delivery) error {
+		panic(errors.New("bad amount " + strings.Repeat("9", 1<<20)))
+	})(t.Context(), keyedDelivery("k"))
+
+	require.Equal(t, 1, logs.Len())
+	entry := logs.All()[0]
+	require.Empty(t, entry.Stack, "no stacktrace besides the panic's own")
+	value, _ := entry.ContextMap()["panic"].(string)
+	require.Len(t, value, clip.Limit)
+	require.True(t, strings.HasPrefix(value, "bad amount 999"))
+	require.Contains(t, entry.ContextMap()["stack"], "recover_test.go")
 }

@@ -77,7 +77,12 @@ func (o *TracingOpts) keyAttribute() bool {
 // The handler's ctx carries the span, so database and HTTP instrumentation
 // below it nests under the delivery. A returned error is recorded and, unless
 // it is a duplicate (which is a success: the effect exists), sets the span
-// status to Error. Put Tracing near the outside of the chain (after Recover)
+// status to Error. A span covers one run of the chain (each in-process try
+// has its own), so inboxmq.outcome and inboxmq.reason classify that run's
+// error with the default taxonomy (retry.Classify without the route's
+// Rules); how the delivery was settled (a Rule's reason, or exhausted after
+// the last attempt) is decided after the span ends and is reported to the
+// consumer's observers (the log observer's settlement line, the metrics). Put Tracing near the outside of the chain (after Recover)
 // so that the span covers the lock and the inbox.
 //
 // A nil tp means otel.GetTracerProvider(), read when Tracing is called, which

@@ -30,6 +30,9 @@ type config struct {
 	// EventsExchange receives a payment.completed event per new payment,
 	// through the transactional outbox (PAYMENT_EVENTS_EXCHANGE).
 	EventsExchange string
+	// ConnectTimeout bounds each wait for PostgreSQL and RabbitMQ at
+	// start-up, and each new database connection (CONNECT_TIMEOUT).
+	ConnectTimeout time.Duration
 }
 
 // Defaults, as documented in the README.
@@ -42,6 +45,7 @@ const (
 	defaultConcurrency = 8
 	defaultMetricsAddr = "127.0.0.1:9464"
 	defaultEvents      = "payments.events"
+	defaultConnect     = 30 * time.Second
 )
 
 // configFromEnv reads the configuration from the environment (getenv is
@@ -58,6 +62,7 @@ func configFromEnv(getenv func(string) string) (config, error) {
 		MetricsAddr: cmp.Or(getenv("METRICS_ADDR"), defaultMetricsAddr),
 
 		EventsExchange: cmp.Or(getenv("PAYMENT_EVENTS_EXCHANGE"), defaultEvents),
+		ConnectTimeout: defaultConnect,
 	}
 	if v := getenv("LOCK_TTL"); v != "" {
 		d, err := time.ParseDuration(v)
@@ -79,6 +84,13 @@ func configFromEnv(getenv func(string) string) (config, error) {
 			return c, fmt.Errorf("WORKER_CONCURRENCY %q: want a positive integer", v)
 		}
 		c.Concurrency = n
+	}
+	if v := getenv("CONNECT_TIMEOUT"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			return c, fmt.Errorf("CONNECT_TIMEOUT %q: want a positive Go duration such as 30s", v)
+		}
+		c.ConnectTimeout = d
 	}
 	return c, c.validate()
 }

@@ -51,7 +51,7 @@ func newMigrateCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if err := migrate(cmd.Context(), cfg.DatabaseURL); err != nil {
+			if err := migrate(cmd.Context(), cfg); err != nil {
 				return err
 			}
 			fmt.Fprintln(cmd.OutOrStdout(), "migrations applied")

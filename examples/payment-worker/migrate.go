@@ -6,9 +6,8 @@ import (
 	"fmt"
 	"io/fs"
 
-	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
 
-	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/migrations"
 )
 
@@ -22,13 +21,18 @@ var sqlFS embed.FS
 const versionTable = "payment_worker_migrations"
 
 // migrate applies the framework's migrations, then the example's. Both are
-// idempotent and safe to run from several processes at once.
-func migrate(ctx context.Context, databaseURL string) error {
-	pool, err := pgxpool.New(ctx, databaseURL)
+// idempotent and safe to run from several processes at once. The wait for
+// PostgreSQL to answer is bounded by CONNECT_TIMEOUT; the migrations
+// themselves are not (DDL may wait for locks).
+func migrate(ctx context.Context, cfg config) error {
+	pool, err := openPool(cfg)
 	if err != nil {
-		return fmt.Errorf("migrate: connect %s: %w", consumer.RedactURL(databaseURL), err)
+		return fmt.Errorf("migrate: %w", err)
 	}
 	defer pool.Close()
+	if err := newStartup(zap.NewNop(), cfg.ConnectTimeout).wait(ctx, "PostgreSQL", cfg.DatabaseURL, "migrate", pool.Ping); err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
 	if err := migrations.Up(ctx, pool); err != nil {
 		return fmt.Errorf("migrate: framework: %w", err)
 	}

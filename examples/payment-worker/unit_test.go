@@ -83,7 +83,7 @@ func TestConfigFromEnv(t *testing.T) {
 	require.Equal(t, config{
 		AMQPURL: defaultAMQPURL, DatabaseURL: defaultDatabaseURL, RedisURL: defaultRedisURL,
 		Queue: defaultQueue, LockTTL: 30 * time.Second, Concurrency: 8, MetricsAddr: defaultMetricsAddr,
-		EventsExchange: defaultEvents,
+		EventsExchange: defaultEvents, ConnectTimeout: 30 * time.Second,
 	}, c)
 
 	c, err = configFromEnv(env("LOCK_TTL", "2s", "WORKER_CONCURRENCY", "3", "PAYMENT_QUEUE", "q.1", "GATEWAY_URL", "http://127.0.0.1:1", "GROUP_COMMIT", "on"))
@@ -92,10 +92,14 @@ func TestConfigFromEnv(t *testing.T) {
 	require.Equal(t, 3, c.Concurrency)
 	require.Equal(t, "q.1", c.Queue)
 	require.True(t, c.GroupCommit)
+	c, err = configFromEnv(env("CONNECT_TIMEOUT", "5s"))
+	require.NoError(t, err)
+	require.Equal(t, 5*time.Second, c.ConnectTimeout)
 
 	for _, bad := range [][]string{
 		{"LOCK_TTL", "soon"}, {"LOCK_TTL", "-1s"}, {"WORKER_CONCURRENCY", "0"},
 		{"PAYMENT_QUEUE", "bad queue"}, {"GATEWAY_URL", "ftp://x"}, {"GROUP_COMMIT", "yes"},
+		{"CONNECT_TIMEOUT", "0s"}, {"CONNECT_TIMEOUT", "soon"},
 	} {
 		_, err := configFromEnv(env(bad...))
 		require.Error(t, err, "%v", bad)

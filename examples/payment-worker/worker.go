@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -49,19 +51,59 @@ func run(ctx context.Context, cfg config) error {
 	}
 	defer func() { _ = logger.Sync() }()
 
-	pool, err := openPool(ctx, cfg)
+	// /metrics, /healthz and /readyz come up before any service is
+	// reached: an orchestrator sees the process alive while it waits, and
+	// /readyz names what is missing (check "startup").
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	st := newStartup(logger, cfg.ConnectTimeout)
+	var (
+		poolRef atomic.Pointer[pgxpool.Pool]
+		consRef atomic.Pointer[consumer.Consumer]
+		metRef  atomic.Pointer[metrics.Metrics]
+	)
+	srv := observe.NewServer(&observe.ServerConfig{
+		Addr:     cfg.MetricsAddr,
+		Gatherer: reg,
+		Checks: []observe.Check{
+			{Name: "startup", Func: st.check},
+			observe.Ready("broker", func() bool { c := consRef.Load(); return c != nil && c.Ready() }),
+			{Name: "database", Func: func(ctx context.Context) error {
+				if p := poolRef.Load(); p != nil {
+					return p.Ping(ctx)
+				}
+				return errors.New("not connected yet")
+			}},
+			observe.DegradedFlag("redis", func() bool { m := metRef.Load(); return m != nil && m.RedisDegraded() }),
+		},
+	})
+	if err := srv.Start(ctx); err != nil {
+		return err
+	}
+	// Shut down last, after the services and connections below.
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+
+	pool, err := openPool(cfg)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-
-	store, err := inbox.NewStore(ctx, pool, &inbox.StoreConfig{Logger: logger})
-	if err != nil {
+	var store *inbox.Store
+	if err := st.wait(ctx, "PostgreSQL", cfg.DatabaseURL, "inbox", func(ctx context.Context) error {
+		if err := pool.Ping(ctx); err != nil {
+			return err
+		}
+		store, err = inbox.NewStore(ctx, pool, &inbox.StoreConfig{Logger: logger})
+		return err
+	}); err != nil {
 		return err
 	}
+	poolRef.Store(pool)
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m, err := metrics.New(reg, &metrics.Config{
 		ExtraReasons: gatewayReasons,
 		Inbox:        &metrics.InboxConfig{DB: pool},
@@ -70,6 +112,7 @@ func run(ctx context.Context, cfg config) error {
 		return err
 	}
 	m.Init(cfg.Queue, cfg.Queue)
+	metRef.Store(m)
 
 	rdb, err := redisClient(cfg.RedisURL)
 	if err != nil {
@@ -109,30 +152,20 @@ func run(ctx context.Context, cfg config) error {
 		return err
 	}
 	c, err := consumer.New(&consumer.Config{
-		URL:       cfg.AMQPURL,
-		Router:    router,
-		Logger:    logger,
-		Observers: []consumer.Observer{m, middleware.NewLogObserver(logger, nil), store.DeadLetterObserver()},
+		URL:         cfg.AMQPURL,
+		Router:      router,
+		Logger:      logger,
+		Observers:   []consumer.Observer{m, middleware.NewLogObserver(logger, nil), store.DeadLetterObserver()},
+		DialTimeout: cfg.ConnectTimeout,
 	})
 	if err != nil {
 		return err
 	}
+	consRef.Store(c)
 
-	srv := observe.NewServer(&observe.ServerConfig{
-		Addr:     cfg.MetricsAddr,
-		Gatherer: reg,
-		Checks: []observe.Check{
-			observe.Ready("broker", c.Ready),
-			observe.Ping("database", pool),
-			observe.DegradedFlag("redis", m.RedisDegraded),
-		},
-	})
-	if err := srv.Start(ctx); err != nil {
-		return err
-	}
-	stops = append(stops, srv.Shutdown)
-
-	if err := declareEvents(cfg); err != nil {
+	if err := st.wait(ctx, "RabbitMQ", cfg.AMQPURL, "events exchange", func(ctx context.Context) error {
+		return declareEvents(ctx, cfg)
+	}); err != nil {
 		return err
 	}
 	relay, err := outbox.NewRelay(pool, &outbox.RelayConfig{
@@ -184,14 +217,18 @@ func run(ctx context.Context, cfg config) error {
 	stops = append(stops, ret.Stop)
 
 	target.c = c
-	if err := watcher.Start(ctx); err != nil {
+	wctx, cancelWatcher := context.WithTimeout(ctx, cfg.ConnectTimeout) // its first read only
+	err = watcher.Start(wctx)
+	cancelWatcher()
+	if err != nil {
 		return err
 	}
 	stops = append(stops, watcher.Stop)
 
-	if err := c.Start(ctx); err != nil {
+	if err := st.wait(ctx, "RabbitMQ", cfg.AMQPURL, "consumer", c.Start); err != nil {
 		return err
 	}
+	st.done()
 	logger.Info("payment-worker consuming",
 		zap.String("queue", cfg.Queue),
 		zap.Bool("gateway", cfg.GatewayURL != ""),
@@ -205,6 +242,7 @@ func run(ctx context.Context, cfg config) error {
 		return errors.New("consumer stopped unexpectedly")
 	}
 	logger.Info("payment-worker stopping")
+	st.set("stopping")
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stopTimeout)
 	defer cancel()
 	if err := c.Stop(sctx); err != nil {
@@ -214,10 +252,12 @@ func run(ctx context.Context, cfg config) error {
 	return nil
 }
 
-// openPool connects to DATABASE_URL. Unless the URL sets pool_max_conns,
-// the pool is sized for the handlers plus the background services (outbox
-// relay, LISTEN connections, reconciler, retention, metrics).
-func openPool(ctx context.Context, cfg config) (*pgxpool.Pool, error) {
+// openPool builds the pool of DATABASE_URL; it connects on first use (the
+// caller bounds that wait). Unless the URL sets pool_max_conns, the pool is
+// sized for the handlers plus the background services (outbox relay,
+// LISTEN connections, reconciler, retention, metrics); unless it sets
+// connect_timeout, each new connection is bounded by CONNECT_TIMEOUT.
+func openPool(cfg config) (*pgxpool.Pool, error) {
 	pcfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
 	if err != nil {
 		// The parse error may echo the URL: never wrap it.
@@ -226,12 +266,11 @@ func openPool(ctx context.Context, cfg config) (*pgxpool.Pool, error) {
 	if !strings.Contains(cfg.DatabaseURL, "pool_max_conns") {
 		pcfg.MaxConns = int32(min(cfg.Concurrency+8, 200)) //nolint:gosec // bounded above
 	}
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		return nil, fmt.Errorf("connect %s: %w", consumer.RedactURL(cfg.DatabaseURL), err)
+	if pcfg.ConnConfig.ConnectTimeout == 0 {
+		pcfg.ConnConfig.ConnectTimeout = cfg.ConnectTimeout
 	}
-	if err := pool.Ping(ctx); err != nil {
-		pool.Close()
+	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
+	if err != nil {
 		return nil, fmt.Errorf("connect %s: %w", consumer.RedactURL(cfg.DatabaseURL), err)
 	}
 	return pool, nil
@@ -370,11 +409,22 @@ func writePayment(ctx context.Context, tx pgx.Tx, events string, p Payment) erro
 }
 
 // declareEvents declares the durable topic exchange the payment.completed
-// events go to; subscribers bind their own queues to it.
-func declareEvents(cfg config) error {
-	conn, err := amqp.Dial(cfg.AMQPURL)
+// events go to; subscribers bind their own queues to it. ctx bounds the
+// dial and the AMQP handshake.
+func declareEvents(ctx context.Context, cfg config) error {
+	conn, err := amqp.DialConfig(cfg.AMQPURL, amqp.Config{Dial: func(network, addr string) (net.Conn, error) {
+		var d net.Dialer
+		c, err := d.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		if deadline, ok := ctx.Deadline(); ok {
+			_ = c.SetDeadline(deadline) // the handshake's; cleared once open
+		}
+		return c, nil
+	}})
 	if err != nil {
-		return fmt.Errorf("connect %s: %w", consumer.RedactURL(cfg.AMQPURL), err)
+		return fmt.Errorf("connect: %w", err)
 	}
 	defer conn.Close()
 	ch, err := conn.Channel()
