@@ -2,6 +2,7 @@ package consumer_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -85,4 +86,55 @@ func TestJSON_DecodeRejectsInvalidUTF8(t *testing.T) {
 			require.ErrorContains(t, err, "not valid UTF-8")
 		})
 	}
+}
+
+func TestRegister_InvalidKeyIsPermanent(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		key  string
+		want string // in the error; "" for a valid key
+	}{
+		{"plain", "payment:o-1", ""},
+		{"inner spaces and tab", "payment:a b\tc", "control character"},
+		{"unicode", "payment:zoë-€", ""},
+		{"surrounding spaces kept as sent", " o-1 ", ""},
+		{"at the limit", strings.Repeat("k", consumer.MaxKeyLen), ""},
+		{"empty", "", "empty"},
+		{"only spaces", "   ", "only whitespace"},
+		{"only unicode whitespace", "\u00a0\u2003\u3000", "only whitespace"},
+		{"CR LF", "payment:a\r\nb", "control character"},
+		{"NUL", "payment:a\x00b", "control character"},
+		{"DEL", "payment:a\x7fb", "control character"},
+		{"unit separator", "payment:\x1f", "control character"},
+		{"over the limit", strings.Repeat("k", consumer.MaxKeyLen+1), "longer than"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			h, seen := decodeRoute[keyed](t)
+			body, err := consumer.JSON.Encode(keyed{Key: tt.key})
+			require.NoError(t, err)
+			_, err = deliver(t, h, body)
+			require.Equal(t, tt.want == "", consumer.ValidKey(tt.key) == nil, "ValidKey(%q)", tt.key)
+			if tt.want == "" {
+				require.NoError(t, err)
+				require.Equal(t, tt.key, (*seen).Key, "the key is used exactly as sent")
+				return
+			}
+			dec := retry.Classify(err)
+			require.Equal(t, retry.KindPermanent, dec.Kind, "%v", err)
+			require.Equal(t, retry.ReasonInvalid, dec.Reason)
+			require.ErrorContains(t, err, tt.want)
+			require.ErrorContains(t, err, "idempotency key")
+			require.Nil(t, *seen, "the handler never sees an invalid key")
+		})
+	}
+}
+
+func TestValidKey_InvalidUTF8(t *testing.T) {
+	t.Parallel()
+	// A codec other than JSON may hand over bytes as they are.
+	require.ErrorContains(t, consumer.ValidKey("k\xff"), "UTF-8")
+	require.NoError(t, consumer.ValidKey("k"))
 }
