@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"strconv"
@@ -36,7 +37,8 @@ func (p fuzzPayment) Validate() error {
 // FuzzRegisterDecode feeds arbitrary bodies and headers through the adapter
 // that Register builds. It must never panic; a body the handler never sees
 // fails permanently (decode, invalid or an invalid key), and a body it sees
-// is valid UTF-8 and has a valid key, that of its business identity.
+// is valid UTF-8 and has a valid key, that of its business identity, and a
+// fingerprint.
 func FuzzRegisterDecode(f *testing.F) {
 	for _, s := range []string{
 		`{"order_id":"o-1","amount_cents":100,"currency":"EUR"}`,
@@ -92,6 +94,9 @@ func FuzzRegisterDecode(f *testing.F) {
 		}
 		if !utf8.Valid(body) || ValidKey(seen.Key) != nil {
 			t.Fatalf("body %q: an invalid body or key %q reached the handler", body, seen.Key)
+		}
+		if len(d.Fingerprint) == 0 || !bytes.Equal(d.Fingerprint, seen.Fingerprint()) {
+			t.Fatalf("body %q: fingerprint %x, message fingerprint %x", body, d.Fingerprint, seen.Fingerprint())
 		}
 	})
 }

@@ -82,6 +82,18 @@ func ValidKey(key string) error {
 // isControl reports the C0 control characters and DEL.
 func isControl(r rune) bool { return r < 0x20 || r == 0x7f }
 
+// Fingerprinter is implemented by payloads that choose their own
+// fingerprint: the bytes that tell "the same job again" from "another job
+// reusing the key". Without it the fingerprint is the SHA-256 of the raw
+// body. Register sets it on Delivery.Fingerprint; the inbox and the
+// completed-cache compare it, so a reused key with another fingerprint is
+// a key conflict, never a duplicate. It must be the same for every copy of
+// one job (derive it from the decoded fields, not from their encoding) and
+// should not be empty.
+type Fingerprinter interface {
+	Fingerprint() []byte
+}
+
 // Validator is implemented by payloads that can check themselves after
 // decoding. A non-nil error dead-letters the delivery (reason "invalid").
 type Validator interface {

@@ -224,7 +224,7 @@ func Register[T any](r *Router, queue string, h Handler[T], opts *HandlerOpts) {
 // "invalid") is permanent: the delivery is dead-lettered with the reason
 // and never requeued. T (or *T) should implement [Keyer]; handlers wrapped
 // by the inbox require it. Before the handler middleware runs, the
-// delivery's Key and Value are set.
+// delivery's Key, Value and Fingerprint are set (see [Fingerprinter]).
 func RegisterSafely[T any](r *Router, queue string, h Handler[T], opts *HandlerOpts) error {
 	if r == nil {
 		return errors.New("consumer: nil router")
@@ -272,6 +272,7 @@ func RegisterSafely[T any](r *Router, queue string, h Handler[T], opts *HandlerO
 			}
 		}
 		d.Value = v
+		d.Fingerprint = fingerprint(v, d.Body)
 		return inner(ctx, d)
 	}
 

@@ -2,6 +2,7 @@ package consumer_test
 
 import (
 	"context"
+	"crypto/sha256"
 	"strings"
 	"testing"
 
@@ -18,6 +19,15 @@ type keyed struct {
 }
 
 func (k keyed) IdempotencyKey() string { return k.Key }
+
+// printed is a payload that chooses its own fingerprint.
+type printed struct {
+	ID   string `json:"id"`
+	Note string `json:"note"`
+}
+
+func (p printed) IdempotencyKey() string { return "printed:" + p.ID }
+func (p printed) Fingerprint() []byte    { return []byte("fp:" + p.ID) }
 
 // decodeRoute registers a handler of T on a fresh router and returns the
 // route's complete handler and a pointer to the last message it saw.
@@ -137,4 +147,33 @@ func TestValidKey_InvalidUTF8(t *testing.T) {
 	// A codec other than JSON may hand over bytes as they are.
 	require.ErrorContains(t, consumer.ValidKey("k\xff"), "UTF-8")
 	require.NoError(t, consumer.ValidKey("k"))
+}
+
+func TestRegister_SetsTheFingerprint(t *testing.T) {
+	t.Parallel()
+	// A payload without a Fingerprint method: the SHA-256 of the raw body.
+	h, seen := decodeRoute[keyed](t)
+	body := []byte(`{"key":"k-1", "extra": 1}`)
+	d, err := deliver(t, h, body)
+	require.NoError(t, err)
+	sum := sha256.Sum256(body)
+	require.Equal(t, sum[:], d.Fingerprint)
+	require.Equal(t, d.Fingerprint, (*seen).Fingerprint(), "the message reports the delivery's fingerprint")
+
+	// A Fingerprinter chooses its own.
+	hp, seenp := decodeRoute[printed](t)
+	d, err = deliver(t, hp, []byte(`{"id":"p-1","note":"any"}`))
+	require.NoError(t, err)
+	require.Equal(t, []byte("fp:p-1"), d.Fingerprint)
+	require.Equal(t, []byte("fp:p-1"), (*seenp).Fingerprint())
+
+	// A message built without Register (a test, a tool) computes it the
+	// same way.
+	msg := &consumer.Message[printed]{Body: printed{ID: "p-2"}}
+	require.Equal(t, []byte("fp:p-2"), msg.Fingerprint())
+	raw, err := consumer.JSON.Encode(keyed{Key: "k-2"})
+	require.NoError(t, err)
+	msgRaw := &consumer.Message[keyed]{Body: keyed{Key: "k-2"}, Delivery: consumer.NewDelivery("q", "q", "w", &amqp.Delivery{Body: raw})}
+	sum = sha256.Sum256(raw)
+	require.Equal(t, sum[:], msgRaw.Fingerprint())
 }

@@ -20,7 +20,7 @@ type Payment struct {
 // key goes to the payment gateway as the Idempotency-Key header.
 func (p Payment) IdempotencyKey() string { return "payment:" + p.OrderID }
 
-// Fingerprint implements inbox.Fingerprinter: the hash of the payment's
+// Fingerprint implements consumer.Fingerprinter: the hash of the payment's
 // fields rather than of the raw body, so a producer that re-encodes the same
 // order (other field order, other whitespace, an extra field) sends a
 // duplicate, while the same order_id with another amount or currency is a
