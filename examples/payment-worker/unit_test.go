@@ -143,6 +143,43 @@ func TestClassifyStatus(t *testing.T) {
 	require.Equal(t, 7*time.Second, d.Delay, "Retry-After is honoured")
 }
 
+// A request that can never succeed (a header value net/http refuses, a
+// URL it cannot send to) is permanent, refused before any network I/O,
+// never a gateway_network retry.
+func TestGatewayInvalidRequestIsPermanent(t *testing.T) {
+	t.Parallel()
+	gw := &gateway{calls: map[string][]string{}, paid: map[string]int{}}
+	srv := newLoopbackServer(t, gw)
+	p := Payment{OrderID: "o-1", AmountCents: 100, Currency: "EUR"}
+	tests := []struct {
+		name    string
+		baseURL string
+		key     string
+	}{
+		{"CR LF in the key", srv, "payment:o\r\nX-Injected: 1"},
+		{"LF in the key", srv, "payment:o\nx"},
+		{"NUL in the key", srv, "payment:o\x00"},
+		{"DEL in the key", srv, "payment:o\x7f"},
+		{"unparsable URL", "http://[::1", "payment:o-1"},
+		{"unsupported scheme", "ftp://127.0.0.1:1", "payment:o-1"},
+		{"no host", "http://", "payment:o-1"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			err := (&Gateway{BaseURL: tt.baseURL, Timeout: 5 * time.Second}).Charge(t.Context(), tt.key, p)
+			d := retry.Classify(err)
+			require.Equal(t, retry.KindPermanent, d.Kind, "%v", err)
+			require.Equal(t, retry.ReasonInvalid, d.Reason, "%v", err)
+		})
+	}
+	calls, _ := gw.snapshot()
+	require.Empty(t, calls, "nothing reached the gateway")
+
+	// A tab is a valid header value: the charge goes through.
+	require.NoError(t, (&Gateway{BaseURL: srv}).Charge(t.Context(), "payment:o\tp", p))
+}
+
 func TestConfigFromEnv(t *testing.T) {
 	t.Parallel()
 	env := func(kv ...string) func(string) string {
