@@ -2,6 +2,8 @@ package consumer
 
 import (
 	"encoding/json"
+	"errors"
+	"unicode/utf8"
 )
 
 // Codec decodes payloads for typed handlers (and encodes them for
@@ -16,11 +18,21 @@ type Codec interface {
 }
 
 // JSON is the default [Codec]: encoding/json, unknown fields ignored so that
-// producers can add fields without breaking consumers.
+// producers can add fields without breaking consumers. A body that is not
+// valid UTF-8 is a decode error: encoding/json would replace each invalid
+// byte with U+FFFD, so two different bodies could decode to the same
+// payload and the same idempotency key.
 var JSON Codec = jsonCodec{}
 
 type jsonCodec struct{}
 
-func (jsonCodec) Decode(data []byte, v any) error { return json.Unmarshal(data, v) }
-func (jsonCodec) Encode(v any) ([]byte, error)    { return json.Marshal(v) }
-func (jsonCodec) ContentType() string             { return "application/json" }
+func (jsonCodec) Decode(data []byte, v any) error {
+	if !utf8.Valid(data) {
+		return errNotUTF8
+	}
+	return json.Unmarshal(data, v)
+}
+func (jsonCodec) Encode(v any) ([]byte, error) { return json.Marshal(v) }
+func (jsonCodec) ContentType() string          { return "application/json" }
+
+var errNotUTF8 = errors.New("consumer: body is not valid UTF-8")

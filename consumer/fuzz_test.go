@@ -1,10 +1,12 @@
 package consumer
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"strconv"
 	"testing"
+	"unicode/utf8"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -34,8 +36,9 @@ func (p fuzzPayment) Validate() error {
 
 // FuzzRegisterDecode feeds arbitrary bodies and headers through the adapter
 // that Register builds. It must never panic; a body the handler never sees
-// fails permanently (decode, invalid or empty key), and a body it sees has
-// the key of its business identity.
+// fails permanently (decode, invalid or an invalid key), and a body it sees
+// is valid UTF-8 and has a valid key, that of its business identity, and a
+// fingerprint.
 func FuzzRegisterDecode(f *testing.F) {
 	for _, s := range []string{
 		`{"order_id":"o-1","amount_cents":100,"currency":"EUR"}`,
@@ -49,6 +52,9 @@ func FuzzRegisterDecode(f *testing.F) {
 		`{"order_id":"o-4","amount_cents":1e400}`,
 		"",
 		"\xff\xfe",
+		"{\"order_id\":\"p2-bad\xffX\",\"amount_cents\":1}",
+		`{"order_id":"a\r\nb","amount_cents":1}`,
+		`{"order_id":" ","amount_cents":1}`,
 	} {
 		f.Add([]byte(s), "1")
 	}
@@ -85,6 +91,12 @@ func FuzzRegisterDecode(f *testing.F) {
 		}
 		if seen.Body.AmountCents <= 0 {
 			t.Fatalf("body %q: invalid payload reached the handler", body)
+		}
+		if !utf8.Valid(body) || ValidKey(seen.Key) != nil {
+			t.Fatalf("body %q: an invalid body or key %q reached the handler", body, seen.Key)
+		}
+		if len(d.Fingerprint) == 0 || !bytes.Equal(d.Fingerprint, seen.Fingerprint()) {
+			t.Fatalf("body %q: fingerprint %x, message fingerprint %x", body, d.Fingerprint, seen.Fingerprint())
 		}
 	})
 }

@@ -1,6 +1,8 @@
 package consumer
 
 import (
+	"crypto/sha256"
+	"encoding/json"
 	"strconv"
 	"time"
 
@@ -113,6 +115,11 @@ type Delivery struct {
 	Key string
 	// Value is the decoded payload (a *T), set after decoding.
 	Value any
+	// Fingerprint tells "the same job again" from "another job reusing the
+	// key": the payload's own [Fingerprinter] result, else the SHA-256 of
+	// Body. It is set after decoding, with Key; the inbox records it and
+	// the completed-cache compares it.
+	Fingerprint []byte
 
 	// LockKey, LockResult and Fence are annotations set by the lock and
 	// inbox layers for logs and traces.
@@ -218,4 +225,42 @@ type Message[T any] struct {
 	Redelivered bool
 	// Delivery is the untyped delivery this message was decoded from.
 	Delivery *Delivery
+}
+
+// Fingerprint returns the message's fingerprint: Delivery.Fingerprint when
+// set (Register sets it on every delivery it decodes), else computed as
+// Register would, from Body and the delivery's raw body (the JSON encoding
+// of Body when the message has no delivery). The inbox records this value.
+func (m *Message[T]) Fingerprint() []byte {
+	if d := m.Delivery; d != nil {
+		if d.Fingerprint != nil {
+			return d.Fingerprint
+		}
+		return fingerprint(&m.Body, d.Body)
+	}
+	if f := fingerprinter(&m.Body); f != nil {
+		return f.Fingerprint()
+	}
+	raw, err := json.Marshal(m.Body)
+	if err != nil {
+		return nil
+	}
+	return fingerprint(&m.Body, raw)
+}
+
+// fingerprint is the one fingerprint function: v's own Fingerprint when T
+// or *T implements [Fingerprinter], else the SHA-256 of raw.
+func fingerprint[T any](v *T, raw []byte) []byte {
+	if f := fingerprinter(v); f != nil {
+		return f.Fingerprint()
+	}
+	sum := sha256.Sum256(raw)
+	return sum[:]
+}
+
+// fingerprinter returns v as a Fingerprinter (through a value or pointer
+// method), or nil.
+func fingerprinter[T any](v *T) Fingerprinter {
+	f, _ := any(v).(Fingerprinter)
+	return f
 }

@@ -219,10 +219,12 @@ func Register[T any](r *Router, queue string, h Handler[T], opts *HandlerOpts) {
 // RegisterSafely is Register returning an error instead of panicking.
 //
 // Each delivery is decoded with the handler's Codec into a T; a decode
-// failure, a Validate error (when T implements [Validator]) or an empty
-// idempotency key is permanent: the delivery is dead-lettered with the
-// reason and never requeued. T (or *T) should implement [Keyer]; handlers
-// wrapped by the inbox require it.
+// failure (reason "decode"), a Validate error (when T implements
+// [Validator]) or an idempotency key that [ValidKey] refuses (reason
+// "invalid") is permanent: the delivery is dead-lettered with the reason
+// and never requeued. T (or *T) should implement [Keyer]; handlers wrapped
+// by the inbox require it. Before the handler middleware runs, the
+// delivery's Key, Value and Fingerprint are set (see [Fingerprinter]).
 func RegisterSafely[T any](r *Router, queue string, h Handler[T], opts *HandlerOpts) error {
 	if r == nil {
 		return errors.New("consumer: nil router")
@@ -265,11 +267,12 @@ func RegisterSafely[T any](r *Router, queue string, h Handler[T], opts *HandlerO
 		if keyed {
 			k, _ := any(v).(Keyer)
 			d.Key = k.IdempotencyKey()
-			if d.Key == "" {
-				return retry.Permanent(retry.WithReason(retry.ReasonInvalid, fmt.Errorf("consumer: %s payload has an empty idempotency key", queue)))
+			if err := ValidKey(d.Key); err != nil {
+				return retry.Permanent(retry.WithReason(retry.ReasonInvalid, fmt.Errorf("consumer: invalid %s payload: %w", queue, err)))
 			}
 		}
 		d.Value = v
+		d.Fingerprint = fingerprint(v, d.Body)
 		d.transitionReceived() // once the key is known
 		return inner(ctx, d)
 	}

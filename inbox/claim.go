@@ -301,7 +301,7 @@ func ClaimHandler[T any](s *Store, h ClaimFunc[T], opts *ClaimOpts) consumer.Han
 		b = newBatcher(s, o.GroupCommit.or(s.cfg.GroupCommit))
 	}
 	return consumer.HandlerFunc[T](func(ctx context.Context, msg *consumer.Message[T]) error {
-		u, err := s.newUnit(ctx, msg.Consumer, msg.Key, msg.ID, msg.Attempt, msg.Delivery, fingerprint(msg), o.StorePayload)
+		u, err := s.newUnit(ctx, msg.Consumer, msg.Key, msg.ID, msg.Attempt, msg.Delivery, msg.Fingerprint(), o.StorePayload)
 		if err != nil {
 			return err
 		}

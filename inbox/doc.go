@@ -19,9 +19,10 @@
 // WHERE status <> 'completed'); run the handler with the same pgx.Tx;
 // COMMIT. The consumer acks only after Handle returns nil, so after the
 // commit. A key that is already completed is a duplicate ([ErrDuplicate]),
-// and the same key with a different payload fingerprint is a permanent
-// [ErrKeyConflict]. A failed attempt rolls back and is recorded on the row
-// (attempts, last_error, last_failed_at).
+// and the same key with a different payload fingerprint (see
+// consumer.Fingerprinter) is a permanent [ErrKeyConflict]. A failed attempt
+// rolls back and is recorded on the row (attempts, last_error,
+// last_failed_at).
 //
 // # Attempts and deliveries
 //

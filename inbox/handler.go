@@ -2,8 +2,6 @@ package inbox
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/json"
 	"errors"
 	"fmt"
 
@@ -19,14 +17,6 @@ import (
 // roll back tx (it may open nested transactions with tx.Begin or
 // pgx.BeginFunc: they are savepoints).
 type TxHandlerFunc[T any] func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[T]) error
-
-// Fingerprinter is implemented by payloads that choose their own
-// fingerprint: the bytes that tell "the same job again" from "another job
-// reusing the key". Without it the fingerprint is the SHA-256 of the raw
-// body.
-type Fingerprinter interface {
-	Fingerprint() []byte
-}
 
 // HandlerOpts are per-handler settings of [Handler]. A nil *HandlerOpts
 // means defaults.
@@ -55,9 +45,10 @@ type HandlerOpts struct {
 //     ON CONFLICT DO UPDATE … WHERE status <> 'completed' (a failed or
 //     received row is taken up again);
 //  3. no row came back: the key is completed, and the delivery is a
-//     duplicate (an error matching [ErrDuplicate]), or, if the payload's
-//     fingerprint differs, a key conflict (permanent); a live claim of claim
-//     mode asks for a retry after its lease;
+//     duplicate (an error matching [ErrDuplicate]), or, if the message's
+//     fingerprint (consumer.Message.Fingerprint) differs from the one
+//     recorded, a key conflict (permanent); a live claim of claim mode asks
+//     for a retry after its lease;
 //  4. otherwise msg.Delivery.Fence is set, StatusProcessing reported, and h
 //     runs with the same transaction;
 //  5. h returned nil: COMMIT (the consumer acks after Handle returns nil);
@@ -98,7 +89,7 @@ func Handler[T any](s *Store, h TxHandlerFunc[T], opts *HandlerOpts) consumer.Ha
 		b = newBatcher(s, o.GroupCommit.or(s.cfg.GroupCommit))
 	}
 	return consumer.HandlerFunc[T](func(ctx context.Context, msg *consumer.Message[T]) error {
-		u, err := s.newUnit(ctx, msg.Consumer, msg.Key, msg.ID, msg.Attempt, msg.Delivery, fingerprint(msg), o.StorePayload)
+		u, err := s.newUnit(ctx, msg.Consumer, msg.Key, msg.ID, msg.Attempt, msg.Delivery, msg.Fingerprint(), o.StorePayload)
 		if err != nil {
 			return err
 		}
@@ -165,27 +156,4 @@ func (s *Store) countRedelivery(ctx context.Context, u *unit) error {
 			"inbox: key %q of consumer %q was redelivered %d times (crash limit %d)", u.key, u.consumer, deliveries, s.cfg.CrashLimit)))
 	}
 	return nil
-}
-
-// fingerprint is the payload's own Fingerprint, else the SHA-256 of the raw
-// body (or of the body's JSON when the message has no delivery).
-func fingerprint[T any](msg *consumer.Message[T]) []byte {
-	if f, ok := any(msg.Body).(Fingerprinter); ok {
-		return f.Fingerprint()
-	}
-	if f, ok := any(&msg.Body).(Fingerprinter); ok {
-		return f.Fingerprint()
-	}
-	var raw []byte
-	if msg.Delivery != nil {
-		raw = msg.Delivery.Body
-	} else {
-		b, err := json.Marshal(msg.Body)
-		if err != nil {
-			return nil
-		}
-		raw = b
-	}
-	sum := sha256.Sum256(raw)
-	return sum[:]
 }

@@ -133,6 +133,26 @@ func TestHandler_KeyConflictOnDifferentPayload(t *testing.T) {
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`))
 }
 
+func TestHandler_ComparesTheDeliveryFingerprint(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	h := inbox.Handler(b.store, effectHandler(nil), nil)
+	// The inbox records and compares Delivery.Fingerprint, the value the
+	// completed-cache compares too, not a fingerprint of its own.
+	withFP := func(o order, fp string) *consumer.Message[order] {
+		msg := newMsg(t, "payments", o, false)
+		msg.Delivery.Fingerprint = []byte(fp)
+		return msg
+	}
+	require.NoError(t, h.Handle(t.Context(), withFP(order{OrderID: "fp", Amount: 1}, "A")))
+	require.Equal(t, []byte("A"), b.get(t, "payments", "order:fp").Fingerprint)
+	require.ErrorIs(t, h.Handle(t.Context(), withFP(order{OrderID: "fp", Amount: 2}, "A")), inbox.ErrDuplicate,
+		"same fingerprint, other body: a duplicate")
+	require.ErrorIs(t, h.Handle(t.Context(), withFP(order{OrderID: "fp", Amount: 1}, "B")), inbox.ErrKeyConflict,
+		"other fingerprint, same body: a conflict")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`))
+}
+
 func TestHandler_BusinessUniqueViolationIsDuplicate(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)

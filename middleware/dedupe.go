@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"time"
 
@@ -11,10 +12,6 @@ import (
 	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/retry"
 )
-
-// CompletedValue is the value [Dedupe] stores for a completed key. Any
-// other value is ignored (treated as a miss).
-const CompletedValue = "completed"
 
 // DedupeOpts configure [Dedupe]. A nil *DedupeOpts means defaults.
 type DedupeOpts struct {
@@ -64,21 +61,27 @@ func (o *DedupeOpts) withDefaults() DedupeOpts {
 
 // Dedupe returns a handler middleware that keeps a cache of completed
 // idempotency keys in Redis: a fast path in front of the inbox. It belongs
-// in HandlerOpts.Middleware (after decoding, so Delivery.Key is set); a
-// delivery without a key passes through.
+// in HandlerOpts.Middleware (after decoding, so Delivery.Key and
+// Delivery.Fingerprint are set); a delivery without a key or without a
+// fingerprint passes through.
 //
-// The cache holds positive entries only, so it can say "completed" but
-// never "not done":
+// The cache holds positive entries only, each the fingerprint of the job
+// that completed, so it can say "this very job is completed" but never
+// "not done", nor judge another job reusing the key:
 //
-//   - before next, it reads "<Prefix><consumer>:<key>"; the value
-//     [CompletedValue] returns retry.Duplicate(retry.SourceCache, nil)
-//     without calling next (the consumer acks it);
-//   - a miss, any other value and any Redis error or timeout fall through
-//     to next: the inbox decides;
+//   - before next, it reads "<Prefix><consumer>:<key>"; a value equal to
+//     the delivery's fingerprint (hex-encoded) returns
+//     retry.Duplicate(retry.SourceCache, nil) without calling next (the
+//     consumer acks it);
+//   - a miss, any other value (another job's fingerprint, the "completed"
+//     of earlier versions) and any Redis error or timeout fall through to
+//     next: the inbox decides, and dead-letters a key conflict;
 //   - after next returns nil (committed) or an inbox duplicate
-//     (retry.ErrDuplicate from source inbox), it writes the entry with TTL.
-//     It never writes after a failure, nor after a duplicate from another
-//     source (a live claim of another worker is not a completion).
+//     (retry.ErrDuplicate from source inbox, which the inbox reports only
+//     for the fingerprint it recorded), it writes the entry with TTL. It
+//     never writes after a failure or a key conflict, nor after a
+//     duplicate from another source (a live claim of another worker is not
+//     a completion).
 //
 // Redis errors and timeouts are reported through OnDegraded and the logger
 // once per change; the middleware recovers by itself. Dedupe panics if
@@ -104,10 +107,11 @@ type dedupeMiddleware struct {
 
 func (m *dedupeMiddleware) wrap(next consumer.DeliveryHandler) consumer.DeliveryHandler {
 	return func(ctx context.Context, d *consumer.Delivery) error {
-		if d.Key == "" {
+		if d.Key == "" || len(d.Fingerprint) == 0 {
 			return next(ctx, d)
 		}
 		key := m.opts.Prefix + d.Consumer + ":" + d.Key
+		fp := hex.EncodeToString(d.Fingerprint)
 		if m.health.allow() {
 			cctx, cancel := context.WithTimeout(ctx, m.opts.CallTimeout)
 			val, err := m.client.Get(cctx, key).Result()
@@ -115,7 +119,7 @@ func (m *dedupeMiddleware) wrap(next consumer.DeliveryHandler) consumer.Delivery
 			switch {
 			case err == nil:
 				m.health.set(false, nil)
-				if val == CompletedValue {
+				if val == fp {
 					return retry.Duplicate(retry.SourceCache, nil)
 				}
 			case errors.Is(err, redis.Nil):
@@ -131,7 +135,7 @@ func (m *dedupeMiddleware) wrap(next consumer.DeliveryHandler) consumer.Delivery
 		if completed(err) && m.health.allow() {
 			// Written even if ctx has ended: the effect is committed.
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.opts.CallTimeout)
-			serr := m.client.Set(cctx, key, CompletedValue, m.opts.TTL).Err()
+			serr := m.client.Set(cctx, key, fp, m.opts.TTL).Err()
 			cancel()
 			m.health.set(serr != nil, serr)
 		}
@@ -139,13 +143,13 @@ func (m *dedupeMiddleware) wrap(next consumer.DeliveryHandler) consumer.Delivery
 	}
 }
 
-// completed reports whether err says the key's effect is committed: nil, or
-// a duplicate caught by the inbox.
+// completed reports whether err says the delivery's own job is committed:
+// nil, or a duplicate caught by the inbox (never a key conflict).
 func completed(err error) bool {
 	if err == nil {
 		return true
 	}
-	if !errors.Is(err, retry.ErrDuplicate) {
+	if !errors.Is(err, retry.ErrDuplicate) || errors.Is(err, retry.ErrKeyConflict) {
 		return false
 	}
 	var dup *retry.DuplicateError

@@ -30,7 +30,7 @@ func TestDedupe_HitShortCircuits(t *testing.T) {
 	ctx := t.Context()
 	b := setupRedis(t)
 	mw := middleware.Dedupe(b.flaky, &middleware.DedupeOpts{Prefix: b.prefix})
-	require.NoError(t, b.rdb.Set(ctx, b.prefix+"svc:order-1", middleware.CompletedValue, time.Minute).Err())
+	require.NoError(t, b.rdb.Set(ctx, b.prefix+"svc:order-1", cacheValue(keyedDelivery("order-1")), time.Minute).Err())
 
 	calls := 0
 	err := mw(countingHandler(&calls, nil))(ctx, keyedDelivery("order-1"))
@@ -53,7 +53,7 @@ func TestDedupe_MissRunsAndRecordsSuccess(t *testing.T) {
 	require.Equal(t, 1, calls)
 	val, err := b.rdb.Get(ctx, key).Result()
 	require.NoError(t, err)
-	require.Equal(t, middleware.CompletedValue, val)
+	require.Equal(t, cacheValue(keyedDelivery("order-2")), val, "the entry is the job's fingerprint")
 	ttl := b.rdb.PTTL(ctx, key).Val()
 	require.Greater(t, ttl, 23*time.Hour, "default TTL is 24h")
 
@@ -79,6 +79,8 @@ func TestDedupe_WritesOnlyAfterCompletion(t *testing.T) {
 		{name: "BareDuplicate", err: retry.ErrDuplicate, cached: true},
 		{name: "ClaimHeldElsewhere", err: retry.Duplicate(retry.SourceClaimHeld, nil), cached: false},
 		{name: "FencedOut", err: retry.Duplicate(retry.SourceFenced, nil), cached: false},
+		{name: "KeyConflict", err: retry.Permanent(retry.ErrKeyConflict), cached: false},
+		{name: "BusinessConstraint", err: retry.Duplicate(retry.SourceBusiness, nil), cached: false},
 		{name: "Retryable", err: retry.After(time.Second, errors.New("gateway 503")), cached: false},
 		{name: "Permanent", err: retry.Permanent(errors.New("invalid")), cached: false},
 		{name: "Unknown", err: errors.New("boom"), cached: false},
@@ -117,7 +119,7 @@ func TestDedupe_WrongOrDeletedEntryNeverBlocks(t *testing.T) {
 	calls := 0
 	require.NoError(t, mw(countingHandler(&calls, nil))(ctx, keyedDelivery("order-3")))
 	require.Equal(t, 1, calls)
-	require.Equal(t, middleware.CompletedValue, b.rdb.Get(ctx, key).Val())
+	require.Equal(t, cacheValue(keyedDelivery("order-3")), b.rdb.Get(ctx, key).Val())
 
 	// A deleted entry (eviction, FLUSHALL) sends the delivery to the inbox,
 	// which has the final word.
@@ -126,7 +128,66 @@ func TestDedupe_WrongOrDeletedEntryNeverBlocks(t *testing.T) {
 	err := mw(countingHandler(&calls, inboxSaysDone))(ctx, keyedDelivery("order-3"))
 	require.Equal(t, 2, calls)
 	require.Equal(t, retry.SourceInbox, retry.Classify(err).Source)
-	require.Equal(t, middleware.CompletedValue, b.rdb.Get(ctx, key).Val(), "re-cached from the inbox's answer")
+	require.Equal(t, cacheValue(keyedDelivery("order-3")), b.rdb.Get(ctx, key).Val(), "re-cached from the inbox's answer")
+}
+
+func TestDedupe_HitOnlyForTheSameFingerprint(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setupRedis(t)
+	mw := middleware.Dedupe(b.flaky, &middleware.DedupeOpts{Prefix: b.prefix})
+	job := func(fp string) *consumer.Delivery {
+		d := keyedDelivery("order-x")
+		d.Fingerprint = []byte(fp)
+		return d
+	}
+	calls := 0
+	require.NoError(t, mw(countingHandler(&calls, nil))(ctx, job("100 USD")), "the first job commits")
+
+	// Another job reusing the key: the cache does not answer, the inbox
+	// does (a key conflict), and the entry stays the first job's.
+	conflict := retry.Permanent(retry.ErrKeyConflict)
+	err := mw(countingHandler(&calls, conflict))(ctx, job("200 USD"))
+	require.Equal(t, 2, calls, "a copy with another fingerprint reaches the inbox")
+	require.ErrorIs(t, err, retry.ErrKeyConflict)
+	err = mw(countingHandler(&calls, conflict))(ctx, job("200 USD"))
+	require.Equal(t, 3, calls, "nothing was cached after the conflict")
+	require.ErrorIs(t, err, retry.ErrKeyConflict)
+
+	// A copy of the first job is still a cache hit.
+	err = mw(countingHandler(&calls, nil))(ctx, job("100 USD"))
+	require.Equal(t, 3, calls)
+	require.Equal(t, retry.SourceCache, retry.Classify(err).Source)
+}
+
+func TestDedupe_OldOrForeignValueFallsThrough(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setupRedis(t)
+	mw := middleware.Dedupe(b.flaky, &middleware.DedupeOpts{Prefix: b.prefix})
+	key := b.prefix + "svc:order-old"
+	for _, v := range []string{"completed", "", "zz"} {
+		// "completed" is what earlier versions wrote: it says nothing about
+		// which job completed.
+		require.NoError(t, b.rdb.Set(ctx, key, v, time.Minute).Err())
+		calls := 0
+		inboxSaysDone := retry.Duplicate(retry.SourceInbox, nil)
+		err := mw(countingHandler(&calls, inboxSaysDone))(ctx, keyedDelivery("order-old"))
+		require.Equal(t, 1, calls, "value %q is not a hit", v)
+		require.Equal(t, retry.SourceInbox, retry.Classify(err).Source)
+	}
+}
+
+func TestDedupe_NoFingerprintPassesThrough(t *testing.T) {
+	t.Parallel()
+	b := setupRedis(t)
+	mw := middleware.Dedupe(b.flaky, &middleware.DedupeOpts{Prefix: b.prefix})
+	d := keyedDelivery("order-nofp")
+	d.Fingerprint = nil // a delivery that did not come through Register
+	calls := 0
+	require.NoError(t, mw(countingHandler(&calls, nil))(t.Context(), d))
+	require.Equal(t, 1, calls)
+	require.Zero(t, b.flaky.Calls.Load(), "the cache can neither answer nor be written without a fingerprint")
 }
 
 func TestDedupe_DegradedFallsThroughAndRecovers(t *testing.T) {
@@ -144,7 +205,7 @@ func TestDedupe_DegradedFallsThroughAndRecovers(t *testing.T) {
 	})
 	// The entry says completed, but Redis cannot be read: the delivery
 	// goes on to the inbox.
-	require.NoError(t, b.rdb.Set(ctx, b.prefix+"svc:k", middleware.CompletedValue, time.Minute).Err())
+	require.NoError(t, b.rdb.Set(ctx, b.prefix+"svc:k", cacheValue(keyedDelivery("k")), time.Minute).Err())
 
 	calls := 0
 	b.flaky.Fail.Store(true)
@@ -176,7 +237,7 @@ func TestDedupe_WritesAfterContextEnded(t *testing.T) {
 		return nil
 	})(cctx, keyedDelivery("k"))
 	require.NoError(t, err)
-	require.Equal(t, middleware.CompletedValue, b.rdb.Get(t.Context(), b.prefix+"svc:k").Val())
+	require.Equal(t, cacheValue(keyedDelivery("k")), b.rdb.Get(t.Context(), b.prefix+"svc:k").Val())
 }
 
 func TestDedupe_NoKeyPassesThrough(t *testing.T) {

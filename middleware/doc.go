@@ -35,9 +35,11 @@
 // to decide correctness: the PostgreSQL inbox keeps every effect single
 // with Redis absent, flushed, slow or partitioned.
 //
-//   - Dedupe stores positive entries only. A hit ("completed") acks the
-//     delivery as a duplicate from source "cache"; a miss or an error falls
-//     through to the inbox. Entries are written only after a commit.
+//   - Dedupe stores positive entries only: the fingerprint of the job that
+//     completed. A copy with that fingerprint is acked as a duplicate from
+//     source "cache"; a miss, an error or another fingerprint (another job
+//     reusing the key) falls through to the inbox, which has the final
+//     word. Entries are written only after a commit.
 //   - Lock holds a lock per (consumer, key) with a keep-alive, so two
 //     workers do not both run a handler for the same key; the other one is
 //     retried later with reason "lock_unavailable". Its fencing token is

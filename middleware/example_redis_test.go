@@ -2,6 +2,7 @@ package middleware_test
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"strconv"
 	"time"
@@ -27,10 +28,21 @@ func exampleRedis() (*redis.Client, string) {
 	return redis.NewClient(opt), "example:" + strconv.FormatInt(time.Now().UnixNano(), 36) + ":"
 }
 
-// exampleDelivery is a decoded delivery of consumer "payments" with key.
+// exampleDelivery is a decoded delivery of consumer "payments" with key,
+// whose fingerprint is that of the job {"order_id": key, "amount_cents": 100}.
 func exampleDelivery(key string) *consumer.Delivery {
-	d := consumer.NewDelivery("payments", "payments", "worker-1", &amqp.Delivery{})
+	return exampleJob(key, 100)
+}
+
+// exampleJob is a decoded delivery of the job {"order_id": key,
+// "amount_cents": amount}, its Key and Fingerprint set as Register sets
+// them.
+func exampleJob(key string, amount int) *consumer.Delivery {
+	body := fmt.Appendf(nil, `{"order_id":%q,"amount_cents":%d}`, key, amount)
+	d := consumer.NewDelivery("payments", "payments", "worker-1", &amqp.Delivery{Body: body})
 	d.Key = key
+	sum := sha256.Sum256(body)
+	d.Fingerprint = sum[:]
 	return d
 }
 
@@ -83,19 +95,23 @@ func ExampleDedupe() {
 	defer rdb.Del(ctx, prefix+"payments:order-42")
 
 	dedupe := middleware.Dedupe(rdb, &middleware.DedupeOpts{Prefix: prefix, TTL: time.Minute})
-	handler := dedupe(func(context.Context, *consumer.Delivery) error {
-		fmt.Println("charging order-42") // in a real worker: the inbox handler
+	handler := dedupe(func(_ context.Context, d *consumer.Delivery) error {
+		fmt.Printf("inbox handler: %s\n", d.Body) // in a real worker: the inbox handler
 		return nil
 	})
 
-	fmt.Println("first delivery:", handler(ctx, exampleDelivery("order-42")))
-	dec := retry.Classify(handler(ctx, exampleDelivery("order-42")))
+	fmt.Println("first delivery:", handler(ctx, exampleJob("order-42", 100)))
+	dec := retry.Classify(handler(ctx, exampleJob("order-42", 100)))
 	fmt.Println("redelivery:", dec.Kind, "from", dec.Source)
+	// Another job reusing the key is not the cache's to judge: it reaches
+	// the inbox, which dead-letters it as a key conflict.
+	_ = handler(ctx, exampleJob("order-42", 200))
 
 	// Output:
-	// charging order-42
+	// inbox handler: {"order_id":"order-42","amount_cents":100}
 	// first delivery: <nil>
 	// redelivery: duplicate from cache
+	// inbox handler: {"order_id":"order-42","amount_cents":200}
 }
 
 func ExampleRecover() {

@@ -1,6 +1,7 @@
 package middleware_test
 
 import (
+	"encoding/hex"
 	"runtime"
 	"strconv"
 	"sync"
@@ -56,12 +57,17 @@ func (r *transitionRecorder) statuses() []string {
 	return out
 }
 
-// keyedDelivery returns a decoded delivery of consumer "svc" with key.
+// keyedDelivery returns a decoded delivery of consumer "svc" with key, and
+// a fingerprint of its own ("fp:" + key).
 func keyedDelivery(key string, obs ...consumer.Observer) *consumer.Delivery {
 	d := consumer.NewDelivery("payments", "svc", "worker-1", &amqp.Delivery{MessageId: "m-" + key}, obs...)
 	d.Key = key
+	d.Fingerprint = []byte("fp:" + key)
 	return d
 }
+
+// cacheValue is the completed-cache entry Dedupe writes for d.
+func cacheValue(d *consumer.Delivery) string { return hex.EncodeToString(d.Fingerprint) }
 
 // degradedHook returns an OnDegraded hook that records every call on a
 // buffered channel.

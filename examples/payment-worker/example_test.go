@@ -19,7 +19,7 @@ func ExamplePayment() {
 	fmt.Println(bad.Validate())
 	// Output:
 	// payment:A-1001 true
-	// amount_cents 0 is not positive
+	// amount_cents 0 is missing or not positive
 	// currency "EURO" is not three letters
 }
 

@@ -44,7 +44,9 @@ type chargeRequest struct {
 // Charge posts the charge for p with header Idempotency-Key: key. It
 // returns nil on 2xx; a retryable error (retry.After) on 5xx, 408, 429, a
 // timeout or a network error; and a permanent error (retry.Permanent) on any
-// other status.
+// other status. A request that can never be sent (a URL that does not
+// parse or is not http(s) with a host, a header value net/http refuses) is
+// permanent with reason "invalid", before any network I/O.
 func (g *Gateway) Charge(ctx context.Context, key string, p Payment) error {
 	timeout := g.Timeout
 	if timeout <= 0 {
@@ -63,10 +65,13 @@ func (g *Gateway) Charge(ctx context.Context, key string, p Payment) error {
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(g.BaseURL, "/")+"/charges", bytes.NewReader(body))
 	if err != nil {
-		return retry.Permanent(fmt.Errorf("gateway: build request: %w", err))
+		return invalidRequest(fmt.Errorf("gateway: build request: %w", err))
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", key)
+	if err := sendable(req); err != nil {
+		return invalidRequest(fmt.Errorf("gateway: charge %s: %w", p.OrderID, err))
+	}
 
 	resp, err := client.Do(req)
 	if err != nil {
@@ -84,6 +89,28 @@ func (g *Gateway) Charge(ctx context.Context, key string, p Payment) error {
 	defer resp.Body.Close()
 	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 	return classifyStatus(resp.StatusCode, resp.Header.Get("Retry-After"), p.OrderID, strings.TrimSpace(string(msg)))
+}
+
+// invalidRequest marks err, a request that can never be sent, permanent.
+func invalidRequest(err error) error {
+	return retry.WithReason(retry.ReasonInvalid, retry.Permanent(err))
+}
+
+// sendable checks what net/http would refuse before any network I/O, and
+// report only as an untyped error from Do: the URL's scheme and host, and
+// header values (no control character other than a tab).
+func sendable(req *http.Request) error {
+	if (req.URL.Scheme != "http" && req.URL.Scheme != "https") || req.URL.Host == "" {
+		return fmt.Errorf("URL %s: want http:// or https:// with a host", req.URL.Redacted())
+	}
+	for name, values := range req.Header {
+		for _, v := range values {
+			if strings.ContainsFunc(v, func(r rune) bool { return r != '\t' && isControl(r) }) {
+				return fmt.Errorf("header %s has a control character", name)
+			}
+		}
+	}
+	return nil
 }
 
 // classifyStatus maps a gateway answer to the retry taxonomy.

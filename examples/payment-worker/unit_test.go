@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
@@ -25,6 +26,19 @@ func TestPaymentValidate(t *testing.T) {
 		{"negative amount", Payment{OrderID: "o", AmountCents: -3, Currency: "EUR"}, "not positive"},
 		{"long currency", Payment{OrderID: "o", AmountCents: 1, Currency: "EURO"}, "three letters"},
 		{"digit currency", Payment{OrderID: "o", AmountCents: 1, Currency: "E1R"}, "three letters"},
+		{"largest amount", Payment{OrderID: "o", AmountCents: 1<<63 - 1, Currency: "EUR"}, ""},
+		{"order_id of 200 bytes", Payment{OrderID: strings.Repeat("o", 200), AmountCents: 1, Currency: "EUR"}, ""},
+		{"order_id of 201 bytes", Payment{OrderID: strings.Repeat("o", 201), AmountCents: 1, Currency: "EUR"}, "longer than 200"},
+		{"order_id as sent, spaces kept", Payment{OrderID: " o ", AmountCents: 1, Currency: "EUR"}, ""},
+		{"order_id unicode", Payment{OrderID: "zoë-€", AmountCents: 1, Currency: "EUR"}, ""},
+		{"order_id only spaces", Payment{OrderID: "   ", AmountCents: 1, Currency: "EUR"}, "only whitespace"},
+		{"order_id only unicode spaces", Payment{OrderID: "\u00a0\u3000", AmountCents: 1, Currency: "EUR"}, "only whitespace"},
+		{"order_id CR LF", Payment{OrderID: "o\r\nX: 1", AmountCents: 1, Currency: "EUR"}, "control character"},
+		{"order_id NUL", Payment{OrderID: "o\x00", AmountCents: 1, Currency: "EUR"}, "control character"},
+		{"order_id tab", Payment{OrderID: "o\tp", AmountCents: 1, Currency: "EUR"}, "control character"},
+		{"order_id DEL", Payment{OrderID: "o\x7f", AmountCents: 1, Currency: "EUR"}, "control character"},
+		{"order_id U+001F", Payment{OrderID: "o\x1f", AmountCents: 1, Currency: "EUR"}, "control character"},
+		{"order_id invalid UTF-8", Payment{OrderID: "o\xff", AmountCents: 1, Currency: "EUR"}, "UTF-8"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -38,6 +52,66 @@ func TestPaymentValidate(t *testing.T) {
 		})
 	}
 	require.Equal(t, "payment:o-7", Payment{OrderID: "o-7"}.IdempotencyKey())
+}
+
+// TestPaymentInput runs raw bodies through what the worker's Register does
+// to them (decode with the JSON codec, Validate, check the key): the
+// contract's "invalid input" is exactly what fails.
+func TestPaymentInput(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		body string
+		want string // in the error; "" for valid input
+	}{
+		{"valid", `{"order_id":"o-1","amount_cents":1299,"currency":"EUR"}`, ""},
+		{"unknown extra fields ignored", `{"order_id":"o-1","amount_cents":1,"currency":"EUR","note":{"x":[1]}}`, ""},
+		{"largest amount", `{"order_id":"o-1","amount_cents":9223372036854775807,"currency":"EUR"}`, ""},
+		{"order_id spaces kept", `{"order_id":" o-1 ","amount_cents":1,"currency":"EUR"}`, ""},
+		{"not valid UTF-8", "{\"order_id\":\"o\xff\",\"amount_cents\":1,\"currency\":\"EUR\"}", "UTF-8"},
+		{"not valid UTF-8 in an ignored field", "{\"order_id\":\"o\",\"amount_cents\":1,\"currency\":\"EUR\",\"n\":\"\xfe\"}", "UTF-8"},
+		{"not JSON", `{not json`, "invalid character"},
+		{"empty body", ``, "unexpected end"},
+		{"an array", `[{"order_id":"o","amount_cents":1,"currency":"EUR"}]`, "cannot unmarshal array"},
+		{"a string", `"o-1"`, "cannot unmarshal string"},
+		{"a number", `7`, "cannot unmarshal number"},
+		{"JSON null", `null`, "order_id is missing"},
+		{"empty object", `{}`, "order_id is missing"},
+		{"order_id missing", `{"amount_cents":1,"currency":"EUR"}`, "order_id is missing"},
+		{"order_id null", `{"order_id":null,"amount_cents":1,"currency":"EUR"}`, "order_id is missing"},
+		{"order_id a number", `{"order_id":7,"amount_cents":1,"currency":"EUR"}`, "cannot unmarshal number"},
+		{"order_id only whitespace", `{"order_id":" \t ","amount_cents":1,"currency":"EUR"}`, "only whitespace"},
+		{"order_id escaped NUL", `{"order_id":"o\u0000","amount_cents":1,"currency":"EUR"}`, "control character"},
+		{"order_id CR LF", `{"order_id":"o\r\n","amount_cents":1,"currency":"EUR"}`, "control character"},
+		{"amount_cents missing", `{"order_id":"o","currency":"EUR"}`, "amount_cents 0 is missing"},
+		{"amount_cents null", `{"order_id":"o","amount_cents":null,"currency":"EUR"}`, "amount_cents 0 is missing"},
+		{"amount_cents zero", `{"order_id":"o","amount_cents":0,"currency":"EUR"}`, "not positive"},
+		{"amount_cents negative", `{"order_id":"o","amount_cents":-5,"currency":"EUR"}`, "not positive"},
+		{"amount_cents a float", `{"order_id":"o","amount_cents":1.5,"currency":"EUR"}`, "cannot unmarshal number 1.5"},
+		{"amount_cents an exponent", `{"order_id":"o","amount_cents":1e2,"currency":"EUR"}`, "cannot unmarshal number 1e2"},
+		{"amount_cents 2^63", `{"order_id":"o","amount_cents":9223372036854775808,"currency":"EUR"}`, "cannot unmarshal number"},
+		{"amount_cents a string", `{"order_id":"o","amount_cents":"1","currency":"EUR"}`, "cannot unmarshal string"},
+		{"currency missing", `{"order_id":"o","amount_cents":1}`, "three letters"},
+		{"currency null", `{"order_id":"o","amount_cents":1,"currency":null}`, "three letters"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var p Payment
+			err := consumer.JSON.Decode([]byte(tt.body), &p)
+			if err == nil {
+				err = p.Validate()
+			}
+			if err == nil {
+				err = consumer.ValidKey(p.IdempotencyKey())
+			}
+			if tt.want == "" {
+				require.NoError(t, err)
+				return
+			}
+			require.ErrorContains(t, err, tt.want)
+		})
+	}
 }
 
 func TestClassifyStatus(t *testing.T) {
@@ -67,6 +141,43 @@ func TestClassifyStatus(t *testing.T) {
 	}
 	d := retry.Classify(classifyStatus(http.StatusTooManyRequests, "7", "o-1", ""))
 	require.Equal(t, 7*time.Second, d.Delay, "Retry-After is honoured")
+}
+
+// A request that can never succeed (a header value net/http refuses, a
+// URL it cannot send to) is permanent, refused before any network I/O,
+// never a gateway_network retry.
+func TestGatewayInvalidRequestIsPermanent(t *testing.T) {
+	t.Parallel()
+	gw := &gateway{calls: map[string][]string{}, paid: map[string]int{}}
+	srv := newLoopbackServer(t, gw)
+	p := Payment{OrderID: "o-1", AmountCents: 100, Currency: "EUR"}
+	tests := []struct {
+		name    string
+		baseURL string
+		key     string
+	}{
+		{"CR LF in the key", srv, "payment:o\r\nX-Injected: 1"},
+		{"LF in the key", srv, "payment:o\nx"},
+		{"NUL in the key", srv, "payment:o\x00"},
+		{"DEL in the key", srv, "payment:o\x7f"},
+		{"unparsable URL", "http://[::1", "payment:o-1"},
+		{"unsupported scheme", "ftp://127.0.0.1:1", "payment:o-1"},
+		{"no host", "http://", "payment:o-1"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			err := (&Gateway{BaseURL: tt.baseURL, Timeout: 5 * time.Second}).Charge(t.Context(), tt.key, p)
+			d := retry.Classify(err)
+			require.Equal(t, retry.KindPermanent, d.Kind, "%v", err)
+			require.Equal(t, retry.ReasonInvalid, d.Reason, "%v", err)
+		})
+	}
+	calls, _ := gw.snapshot()
+	require.Empty(t, calls, "nothing reached the gateway")
+
+	// A tab is a valid header value: the charge goes through.
+	require.NoError(t, (&Gateway{BaseURL: srv}).Charge(t.Context(), "payment:o\tp", p))
 }
 
 func TestConfigFromEnv(t *testing.T) {
