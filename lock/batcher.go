@@ -81,8 +81,9 @@ func NewBatcher(l *Locker, opts *BatcherOpts) (*Batcher, error) {
 
 // Obtain makes one attempt to take the lock named key for ttl, like
 // [Locker.Obtain] with no Wait, sharing the round trip with other
-// goroutines' obtains and releases where they coincide. It returns
-// [ErrNotObtained] when another holder has the lock. ctx bounds the wait
+// goroutines' obtains and releases where they coincide. It returns a
+// [*HeldError] (errors.Is [ErrNotObtained]) when another holder has the
+// lock. ctx bounds the wait
 // for a shared round trip: an obtain whose ctx ends before it was sent
 // (or had ended already) is not sent.
 func (b *Batcher) Obtain(ctx context.Context, key string, ttl time.Duration) (*Lock, error) {
@@ -180,14 +181,14 @@ func (b *Batcher) obtainArgs(o *op) (keys []string, args []any) {
 }
 
 // obtained reads an obtain script's answer into o.lock: the lock, sent
-// at sent, or ErrNotObtained.
+// at sent, or a *HeldError.
 func (b *Batcher) obtained(ctx context.Context, o *op, sent time.Time, cmd *redis.Cmd) error {
 	fence, err := cmd.Int64()
 	if err != nil {
 		return joinCtx(ctx, fmt.Errorf("lock: obtain %q: %w", o.key, err))
 	}
 	if fence <= 0 {
-		return ErrNotObtained
+		return newHeldError(o.key, fence)
 	}
 	o.lock = b.locker.newLock(o.key, o.token, fence, o.ttl, sent)
 	return nil

@@ -142,8 +142,9 @@ func validKey(key string) error {
 // Obtain tries to take the lock named key for ttl (at least 1ms). It sets the
 // key only if it does not exist (SET NX PX) to a random token, and in the
 // same script increments the key's fencing counter. When another holder has
-// the lock it retries within opts.Wait, then returns [ErrNotObtained]. A
-// Redis error is returned wrapped; if ctx ended, its error is joined.
+// the lock it retries within opts.Wait, then returns a [*HeldError]
+// (errors.Is [ErrNotObtained]). A Redis error is returned wrapped; if ctx
+// ended, its error is joined.
 func (l *Locker) Obtain(ctx context.Context, key string, ttl time.Duration, opts *ObtainOpts) (*Lock, error) {
 	token, err := obtainToken(key, ttl)
 	if err != nil {
@@ -171,9 +172,10 @@ func (l *Locker) Obtain(ctx context.Context, key string, ttl time.Duration, opts
 		if fence > 0 {
 			return l.newLock(key, token, fence, ttl, start), nil
 		}
+		held := newHeldError(key, fence)
 		wait := opts.retryInterval()
 		if deadline.IsZero() || time.Until(deadline) < wait {
-			return nil, ErrNotObtained
+			return nil, held
 		}
 		if timer == nil {
 			timer = time.NewTimer(wait)
@@ -182,7 +184,7 @@ func (l *Locker) Obtain(ctx context.Context, key string, ttl time.Duration, opts
 		}
 		select {
 		case <-ctx.Done():
-			return nil, errors.Join(ErrNotObtained, ctx.Err())
+			return nil, errors.Join(held, ctx.Err())
 		case <-timer.C:
 		}
 	}
