@@ -42,18 +42,44 @@ const (
 // tracerName is the instrumentation scope of this package's spans.
 const tracerName = "github.com/inboxmq/inboxmq/middleware"
 
-// LockOpts configure [Lock]. A nil *LockOpts means defaults.
+// Bounds of LockOpts.TTL.
+const (
+	// MinLockTTL is the shortest lock TTL [Lock] accepts. Below it, one
+	// slow Redis answer or a pause of the worker lets a live handler's lock
+	// run out between two refreshes, and each loss costs the delivery a
+	// counted attempt.
+	MinLockTTL = time.Second
+	// MaxLockTTL is the longest lock TTL [Lock] accepts. The TTL is how long
+	// a key stays locked after its holder died; a live holder needs no long
+	// TTL, since its keep-alive holds the lock for up to MaxHold whatever
+	// the TTL. Beyond ten minutes a crashed worker would block its keys for
+	// longer than a retry tier waits.
+	MaxLockTTL = 10 * time.Minute
+)
+
+// lockLease caps the TTL an obtain sets; the keep-alive's first refresh
+// extends the lock to LockOpts.TTL (see lock.Config.Lease).
+const lockLease = 5 * time.Second
+
+// LockOpts configure [Lock]. A nil *LockOpts means defaults; a value out of
+// its documented range makes Lock return an error.
 type LockOpts struct {
 	// Prefix starts every lock key: "<Prefix><consumer>:<idempotency key>".
 	// Defaults to "inboxmq:lock:".
 	Prefix string
-	// TTL is the lock's time to live; a keep-alive refreshes it every TTL/3
-	// while the handler runs. Defaults to 30s.
+	// TTL is how long the lock outlives a worker that died holding it. A
+	// keep-alive refreshes it while the handler runs (up to MaxHold). An
+	// obtain first sets the lock for at most a few seconds, which the
+	// keep-alive's first refresh extends to TTL, so an obtain that Redis
+	// ran after the worker gave up on it (Redis hung) blocks its key for
+	// seconds, not for TTL. Between MinLockTTL (1s) and MaxLockTTL (10m).
+	// Defaults to 30s.
 	TTL time.Duration
 	// MaxHold caps how long one delivery may hold the lock; at the cap the
 	// handler's context is cancelled and the delivery retried (reason
-	// lock_expired). Keep it below RabbitMQ's consumer ack timeout. Defaults
-	// to lock.DefaultMaxHold (25m); -1 means no cap.
+	// lock_expired). Keep it below RabbitMQ's consumer ack timeout. Where
+	// TTL bounds how long a dead holder blocks a key, MaxHold bounds a live
+	// one. Defaults to lock.DefaultMaxHold (25m); -1 means no cap.
 	MaxHold time.Duration
 	// RetryDelay is the delay asked for when another worker holds the lock
 	// (retry.Defer: not counted as an attempt), so a contended key never
@@ -64,8 +90,8 @@ type LockOpts struct {
 	// the handler proceeds without the lock. An obtain or release that
 	// waits for a shared round trip waits at most CallTimeout for it, then
 	// at most CallTimeout for the round trip itself. Build the client with
-	// ContextTimeoutEnabled so the bound covers socket reads. Defaults to
-	// 150ms.
+	// ContextTimeoutEnabled so the bound covers socket reads. Less than a
+	// third of TTL (refreshes come every TTL/3). Defaults to 150ms.
 	CallTimeout time.Duration
 	// ProbeInterval: while Redis is degraded, it is tried at most once per
 	// ProbeInterval; other deliveries proceed without the lock at once
@@ -90,22 +116,38 @@ func (o *LockOpts) withDefaults() LockOpts {
 	if out.Prefix == "" {
 		out.Prefix = "inboxmq:lock:"
 	}
-	if out.TTL < time.Millisecond {
+	if out.TTL == 0 {
 		out.TTL = 30 * time.Second
 	}
-	if out.MaxHold == 0 || out.MaxHold < -1 {
+	if out.MaxHold == 0 {
 		out.MaxHold = lock.DefaultMaxHold
 	}
-	if out.RetryDelay <= 0 {
+	if out.RetryDelay == 0 {
 		out.RetryDelay = 5 * time.Second
 	}
-	if out.CallTimeout <= 0 {
+	if out.CallTimeout == 0 {
 		out.CallTimeout = 150 * time.Millisecond
 	}
-	if out.ProbeInterval == 0 || out.ProbeInterval < -1 {
+	if out.ProbeInterval == 0 {
 		out.ProbeInterval = time.Second
 	}
 	return out
+}
+
+func (o LockOpts) validate() error {
+	switch {
+	case o.TTL < MinLockTTL || o.TTL > MaxLockTTL:
+		return fmt.Errorf("middleware: Lock: TTL %s is out of range: want %s to %s", o.TTL, MinLockTTL, MaxLockTTL)
+	case o.MaxHold < -1:
+		return fmt.Errorf("middleware: Lock: MaxHold %s: want a positive duration, or -1 for no cap", o.MaxHold)
+	case o.RetryDelay < 0:
+		return fmt.Errorf("middleware: Lock: RetryDelay %s: want a positive duration", o.RetryDelay)
+	case o.CallTimeout < 0 || o.CallTimeout >= o.TTL/3:
+		return fmt.Errorf("middleware: Lock: CallTimeout %s: want a positive duration below a third of TTL (%s)", o.CallTimeout, o.TTL/3)
+	case o.ProbeInterval < -1:
+		return fmt.Errorf("middleware: Lock: ProbeInterval %s: want a positive duration, or -1 to probe on every delivery", o.ProbeInterval)
+	}
+	return nil
 }
 
 // Lock returns a handler middleware that holds a Redis lock on the
@@ -130,33 +172,37 @@ func (o *LockOpts) withDefaults() LockOpts {
 //     "lock_expired" (nil and duplicates pass unchanged);
 //   - Redis error or timeout: next runs without the lock (LockResult
 //     "degraded"), reported through OnDegraded and the logger once per
-//     change; the middleware recovers by itself when Redis answers again.
+//     change; the middleware recovers by itself when Redis answers again,
+//     and then releases the locks that the calls it gave up on may have
+//     set (see lock.Batcher).
 //
 // The obtains and releases of concurrent deliveries that coincide share
-// one Redis round trip (a [lock.Batcher]): 1.1–1.3 round trips per
-// delivery instead of 2 with 8 handlers.
+// one Redis round trip (a [lock.Batcher]).
 //
 // A "lock.acquire" span is started as a child of the span in ctx (none
-// without one). Lock panics if client is nil.
-func Lock(client redis.UniversalClient, opts *LockOpts) consumer.Middleware {
+// without one). A nil client or options out of range are an error.
+func Lock(client redis.UniversalClient, opts *LockOpts) (consumer.Middleware, error) {
 	if client == nil {
-		panic("middleware: Lock: nil redis client")
+		return nil, errors.New("middleware: Lock: nil redis client")
 	}
 	o := opts.withDefaults()
-	locker, err := lock.New(client, nil)
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	locker, err := lock.New(client, &lock.Config{Lease: min(o.TTL, lockLease)})
 	if err != nil {
-		panic("middleware: Lock: " + err.Error())
+		return nil, fmt.Errorf("middleware: Lock: %w", err)
 	}
 	batcher, err := lock.NewBatcher(locker, &lock.BatcherOpts{RoundTimeout: o.CallTimeout})
 	if err != nil {
-		panic("middleware: Lock: " + err.Error())
+		return nil, fmt.Errorf("middleware: Lock: %w", err)
 	}
 	m := &lockMiddleware{
 		opts:    o,
 		batcher: batcher,
 		health:  newHealth("lock", o.ProbeInterval, o.Logger, o.OnDegraded),
 	}
-	return m.wrap
+	return m.wrap, nil
 }
 
 type lockMiddleware struct {

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -20,6 +21,14 @@ import (
 	"github.com/inboxmq/inboxmq/retry"
 )
 
+// mustLock is middleware.Lock for options that are valid.
+func mustLock(tb testing.TB, client redis.UniversalClient, opts *middleware.LockOpts) consumer.Middleware {
+	tb.Helper()
+	mw, err := middleware.Lock(client, opts)
+	require.NoError(tb, err)
+	return mw
+}
+
 // redisLockKey is the Redis key of the middleware's lock on key for
 // consumer "svc".
 func redisLockKey(prefix, key string) string {
@@ -33,7 +42,7 @@ func TestLock_AcquiredRunsNextAndReleases(t *testing.T) {
 	b := setupRedis(t)
 	rec := &transitionRecorder{}
 	d := keyedDelivery("order-1", rec)
-	mw := middleware.Lock(b.flaky, &middleware.LockOpts{Prefix: b.prefix})
+	mw := mustLock(t, b.flaky, &middleware.LockOpts{Prefix: b.prefix})
 
 	calls := 0
 	err := mw(func(ctx context.Context, d *consumer.Delivery) error {
@@ -43,7 +52,8 @@ func TestLock_AcquiredRunsNextAndReleases(t *testing.T) {
 		require.Positive(t, d.Fence)
 		ttl, err := b.rdb.PTTL(ctx, redisLockKey(b.prefix, "order-1")).Result()
 		require.NoError(t, err)
-		require.Greater(t, ttl, 25*time.Second, "default TTL is 30s")
+		require.Greater(t, ttl, 4*time.Second, "the obtain sets a 5s lease")
+		require.LessOrEqual(t, ttl, 5*time.Second, "the keep-alive extends it to the 30s TTL")
 		require.NoError(t, ctx.Err())
 		return nil
 	})(ctx, d)
@@ -64,7 +74,7 @@ func TestLock_HandlerErrorPassesThrough(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	b := setupRedis(t)
-	mw := middleware.Lock(b.flaky, &middleware.LockOpts{Prefix: b.prefix})
+	mw := mustLock(t, b.flaky, &middleware.LockOpts{Prefix: b.prefix})
 
 	boom := retry.Permanent(errors.New("boom"))
 	err := mw(func(context.Context, *consumer.Delivery) error { return boom })(ctx, keyedDelivery("k"))
@@ -76,7 +86,7 @@ func TestLock_ConcurrentSameKey(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	b := setupRedis(t)
-	mw := middleware.Lock(b.flaky, &middleware.LockOpts{Prefix: b.prefix, RetryDelay: 7 * time.Second})
+	mw := mustLock(t, b.flaky, &middleware.LockOpts{Prefix: b.prefix, RetryDelay: 3 * time.Second})
 
 	entered := make(chan struct{})
 	release := make(chan struct{})
@@ -104,19 +114,56 @@ func TestLock_ConcurrentSameKey(t *testing.T) {
 	require.Equal(t, middleware.LockHeld, d.LockResult)
 	dec := retry.Classify(err)
 	require.Equal(t, retry.KindRetry, dec.Kind)
-	require.Equal(t, 7*time.Second, dec.Delay, "no hot requeue loop")
+	require.Equal(t, 3*time.Second, dec.Delay, "no hot requeue loop")
 	require.Equal(t, middleware.ReasonLockUnavailable, dec.Reason)
 	require.True(t, dec.Uncounted, "waiting for another holder is not a failed attempt")
 	require.ErrorIs(t, err, lock.ErrNotObtained)
 	require.Equal(t, []string{consumer.StatusLockFailed}, rec.statuses())
 }
 
+// LockOpts out of range are refused with an error that names the option,
+// never silently replaced.
+func TestLock_OptionsOutOfRange(t *testing.T) {
+	t.Parallel()
+	b := setupRedis(t)
+	tests := []struct {
+		name    string
+		opts    *middleware.LockOpts
+		wantErr string
+	}{
+		{name: "Defaults", opts: nil},
+		{name: "MinTTL", opts: &middleware.LockOpts{TTL: middleware.MinLockTTL}},
+		{name: "MaxTTL", opts: &middleware.LockOpts{TTL: middleware.MaxLockTTL}},
+		{name: "TTL1ns", opts: &middleware.LockOpts{TTL: time.Nanosecond}, wantErr: "TTL 1ns is out of range: want 1s to 10m0s"},
+		{name: "TTL1ms", opts: &middleware.LockOpts{TTL: time.Millisecond}, wantErr: "TTL 1ms is out of range"},
+		{name: "TTL1h", opts: &middleware.LockOpts{TTL: time.Hour}, wantErr: "TTL 1h0m0s is out of range"},
+		{name: "NegativeTTL", opts: &middleware.LockOpts{TTL: -time.Second}, wantErr: "TTL -1s is out of range"},
+		{name: "MaxHold", opts: &middleware.LockOpts{MaxHold: -2}, wantErr: "MaxHold"},
+		{name: "RetryDelay", opts: &middleware.LockOpts{RetryDelay: -time.Second}, wantErr: "RetryDelay"},
+		{name: "CallTimeout", opts: &middleware.LockOpts{TTL: time.Second, CallTimeout: 400 * time.Millisecond}, wantErr: "CallTimeout 400ms"},
+		{name: "ProbeInterval", opts: &middleware.LockOpts{ProbeInterval: -2}, wantErr: "ProbeInterval"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			mw, err := middleware.Lock(b.rdb, tt.opts)
+			if tt.wantErr == "" {
+				require.NoError(t, err)
+				require.NotNil(t, mw)
+				return
+			}
+			require.ErrorContains(t, err, "middleware: Lock: "+tt.wantErr)
+			require.Nil(t, mw)
+		})
+	}
+}
+
 func TestLock_LostBeforeCompletion(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	b := setupRedis(t)
-	// Refreshes every 100ms.
-	mw := middleware.Lock(b.flaky, &middleware.LockOpts{Prefix: b.prefix, TTL: 300 * time.Millisecond})
+	// Refreshes every 333ms.
+	mw := mustLock(t, b.flaky, &middleware.LockOpts{Prefix: b.prefix, TTL: time.Second})
 
 	t.Run("HandlerFails", func(t *testing.T) {
 		t.Parallel()
@@ -172,7 +219,7 @@ func TestLock_MaxHold(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	b := setupRedis(t)
-	mw := middleware.Lock(b.flaky, &middleware.LockOpts{Prefix: b.prefix, TTL: time.Second, MaxHold: 200 * time.Millisecond})
+	mw := mustLock(t, b.flaky, &middleware.LockOpts{Prefix: b.prefix, TTL: time.Second, MaxHold: 200 * time.Millisecond})
 
 	rec := &transitionRecorder{}
 	err := mw(func(ctx context.Context, d *consumer.Delivery) error {
@@ -191,7 +238,7 @@ func TestLock_DegradedProceedsAndRecovers(t *testing.T) {
 	b := setupRedis(t)
 	hook, events := degradedHook()
 	core, logs := observer.New(zapcore.InfoLevel)
-	mw := middleware.Lock(b.flaky, &middleware.LockOpts{
+	mw := mustLock(t, b.flaky, &middleware.LockOpts{
 		Prefix:        b.prefix,
 		CallTimeout:   50 * time.Millisecond,
 		ProbeInterval: -1,
@@ -244,7 +291,7 @@ func TestLock_DegradedProbesOncePerInterval(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	b := setupRedis(t)
-	mw := middleware.Lock(b.flaky, &middleware.LockOpts{Prefix: b.prefix, ProbeInterval: time.Hour})
+	mw := mustLock(t, b.flaky, &middleware.LockOpts{Prefix: b.prefix, ProbeInterval: time.Hour})
 
 	b.flaky.Fail.Store(true)
 	for range 5 {
@@ -259,7 +306,7 @@ func TestLock_ContextEndedIsNotDegraded(t *testing.T) {
 	t.Parallel()
 	b := setupRedis(t)
 	hook, events := degradedHook()
-	mw := middleware.Lock(b.flaky, &middleware.LockOpts{Prefix: b.prefix, OnDegraded: hook})
+	mw := mustLock(t, b.flaky, &middleware.LockOpts{Prefix: b.prefix, OnDegraded: hook})
 
 	cctx, cancel := context.WithCancel(t.Context())
 	cancel()
@@ -276,12 +323,13 @@ func TestLock_ContextEndedIsNotDegraded(t *testing.T) {
 func TestLock_NoKeyPassesThrough(t *testing.T) {
 	t.Parallel()
 	b := setupRedis(t)
-	mw := middleware.Lock(b.flaky, nil)
+	mw := mustLock(t, b.flaky, nil)
 	d := keyedDelivery("")
 	require.NoError(t, mw(func(context.Context, *consumer.Delivery) error { return nil })(t.Context(), d))
 	require.Empty(t, d.LockResult)
 	require.Zero(t, b.flaky.Calls.Load())
-	require.Panics(t, func() { middleware.Lock(nil, nil) })
+	_, err := middleware.Lock(nil, nil)
+	require.ErrorContains(t, err, "nil redis client")
 }
 
 func TestLock_Span(t *testing.T) {
@@ -290,7 +338,7 @@ func TestLock_Span(t *testing.T) {
 	sr := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	mw := middleware.Lock(b.flaky, &middleware.LockOpts{Prefix: b.prefix})
+	mw := mustLock(t, b.flaky, &middleware.LockOpts{Prefix: b.prefix})
 
 	ctx, parent := tp.Tracer("test").Start(t.Context(), "deliver")
 	require.NoError(t, mw(func(context.Context, *consumer.Delivery) error { return nil })(ctx, keyedDelivery("k")))
@@ -321,7 +369,7 @@ func BenchmarkLockMiddleware(b *testing.B) {
 	})
 	b.Run("Lock", func(b *testing.B) {
 		rb := setupRedis(b)
-		h := middleware.Lock(rb.flaky, &middleware.LockOpts{Prefix: rb.prefix})(noop)
+		h := mustLock(b, rb.flaky, &middleware.LockOpts{Prefix: rb.prefix})(noop)
 		runParallel8(b, func(i int64) error {
 			return h(b.Context(), keyedDelivery("k"+itoa(i)))
 		})
