@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -81,11 +82,17 @@ type LockOpts struct {
 	// TTL bounds how long a dead holder blocks a key, MaxHold bounds a live
 	// one. Defaults to lock.DefaultMaxHold (25m); -1 means no cap.
 	MaxHold time.Duration
-	// RetryDelay is the delay asked for when another worker holds the lock
-	// (retry.Defer: not counted as an attempt), so a contended key never
-	// hot-loops through the queue and is never dead-lettered for it.
-	// Defaults to 5s.
+	// RetryDelay is the first delay asked for when another worker holds the
+	// lock (retry.Defer: not counted as an attempt, so a contended key is
+	// never dead-lettered for it). A delivery deferred again waits twice as
+	// long as it last waited, up to MaxRetryDelay, so a key held for long
+	// is tried less and less often. The delay never exceeds the holder's
+	// remaining TTL: a key whose holder died is tried again when its lock
+	// runs out. Defaults to 5s.
 	RetryDelay time.Duration
+	// MaxRetryDelay caps the growing delay of a delivery deferred again and
+	// again. At least RetryDelay. Defaults to 1m.
+	MaxRetryDelay time.Duration
 	// CallTimeout bounds each Redis call (obtain, refresh, release). Past it
 	// the handler proceeds without the lock. An obtain or release that
 	// waits for a shared round trip waits at most CallTimeout for it, then
@@ -125,6 +132,9 @@ func (o *LockOpts) withDefaults() LockOpts {
 	if out.RetryDelay == 0 {
 		out.RetryDelay = 5 * time.Second
 	}
+	if out.MaxRetryDelay == 0 {
+		out.MaxRetryDelay = max(time.Minute, out.RetryDelay)
+	}
 	if out.CallTimeout == 0 {
 		out.CallTimeout = 150 * time.Millisecond
 	}
@@ -142,6 +152,8 @@ func (o LockOpts) validate() error {
 		return fmt.Errorf("middleware: Lock: MaxHold %s: want a positive duration, or -1 for no cap", o.MaxHold)
 	case o.RetryDelay < 0:
 		return fmt.Errorf("middleware: Lock: RetryDelay %s: want a positive duration", o.RetryDelay)
+	case o.MaxRetryDelay < o.RetryDelay:
+		return fmt.Errorf("middleware: Lock: MaxRetryDelay %s is below RetryDelay %s", o.MaxRetryDelay, o.RetryDelay)
 	case o.CallTimeout < 0 || o.CallTimeout >= o.TTL/3:
 		return fmt.Errorf("middleware: Lock: CallTimeout %s: want a positive duration below a third of TTL (%s)", o.CallTimeout, o.TTL/3)
 	case o.ProbeInterval < -1:
@@ -163,8 +175,10 @@ func (o LockOpts) validate() error {
 //     keep-alive cancels if the lock is lost; the lock is released
 //     (compare-and-delete) when next returns;
 //   - held by another worker: next is not called; the result is
-//     retry.Defer(RetryDelay) (not counted as an attempt) with reason
-//     "lock_unavailable", and StatusLockFailed is reported;
+//     retry.Defer (not counted as an attempt) with reason
+//     "lock_unavailable", after RetryDelay, growing for a delivery
+//     deferred again, and never longer than the holder's remaining TTL
+//     (see LockOpts.RetryDelay); StatusLockFailed is reported;
 //   - lost before completion (deleted, expired while Redis was silent, or
 //     MaxHold reached): next's context is cancelled with the cause
 //     (lock.ErrLockLost or lock.ErrMaxHoldReached), StatusLockExpired is
@@ -246,7 +260,7 @@ func (m *lockMiddleware) wrap(next consumer.DeliveryHandler) consumer.DeliveryHa
 			d.LockResult = LockHeld
 			span.SetAttributes(attribute.String("inboxmq.lock.result", LockHeld))
 			span.End()
-			herr := retry.WithReason(ReasonLockUnavailable, retry.Defer(m.opts.RetryDelay,
+			herr := retry.WithReason(ReasonLockUnavailable, retry.Defer(m.deferral(d, err, time.Now()),
 				fmt.Errorf("middleware: lock %q is held by another worker: %w", key, err)))
 			d.Transition(consumer.StatusLockFailed, herr)
 			return herr
@@ -268,6 +282,29 @@ func (m *lockMiddleware) wrap(next consumer.DeliveryHandler) consumer.DeliveryHa
 			return next(ctx, d)
 		}
 	}
+}
+
+// deferral is how long a delivery that found its key held (err) waits:
+// RetryDelay, or twice what it waited since its last deferral, up to
+// MaxRetryDelay, and never longer than the holder's remaining TTL.
+//
+// The consumer writes the reason of a retry into x-error and its time
+// into x-last-failed-at, so a delivery that was last deferred by this
+// middleware carries both. Their values come from the message, so the
+// result is kept within RetryDelay and MaxRetryDelay whatever they say.
+func (m *lockMiddleware) deferral(d *consumer.Delivery, err error, now time.Time) time.Duration {
+	delay := m.opts.RetryDelay
+	if text, ok := d.Headers[consumer.HeaderError].(string); ok && strings.HasPrefix(text, ReasonLockUnavailable+":") {
+		if last, ok := d.Headers[consumer.HeaderLastFailedAt].(string); ok {
+			if at, perr := time.Parse(time.RFC3339Nano, last); perr == nil && now.After(at) {
+				delay = max(delay, min(2*now.Sub(at), m.opts.MaxRetryDelay))
+			}
+		}
+	}
+	if held, ok := errors.AsType[*lock.HeldError](err); ok && held.TTL > 0 {
+		delay = min(delay, held.TTL)
+	}
+	return delay
 }
 
 func (m *lockMiddleware) runLocked(ctx context.Context, d *consumer.Delivery, l *lock.Lock, next consumer.DeliveryHandler) error {

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -121,6 +122,89 @@ func TestLock_ConcurrentSameKey(t *testing.T) {
 	require.Equal(t, []string{consumer.StatusLockFailed}, rec.statuses())
 }
 
+// A delivery that finds its key held waits no longer than the holder's
+// lock lives: a holder that died frees the key when its TTL runs out.
+func TestLock_DeferralFollowsHolderTTL(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setupRedis(t)
+	mw := mustLock(t, b.flaky, &middleware.LockOpts{Prefix: b.prefix, RetryDelay: 10 * time.Second})
+	locker, err := lock.New(b.rdb, nil)
+	require.NoError(t, err)
+	_, err = locker.Obtain(ctx, b.prefix+"svc:dead-holder", 2*time.Second, nil) // never released
+	require.NoError(t, err)
+
+	d := keyedDelivery("dead-holder")
+	err = mw(func(context.Context, *consumer.Delivery) error { return nil })(ctx, d)
+	require.Equal(t, middleware.LockHeld, d.LockResult)
+	dec := retry.Classify(err)
+	require.True(t, dec.Uncounted)
+	require.Greater(t, dec.Delay, time.Second, "about the holder's remaining TTL")
+	require.LessOrEqual(t, dec.Delay, 2*time.Second, "not RetryDelay (10s): the lock runs out before")
+}
+
+// A delivery deferred again waits twice as long as it last waited, up to
+// MaxRetryDelay, and never past the holder's TTL. What it last waited comes
+// from the headers the consumer writes on a retry copy (x-error with the
+// reason, x-last-failed-at); foreign values cannot push it out of range.
+func TestLock_RepeatedDeferralGrows(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setupRedis(t)
+	mw := mustLock(t, b.flaky, &middleware.LockOpts{Prefix: b.prefix, RetryDelay: time.Second, MaxRetryDelay: 20 * time.Second})
+	locker, err := lock.New(b.rdb, nil)
+	require.NoError(t, err)
+	_, err = locker.Obtain(ctx, b.prefix+"svc:long", time.Minute, nil)
+	require.NoError(t, err)
+	_, err = locker.Obtain(ctx, b.prefix+"svc:short", 3*time.Second, nil)
+	require.NoError(t, err)
+
+	// Headers are built when each case runs, so the time since the last
+	// deferral is what the case says.
+	deferred := func(ago time.Duration) func() amqp.Table {
+		return func() amqp.Table {
+			return amqp.Table{
+				consumer.HeaderError:        middleware.ReasonLockUnavailable + `: middleware: lock "x" is held by another worker`,
+				consumer.HeaderLastFailedAt: time.Now().Add(-ago).UTC().Format(time.RFC3339Nano),
+			}
+		}
+	}
+	table := func(h amqp.Table) func() amqp.Table { return func() amqp.Table { return h } }
+	tests := []struct {
+		name     string
+		key      string
+		headers  func() amqp.Table
+		min, max time.Duration
+	}{
+		{name: "First", key: "long", headers: table(nil), min: time.Second, max: time.Second},
+		{name: "Second", key: "long", headers: deferred(time.Second), min: 2 * time.Second, max: 3 * time.Second},
+		{name: "Later", key: "long", headers: deferred(5 * time.Second), min: 10 * time.Second, max: 11 * time.Second},
+		{name: "Capped", key: "long", headers: deferred(time.Hour), min: 20 * time.Second, max: 20 * time.Second},
+		{name: "HolderExpiresFirst", key: "short", headers: deferred(5 * time.Second), min: 2 * time.Second, max: 3 * time.Second},
+		{name: "AfterAnotherFailure", key: "long", headers: table(amqp.Table{
+			consumer.HeaderError:        "db_connection: conn refused",
+			consumer.HeaderLastFailedAt: time.Now().Add(-time.Minute).UTC().Format(time.RFC3339Nano),
+		}), min: time.Second, max: time.Second},
+		{name: "FutureTime", key: "long", headers: deferred(-time.Hour), min: time.Second, max: time.Second},
+		{name: "Garbage", key: "long", headers: table(amqp.Table{
+			consumer.HeaderError:        middleware.ReasonLockUnavailable + ": x",
+			consumer.HeaderLastFailedAt: int32(7),
+		}), min: time.Second, max: time.Second},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			d := keyedDelivery(tt.key)
+			d.Headers = tt.headers()
+			err := mw(func(context.Context, *consumer.Delivery) error { return nil })(ctx, d)
+			require.Equal(t, middleware.LockHeld, d.LockResult)
+			delay := retry.Classify(err).Delay
+			require.GreaterOrEqual(t, delay, tt.min)
+			require.LessOrEqual(t, delay, tt.max)
+		})
+	}
+}
+
 // LockOpts out of range are refused with an error that names the option,
 // never silently replaced.
 func TestLock_OptionsOutOfRange(t *testing.T) {
@@ -140,6 +224,7 @@ func TestLock_OptionsOutOfRange(t *testing.T) {
 		{name: "NegativeTTL", opts: &middleware.LockOpts{TTL: -time.Second}, wantErr: "TTL -1s is out of range"},
 		{name: "MaxHold", opts: &middleware.LockOpts{MaxHold: -2}, wantErr: "MaxHold"},
 		{name: "RetryDelay", opts: &middleware.LockOpts{RetryDelay: -time.Second}, wantErr: "RetryDelay"},
+		{name: "MaxRetryDelay", opts: &middleware.LockOpts{RetryDelay: time.Minute, MaxRetryDelay: time.Second}, wantErr: "MaxRetryDelay 1s is below RetryDelay 1m0s"},
 		{name: "CallTimeout", opts: &middleware.LockOpts{TTL: time.Second, CallTimeout: 400 * time.Millisecond}, wantErr: "CallTimeout 400ms"},
 		{name: "ProbeInterval", opts: &middleware.LockOpts{ProbeInterval: -2}, wantErr: "ProbeInterval"},
 	}
