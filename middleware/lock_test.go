@@ -154,10 +154,6 @@ func TestLock_RepeatedDeferralGrows(t *testing.T) {
 	mw := mustLock(t, b.flaky, &middleware.LockOpts{Prefix: b.prefix, RetryDelay: time.Second, MaxRetryDelay: 20 * time.Second})
 	locker, err := lock.New(b.rdb, nil)
 	require.NoError(t, err)
-	_, err = locker.Obtain(ctx, b.prefix+"svc:long", time.Minute, nil)
-	require.NoError(t, err)
-	_, err = locker.Obtain(ctx, b.prefix+"svc:short", 3*time.Second, nil)
-	require.NoError(t, err)
 
 	// Headers are built when each case runs, so the time since the last
 	// deferral is what the case says.
@@ -172,21 +168,21 @@ func TestLock_RepeatedDeferralGrows(t *testing.T) {
 	table := func(h amqp.Table) func() amqp.Table { return func() amqp.Table { return h } }
 	tests := []struct {
 		name     string
-		key      string
+		holder   time.Duration // the holder's TTL
 		headers  func() amqp.Table
 		min, max time.Duration
 	}{
-		{name: "First", key: "long", headers: table(nil), min: time.Second, max: time.Second},
-		{name: "Second", key: "long", headers: deferred(time.Second), min: 2 * time.Second, max: 3 * time.Second},
-		{name: "Later", key: "long", headers: deferred(5 * time.Second), min: 10 * time.Second, max: 11 * time.Second},
-		{name: "Capped", key: "long", headers: deferred(time.Hour), min: 20 * time.Second, max: 20 * time.Second},
-		{name: "HolderExpiresFirst", key: "short", headers: deferred(5 * time.Second), min: 2 * time.Second, max: 3 * time.Second},
-		{name: "AfterAnotherFailure", key: "long", headers: table(amqp.Table{
+		{name: "First", holder: time.Minute, headers: table(nil), min: time.Second, max: time.Second},
+		{name: "Second", holder: time.Minute, headers: deferred(time.Second), min: 2 * time.Second, max: 3 * time.Second},
+		{name: "Later", holder: time.Minute, headers: deferred(5 * time.Second), min: 10 * time.Second, max: 11 * time.Second},
+		{name: "Capped", holder: time.Minute, headers: deferred(time.Hour), min: 20 * time.Second, max: 20 * time.Second},
+		{name: "HolderExpiresFirst", holder: 3 * time.Second, headers: deferred(5 * time.Second), min: 1500 * time.Millisecond, max: 3 * time.Second},
+		{name: "AfterAnotherFailure", holder: time.Minute, headers: table(amqp.Table{
 			consumer.HeaderError:        "db_connection: conn refused",
 			consumer.HeaderLastFailedAt: time.Now().Add(-time.Minute).UTC().Format(time.RFC3339Nano),
 		}), min: time.Second, max: time.Second},
-		{name: "FutureTime", key: "long", headers: deferred(-time.Hour), min: time.Second, max: time.Second},
-		{name: "Garbage", key: "long", headers: table(amqp.Table{
+		{name: "FutureTime", holder: time.Minute, headers: deferred(-time.Hour), min: time.Second, max: time.Second},
+		{name: "Garbage", holder: time.Minute, headers: table(amqp.Table{
 			consumer.HeaderError:        middleware.ReasonLockUnavailable + ": x",
 			consumer.HeaderLastFailedAt: int32(7),
 		}), min: time.Second, max: time.Second},
@@ -194,9 +190,12 @@ func TestLock_RepeatedDeferralGrows(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			d := keyedDelivery(tt.key)
+			// Each case has a holder of its own, obtained now.
+			_, err := locker.Obtain(ctx, b.prefix+"svc:"+tt.name, tt.holder, nil)
+			require.NoError(t, err)
+			d := keyedDelivery(tt.name)
 			d.Headers = tt.headers()
-			err := mw(func(context.Context, *consumer.Delivery) error { return nil })(ctx, d)
+			err = mw(func(context.Context, *consumer.Delivery) error { return nil })(ctx, d)
 			require.Equal(t, middleware.LockHeld, d.LockResult)
 			delay := retry.Classify(err).Delay
 			require.GreaterOrEqual(t, delay, tt.min)
