@@ -85,9 +85,11 @@ func (b *testBundle) del(ctx context.Context, keys ...string) error {
 func (b *testBundle) router(t *testing.T, h consumer.Handler[Payment]) *consumer.Router {
 	t.Helper()
 	r := consumer.NewRouter()
+	lck, err := middleware.Lock(b.rdb, &middleware.LockOpts{Prefix: b.prefix + "lock:"})
+	require.NoError(t, err)
 	consumer.Register(r, "payments", h, &consumer.HandlerOpts{Middleware: []consumer.Middleware{
 		middleware.Dedupe(b.rdb, &middleware.DedupeOpts{Prefix: b.prefix + "done:"}),
-		middleware.Lock(b.rdb, &middleware.LockOpts{Prefix: b.prefix + "lock:"}),
+		lck,
 	}})
 	return r
 }

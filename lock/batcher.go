@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -44,12 +45,35 @@ type BatcherOpts struct {
 // caller returns once its own answer is in. A Batcher holds no goroutine;
 // the zero value is not usable (see [NewBatcher]). It is safe for
 // concurrent use.
+//
+// # Calls without an answer
+//
+// A command whose answer did not come in time (Redis hung, the network
+// dropped) may have run, or may still run when Redis is reachable again:
+// an obtain the caller gave up on would then leave a lock that nobody
+// releases. The Batcher remembers the token of each such obtain, and of
+// each release that got no answer, and releases them by compare-and-delete
+// in its next round trips, until Redis answers for each. This is best
+// effort, for a bounded number of locks: one that is forgotten, or whose
+// obtain runs after its release, lives for its lease (Config.Lease) or
+// its TTL.
 type Batcher struct {
 	locker  *Locker
 	client  PipelineClient
 	timeout time.Duration
 	rounds  *combine.Combiner[*op]
+
+	mu sync.Mutex
+	// unsettled are locks that may be set in Redis with nobody to release
+	// them: obtains and releases that got no answer. Oldest first.
+	unsettled []*Lock
 }
+
+// Bounds of the unsettled locks a Batcher keeps, and releases per round.
+const (
+	maxUnsettled      = 1024
+	unsettledPerRound = 128
+)
 
 // op is one obtain (lock nil until answered) or release.
 type op struct {
@@ -81,8 +105,9 @@ func NewBatcher(l *Locker, opts *BatcherOpts) (*Batcher, error) {
 
 // Obtain makes one attempt to take the lock named key for ttl, like
 // [Locker.Obtain] with no Wait, sharing the round trip with other
-// goroutines' obtains and releases where they coincide. It returns
-// [ErrNotObtained] when another holder has the lock. ctx bounds the wait
+// goroutines' obtains and releases where they coincide. It returns a
+// [*HeldError] (errors.Is [ErrNotObtained]) when another holder has the
+// lock. ctx bounds the wait
 // for a shared round trip: an obtain whose ctx ends before it was sent
 // (or had ended already) is not sent.
 func (b *Batcher) Obtain(ctx context.Context, key string, ttl time.Duration) (*Lock, error) {
@@ -100,14 +125,15 @@ func (b *Batcher) Obtain(ctx context.Context, key string, ttl time.Duration) (*L
 // Release deletes l by compare-and-delete, like [Lock.Release], sharing
 // the round trip with other goroutines' obtains and releases where they
 // coincide. ctx bounds the wait for a shared round trip: a release whose
-// ctx ends before it was sent (or had ended already) is not sent (the lock
-// then expires by its TTL).
+// ctx ends before it was sent (or had ended already) is not sent now: like
+// a release that got no answer, it goes out with a later round trip.
 func (b *Batcher) Release(ctx context.Context, l *Lock) error {
 	if l == nil {
 		return errors.New("lock: release of a nil lock")
 	}
 	o := &op{release: true, key: l.key, lock: l}
 	if err := b.do(ctx, o); err != nil {
+		b.unsettle(l) // not sent: a later round releases it
 		return err
 	}
 	return o.err
@@ -127,17 +153,18 @@ func (b *Batcher) do(ctx context.Context, o *op) error {
 	return err
 }
 
-// send runs batch in one round trip (a pipeline) and answers each
-// operation. A script the server does not have cached (NOSCRIPT: a
-// restarted or flushed Redis) is retried on its own with the script's
-// source.
+// send runs batch in one round trip (a pipeline), with the releases of
+// unsettled locks, and answers each operation. A script the server does
+// not have cached (NOSCRIPT: a restarted or flushed Redis) is retried on
+// its own with the script's source.
 func (b *Batcher) send(batch []*op) {
 	ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
 	defer cancel()
-	if len(batch) == 1 {
+	unsettled := b.takeUnsettled()
+	if len(batch) == 1 && len(unsettled) == 0 {
 		o := batch[0]
 		if o.release {
-			o.err = o.lock.Release(ctx)
+			o.err = b.released(ctx, o.lock, o.lock.release(ctx))
 			return
 		}
 		sent := time.Now()
@@ -155,15 +182,19 @@ func (b *Batcher) send(batch []*op) {
 			cmds[i] = obtainScript.EvalSha(ctx, pipe, keys, args...)
 		}
 	}
+	extra := make([]*redis.Cmd, len(unsettled))
+	for i, l := range unsettled {
+		extra[i] = releaseScript.EvalSha(ctx, pipe, []string{l.lockKey}, l.token)
+	}
 	sent := time.Now()    // no lock of this round can have been set earlier
 	_, _ = pipe.Exec(ctx) // each command carries its own error
 	for i, o := range batch {
 		cmd, noScript := cmds[i], redis.HasErrorPrefix(cmds[i].Err(), "NOSCRIPT")
 		switch {
 		case o.release && noScript:
-			o.err = o.lock.Release(ctx)
+			o.err = b.released(ctx, o.lock, o.lock.release(ctx))
 		case o.release:
-			o.err = releasedAnswer(ctx, o.lock, cmd)
+			o.err = b.released(ctx, o.lock, cmd)
 		case noScript:
 			again := time.Now()
 			keys, args := b.obtainArgs(o)
@@ -172,25 +203,85 @@ func (b *Batcher) send(batch []*op) {
 			o.err = b.obtained(ctx, o, sent, cmd)
 		}
 	}
+	for i, l := range unsettled {
+		cmd := extra[i]
+		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+			cmd = l.release(ctx)
+		}
+		_ = b.released(ctx, l, cmd)
+	}
+}
+
+// unsettle remembers l for release in a later round, dropping the oldest
+// beyond maxUnsettled.
+func (b *Batcher) unsettle(l *Lock) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.unsettled = append(b.unsettled, l)
+	if n := len(b.unsettled) - maxUnsettled; n > 0 {
+		b.unsettled = append(b.unsettled[:0], b.unsettled[n:]...)
+	}
+}
+
+// takeUnsettled removes the oldest unsettled locks for this round.
+func (b *Batcher) takeUnsettled() []*Lock {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := min(len(b.unsettled), unsettledPerRound)
+	if n == 0 {
+		return nil
+	}
+	out := append([]*Lock(nil), b.unsettled[:n]...)
+	b.unsettled = append(b.unsettled[:0], b.unsettled[n:]...)
+	return out
+}
+
+// Unsettled reports how many locks the Batcher still has to release
+// because a call about them got no answer (see the type's documentation).
+func (b *Batcher) Unsettled() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.unsettled)
+}
+
+// answered reports whether err is nil or Redis's own answer (an error
+// reply): the command ran, or never will. Any other error (a timeout, a
+// broken connection) leaves that open.
+func answered(err error) bool {
+	var reply redis.Error
+	return err == nil || errors.As(err, &reply)
 }
 
 func (b *Batcher) obtainArgs(o *op) (keys []string, args []any) {
 	lockKey, fenceKey := RedisKeys(o.key)
-	return []string{lockKey, fenceKey}, []any{o.token, o.ttl.Milliseconds(), b.locker.fenceTTLMillis()}
+	lease := b.locker.cfg.lease(o.ttl)
+	return []string{lockKey, fenceKey}, []any{o.token, lease.Milliseconds(), b.locker.fenceTTLMillis()}
 }
 
 // obtained reads an obtain script's answer into o.lock: the lock, sent
-// at sent, or ErrNotObtained.
+// at sent, or a *HeldError. An obtain without an answer is unsettled.
 func (b *Batcher) obtained(ctx context.Context, o *op, sent time.Time, cmd *redis.Cmd) error {
 	fence, err := cmd.Int64()
 	if err != nil {
+		if !answered(cmd.Err()) {
+			b.unsettle(b.locker.newLock(o.key, o.token, 0, o.ttl, sent))
+		}
 		return joinCtx(ctx, fmt.Errorf("lock: obtain %q: %w", o.key, err))
 	}
 	if fence <= 0 {
-		return ErrNotObtained
+		return newHeldError(o.key, fence)
 	}
 	o.lock = b.locker.newLock(o.key, o.token, fence, o.ttl, sent)
 	return nil
+}
+
+// released reads a release script's answer; a release without an answer
+// is unsettled.
+func (b *Batcher) released(ctx context.Context, l *Lock, cmd *redis.Cmd) error {
+	if !answered(cmd.Err()) {
+		b.unsettle(l)
+	}
+	return releasedAnswer(ctx, l, cmd)
 }
 
 // releasedAnswer reads a release script's answer.

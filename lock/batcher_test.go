@@ -300,6 +300,9 @@ func TestBatcher_ObtainsAndReleasesShareARoundTrip(t *testing.T) {
 	require.Equal(t, int64(1), gotB.Fence())
 	require.False(t, gotB.ObtainedAt().Before(before), "ObtainedAt is when the round was sent")
 	require.ErrorIs(t, errHeld, lock.ErrNotObtained)
+	var heldErr *lock.HeldError
+	require.ErrorAs(t, errHeld, &heldErr, "a pipelined obtain tells the holder's TTL too")
+	require.Positive(t, heldErr.TTL)
 	require.Nil(t, gotHeld)
 	require.Equal(t, "someone-else", rdb.Get(ctx, heldKey).Val())
 

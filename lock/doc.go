@@ -59,6 +59,20 @@
 //	l, err := b.Obtain(ctx, "payment:42", 30*time.Second) // or ErrNotObtained
 //	err = b.Release(ctx, l)                               // nil, ErrNotHeld, or a Redis error
 //
+// # Calls that got no answer
+//
+// A call that timed out may still run in Redis: while Redis hangs (a
+// stopped process, a black-holed network, a failover under way) the
+// commands already sent wait in buffers, and Redis runs them when it comes
+// back, after the caller gave up. An obtain run that late sets a lock that
+// nobody releases. Two things bound it. A [Batcher] remembers the token of
+// every obtain and release that got no answer and releases those locks by
+// compare-and-delete in its next round trips, once Redis answers
+// ([Batcher.Unsettled] counts them). And with Config.Lease an obtain first
+// sets a short time to live, which the keep-alive's first refresh extends
+// to the full TTL: a late lock whose release is lost too (or runs before
+// it) is gone after the lease.
+//
 // # Errors
 //
 // Errors start with "lock: ". Redis failures are wrapped with %w; when the

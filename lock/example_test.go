@@ -117,13 +117,14 @@ func ExampleBatcher() {
 	}
 	fmt.Println("fence:", l.Fence())
 	_, err = batcher.Obtain(ctx, key, 30*time.Second)
-	fmt.Println("second holder:", err)
+	var held *lock.HeldError
+	fmt.Println("second holder:", errors.Is(err, lock.ErrNotObtained), errors.As(err, &held) && held.TTL > 0)
 	fmt.Println("released:", batcher.Release(ctx, l))
 	fmt.Println("again:", batcher.Release(ctx, l))
 
 	// Output:
 	// fence: 1
-	// second holder: lock: not obtained
+	// second holder: true true
 	// released: <nil>
 	// again: lock: not held
 }

@@ -20,7 +20,9 @@ type KeepAliveOpts struct {
 	// obtained with.
 	TTL time.Duration
 	// Interval is the time between refreshes. Defaults to TTL/3, so two
-	// refreshes in a row may fail before the lock runs out.
+	// refreshes in a row may fail before the lock runs out. A lock obtained
+	// with a shorter lease (Config.Lease) is first refreshed within a third
+	// of its lease.
 	Interval time.Duration
 	// MaxHold caps the total time the lock is held, counted from
 	// [Lock.ObtainedAt]; when it is reached the context is cancelled with
@@ -83,8 +85,14 @@ func (l *Lock) KeepAlive(ctx context.Context, opts *KeepAliveOpts) (context.Cont
 
 func (l *Lock) keepAlive(ctx context.Context, cancel context.CancelCauseFunc, o KeepAliveOpts) {
 	// The lock is known to live until expires: the start of the last
-	// successful SET or PEXPIRE plus its TTL.
-	expires := l.obtainedAt.Add(l.ttl)
+	// successful SET or PEXPIRE plus the TTL it set (life). Refreshes come
+	// every Interval, and at least three times per life, so a lock obtained
+	// with a short lease (Config.Lease) is extended in time.
+	life := l.lease
+	expires := l.obtainedAt.Add(life)
+	next := func() time.Duration {
+		return max(min(o.Interval, max(life/3, time.Millisecond), time.Until(expires)), 0)
+	}
 
 	var capC <-chan time.Time
 	if o.MaxHold > 0 {
@@ -92,7 +100,7 @@ func (l *Lock) keepAlive(ctx context.Context, cancel context.CancelCauseFunc, o 
 		defer capTimer.Stop()
 		capC = capTimer.C
 	}
-	tick := time.NewTimer(min(o.Interval, time.Until(expires)))
+	tick := time.NewTimer(next())
 	defer tick.Stop()
 
 	for {
@@ -114,7 +122,7 @@ func (l *Lock) keepAlive(ctx context.Context, cancel context.CancelCauseFunc, o 
 		rcancel()
 		switch {
 		case err == nil:
-			expires = start.Add(o.TTL)
+			life, expires = o.TTL, start.Add(o.TTL)
 		case errors.Is(err, ErrNotHeld):
 			cancel(fmt.Errorf("%w: %w", ErrLockLost, err))
 			return
@@ -128,6 +136,6 @@ func (l *Lock) keepAlive(ctx context.Context, cancel context.CancelCauseFunc, o 
 		}
 		// On a Redis error, try again at the next interval, and at the
 		// latest when the lock runs out.
-		tick.Reset(max(min(o.Interval, time.Until(expires)), 0))
+		tick.Reset(next())
 	}
 }

@@ -54,6 +54,16 @@ type Config struct {
 	// exceed the longest hold. Defaults to DefaultFenceTTL (24h); -1 keeps
 	// counters forever (one small key per lock key).
 	FenceTTL time.Duration
+	// Lease, when set, caps the time to live an obtain sets: a lock asked
+	// for a longer ttl first lives for Lease, and its first refresh
+	// ([Lock.KeepAlive], or [Lock.Refresh] with a zero ttl) extends it to
+	// the ttl asked for. An obtain that the caller gave up on (a timeout
+	// while Redis hung) can still run in Redis later, when nobody will
+	// release what it set; with a Lease such a lock is gone after Lease
+	// instead of after its full ttl. Set it only if every lock is kept
+	// alive or refreshed within Lease. Defaults to 0: an obtain sets the
+	// full ttl.
+	Lease time.Duration
 }
 
 func (c *Config) withDefaults() Config {
@@ -74,7 +84,18 @@ func (c Config) validate() error {
 	if c.FenceTTL > 0 && c.FenceTTL < time.Millisecond {
 		return fmt.Errorf("lock: FenceTTL must be at least 1ms, got %s", c.FenceTTL)
 	}
+	if c.Lease < 0 || (c.Lease > 0 && c.Lease < time.Millisecond) {
+		return fmt.Errorf("lock: Lease must be 0 or at least 1ms, got %s", c.Lease)
+	}
 	return nil
+}
+
+// lease is the TTL an obtain for ttl sets.
+func (c Config) lease(ttl time.Duration) time.Duration {
+	if c.Lease > 0 && c.Lease < ttl {
+		return c.Lease
+	}
+	return ttl
 }
 
 // Locker obtains locks from one Redis deployment. It holds no state besides
@@ -139,11 +160,17 @@ func validKey(key string) error {
 	return nil
 }
 
-// Obtain tries to take the lock named key for ttl (at least 1ms). It sets the
-// key only if it does not exist (SET NX PX) to a random token, and in the
-// same script increments the key's fencing counter. When another holder has
-// the lock it retries within opts.Wait, then returns [ErrNotObtained]. A
-// Redis error is returned wrapped; if ctx ended, its error is joined.
+// Obtain tries to take the lock named key for ttl (at least 1ms; see
+// Config.Lease). It sets the key only if it does not exist (SET NX PX) to
+// a random token, and in the same script increments the key's fencing
+// counter. When another holder has the lock it retries within opts.Wait,
+// then returns a [*HeldError] (errors.Is [ErrNotObtained]). A Redis error
+// is returned wrapped; if ctx ended, its error is joined.
+//
+// An obtain that got no answer (a timeout) may still run in Redis later;
+// nobody releases the lock it then sets, which lives for its lease
+// (Config.Lease). A [Batcher] also releases such locks by their token once
+// Redis answers again.
 func (l *Locker) Obtain(ctx context.Context, key string, ttl time.Duration, opts *ObtainOpts) (*Lock, error) {
 	token, err := obtainToken(key, ttl)
 	if err != nil {
@@ -151,6 +178,7 @@ func (l *Locker) Obtain(ctx context.Context, key string, ttl time.Duration, opts
 	}
 	lockKey, fenceKey := RedisKeys(key)
 	fenceTTL := l.fenceTTLMillis()
+	lease := l.cfg.lease(ttl)
 
 	var deadline time.Time
 	if w := opts.wait(); w > 0 {
@@ -164,16 +192,17 @@ func (l *Locker) Obtain(ctx context.Context, key string, ttl time.Duration, opts
 	}()
 	for {
 		start := time.Now()
-		fence, err := obtainScript.Run(ctx, l.client, []string{lockKey, fenceKey}, token, ttl.Milliseconds(), fenceTTL).Int64()
+		fence, err := obtainScript.Run(ctx, l.client, []string{lockKey, fenceKey}, token, lease.Milliseconds(), fenceTTL).Int64()
 		if err != nil {
 			return nil, joinCtx(ctx, fmt.Errorf("lock: obtain %q: %w", key, err))
 		}
 		if fence > 0 {
 			return l.newLock(key, token, fence, ttl, start), nil
 		}
+		held := newHeldError(key, fence)
 		wait := opts.retryInterval()
 		if deadline.IsZero() || time.Until(deadline) < wait {
-			return nil, ErrNotObtained
+			return nil, held
 		}
 		if timer == nil {
 			timer = time.NewTimer(wait)
@@ -182,7 +211,7 @@ func (l *Locker) Obtain(ctx context.Context, key string, ttl time.Duration, opts
 		}
 		select {
 		case <-ctx.Done():
-			return nil, errors.Join(ErrNotObtained, ctx.Err())
+			return nil, errors.Join(held, ctx.Err())
 		case <-timer.C:
 		}
 	}
@@ -196,10 +225,13 @@ func (l *Locker) fenceTTLMillis() int64 {
 	return 0
 }
 
-// newLock is the Lock an obtain sent at sent returned fence for.
+// newLock is the Lock an obtain for ttl sent at sent returned fence for.
 func (l *Locker) newLock(key, token string, fence int64, ttl time.Duration, sent time.Time) *Lock {
 	lockKey, _ := RedisKeys(key)
-	return &Lock{locker: l, key: key, lockKey: lockKey, token: token, fence: fence, ttl: ttl, obtainedAt: sent}
+	return &Lock{
+		locker: l, key: key, lockKey: lockKey, token: token, fence: fence,
+		ttl: ttl, lease: l.cfg.lease(ttl), obtainedAt: sent,
+	}
 }
 
 // Lock is a held lock. Its methods are safe for concurrent use; the lock
@@ -211,7 +243,8 @@ type Lock struct {
 	lockKey    string
 	token      string
 	fence      int64
-	ttl        time.Duration
+	ttl        time.Duration // what refreshes set by default
+	lease      time.Duration // what the obtain set (see Config.Lease)
 	obtainedAt time.Time
 }
 
@@ -229,8 +262,9 @@ func (l *Lock) Token() string { return l.token }
 // cannot write over its successor.
 func (l *Lock) Fence() int64 { return l.fence }
 
-// ObtainedAt returns when the successful obtain call was sent: the lock
-// expires no earlier than ObtainedAt plus its TTL, unless released.
+// ObtainedAt returns when the successful obtain call was sent: unless
+// released or refreshed, the lock expires no earlier than ObtainedAt plus
+// the TTL it was obtained for, or plus Config.Lease when that is shorter.
 func (l *Lock) ObtainedAt() time.Time { return l.obtainedAt }
 
 // TTL returns the lock's remaining time to live. It returns [ErrNotHeld]
@@ -273,7 +307,11 @@ func (l *Lock) Refresh(ctx context.Context, ttl time.Duration) error {
 // holds this lock's token, so a holder whose lock expired never deletes its
 // successor's. It returns [ErrNotHeld] when the lock was already gone.
 func (l *Lock) Release(ctx context.Context) error {
-	return releasedAnswer(ctx, l, releaseScript.Run(ctx, l.locker.client, []string{l.lockKey}, l.token))
+	return releasedAnswer(ctx, l, l.release(ctx))
+}
+
+func (l *Lock) release(ctx context.Context) *redis.Cmd {
+	return releaseScript.Run(ctx, l.locker.client, []string{l.lockKey}, l.token)
 }
 
 // obtainToken checks an obtain's key and ttl and returns its new token.

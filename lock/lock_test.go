@@ -54,6 +54,11 @@ func TestObtainRelease(t *testing.T) {
 
 	_, err = b.locker.Obtain(ctx, key, 10*time.Second, nil)
 	require.ErrorIs(t, err, lock.ErrNotObtained)
+	var held *lock.HeldError
+	require.ErrorAs(t, err, &held, "the holder's remaining TTL comes with the answer")
+	require.Equal(t, key, held.Key)
+	require.Greater(t, held.TTL, 8*time.Second)
+	require.LessOrEqual(t, held.TTL, 10*time.Second)
 
 	require.NoError(t, l.Release(ctx))
 	require.ErrorIs(t, l.Release(ctx), lock.ErrNotHeld)

@@ -15,10 +15,11 @@
 //
 //	r.Use(middleware.Recover(&middleware.RecoverOpts{Logger: logger}),
 //		middleware.Timeout(2*time.Minute))
+//	lck, err := middleware.Lock(rdb, nil)
 //	consumer.Register(r, "payments", h, &consumer.HandlerOpts{
 //		Middleware: []consumer.Middleware{
 //			middleware.Dedupe(rdb, nil),
-//			middleware.Lock(rdb, nil),
+//			lck,
 //		},
 //	})
 //

@@ -55,7 +55,10 @@ func ExampleLock() {
 	lockKey, fenceKey := lock.RedisKeys(prefix + "payments:order-42")
 	defer rdb.Del(ctx, lockKey, fenceKey)
 
-	lockMW := middleware.Lock(rdb, &middleware.LockOpts{Prefix: prefix, RetryDelay: 5 * time.Second})
+	lockMW, err := middleware.Lock(rdb, &middleware.LockOpts{Prefix: prefix, RetryDelay: time.Second})
+	if err != nil {
+		panic(err)
+	}
 
 	inHandler := make(chan struct{})
 	finish := make(chan struct{})
@@ -72,7 +75,7 @@ func ExampleLock() {
 
 	// A copy of the same message reaches a second worker meanwhile.
 	d := exampleDelivery("order-42")
-	err := lockMW(func(context.Context, *consumer.Delivery) error {
+	err = lockMW(func(context.Context, *consumer.Delivery) error {
 		fmt.Println("never runs")
 		return nil
 	})(ctx, d)
@@ -84,7 +87,7 @@ func ExampleLock() {
 
 	// Output:
 	// first worker: acquired fence 1
-	// second worker: held retry lock_unavailable 5s
+	// second worker: held retry lock_unavailable 1s
 	// first worker returned: <nil>
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -42,30 +43,62 @@ const (
 // tracerName is the instrumentation scope of this package's spans.
 const tracerName = "github.com/inboxmq/inboxmq/middleware"
 
-// LockOpts configure [Lock]. A nil *LockOpts means defaults.
+// Bounds of LockOpts.TTL.
+const (
+	// MinLockTTL is the shortest lock TTL [Lock] accepts. Below it, one
+	// slow Redis answer or a pause of the worker lets a live handler's lock
+	// run out between two refreshes, and each loss costs the delivery a
+	// counted attempt.
+	MinLockTTL = time.Second
+	// MaxLockTTL is the longest lock TTL [Lock] accepts. The TTL is how long
+	// a key stays locked after its holder died; a live holder needs no long
+	// TTL, since its keep-alive holds the lock for up to MaxHold whatever
+	// the TTL. Beyond ten minutes a crashed worker would block its keys for
+	// longer than a retry tier waits.
+	MaxLockTTL = 10 * time.Minute
+)
+
+// lockLease caps the TTL an obtain sets; the keep-alive's first refresh
+// extends the lock to LockOpts.TTL (see lock.Config.Lease).
+const lockLease = 5 * time.Second
+
+// LockOpts configure [Lock]. A nil *LockOpts means defaults; a value out of
+// its documented range makes Lock return an error.
 type LockOpts struct {
 	// Prefix starts every lock key: "<Prefix><consumer>:<idempotency key>".
 	// Defaults to "inboxmq:lock:".
 	Prefix string
-	// TTL is the lock's time to live; a keep-alive refreshes it every TTL/3
-	// while the handler runs. Defaults to 30s.
+	// TTL is how long the lock outlives a worker that died holding it. A
+	// keep-alive refreshes it while the handler runs (up to MaxHold). An
+	// obtain first sets the lock for at most a few seconds, which the
+	// keep-alive's first refresh extends to TTL, so an obtain that Redis
+	// ran after the worker gave up on it (Redis hung) blocks its key for
+	// seconds, not for TTL. Between MinLockTTL (1s) and MaxLockTTL (10m).
+	// Defaults to 30s.
 	TTL time.Duration
 	// MaxHold caps how long one delivery may hold the lock; at the cap the
 	// handler's context is cancelled and the delivery retried (reason
-	// lock_expired). Keep it below RabbitMQ's consumer ack timeout. Defaults
-	// to lock.DefaultMaxHold (25m); -1 means no cap.
+	// lock_expired). Keep it below RabbitMQ's consumer ack timeout. Where
+	// TTL bounds how long a dead holder blocks a key, MaxHold bounds a live
+	// one. Defaults to lock.DefaultMaxHold (25m); -1 means no cap.
 	MaxHold time.Duration
-	// RetryDelay is the delay asked for when another worker holds the lock
-	// (retry.Defer: not counted as an attempt), so a contended key never
-	// hot-loops through the queue and is never dead-lettered for it.
-	// Defaults to 5s.
+	// RetryDelay is the first delay asked for when another worker holds the
+	// lock (retry.Defer: not counted as an attempt, so a contended key is
+	// never dead-lettered for it). A delivery deferred again waits twice as
+	// long as it last waited, up to MaxRetryDelay, so a key held for long
+	// is tried less and less often. The delay never exceeds the holder's
+	// remaining TTL: a key whose holder died is tried again when its lock
+	// runs out. Defaults to 5s.
 	RetryDelay time.Duration
+	// MaxRetryDelay caps the growing delay of a delivery deferred again and
+	// again. At least RetryDelay. Defaults to 1m.
+	MaxRetryDelay time.Duration
 	// CallTimeout bounds each Redis call (obtain, refresh, release). Past it
 	// the handler proceeds without the lock. An obtain or release that
 	// waits for a shared round trip waits at most CallTimeout for it, then
 	// at most CallTimeout for the round trip itself. Build the client with
-	// ContextTimeoutEnabled so the bound covers socket reads. Defaults to
-	// 150ms.
+	// ContextTimeoutEnabled so the bound covers socket reads. Less than a
+	// third of TTL (refreshes come every TTL/3). Defaults to 150ms.
 	CallTimeout time.Duration
 	// ProbeInterval: while Redis is degraded, it is tried at most once per
 	// ProbeInterval; other deliveries proceed without the lock at once
@@ -90,22 +123,43 @@ func (o *LockOpts) withDefaults() LockOpts {
 	if out.Prefix == "" {
 		out.Prefix = "inboxmq:lock:"
 	}
-	if out.TTL < time.Millisecond {
+	if out.TTL == 0 {
 		out.TTL = 30 * time.Second
 	}
-	if out.MaxHold == 0 || out.MaxHold < -1 {
+	if out.MaxHold == 0 {
 		out.MaxHold = lock.DefaultMaxHold
 	}
-	if out.RetryDelay <= 0 {
+	if out.RetryDelay == 0 {
 		out.RetryDelay = 5 * time.Second
 	}
-	if out.CallTimeout <= 0 {
+	if out.MaxRetryDelay == 0 {
+		out.MaxRetryDelay = max(time.Minute, out.RetryDelay)
+	}
+	if out.CallTimeout == 0 {
 		out.CallTimeout = 150 * time.Millisecond
 	}
-	if out.ProbeInterval == 0 || out.ProbeInterval < -1 {
+	if out.ProbeInterval == 0 {
 		out.ProbeInterval = time.Second
 	}
 	return out
+}
+
+func (o LockOpts) validate() error {
+	switch {
+	case o.TTL < MinLockTTL || o.TTL > MaxLockTTL:
+		return fmt.Errorf("middleware: Lock: TTL %s is out of range: want %s to %s", o.TTL, MinLockTTL, MaxLockTTL)
+	case o.MaxHold < -1:
+		return fmt.Errorf("middleware: Lock: MaxHold %s: want a positive duration, or -1 for no cap", o.MaxHold)
+	case o.RetryDelay < 0:
+		return fmt.Errorf("middleware: Lock: RetryDelay %s: want a positive duration", o.RetryDelay)
+	case o.MaxRetryDelay < o.RetryDelay:
+		return fmt.Errorf("middleware: Lock: MaxRetryDelay %s is below RetryDelay %s", o.MaxRetryDelay, o.RetryDelay)
+	case o.CallTimeout < 0 || o.CallTimeout >= o.TTL/3:
+		return fmt.Errorf("middleware: Lock: CallTimeout %s: want a positive duration below a third of TTL (%s)", o.CallTimeout, o.TTL/3)
+	case o.ProbeInterval < -1:
+		return fmt.Errorf("middleware: Lock: ProbeInterval %s: want a positive duration, or -1 to probe on every delivery", o.ProbeInterval)
+	}
+	return nil
 }
 
 // Lock returns a handler middleware that holds a Redis lock on the
@@ -121,8 +175,10 @@ func (o *LockOpts) withDefaults() LockOpts {
 //     keep-alive cancels if the lock is lost; the lock is released
 //     (compare-and-delete) when next returns;
 //   - held by another worker: next is not called; the result is
-//     retry.Defer(RetryDelay) (not counted as an attempt) with reason
-//     "lock_unavailable", and StatusLockFailed is reported;
+//     retry.Defer (not counted as an attempt) with reason
+//     "lock_unavailable", after RetryDelay, growing for a delivery
+//     deferred again, and never longer than the holder's remaining TTL
+//     (see LockOpts.RetryDelay); StatusLockFailed is reported;
 //   - lost before completion (deleted, expired while Redis was silent, or
 //     MaxHold reached): next's context is cancelled with the cause
 //     (lock.ErrLockLost or lock.ErrMaxHoldReached), StatusLockExpired is
@@ -130,33 +186,37 @@ func (o *LockOpts) withDefaults() LockOpts {
 //     "lock_expired" (nil and duplicates pass unchanged);
 //   - Redis error or timeout: next runs without the lock (LockResult
 //     "degraded"), reported through OnDegraded and the logger once per
-//     change; the middleware recovers by itself when Redis answers again.
+//     change; the middleware recovers by itself when Redis answers again,
+//     and then releases the locks that the calls it gave up on may have
+//     set (see lock.Batcher).
 //
 // The obtains and releases of concurrent deliveries that coincide share
-// one Redis round trip (a [lock.Batcher]): 1.1–1.3 round trips per
-// delivery instead of 2 with 8 handlers.
+// one Redis round trip (a [lock.Batcher]).
 //
 // A "lock.acquire" span is started as a child of the span in ctx (none
-// without one). Lock panics if client is nil.
-func Lock(client redis.UniversalClient, opts *LockOpts) consumer.Middleware {
+// without one). A nil client or options out of range are an error.
+func Lock(client redis.UniversalClient, opts *LockOpts) (consumer.Middleware, error) {
 	if client == nil {
-		panic("middleware: Lock: nil redis client")
+		return nil, errors.New("middleware: Lock: nil redis client")
 	}
 	o := opts.withDefaults()
-	locker, err := lock.New(client, nil)
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	locker, err := lock.New(client, &lock.Config{Lease: min(o.TTL, lockLease)})
 	if err != nil {
-		panic("middleware: Lock: " + err.Error())
+		return nil, fmt.Errorf("middleware: Lock: %w", err)
 	}
 	batcher, err := lock.NewBatcher(locker, &lock.BatcherOpts{RoundTimeout: o.CallTimeout})
 	if err != nil {
-		panic("middleware: Lock: " + err.Error())
+		return nil, fmt.Errorf("middleware: Lock: %w", err)
 	}
 	m := &lockMiddleware{
 		opts:    o,
 		batcher: batcher,
 		health:  newHealth("lock", o.ProbeInterval, o.Logger, o.OnDegraded),
 	}
-	return m.wrap
+	return m.wrap, nil
 }
 
 type lockMiddleware struct {
@@ -200,7 +260,7 @@ func (m *lockMiddleware) wrap(next consumer.DeliveryHandler) consumer.DeliveryHa
 			d.LockResult = LockHeld
 			span.SetAttributes(attribute.String("inboxmq.lock.result", LockHeld))
 			span.End()
-			herr := retry.WithReason(ReasonLockUnavailable, retry.Defer(m.opts.RetryDelay,
+			herr := retry.WithReason(ReasonLockUnavailable, retry.Defer(m.deferral(d, err, time.Now()),
 				fmt.Errorf("middleware: lock %q is held by another worker: %w", key, err)))
 			d.Transition(consumer.StatusLockFailed, herr)
 			return herr
@@ -222,6 +282,29 @@ func (m *lockMiddleware) wrap(next consumer.DeliveryHandler) consumer.DeliveryHa
 			return next(ctx, d)
 		}
 	}
+}
+
+// deferral is how long a delivery that found its key held (err) waits:
+// RetryDelay, or twice what it waited since its last deferral, up to
+// MaxRetryDelay, and never longer than the holder's remaining TTL.
+//
+// The consumer writes the reason of a retry into x-error and its time
+// into x-last-failed-at, so a delivery that was last deferred by this
+// middleware carries both. Their values come from the message, so the
+// result is kept within RetryDelay and MaxRetryDelay whatever they say.
+func (m *lockMiddleware) deferral(d *consumer.Delivery, err error, now time.Time) time.Duration {
+	delay := m.opts.RetryDelay
+	if text, ok := d.Headers[consumer.HeaderError].(string); ok && strings.HasPrefix(text, ReasonLockUnavailable+":") {
+		if last, ok := d.Headers[consumer.HeaderLastFailedAt].(string); ok {
+			if at, perr := time.Parse(time.RFC3339Nano, last); perr == nil && now.After(at) {
+				delay = max(delay, min(2*now.Sub(at), m.opts.MaxRetryDelay))
+			}
+		}
+	}
+	if held, ok := errors.AsType[*lock.HeldError](err); ok && held.TTL > 0 {
+		delay = min(delay, held.TTL)
+	}
+	return delay
 }
 
 func (m *lockMiddleware) runLocked(ctx context.Context, d *consumer.Delivery, l *lock.Lock, next consumer.DeliveryHandler) error {

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -20,6 +22,14 @@ import (
 	"github.com/inboxmq/inboxmq/retry"
 )
 
+// mustLock is middleware.Lock for options that are valid.
+func mustLock(tb testing.TB, client redis.UniversalClient, opts *middleware.LockOpts) consumer.Middleware {
+	tb.Helper()
+	mw, err := middleware.Lock(client, opts)
+	require.NoError(tb, err)
+	return mw
+}
+
 // redisLockKey is the Redis key of the middleware's lock on key for
 // consumer "svc".
 func redisLockKey(prefix, key string) string {
@@ -33,7 +43,7 @@ func TestLock_AcquiredRunsNextAndReleases(t *testing.T) {
 	b := setupRedis(t)
 	rec := &transitionRecorder{}
 	d := keyedDelivery("order-1", rec)
-	mw := middleware.Lock(b.flaky, &middleware.LockOpts{Prefix: b.prefix})
+	mw := mustLock(t, b.flaky, &middleware.LockOpts{Prefix: b.prefix})
 
 	calls := 0
 	err := mw(func(ctx context.Context, d *consumer.Delivery) error {
@@ -43,7 +53,8 @@ func TestLock_AcquiredRunsNextAndReleases(t *testing.T) {
 		require.Positive(t, d.Fence)
 		ttl, err := b.rdb.PTTL(ctx, redisLockKey(b.prefix, "order-1")).Result()
 		require.NoError(t, err)
-		require.Greater(t, ttl, 25*time.Second, "default TTL is 30s")
+		require.Greater(t, ttl, 4*time.Second, "the obtain sets a 5s lease")
+		require.LessOrEqual(t, ttl, 5*time.Second, "the keep-alive extends it to the 30s TTL")
 		require.NoError(t, ctx.Err())
 		return nil
 	})(ctx, d)
@@ -64,7 +75,7 @@ func TestLock_HandlerErrorPassesThrough(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	b := setupRedis(t)
-	mw := middleware.Lock(b.flaky, &middleware.LockOpts{Prefix: b.prefix})
+	mw := mustLock(t, b.flaky, &middleware.LockOpts{Prefix: b.prefix})
 
 	boom := retry.Permanent(errors.New("boom"))
 	err := mw(func(context.Context, *consumer.Delivery) error { return boom })(ctx, keyedDelivery("k"))
@@ -76,7 +87,7 @@ func TestLock_ConcurrentSameKey(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	b := setupRedis(t)
-	mw := middleware.Lock(b.flaky, &middleware.LockOpts{Prefix: b.prefix, RetryDelay: 7 * time.Second})
+	mw := mustLock(t, b.flaky, &middleware.LockOpts{Prefix: b.prefix, RetryDelay: 3 * time.Second})
 
 	entered := make(chan struct{})
 	release := make(chan struct{})
@@ -104,19 +115,139 @@ func TestLock_ConcurrentSameKey(t *testing.T) {
 	require.Equal(t, middleware.LockHeld, d.LockResult)
 	dec := retry.Classify(err)
 	require.Equal(t, retry.KindRetry, dec.Kind)
-	require.Equal(t, 7*time.Second, dec.Delay, "no hot requeue loop")
+	require.Equal(t, 3*time.Second, dec.Delay, "no hot requeue loop")
 	require.Equal(t, middleware.ReasonLockUnavailable, dec.Reason)
 	require.True(t, dec.Uncounted, "waiting for another holder is not a failed attempt")
 	require.ErrorIs(t, err, lock.ErrNotObtained)
 	require.Equal(t, []string{consumer.StatusLockFailed}, rec.statuses())
 }
 
+// A delivery that finds its key held waits no longer than the holder's
+// lock lives: a holder that died frees the key when its TTL runs out.
+func TestLock_DeferralFollowsHolderTTL(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setupRedis(t)
+	mw := mustLock(t, b.flaky, &middleware.LockOpts{Prefix: b.prefix, RetryDelay: 10 * time.Second})
+	locker, err := lock.New(b.rdb, nil)
+	require.NoError(t, err)
+	_, err = locker.Obtain(ctx, b.prefix+"svc:dead-holder", 2*time.Second, nil) // never released
+	require.NoError(t, err)
+
+	d := keyedDelivery("dead-holder")
+	err = mw(func(context.Context, *consumer.Delivery) error { return nil })(ctx, d)
+	require.Equal(t, middleware.LockHeld, d.LockResult)
+	dec := retry.Classify(err)
+	require.True(t, dec.Uncounted)
+	require.Greater(t, dec.Delay, time.Second, "about the holder's remaining TTL")
+	require.LessOrEqual(t, dec.Delay, 2*time.Second, "not RetryDelay (10s): the lock runs out before")
+}
+
+// A delivery deferred again waits twice as long as it last waited, up to
+// MaxRetryDelay, and never past the holder's TTL. What it last waited comes
+// from the headers the consumer writes on a retry copy (x-error with the
+// reason, x-last-failed-at); foreign values cannot push it out of range.
+func TestLock_RepeatedDeferralGrows(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setupRedis(t)
+	mw := mustLock(t, b.flaky, &middleware.LockOpts{Prefix: b.prefix, RetryDelay: time.Second, MaxRetryDelay: 20 * time.Second})
+	locker, err := lock.New(b.rdb, nil)
+	require.NoError(t, err)
+
+	// Headers are built when each case runs, so the time since the last
+	// deferral is what the case says.
+	deferred := func(ago time.Duration) func() amqp.Table {
+		return func() amqp.Table {
+			return amqp.Table{
+				consumer.HeaderError:        middleware.ReasonLockUnavailable + `: middleware: lock "x" is held by another worker`,
+				consumer.HeaderLastFailedAt: time.Now().Add(-ago).UTC().Format(time.RFC3339Nano),
+			}
+		}
+	}
+	table := func(h amqp.Table) func() amqp.Table { return func() amqp.Table { return h } }
+	tests := []struct {
+		name     string
+		holder   time.Duration // the holder's TTL
+		headers  func() amqp.Table
+		min, max time.Duration
+	}{
+		{name: "First", holder: time.Minute, headers: table(nil), min: time.Second, max: time.Second},
+		{name: "Second", holder: time.Minute, headers: deferred(time.Second), min: 2 * time.Second, max: 3 * time.Second},
+		{name: "Later", holder: time.Minute, headers: deferred(5 * time.Second), min: 10 * time.Second, max: 11 * time.Second},
+		{name: "Capped", holder: time.Minute, headers: deferred(time.Hour), min: 20 * time.Second, max: 20 * time.Second},
+		{name: "HolderExpiresFirst", holder: 3 * time.Second, headers: deferred(5 * time.Second), min: 1500 * time.Millisecond, max: 3 * time.Second},
+		{name: "AfterAnotherFailure", holder: time.Minute, headers: table(amqp.Table{
+			consumer.HeaderError:        "db_connection: conn refused",
+			consumer.HeaderLastFailedAt: time.Now().Add(-time.Minute).UTC().Format(time.RFC3339Nano),
+		}), min: time.Second, max: time.Second},
+		{name: "FutureTime", holder: time.Minute, headers: deferred(-time.Hour), min: time.Second, max: time.Second},
+		{name: "Garbage", holder: time.Minute, headers: table(amqp.Table{
+			consumer.HeaderError:        middleware.ReasonLockUnavailable + ": x",
+			consumer.HeaderLastFailedAt: int32(7),
+		}), min: time.Second, max: time.Second},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			// Each case has a holder of its own, obtained now.
+			_, err := locker.Obtain(ctx, b.prefix+"svc:"+tt.name, tt.holder, nil)
+			require.NoError(t, err)
+			d := keyedDelivery(tt.name)
+			d.Headers = tt.headers()
+			err = mw(func(context.Context, *consumer.Delivery) error { return nil })(ctx, d)
+			require.Equal(t, middleware.LockHeld, d.LockResult)
+			delay := retry.Classify(err).Delay
+			require.GreaterOrEqual(t, delay, tt.min)
+			require.LessOrEqual(t, delay, tt.max)
+		})
+	}
+}
+
+// LockOpts out of range are refused with an error that names the option,
+// never silently replaced.
+func TestLock_OptionsOutOfRange(t *testing.T) {
+	t.Parallel()
+	b := setupRedis(t)
+	tests := []struct {
+		name    string
+		opts    *middleware.LockOpts
+		wantErr string
+	}{
+		{name: "Defaults", opts: nil},
+		{name: "MinTTL", opts: &middleware.LockOpts{TTL: middleware.MinLockTTL}},
+		{name: "MaxTTL", opts: &middleware.LockOpts{TTL: middleware.MaxLockTTL}},
+		{name: "TTL1ns", opts: &middleware.LockOpts{TTL: time.Nanosecond}, wantErr: "TTL 1ns is out of range: want 1s to 10m0s"},
+		{name: "TTL1ms", opts: &middleware.LockOpts{TTL: time.Millisecond}, wantErr: "TTL 1ms is out of range"},
+		{name: "TTL1h", opts: &middleware.LockOpts{TTL: time.Hour}, wantErr: "TTL 1h0m0s is out of range"},
+		{name: "NegativeTTL", opts: &middleware.LockOpts{TTL: -time.Second}, wantErr: "TTL -1s is out of range"},
+		{name: "MaxHold", opts: &middleware.LockOpts{MaxHold: -2}, wantErr: "MaxHold"},
+		{name: "RetryDelay", opts: &middleware.LockOpts{RetryDelay: -time.Second}, wantErr: "RetryDelay"},
+		{name: "MaxRetryDelay", opts: &middleware.LockOpts{RetryDelay: time.Minute, MaxRetryDelay: time.Second}, wantErr: "MaxRetryDelay 1s is below RetryDelay 1m0s"},
+		{name: "CallTimeout", opts: &middleware.LockOpts{TTL: time.Second, CallTimeout: 400 * time.Millisecond}, wantErr: "CallTimeout 400ms"},
+		{name: "ProbeInterval", opts: &middleware.LockOpts{ProbeInterval: -2}, wantErr: "ProbeInterval"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			mw, err := middleware.Lock(b.rdb, tt.opts)
+			if tt.wantErr == "" {
+				require.NoError(t, err)
+				require.NotNil(t, mw)
+				return
+			}
+			require.ErrorContains(t, err, "middleware: Lock: "+tt.wantErr)
+			require.Nil(t, mw)
+		})
+	}
+}
+
 func TestLock_LostBeforeCompletion(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	b := setupRedis(t)
-	// Refreshes every 100ms.
-	mw := middleware.Lock(b.flaky, &middleware.LockOpts{Prefix: b.prefix, TTL: 300 * time.Millisecond})
+	// Refreshes every 333ms.
+	mw := mustLock(t, b.flaky, &middleware.LockOpts{Prefix: b.prefix, TTL: time.Second})
 
 	t.Run("HandlerFails", func(t *testing.T) {
 		t.Parallel()
@@ -172,7 +303,7 @@ func TestLock_MaxHold(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	b := setupRedis(t)
-	mw := middleware.Lock(b.flaky, &middleware.LockOpts{Prefix: b.prefix, TTL: time.Second, MaxHold: 200 * time.Millisecond})
+	mw := mustLock(t, b.flaky, &middleware.LockOpts{Prefix: b.prefix, TTL: time.Second, MaxHold: 200 * time.Millisecond})
 
 	rec := &transitionRecorder{}
 	err := mw(func(ctx context.Context, d *consumer.Delivery) error {
@@ -191,7 +322,7 @@ func TestLock_DegradedProceedsAndRecovers(t *testing.T) {
 	b := setupRedis(t)
 	hook, events := degradedHook()
 	core, logs := observer.New(zapcore.InfoLevel)
-	mw := middleware.Lock(b.flaky, &middleware.LockOpts{
+	mw := mustLock(t, b.flaky, &middleware.LockOpts{
 		Prefix:        b.prefix,
 		CallTimeout:   50 * time.Millisecond,
 		ProbeInterval: -1,
@@ -244,7 +375,7 @@ func TestLock_DegradedProbesOncePerInterval(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	b := setupRedis(t)
-	mw := middleware.Lock(b.flaky, &middleware.LockOpts{Prefix: b.prefix, ProbeInterval: time.Hour})
+	mw := mustLock(t, b.flaky, &middleware.LockOpts{Prefix: b.prefix, ProbeInterval: time.Hour})
 
 	b.flaky.Fail.Store(true)
 	for range 5 {
@@ -259,7 +390,7 @@ func TestLock_ContextEndedIsNotDegraded(t *testing.T) {
 	t.Parallel()
 	b := setupRedis(t)
 	hook, events := degradedHook()
-	mw := middleware.Lock(b.flaky, &middleware.LockOpts{Prefix: b.prefix, OnDegraded: hook})
+	mw := mustLock(t, b.flaky, &middleware.LockOpts{Prefix: b.prefix, OnDegraded: hook})
 
 	cctx, cancel := context.WithCancel(t.Context())
 	cancel()
@@ -276,12 +407,13 @@ func TestLock_ContextEndedIsNotDegraded(t *testing.T) {
 func TestLock_NoKeyPassesThrough(t *testing.T) {
 	t.Parallel()
 	b := setupRedis(t)
-	mw := middleware.Lock(b.flaky, nil)
+	mw := mustLock(t, b.flaky, nil)
 	d := keyedDelivery("")
 	require.NoError(t, mw(func(context.Context, *consumer.Delivery) error { return nil })(t.Context(), d))
 	require.Empty(t, d.LockResult)
 	require.Zero(t, b.flaky.Calls.Load())
-	require.Panics(t, func() { middleware.Lock(nil, nil) })
+	_, err := middleware.Lock(nil, nil)
+	require.ErrorContains(t, err, "nil redis client")
 }
 
 func TestLock_Span(t *testing.T) {
@@ -290,7 +422,7 @@ func TestLock_Span(t *testing.T) {
 	sr := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	mw := middleware.Lock(b.flaky, &middleware.LockOpts{Prefix: b.prefix})
+	mw := mustLock(t, b.flaky, &middleware.LockOpts{Prefix: b.prefix})
 
 	ctx, parent := tp.Tracer("test").Start(t.Context(), "deliver")
 	require.NoError(t, mw(func(context.Context, *consumer.Delivery) error { return nil })(ctx, keyedDelivery("k")))
@@ -321,7 +453,7 @@ func BenchmarkLockMiddleware(b *testing.B) {
 	})
 	b.Run("Lock", func(b *testing.B) {
 		rb := setupRedis(b)
-		h := middleware.Lock(rb.flaky, &middleware.LockOpts{Prefix: rb.prefix})(noop)
+		h := mustLock(b, rb.flaky, &middleware.LockOpts{Prefix: rb.prefix})(noop)
 		runParallel8(b, func(i int64) error {
 			return h(b.Context(), keyedDelivery("k"+itoa(i)))
 		})

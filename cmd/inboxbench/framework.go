@@ -51,12 +51,16 @@ func (o doneObserver) OnOutcome(d *consumer.Delivery, out consumer.Outcome) {
 // opts and queue settings q.
 func claimCase(e *env, opts *inbox.ClaimOpts, q consumer.QueueOpts) runner {
 	return inboxmqCase(e, func(store *inbox.Store, r *consumer.Router, queue string) {
+		lck, err := middleware.Lock(e.redis, &middleware.LockOpts{Prefix: "inboxbench:lock:"})
+		if err != nil {
+			panic(err) // fixed, valid options: a programming error, like Register's
+		}
 		consumer.Register(r, queue, inbox.ClaimHandler(store, func(ctx context.Context, c *inbox.Claim, m *consumer.Message[payment]) error {
 			// the outside call would carry c.Key as Idempotency-Key here
 			return c.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error { return writePayment(ctx, tx, m.Body) })
 		}, opts), &consumer.HandlerOpts{
 			Consumer:   benchConsumer,
-			Middleware: []consumer.Middleware{middleware.Lock(e.redis, &middleware.LockOpts{Prefix: "inboxbench:lock:"})},
+			Middleware: []consumer.Middleware{lck},
 			Queue:      q,
 		})
 	})

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/middleware"
 )
 
 // config is the worker's configuration, read from the environment (see the
@@ -66,8 +67,8 @@ func configFromEnv(getenv func(string) string) (config, error) {
 	}
 	if v := getenv("LOCK_TTL"); v != "" {
 		d, err := time.ParseDuration(v)
-		if err != nil || d <= 0 {
-			return c, fmt.Errorf("LOCK_TTL %q: want a positive Go duration such as 30s", v)
+		if err != nil || d < middleware.MinLockTTL || d > middleware.MaxLockTTL {
+			return c, fmt.Errorf("LOCK_TTL %q: want a Go duration from %s to %s, such as 30s", v, middleware.MinLockTTL, middleware.MaxLockTTL)
 		}
 		c.LockTTL = d
 	}

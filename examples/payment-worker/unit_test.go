@@ -208,13 +208,21 @@ func TestConfigFromEnv(t *testing.T) {
 	require.Equal(t, 5*time.Second, c.ConnectTimeout)
 
 	for _, bad := range [][]string{
-		{"LOCK_TTL", "soon"}, {"LOCK_TTL", "-1s"}, {"WORKER_CONCURRENCY", "0"},
+		{"LOCK_TTL", "soon"}, {"LOCK_TTL", "-1s"}, {"LOCK_TTL", "1ns"}, {"LOCK_TTL", "1ms"}, {"LOCK_TTL", "999ms"},
+		{"LOCK_TTL", "1h"}, {"LOCK_TTL", "10m1s"}, {"WORKER_CONCURRENCY", "0"},
 		{"PAYMENT_QUEUE", "bad queue"}, {"GATEWAY_URL", "ftp://x"}, {"GROUP_COMMIT", "yes"},
 		{"CONNECT_TIMEOUT", "0s"}, {"CONNECT_TIMEOUT", "soon"},
 	} {
 		_, err := configFromEnv(env(bad...))
 		require.Error(t, err, "%v", bad)
 	}
+	for v, want := range map[string]time.Duration{"1s": time.Second, "10m": 10 * time.Minute} {
+		c, err := configFromEnv(env("LOCK_TTL", v))
+		require.NoError(t, err, "LOCK_TTL=%s is in range", v)
+		require.Equal(t, want, c.LockTTL)
+	}
+	_, err = configFromEnv(env("LOCK_TTL", "1h"))
+	require.EqualError(t, err, `LOCK_TTL "1h": want a Go duration from 1s to 10m0s, such as 30s`)
 	_, err = configFromEnv(env("GATEWAY_URL", "http//user:secret@"))
 	require.Error(t, err)
 	require.NotContains(t, err.Error(), "secret", "errors never show a password")

@@ -311,7 +311,10 @@ func newRouter(store *inbox.Store, rdb redis.UniversalClient, m *metrics.Metrics
 	// A copy that finds the key locked waits 1s in a delay tier (a payment
 	// commits in milliseconds, so the holder is done by then and the copy is
 	// acked as a duplicate).
-	lck := middleware.Lock(rdb, &middleware.LockOpts{TTL: cfg.LockTTL, RetryDelay: time.Second, Logger: logger, OnDegraded: m.RedisDegradedHook("lock")})
+	lck, err := middleware.Lock(rdb, &middleware.LockOpts{TTL: cfg.LockTTL, RetryDelay: time.Second, Logger: logger, OnDegraded: m.RedisDegradedHook("lock")})
+	if err != nil {
+		return nil, err
+	}
 	// A key blocked at ingress (inboxctl block) is parked before anything
 	// else runs; inboxctl unblock releases it to be processed once.
 	block, err := middleware.Block(watcher, parker, &middleware.BlockOpts{Logger: logger})

@@ -10,10 +10,12 @@ import (
 )
 
 // Flaky wraps a client to inject faults into the commands inboxmq's lock and
-// completed-cache use (EVAL, EVALSHA, GET, SET): with Fail set they return an
-// error at once (connection refused), with Hang set they block until the
-// call's context ends (a Redis that does not answer). Calls counts the round
-// trips attempted. Other commands pass through.
+// completed-cache use (EVAL, EVALSHA, GET, SET, and pipelines): with Fail
+// set they return an error at once (connection refused), with Hang set they
+// block until the call's context ends (a Redis that does not answer); the
+// commands never reach Redis (for a hang whose commands run later, see
+// [Proxy]). Calls counts the round trips attempted. Other commands pass
+// through.
 type Flaky struct {
 	redis.UniversalClient
 	Fail  atomic.Bool
@@ -74,4 +76,27 @@ func (c *Flaky) Set(ctx context.Context, key string, value any, expiration time.
 		return cmd
 	}
 	return c.UniversalClient.Set(ctx, key, value, expiration)
+}
+
+// Pipeline returns a pipeline whose Exec fails, hangs or passes through
+// as one call (one round trip), like a single command.
+func (c *Flaky) Pipeline() redis.Pipeliner {
+	return flakyPipe{Pipeliner: c.UniversalClient.Pipeline(), c: c}
+}
+
+type flakyPipe struct {
+	redis.Pipeliner
+	c *Flaky
+}
+
+func (p flakyPipe) Exec(ctx context.Context) ([]redis.Cmder, error) {
+	if err := p.c.fault(ctx); err != nil {
+		cmds := p.Cmds()
+		for _, cmd := range cmds {
+			cmd.SetErr(err)
+		}
+		p.Discard()
+		return cmds, err
+	}
+	return p.Pipeliner.Exec(ctx)
 }
