@@ -31,7 +31,7 @@ func TestWorkerBlockedKeyIsParkedThenProcessedOnce(t *testing.T) {
 	}
 	testenv.WaitFor(t, "the unblocked order is paid and both copies of the blocked one are parked", func() bool {
 		return b.count(t, `SELECT count(*) FROM payments WHERE order_id = 'blk-2'`) == 1 &&
-			amqptest.Depth(t, b.conn, b.queue+".parked") == 2
+			amqptest.DepthOrZero(t, b.conn, b.queue+".parked") == 2
 	})
 	require.Zero(t, b.count(t, `SELECT count(*) FROM payments WHERE order_id = 'blk-1'`), "a blocked key is not processed")
 

@@ -8,6 +8,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os/exec"
 	"regexp"
@@ -159,6 +160,27 @@ func Depth(t testing.TB, conn *amqp.Connection, queue string) int {
 	defer ch.Close()
 	q, err := ch.QueueDeclarePassive(queue, false, false, false, false, nil)
 	if err != nil {
+		t.Fatalf("amqptest: inspect %s: %v", queue, err)
+	}
+	return q.Messages
+}
+
+// DepthOrZero is Depth for a queue that may not be declared yet (a parked
+// queue is declared by the first copy parked in it): a missing queue has 0
+// messages.
+func DepthOrZero(t testing.TB, conn *amqp.Connection, queue string) int {
+	t.Helper()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatalf("amqptest: channel: %v", err)
+	}
+	defer ch.Close()
+	q, err := ch.QueueDeclarePassive(queue, false, false, false, false, nil)
+	if err != nil {
+		var ae *amqp.Error
+		if errors.As(err, &ae) && ae.Code == amqp.NotFound {
+			return 0
+		}
 		t.Fatalf("amqptest: inspect %s: %v", queue, err)
 	}
 	return q.Messages
