@@ -76,12 +76,12 @@ func ExampleLock_KeepAlive() {
 	lockKey, fenceKey := lock.RedisKeys(key)
 	defer rdb.Del(ctx, lockKey, fenceKey)
 
-	l, err := locker.Obtain(ctx, key, 100*time.Millisecond, nil)
+	l, err := locker.Obtain(ctx, key, 3*time.Second, nil)
 	if err != nil {
 		panic(err)
 	}
-	// Refresh every TTL/3, for at most 250ms in all.
-	workCtx, stop := l.KeepAlive(ctx, &lock.KeepAliveOpts{MaxHold: 250 * time.Millisecond})
+	// Refresh every TTL/3, for at most 300ms in all.
+	workCtx, stop := l.KeepAlive(ctx, &lock.KeepAliveOpts{MaxHold: 300 * time.Millisecond})
 	<-workCtx.Done() // long work, cut short by the cap
 	stop()
 	fmt.Println(context.Cause(workCtx))
