@@ -8,6 +8,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/inboxmq/inboxmq/middleware"
 )
 
 // Scenario names.
@@ -130,8 +132,11 @@ func (c *Config) validate() error {
 	if c.Orders < 1 || c.Workers < 1 || c.Concurrency < 1 {
 		return errors.New("chaos: Orders, Workers and Concurrency must be positive")
 	}
-	if c.Duration < time.Second || c.FaultEvery < 100*time.Millisecond || c.LockTTL < 100*time.Millisecond {
-		return errors.New("chaos: Duration must be ≥ 1s, FaultEvery ≥ 100ms, LockTTL ≥ 100ms")
+	if c.Duration < time.Second || c.FaultEvery < 100*time.Millisecond {
+		return errors.New("chaos: Duration must be ≥ 1s and FaultEvery ≥ 100ms")
+	}
+	if c.LockTTL < middleware.MinLockTTL || c.LockTTL > middleware.MaxLockTTL {
+		return fmt.Errorf("chaos: LockTTL %s is outside the lock's range %s..%s", c.LockTTL, middleware.MinLockTTL, middleware.MaxLockTTL)
 	}
 	for _, f := range c.Faults {
 		if !slices.Contains(AllFaults, f) && f != FaultRedisRestart {

@@ -308,9 +308,10 @@ func newRouter(store *inbox.Store, rdb redis.UniversalClient, m *metrics.Metrics
 	)
 
 	dedupe := middleware.Dedupe(rdb, &middleware.DedupeOpts{Logger: logger, OnDegraded: m.RedisDegradedHook("cache")})
-	// A copy that finds the key locked waits 1s in a delay tier (a payment
-	// commits in milliseconds, so the holder is done by then and the copy is
-	// acked as a duplicate).
+	// A copy that finds the key locked waits in a delay tier: 1s at first (a
+	// payment commits in milliseconds, so the holder is done by then and the
+	// copy is acked as a duplicate), longer if it finds the key locked again,
+	// never past the holder's remaining TTL.
 	lck, err := middleware.Lock(rdb, &middleware.LockOpts{TTL: cfg.LockTTL, RetryDelay: time.Second, Logger: logger, OnDegraded: m.RedisDegradedHook("lock")})
 	if err != nil {
 		return nil, err
