@@ -58,6 +58,7 @@ install_golangci_lint() {
   if [ -x "$bin" ] && [ "$("$bin" version --short 2>/dev/null)" = "${GOLANGCI_LINT_VERSION#v}" ]; then
     return 0
   fi
+  rm -f "$bin"
   if go_install golangci-lint "github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$GOLANGCI_LINT_VERSION"; then
     return 0
   fi
