@@ -8,7 +8,9 @@
 #   - one that is installed but down is started, with the commands CI uses;
 #   - one that is missing is installed with apt-get (Debian/Ubuntu, as root).
 # Without root it changes nothing: it prints the exact commands to run and
-# exits 1. Every wait is bounded. Safe to run again; a no-op when all is up.
+# exits 1. A service whose TEST_DATABASE_URL, TEST_AMQP_URL or TEST_REDIS_URL
+# is set is left to the user. Every wait is bounded. Safe to run again; a
+# no-op when all is up.
 #
 # PostgreSQL login: the tests connect as TEST_DATABASE_URL (default user
 # postgres, no password, on 127.0.0.1). A password in that URL, PGPASSWORD or
@@ -90,11 +92,12 @@ is_root=false
 has_apt=false
 command -v apt-get >/dev/null && has_apt=true
 
-# Which services are down, and which of those are not installed.
+# Which services are down, and which of those are not installed. A service
+# whose TEST_*_URL is set is the user's: it is neither checked nor started.
 down=() missing_pkgs=()
-pg_ready || down+=(pg)
-redis_ready || down+=(redis)
-rabbit_ready || down+=(rabbit)
+[ -n "${TEST_DATABASE_URL:-}" ] || pg_ready || down+=(pg)
+[ -n "${TEST_REDIS_URL:-}" ] || redis_ready || down+=(redis)
+[ -n "${TEST_AMQP_URL:-}" ] || rabbit_ready || down+=(rabbit)
 for s in ${down[@]+"${down[@]}"}; do
   case $s in
     pg) [ -n "$(pg_version)" ] && command -v pg_ctlcluster >/dev/null || missing_pkgs+=(postgresql) ;;
@@ -144,11 +147,15 @@ for s in ${down[@]+"${down[@]}"}; do
     rabbit) rabbit_ready || { start RabbitMQ "$rabbit_start"; rabbit_started=true; } ;;
   esac
 done
-wait_for PostgreSQL 60 pg_ready
-wait_for Redis 30 redis_ready
+[ -n "${TEST_DATABASE_URL:-}" ] || wait_for PostgreSQL 60 pg_ready
+[ -n "${TEST_REDIS_URL:-}" ] || wait_for Redis 30 redis_ready
 # A broker that answered on its port has booted; one just started is
 # waited for until its node answers a ping too.
-if $rabbit_started; then wait_for RabbitMQ 120 rabbit_ping; else wait_for RabbitMQ 120 rabbit_ready; fi
+if $rabbit_started; then
+  wait_for RabbitMQ 120 rabbit_ping
+elif [ -z "${TEST_AMQP_URL:-}" ]; then
+  wait_for RabbitMQ 120 rabbit_ready
+fi
 if [ -n "$DRY_RUN" ] && [ ${#down[@]} -gt 0 ]; then
   log "dry run: PostgreSQL login not checked (servers were down)"
   exit 0
