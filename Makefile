@@ -2,7 +2,9 @@
 #
 # `make test` and `make demo` do all set-up themselves on a fresh machine:
 # they start RabbitMQ, PostgreSQL and Redis (docker compose when a Docker
-# engine answers, the local servers otherwise) and install missing tools.
+# engine answers, the local servers otherwise, installed with apt-get when
+# missing and run as root) and install missing tools (scripts/tools.sh,
+# into bin/tools when not through apt-get).
 
 SHELL := bash
 .DEFAULT_GOAL := help
@@ -12,6 +14,10 @@ PKGS      ?= ./...
 TIMEOUT   ?= 20m
 BIN_DIR   ?= bin
 WORKER    := $(BIN_DIR)/payment-worker
+TOOLS_BIN := $(CURDIR)/bin/tools
+
+# Tools that scripts/tools.sh builds come first.
+export PATH := $(TOOLS_BIN):$(PATH)
 
 .PHONY: help
 help: ## Show this help
@@ -26,11 +32,12 @@ down: ## Stop the docker compose stack (local servers are left running)
 	@if command -v docker >/dev/null && docker info >/dev/null 2>&1; then docker compose down; else echo "no Docker engine: local servers are left running"; fi
 
 .PHONY: tools
-tools: ## Install missing test tools (promtool) when running as root
+tools: ## Install missing tools: promtool (apt-get as root, else go install) and the pinned golangci-lint
 	@scripts/tools.sh
 
 .PHONY: test
-test: up tools ## The CI command: the alert-rule tests, then every Go test with -race (go test's summary ends the output)
+test: up ## The CI command: the alert-rule tests, then every Go test with -race (go test's summary ends the output)
+	@scripts/tools.sh promtool
 	@if [ -f scripts/test-alerts.sh ]; then bash scripts/test-alerts.sh; else echo "scripts/test-alerts.sh not present: no alert-rule tests"; fi
 	$(GO) test -race -count=1 -timeout $(TIMEOUT) $(PKGS)
 
@@ -39,7 +46,7 @@ test/race: up ## Run the Go tests with the race detector
 	$(GO) test -race -count=1 -timeout $(TIMEOUT) $(PKGS)
 
 .PHONY: test/short
-test/short: up ## Run the Go tests with -short (skips slow reconnect and stress tests)
+test/short: up ## The quick loop: the Go tests without -race (no test skips under -short yet)
 	$(GO) test -short -count=1 -timeout $(TIMEOUT) $(PKGS)
 
 BENCH_N    ?= 20000
@@ -63,10 +70,11 @@ demo: ## One command: services, build, migrate, run a worker, publish a burst wi
 	@scripts/demo.sh
 
 .PHONY: lint
-lint: ## Run gofmt, go vet and golangci-lint (when installed)
+lint: ## Run gofmt, go vet and golangci-lint (the pinned version, installed if missing); fails on any finding
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting"; exit 1; }
 	$(GO) vet $(PKGS)
-	@if command -v golangci-lint >/dev/null; then golangci-lint run; else echo "golangci-lint not installed: skipped"; fi
+	@scripts/tools.sh golangci-lint
+	$(TOOLS_BIN)/golangci-lint run $(PKGS)
 
 .PHONY: tidy
 tidy: ## go mod tidy (do not run while others edit go.mod)
@@ -77,20 +85,20 @@ db/reset: up ## Drop and recreate the test database (inboxmq_test)
 	$(GO) run ./scripts/dbreset
 
 .PHONY: verify
-verify: lint ## Check formatting, vet, that go.mod/go.sum are tidy and that docs/guarantees.md cites real tests
-	@scripts/check-guarantees.sh
+verify: ## Check that go.mod/go.sum are tidy, then lint (gofmt, vet, golangci-lint), then that docs/guarantees.md cites real tests
+	@$(GO) mod tidy -diff || { echo "go.mod/go.sum are not tidy: run make tidy"; exit 1; }
 	$(GO) mod verify
-	@cp go.mod /tmp/inboxmq.go.mod.bak && cp go.sum /tmp/inboxmq.go.sum.bak; \
-	  $(GO) mod tidy; \
-	  if ! git diff --quiet -- go.mod go.sum; then git diff -- go.mod go.sum; cp /tmp/inboxmq.go.mod.bak go.mod; cp /tmp/inboxmq.go.sum.bak go.sum; echo "go.mod/go.sum are not tidy"; exit 1; fi
+	@$(MAKE) --no-print-directory lint
+	@scripts/check-guarantees.sh
 
 .PHONY: chaos
 CHAOS_ARGS ?= -orders 500 -workers 4 -duration 60s
-CHAOS_ARGS ?= -orders 500 -workers 4 -duration 60s -restart-redis
+# Stops and restarts the local Redis during the run; CHAOS_REDIS= leaves it alone.
+CHAOS_REDIS ?= -restart-redis
 
-chaos: up ## Full-size fault-injection run against payment-worker processes; restarts the local Redis (CHAOS_ARGS="-seed 42 …" to tune)
-	$(GO) run ./cmd/inboxchaos $(CHAOS_ARGS)
+chaos: up ## Full-size fault-injection run against payment-worker processes; restarts the local Redis unless CHAOS_REDIS= (CHAOS_ARGS="-seed 42 …" to tune)
+	$(GO) run ./cmd/inboxchaos $(CHAOS_ARGS) $(CHAOS_REDIS)
 
 .PHONY: clean
-clean: ## Remove build output
-	rm -rf $(BIN_DIR)
+clean: ## Remove build output (the tools in bin/tools stay)
+	find $(BIN_DIR) -mindepth 1 -maxdepth 1 ! -name tools -exec rm -rf {} + 2>/dev/null || true

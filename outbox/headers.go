@@ -122,7 +122,7 @@ func decodeHeaders(b []byte) (amqp.Table, error) {
 		return nil, fmt.Errorf("outbox: headers: %w", err)
 	}
 	if len(m) == 0 {
-		return nil, nil
+		return nil, nil //nolint:nilnil // a nil amqp.Table is the empty table
 	}
 	return decodeTable(m)
 }
@@ -144,7 +144,7 @@ func decodeValue(tv taggedValue) (any, error) {
 	uintOf := func(bits int) (uint64, error) { return strconv.ParseUint(string(tv.V), 10, bits) }
 	switch tv.T {
 	case "nil":
-		return nil, nil
+		return nil, nil //nolint:nilnil // a header whose value is nil
 	case "bool":
 		var b bool
 		err := json.Unmarshal(tv.V, &b)

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Checks the Prometheus config and alert rules and runs their unit tests
-# (deploy/prometheus/alerts_test.yml). Fails if promtool is missing: CI
-# installs Debian's "prometheus" package, which ships it
-# (apt-get install -y prometheus).
+# (deploy/prometheus/alerts_test.yml). Fails if promtool is missing:
+# scripts/tools.sh (make tools) installs it, from Debian's "prometheus"
+# package as root or with go install into bin/tools.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 dir="$root/deploy/prometheus"
+PATH="$root/bin/tools:$PATH"
 
 if ! command -v promtool >/dev/null 2>&1; then
-	echo "test-alerts: promtool not found; install it (apt-get install -y prometheus) and rerun" >&2
+	echo "test-alerts: promtool not found; run scripts/tools.sh promtool (make tools) and rerun" >&2
 	exit 1
 fi
 

@@ -122,6 +122,7 @@ PostgreSQL; running workers pick them up within 2 seconds.`,
 		c.dlqCmd(),
 		c.pauseCmd(), c.resumeCmd(), c.concurrencyCmd(), c.blockCmd(), c.unblockCmd(), c.controlsCmd(),
 	)
+	root.AddCommand(c.versionCmd())
 	return root
 }
 

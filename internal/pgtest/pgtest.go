@@ -26,7 +26,7 @@ import (
 
 var (
 	prepareOnce sync.Once
-	prepareErr  error
+	errPrepare  error
 )
 
 // prepare creates the test database if it is missing and sweeps schemas that
@@ -35,7 +35,7 @@ func prepare(ctx context.Context) error {
 	prepareOnce.Do(func() {
 		cfg, err := pgx.ParseConfig(testenv.DatabaseURL())
 		if err != nil {
-			prepareErr = err
+			errPrepare = err
 			return
 		}
 		dbName := cfg.Database
@@ -46,30 +46,30 @@ func prepare(ctx context.Context) error {
 			admin.Database = "postgres"
 			aconn, aerr := pgx.ConnectConfig(ctx, admin)
 			if aerr != nil {
-				prepareErr = aerr
+				errPrepare = aerr
 				return
 			}
 			_, aerr = aconn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{dbName}.Sanitize())
 			_ = aconn.Close(ctx)
 			if aerr != nil && !errors.As(aerr, &pgErr) { // another package created it first
-				prepareErr = aerr
+				errPrepare = aerr
 				return
 			}
 			conn, err = pgx.ConnectConfig(ctx, cfg)
 		}
 		if err != nil {
-			prepareErr = err
+			errPrepare = err
 			return
 		}
 		defer conn.Close(ctx)
 		rows, err := conn.Query(ctx, `SELECT nspname FROM pg_namespace WHERE nspname LIKE 't\_%'`)
 		if err != nil {
-			prepareErr = err
+			errPrepare = err
 			return
 		}
 		names, err := pgx.CollectRows(rows, pgx.RowTo[string])
 		if err != nil {
-			prepareErr = err
+			errPrepare = err
 			return
 		}
 		cutoff := time.Now().Add(-time.Hour).Unix()
@@ -83,7 +83,7 @@ func prepare(ctx context.Context) error {
 			}
 		}
 	})
-	return prepareErr
+	return errPrepare
 }
 
 var unsafeChars = regexp.MustCompile(`[^a-z0-9]+`)
