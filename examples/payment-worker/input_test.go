@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -246,7 +247,7 @@ func TestWorkerInvalidInputIsDeadLetteredAtOnce(t *testing.T) {
 			for _, p := range validEdges {
 				body, err := json.Marshal(p)
 				require.NoError(t, err)
-				extra := append(body[:len(body)-1:len(body)-1], `,"note":"again"}`...)
+				extra := slices.Concat(body[:len(body)-1], []byte(`,"note":"again"}`))
 				b.pub.Publish(b.queue, extra, amqp.Publishing{MessageId: newID()})
 			}
 			testenv.WaitFor(t, "every copy with an extra field is a duplicate", func() bool {
