@@ -3,10 +3,12 @@ package chaos
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -63,7 +65,7 @@ func CloseBrokerConnections(ctx context.Context, pid int) (int, error) {
 		return 0, fmt.Errorf("chaos: rabbitmqctl list_connections: %w", err)
 	}
 	suffix := "-" + strconv.Itoa(pid) + `"`
-	n := 0
+	var mineIDs []string
 	for _, line := range strings.Split(string(out), "\n") {
 		fields := strings.SplitN(line, "\t", 3)
 		if len(fields) < 3 {
@@ -78,18 +80,34 @@ func CloseBrokerConnections(ctx context.Context, pid int) (int, error) {
 				}
 			}
 		}
-		if !mine {
-			continue
+		if mine {
+			mineIDs = append(mineIDs, erlPid)
 		}
-		cmd := exec.CommandContext(ctx, "rabbitmqctl", "-q", "close_connection", erlPid, "inboxmq chaos: injected connection loss")
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
-		if err := cmd.Run(); err != nil {
-			return n, fmt.Errorf("chaos: rabbitmqctl close_connection: %w: %s", err, stderr.String())
-		}
-		n++
 	}
-	return n, nil
+	// Each rabbitmqctl boots an Erlang VM (seconds on a loaded machine): the
+	// connections are closed at once, so that one fault does not use up the
+	// fault phase, and so that the worker loses them together, as it would
+	// when a node goes away.
+	errs := make([]error, len(mineIDs))
+	var wg sync.WaitGroup
+	for i, id := range mineIDs {
+		wg.Go(func() {
+			cmd := exec.CommandContext(ctx, "rabbitmqctl", "-q", "close_connection", id, "inboxmq chaos: injected connection loss")
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			if err := cmd.Run(); err != nil {
+				errs[i] = fmt.Errorf("chaos: rabbitmqctl close_connection: %w: %s", err, stderr.String())
+			}
+		})
+	}
+	wg.Wait()
+	n := 0
+	for _, err := range errs {
+		if err == nil {
+			n++
+		}
+	}
+	return n, errors.Join(errs...)
 }
 
 // TerminateBackends terminates the PostgreSQL backends of one worker
