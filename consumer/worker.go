@@ -170,6 +170,7 @@ func (c *Consumer) work(r *route) {
 func (c *Consumer) process(r *route, j *job) {
 	opts := &r.Opts
 	d := NewDelivery(r.Queue, opts.Consumer, c.cfg.Name, &j.raw, c.cfg.Observers...)
+	d.owned = true
 	if !c.holdBack(r, j, d) {
 		// Stop, or the end of the delivery's session, cut the wait short:
 		// the handler did not run; it is requeued (or redelivered).
@@ -222,8 +223,9 @@ func (c *Consumer) holdBack(r *route, j *job, d *Delivery) bool {
 }
 
 // retryInProcess runs opts.InProcess.Do after a first failed call (first,
-// classified as firstCls), reporting OnInProcessRetry before each pause.
-// It returns the classification of the last result and the last error.
+// classified as firstCls), reporting OnInProcessRetry before each pause
+// and settling each run that is retried (OnSettled hooks, with
+// ActionRetriedInProcess) just before the next one. It returns the classification of the last result and the last error.
 // Each result is classified once: Do reads that classification through
 // the rule it is given instead of classifying the error again.
 func (c *Consumer) retryInProcess(ctx context.Context, r *route, d *Delivery, first error, firstCls retry.Decision, tries *int) (retry.Decision, error) {
@@ -231,16 +233,22 @@ func (c *Consumer) retryInProcess(ctx context.Context, r *route, d *Delivery, fi
 	maxTries := inProcessTries(opts.InProcess)
 	calls := 0
 	cls := firstCls
+	var delay time.Duration // the nominal pause before the next try
 	err := opts.InProcess.Do(ctx, func(ctx context.Context) error {
 		calls++
 		err := first
 		if calls > 1 {
+			d.runSettled(Outcome{
+				Decision: cls, Action: ActionRetriedInProcess, Delay: delay,
+				Duration: time.Since(d.ReceivedAt), InProcessRetries: *tries - 1,
+			})
 			*tries++
 			err = c.call(ctx, r.Handler, d)
 			cls = retry.Classify(err, opts.Rules...)
 		}
+		delay = 0
 		if err != nil && calls <= maxTries && ctx.Err() == nil && cls.Kind == retry.KindRetry && cls.Delay == 0 {
-			delay := nominalInProcessDelay(opts.InProcess, calls)
+			delay = nominalInProcessDelay(opts.InProcess, calls)
 			for _, o := range c.cfg.Observers {
 				o.OnInProcessRetry(d, cls, delay)
 			}
@@ -308,8 +316,9 @@ func decide(ctx context.Context, err error, dec retry.Decision) retry.Decision {
 	return dec
 }
 
-// settle turns the decision into broker actions and reports the outcome.
-// Nothing is acked before it is committed or durably re-published.
+// settle turns the decision into broker actions and reports the outcome:
+// to the delivery's OnSettled hooks first, then to the observers. Nothing
+// is acked before it is committed or durably re-published.
 func (c *Consumer) settle(r *route, j *job, d *Delivery, dec retry.Decision, inProcess int) {
 	out := Outcome{Decision: dec, InProcessRetries: inProcess}
 	var status string
@@ -361,6 +370,7 @@ func (c *Consumer) settle(r *route, j *job, d *Delivery, dec retry.Decision, inP
 		c.log.Warn("consumer: settlement failed", zap.String("queue", r.Queue), zap.String("message_id", d.MessageID),
 			zap.String("action", string(out.Action)), zap.Error(out.Err))
 	}
+	d.runSettled(out)
 	statusErr := dec.Err
 	if out.Err != nil {
 		statusErr = out.Err
