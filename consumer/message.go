@@ -131,8 +131,10 @@ type Delivery struct {
 	// consumer settles deliveries.
 	Raw *amqp.Delivery
 
-	observers []Observer // fixed at NewDelivery
-	received  bool       // StatusReceived was reported
+	observers []Observer      // fixed at NewDelivery
+	received  bool            // StatusReceived was reported
+	onSettled []func(Outcome) // OnSettled hooks of the current run
+	owned     bool            // a consumer settles d: Settle does nothing
 }
 
 // NewDelivery builds a Delivery from a raw AMQP delivery, reading the
@@ -162,6 +164,55 @@ func NewDelivery(queue, consumerName, workerID string, raw *amqp.Delivery, obser
 func (d *Delivery) Transition(status string, err error) {
 	for _, o := range d.observers {
 		o.OnTransition(d, status, err)
+	}
+}
+
+// OnSettled registers f to run once the consumer has acted on the result
+// of the current run of the handler chain: when it has settled the
+// delivery, with the [Outcome] its observers get, or, when it retries the
+// delivery in process, just before the chain runs again, with an Outcome
+// whose Action is [ActionRetriedInProcess]. Middleware uses it to report
+// what became of a delivery (the decision, the action, a reason such as
+// exhausted) rather than classifying the chain's error again:
+// middleware.Tracing ends its span there.
+//
+// Each f runs once, on the goroutine that settles the delivery, in reverse
+// order of registration (the innermost middleware's first, as deferred
+// calls unwind) and before the observers hear of the settlement
+// ([Observer.OnTransition], [Observer.OnOutcome]). Like an Observer, f must
+// be fast and must not panic. Register from the chain itself (the
+// goroutine running it, or one it waits for).
+//
+// Under a consumer a registered hook runs whatever the chain does next:
+// return, fail or panic (register before calling next to be sure of it).
+// A delivery handled outside a consumer runs its hooks when whoever
+// handles it calls [Delivery.Settle]; until then they do not run.
+func (d *Delivery) OnSettled(f func(Outcome)) {
+	if f != nil {
+		d.onSettled = append(d.onSettled, f)
+	}
+}
+
+// Settle runs the hooks registered with [Delivery.OnSettled] since the last
+// settlement with o, as the consumer does when it settles a delivery. It
+// is for code that runs a handler chain outside a consumer, such as a test
+// or inboxtest: call it once the chain has returned, with the outcome the
+// delivery had (see [Decide]), so that the middleware's spans end and its
+// observations are made. On a delivery a consumer is handling it does
+// nothing: the consumer settles those.
+func (d *Delivery) Settle(o Outcome) {
+	if !d.owned {
+		d.runSettled(o)
+	}
+}
+
+// runSettled runs and forgets the hooks of the current run, last
+// registered first.
+func (d *Delivery) runSettled(o Outcome) {
+	hooks := d.onSettled
+	d.onSettled = nil
+	for i := len(hooks) - 1; i >= 0; i-- {
+		hooks[i](o)
 	}
 }
 

@@ -22,6 +22,11 @@ const (
 	// ActionAbandoned: nothing could be settled (the channel was gone); the
 	// broker redelivers.
 	ActionAbandoned Action = "abandoned"
+	// ActionRetriedInProcess: the run's error is retried in process (the
+	// chain runs again in this worker after a short pause). Only the
+	// hooks of [Delivery.OnSettled] see it, for a run that is not the
+	// last; observers hear of it through [Observer.OnInProcessRetry].
+	ActionRetriedInProcess Action = "retried_in_process"
 )
 
 // Outcome describes how one delivery ended. It is the consumer's own
@@ -35,11 +40,13 @@ type Outcome struct {
 	Decision retry.Decision
 	// Action is what the consumer did.
 	Action Action
-	// Delay is the broker delay tier used (ActionRetried only).
+	// Delay is the broker delay tier used (ActionRetried), or the nominal
+	// pause before the next in-process try (ActionRetriedInProcess).
 	Delay time.Duration
 	// Duration is the time from receipt to settlement.
 	Duration time.Duration
-	// InProcessRetries is the number of in-process tries after the first.
+	// InProcessRetries is the number of in-process tries after the first
+	// (for ActionRetriedInProcess: before the run it describes).
 	InProcessRetries int
 	// Err is an error settling the delivery (a failed publish or ack), nil
 	// when the action succeeded.
@@ -49,8 +56,10 @@ type Outcome struct {
 // Status returns the settlement status the consumer reported for this
 // outcome, just before OnOutcome: StatusCompleted or StatusDuplicate when
 // acked, StatusRetry when retried through a delay tier,
-// StatusDeadLettered, StatusRequeued, and StatusFailed when nothing could
-// be settled (ActionAbandoned).
+// StatusDeadLettered, StatusRequeued, StatusRetryInProcess for
+// ActionRetriedInProcess (a hook's outcome, never reported as a
+// transition), and StatusFailed when nothing could be settled
+// (ActionAbandoned).
 func (o Outcome) Status() string {
 	switch o.Action {
 	case ActionAcked:
@@ -64,6 +73,8 @@ func (o Outcome) Status() string {
 		return StatusDeadLettered
 	case ActionRequeued:
 		return StatusRequeued
+	case ActionRetriedInProcess:
+		return StatusRetryInProcess
 	default:
 		return StatusFailed
 	}

@@ -170,6 +170,7 @@ func (c *Consumer) work(r *route) {
 func (c *Consumer) process(r *route, j *job) {
 	opts := &r.Opts
 	d := NewDelivery(r.Queue, opts.Consumer, c.cfg.Name, &j.raw, c.cfg.Observers...)
+	d.owned = true
 	if !c.holdBack(r, j, d) {
 		// Stop, or the end of the delivery's session, cut the wait short:
 		// the handler did not run; it is requeued (or redelivered).
@@ -181,16 +182,17 @@ func (c *Consumer) process(r *route, j *job) {
 	tries := 1
 	err := c.call(ctx, r.Handler, d)
 	d.transitionReceived() // the decode adapter did unless decoding failed
-	if err != nil && inProcessTries(opts.InProcess) > 0 {
-		if dec := retry.Classify(err, opts.Rules...); dec.Kind == retry.KindRetry && dec.Delay == 0 && ctx.Err() == nil {
-			// A blip: retry in process. The fast path above keeps the
-			// backoff machinery off the path of deliveries that succeed;
-			// Do's first "call" replays the error we already have.
-			err = c.retryInProcess(ctx, r, d, err, &tries)
-		}
+	// Each handler result is classified once, with the route's rules; the
+	// in-process check, the in-process loop and the settlement decision
+	// all read that classification.
+	cls := retry.Classify(err, opts.Rules...)
+	if err != nil && inProcessTries(opts.InProcess) > 0 && cls.Kind == retry.KindRetry && cls.Delay == 0 && ctx.Err() == nil {
+		// A blip: retry in process. The fast path above keeps the
+		// backoff machinery off the path of deliveries that succeed;
+		// Do's first "call" replays the error we already have.
+		cls, err = c.retryInProcess(ctx, r, d, err, cls, &tries)
 	}
-	dec := decide(ctx, err, opts.Rules)
-	c.settle(r, j, d, dec, max(tries-1, 0))
+	c.settle(r, j, d, decide(ctx, err, cls), max(tries-1, 0))
 }
 
 // holdBack makes a delivery whose settlement failed lately wait out its
@@ -220,29 +222,47 @@ func (c *Consumer) holdBack(r *route, j *job, d *Delivery) bool {
 	}
 }
 
-// retryInProcess runs opts.InProcess.Do after a first failed call (first),
-// reporting OnInProcessRetry before each pause.
-func (c *Consumer) retryInProcess(ctx context.Context, r *route, d *Delivery, first error, tries *int) error {
+// retryInProcess runs opts.InProcess.Do after a first failed call (first,
+// classified as firstCls), reporting OnInProcessRetry before each pause
+// and settling each run that is retried (OnSettled hooks, with
+// ActionRetriedInProcess) just before the next one. It returns the classification of the last result and the last error.
+// Each result is classified once: Do reads that classification through
+// the rule it is given instead of classifying the error again.
+func (c *Consumer) retryInProcess(ctx context.Context, r *route, d *Delivery, first error, firstCls retry.Decision, tries *int) (retry.Decision, error) {
 	opts := &r.Opts
 	maxTries := inProcessTries(opts.InProcess)
 	calls := 0
-	return opts.InProcess.Do(ctx, func(ctx context.Context) error {
+	cls := firstCls
+	var delay time.Duration // the nominal pause before the next try
+	err := opts.InProcess.Do(ctx, func(ctx context.Context) error {
 		calls++
 		err := first
 		if calls > 1 {
+			d.runSettled(Outcome{
+				Decision: cls, Action: ActionRetriedInProcess, Delay: delay,
+				Duration: time.Since(d.ReceivedAt), InProcessRetries: *tries - 1,
+			})
 			*tries++
 			err = c.call(ctx, r.Handler, d)
+			cls = retry.Classify(err, opts.Rules...)
 		}
-		if err != nil && calls <= maxTries && ctx.Err() == nil {
-			if dec := retry.Classify(err, opts.Rules...); dec.Kind == retry.KindRetry && dec.Delay == 0 {
-				delay := nominalInProcessDelay(opts.InProcess, calls)
-				for _, o := range c.cfg.Observers {
-					o.OnInProcessRetry(d, dec, delay)
-				}
+		delay = 0
+		if err != nil && calls <= maxTries && ctx.Err() == nil && cls.Kind == retry.KindRetry && cls.Delay == 0 {
+			delay = nominalInProcessDelay(opts.InProcess, calls)
+			for _, o := range c.cfg.Observers {
+				o.OnInProcessRetry(d, cls, delay)
 			}
 		}
 		return err
-	}, opts.Rules...)
+	}, func(error) (retry.Decision, bool) { return cls, true })
+	if err == nil {
+		return retry.Decision{Kind: retry.KindSucceeded}, nil
+	}
+	if ctx.Err() != nil {
+		// Do joins the context's error to the last one: a new error.
+		return retry.Classify(err, opts.Rules...), err
+	}
+	return cls, err
 }
 
 // call runs the handler with a last-guard recover: a panic becomes an error
@@ -258,16 +278,28 @@ func (c *Consumer) call(ctx context.Context, h DeliveryHandler, d *Delivery) (er
 	return h(ctx, d)
 }
 
-// decide classifies the handler's final error. Work whose context was
-// cancelled by Stop is interrupted (requeued, attempt not counted), unless
-// it succeeded or was a duplicate: those are committed and must be acked.
+// Decide returns the decision the consumer settles a handler result on:
+// err classified by the route's rules (retry.Classify), adjusted for a
+// stop. It is the one decision function; the consumer applies it to every
+// delivery, and code that runs a route's chain outside a consumer (such as
+// inboxtest) calls it to settle as the consumer would. The retry policy
+// then decides, when the delivery is settled, whether a retry still has
+// an attempt left (otherwise the Outcome's reason is exhausted).
+//
+// Work whose context was cancelled by Stop (cause [ErrStopped]) is
+// interrupted (requeued, attempt not counted), unless it succeeded or was
+// a duplicate: those are committed and must be acked.
 //
 // A handler's own retry.Interrupted outside a stop (a dependency dropped)
 // becomes an uncounted broker retry through the shortest delay tier: an
 // immediate requeue would redeliver it at once, in a hot loop, for as long
 // as the dependency is down.
-func decide(ctx context.Context, err error, rules []retry.Rule) retry.Decision {
-	dec := retry.Classify(err, rules...)
+func Decide(ctx context.Context, err error, rules ...retry.Rule) retry.Decision {
+	return decide(ctx, err, retry.Classify(err, rules...))
+}
+
+// decide is Decide for an error already classified as dec.
+func decide(ctx context.Context, err error, dec retry.Decision) retry.Decision {
 	stopping := errors.Is(context.Cause(ctx), ErrStopped)
 	switch dec.Kind {
 	case retry.KindSucceeded, retry.KindDuplicate:
@@ -284,8 +316,9 @@ func decide(ctx context.Context, err error, rules []retry.Rule) retry.Decision {
 	return dec
 }
 
-// settle turns the decision into broker actions and reports the outcome.
-// Nothing is acked before it is committed or durably re-published.
+// settle turns the decision into broker actions and reports the outcome:
+// to the delivery's OnSettled hooks first, then to the observers. Nothing
+// is acked before it is committed or durably re-published.
 func (c *Consumer) settle(r *route, j *job, d *Delivery, dec retry.Decision, inProcess int) {
 	out := Outcome{Decision: dec, InProcessRetries: inProcess}
 	var status string
@@ -337,6 +370,7 @@ func (c *Consumer) settle(r *route, j *job, d *Delivery, dec retry.Decision, inP
 		c.log.Warn("consumer: settlement failed", zap.String("queue", r.Queue), zap.String("message_id", d.MessageID),
 			zap.String("action", string(out.Action)), zap.Error(out.Err))
 	}
+	d.runSettled(out)
 	statusErr := dec.Err
 	if out.Err != nil {
 		statusErr = out.Err

@@ -75,8 +75,9 @@ type Result struct {
 	Key string
 	// Effects is the effect count at the end (it must be 1).
 	Effects int
-	// Outcomes lists how each delivery of the scenario was classified, in
-	// order ("succeeded", "duplicate", "retry", …).
+	// Outcomes lists the decision's kind for each delivery of the
+	// scenario, in order ("succeeded", "duplicate", "retry", …): what the
+	// consumer would decide ([consumer.Decide] with the route's Rules).
 	Outcomes []string
 	// NotRun says why the scenario could not run (no Faults); empty if it
 	// ran.
@@ -188,8 +189,11 @@ func (h *harness) newCopy(body []byte) copyOf {
 	return copyOf{body: body, id: "inboxtest-" + randomHex(6)}
 }
 
-// deliverOnce hands one delivery of c to the route's chain and classifies
-// the result. Panics are caught and reported as errors.
+// deliverOnce hands one delivery of c to the route's chain, decides as
+// the consumer would (consumer.Decide, with the route's rules) and
+// settles the delivery with that decision, so the route's middleware
+// (spans, metrics) sees it settled as under a consumer. Panics are caught
+// and reported as errors.
 func (h *harness) deliverOnce(ctx context.Context, c copyOf, attempt int, redelivered bool) (d *consumer.Delivery, dec retry.Decision) {
 	raw := &amqp.Delivery{
 		MessageId:   c.id,
@@ -209,7 +213,25 @@ func (h *harness) deliverOnce(ctx context.Context, c copyOf, attempt int, redeli
 		}()
 		err = h.route.Handler(ctx, d)
 	}()
-	return d, retry.Classify(err, h.route.Opts.Rules...)
+	dec = consumer.Decide(ctx, err, h.route.Opts.Rules...)
+	d.Settle(consumer.Outcome{Decision: dec, Action: actionOf(dec), Delay: dec.Delay, Duration: time.Since(d.ReceivedAt)})
+	return d, dec
+}
+
+// actionOf is what the harness does with a delivery decided as dec, in
+// the consumer's terms (it has no broker: a retry is delivered again at
+// once, a dead letter fails the scenario).
+func actionOf(dec retry.Decision) consumer.Action {
+	switch dec.Kind {
+	case retry.KindSucceeded, retry.KindDuplicate:
+		return consumer.ActionAcked
+	case retry.KindRetry:
+		return consumer.ActionRetried
+	case retry.KindPermanent:
+		return consumer.ActionDeadLettered
+	default:
+		return consumer.ActionRequeued
+	}
 }
 
 // settle delivers c until the consumer would ack it for good (succeeded or
@@ -233,7 +255,9 @@ func (h *harness) settle(ctx, first context.Context, c copyOf, redelivered bool)
 		case retry.KindPermanent:
 			return key, outcomes, dec.Kind, fmt.Errorf("a valid job was dead-lettered: %w", dec.Err)
 		case retry.KindRetry:
-			attempt++
+			if !dec.Uncounted { // a deferred retry keeps its attempt
+				attempt++
+			}
 		case retry.KindInterrupted:
 			redelivered = true
 		}

@@ -61,8 +61,10 @@
 // [Tracing] starts one consumer span per delivery as a child of the trace
 // context in the AMQP headers ([InjectHeaders] writes it on the publishing
 // side), and [Metrics] times the chain into the metrics package's
-// handler_duration_seconds with trace-id exemplars; the per-delivery
-// counters come from metrics.Metrics as an observer. Lock starts a
+// handler_duration_seconds with trace-id exemplars. Both report the
+// outcome the consumer settled the delivery on (consumer.Delivery's
+// OnSettled hooks), never a classification of their own; the
+// per-delivery counters come from metrics.Metrics as an observer. Lock starts a
 // "lock.acquire" span under the span in the context. Recommended order:
 // Recover, Tracing, Metrics, then the rest.
 package middleware

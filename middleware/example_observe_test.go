@@ -53,7 +53,10 @@ func ExampleTracing() {
 		return retry.Permanent(errors.New("card declined"))
 	})
 	d := consumer.NewDelivery("payments", "payments", "worker-1", &amqp.Delivery{Headers: headers})
-	_ = handler(context.Background(), d)
+	err := handler(context.Background(), d)
+	// The consumer settles the delivery, which ends the span with the
+	// outcome; here it is settled by hand.
+	d.Settle(consumer.Outcome{Decision: consumer.Decide(context.Background(), err), Action: consumer.ActionDeadLettered})
 
 	spans := rec.Ended()
 	process := spans[len(spans)-1]

@@ -8,17 +8,19 @@ import (
 
 	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/metrics"
-	"github.com/inboxmq/inboxmq/retry"
 )
 
 // Metrics returns middleware that times the rest of the chain (lock, inbox,
 // decoding and the business handler) and records it in m's
-// handler_duration_seconds{queue,consumer,kind} histogram, where kind is the
-// default classification of the returned error for that run of the chain
-// (the route's Rules and the retry policy apply later, when the consumer
-// settles: the per-delivery counters carry that settled reason). When the ctx carries a sampled span
-// (put [Tracing] outside Metrics), the observation carries its trace id as
-// an exemplar, so a slow bucket in Grafana links to a trace.
+// handler_duration_seconds{queue,consumer,kind} histogram. The observation
+// is made when the consumer has settled the delivery
+// ([consumer.Delivery.OnSettled]), and kind is the kind of the decision it
+// settled on (the route's Rules applied): a run retried in process counts
+// as retry. When the ctx carries a sampled span (put [Tracing] outside
+// Metrics), the observation carries its trace id as an exemplar, so a slow
+// bucket in Grafana links to a trace. A delivery handled outside a
+// consumer is observed when it is settled by hand
+// ([consumer.Delivery.Settle]).
 //
 // The per-delivery counters (received, duplicates, retries, dead letters,
 // end-to-end time) come from m as a consumer observer, not from this
@@ -29,14 +31,17 @@ func Metrics(m *metrics.Metrics) consumer.Middleware {
 			return next
 		}
 		return func(ctx context.Context, d *consumer.Delivery) error {
-			start := time.Now()
-			err := next(ctx, d)
 			var traceID string
 			if sc := trace.SpanContextFromContext(ctx); sc.IsSampled() {
 				traceID = sc.TraceID().String()
 			}
-			m.ObserveHandler(d.Queue, d.Consumer, retry.Classify(err).Kind, time.Since(start), traceID)
-			return err
+			start := time.Now()
+			var took time.Duration
+			d.OnSettled(func(o consumer.Outcome) {
+				m.ObserveHandler(d.Queue, d.Consumer, o.Decision.Kind, took, traceID)
+			})
+			defer func() { took = time.Since(start) }() // a panic too
+			return next(ctx, d)
 		}
 	}
 }

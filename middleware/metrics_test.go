@@ -24,11 +24,12 @@ func TestMetrics_HandlerDurationWithExemplar(t *testing.T) {
 
 	chain := consumer.Chain(middleware.Tracing(tb.tp, nil), middleware.Metrics(m))
 	d := consumer.NewDelivery("payments", "payments-svc", "w1", &amqp.Delivery{})
-	require.NoError(t, chain(func(context.Context, *consumer.Delivery) error { return nil })(context.Background(), d))
-	require.Error(t, chain(func(context.Context, *consumer.Delivery) error { return errors.New("x") })(context.Background(), d))
-	require.ErrorIs(t, chain(func(context.Context, *consumer.Delivery) error {
+	// Outside a consumer the delivery is settled by hand after each run.
+	require.NoError(t, runAndSettle(chain(func(context.Context, *consumer.Delivery) error { return nil }), d))
+	require.Error(t, runAndSettle(chain(func(context.Context, *consumer.Delivery) error { return errors.New("x") }), d))
+	require.ErrorIs(t, runAndSettle(chain(func(context.Context, *consumer.Delivery) error {
 		return retry.Duplicate(retry.SourceInbox, nil)
-	})(context.Background(), d), retry.ErrDuplicate)
+	}), d), retry.ErrDuplicate)
 
 	mfs, err := reg.Gather()
 	require.NoError(t, err)

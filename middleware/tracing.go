@@ -34,6 +34,9 @@ const (
 	AttrAttempt              = attribute.Key("inboxmq.attempt")
 	AttrRedelivered          = attribute.Key("inboxmq.redelivered")
 	AttrOutcome              = attribute.Key("inboxmq.outcome")
+	AttrAction               = attribute.Key("inboxmq.action")
+	AttrDelay                = attribute.Key("inboxmq.delay_seconds")
+	AttrInProcessRetries     = attribute.Key("inboxmq.in_process_retries")
 	AttrReason               = attribute.Key("inboxmq.reason")
 	AttrDuplicateSource      = attribute.Key("inboxmq.duplicate_source")
 	AttrLockKey              = attribute.Key("inboxmq.lock_key")
@@ -72,18 +75,27 @@ func (o *TracingOpts) keyAttribute() bool {
 // convention attributes (messaging.system=rabbitmq,
 // messaging.destination.name, messaging.message.id,
 // messaging.operation=process) and inboxmq's own (idempotency key, attempt,
-// redelivered, outcome, reason, duplicate source, lock key and fence).
+// redelivered, lock key and fence, and the outcome below).
 //
 // The handler's ctx carries the span, so database and HTTP instrumentation
-// below it nests under the delivery. A returned error is recorded and, unless
-// it is a duplicate (which is a success: the effect exists), sets the span
-// status to Error. A span covers one run of the chain (each in-process try
-// has its own), so inboxmq.outcome and inboxmq.reason classify that run's
-// error with the default taxonomy (retry.Classify without the route's
-// Rules); how the delivery was settled (a Rule's reason, or exhausted after
-// the last attempt) is decided after the span ends and is reported to the
-// consumer's observers (the log observer's settlement line, the metrics). Put Tracing near the outside of the chain (after Recover)
-// so that the span covers the lock and the inbox.
+// below it nests under the delivery. The span ends when the consumer has
+// settled the delivery ([consumer.Delivery.OnSettled]), so it covers the
+// settlement, and it reports the settled [consumer.Outcome], the decision
+// the consumer acted on with the route's Rules and retry policy applied:
+// inboxmq.outcome (the decision's kind), inboxmq.action (acked, retried,
+// dead_lettered, requeued, abandoned), inboxmq.reason (a Rule's reason,
+// exhausted after the last attempt), inboxmq.duplicate_source,
+// inboxmq.delay_seconds (the delay tier of a retry) and
+// inboxmq.in_process_retries. A decision other than success or duplicate
+// (a duplicate is a success: the effect exists), or a settlement that
+// failed, records the error and sets the span status to Error.
+//
+// A span covers one run of the chain: each in-process try has its own,
+// which ends when the next try starts, with action retried_in_process.
+// A delivery handled outside a consumer (a test, a tool) ends its span
+// when it is settled by hand ([consumer.Delivery.Settle]). Put Tracing near
+// the outside of the chain (after Recover) so that the span covers the
+// lock and the inbox.
 //
 // A nil tp means otel.GetTracerProvider(), read when Tracing is called, which
 // is a no-op until the program installs an SDK: inboxmq forces no exporter.
@@ -121,36 +133,54 @@ func Tracing(tp trace.TracerProvider, opts *TracingOpts) consumer.Middleware {
 			}
 			ctx, span := tracer.Start(ctx, "process "+d.Queue,
 				trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
-			defer span.End()
-
-			err := next(ctx, d)
-
-			// The key and the lock annotations are set inside the chain.
-			if withKey && d.Key != "" {
-				span.SetAttributes(AttrIdempotencyKey.String(d.Key))
-			}
-			if d.LockKey != "" {
-				span.SetAttributes(AttrLockKey.String(d.LockKey))
-			}
-			if d.LockResult != "" {
-				span.SetAttributes(AttrLockResult.String(d.LockResult))
-			}
-			if d.Fence != 0 {
-				span.SetAttributes(AttrFence.Int64(d.Fence))
-			}
-			dec := retry.Classify(err)
-			span.SetAttributes(AttrOutcome.String(dec.Kind.String()))
-			switch dec.Kind {
-			case retry.KindSucceeded:
-			case retry.KindDuplicate:
-				span.SetAttributes(AttrDuplicateSource.String(dec.Source))
-			default:
-				span.SetAttributes(AttrReason.String(dec.Reason))
-				span.RecordError(err)
-				span.SetStatus(codes.Error, err.Error())
-			}
-			return err
+			// Registered before next runs, so the span ends even if the
+			// chain below panics (the consumer's last guard settles it).
+			d.OnSettled(func(o consumer.Outcome) { endSpan(span, d, o, withKey) })
+			return next(ctx, d)
 		}
+	}
+}
+
+// endSpan sets the annotations the chain made on d and the settled
+// outcome o on span, and ends it.
+func endSpan(span trace.Span, d *consumer.Delivery, o consumer.Outcome, withKey bool) {
+	defer span.End()
+	if withKey && d.Key != "" {
+		span.SetAttributes(AttrIdempotencyKey.String(d.Key))
+	}
+	if d.LockKey != "" {
+		span.SetAttributes(AttrLockKey.String(d.LockKey))
+	}
+	if d.LockResult != "" {
+		span.SetAttributes(AttrLockResult.String(d.LockResult))
+	}
+	if d.Fence != 0 {
+		span.SetAttributes(AttrFence.Int64(d.Fence))
+	}
+	dec := o.Decision
+	span.SetAttributes(AttrOutcome.String(dec.Kind.String()), AttrInProcessRetries.Int(o.InProcessRetries))
+	if o.Action != "" {
+		span.SetAttributes(AttrAction.String(string(o.Action)))
+	}
+	if o.Delay > 0 {
+		span.SetAttributes(AttrDelay.Float64(o.Delay.Seconds()))
+	}
+	switch dec.Kind {
+	case retry.KindSucceeded:
+	case retry.KindDuplicate:
+		span.SetAttributes(AttrDuplicateSource.String(dec.Source))
+	default:
+		span.SetAttributes(AttrReason.String(dec.Reason))
+		if dec.Err != nil {
+			span.RecordError(dec.Err)
+			span.SetStatus(codes.Error, dec.Err.Error())
+		} else {
+			span.SetStatus(codes.Error, dec.Reason)
+		}
+	}
+	if o.Err != nil { // the settlement itself failed
+		span.RecordError(o.Err)
+		span.SetStatus(codes.Error, o.Err.Error())
 	}
 }
 

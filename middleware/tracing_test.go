@@ -39,6 +39,16 @@ func attrs(s sdktrace.ReadOnlySpan) map[attribute.Key]attribute.Value {
 	return m
 }
 
+// runAndSettle runs h on d outside a consumer and then settles d by hand,
+// with the decision a consumer would settle on, as the consumer does once
+// the chain has returned: that ends the span and makes the observations.
+func runAndSettle(h consumer.DeliveryHandler, d *consumer.Delivery) error {
+	ctx := context.Background()
+	err := h(ctx, d)
+	d.Settle(consumer.Outcome{Decision: consumer.Decide(ctx, err)})
+	return err
+}
+
 // publish starts a producer span and returns the headers a publisher would
 // send, with its trace context injected.
 func publish(t *testing.T, tp trace.TracerProvider) (amqp.Table, trace.SpanContext) {
@@ -67,6 +77,8 @@ func TestTracing_ParentFromHeaders(t *testing.T) {
 		return nil
 	})
 	require.NoError(t, h(context.Background(), d))
+	require.Len(t, b.rec.Ended(), 1, "only the producer's: the span ends when the delivery is settled")
+	d.Settle(consumer.Outcome{Decision: consumer.Decide(context.Background(), nil), Action: consumer.ActionAcked})
 
 	spans := b.rec.Ended()
 	var got sdktrace.ReadOnlySpan
@@ -96,6 +108,7 @@ func TestTracing_ParentFromHeaders(t *testing.T) {
 	require.Equal(t, "lock:payment:42", a["inboxmq.lock_key"].AsString())
 	require.Equal(t, int64(3), a["inboxmq.fence"].AsInt64())
 	require.Equal(t, "succeeded", a["inboxmq.outcome"].AsString())
+	require.Equal(t, "acked", a["inboxmq.action"].AsString())
 }
 
 func TestTracing_ErrorRecorded(t *testing.T) {
@@ -103,7 +116,7 @@ func TestTracing_ErrorRecorded(t *testing.T) {
 	b := setupTrace(t)
 	d := consumer.NewDelivery("payments", "payments-svc", "w1", &amqp.Delivery{MessageId: "m"})
 	boom := retry.WithReason("db_deadlock", errors.New("deadlock detected"))
-	err := middleware.Tracing(b.tp, nil)(func(context.Context, *consumer.Delivery) error { return boom })(context.Background(), d)
+	err := runAndSettle(middleware.Tracing(b.tp, nil)(func(context.Context, *consumer.Delivery) error { return boom }), d)
 	require.ErrorIs(t, err, boom)
 
 	spans := b.rec.Ended()
@@ -125,10 +138,10 @@ func TestTracing_DuplicateIsNotAnError(t *testing.T) {
 	d := consumer.NewDelivery("payments", "payments-svc", "w1", &amqp.Delivery{})
 	off := false
 	mw := middleware.Tracing(b.tp, &middleware.TracingOpts{IdempotencyKeyAttribute: &off})
-	err := mw(func(_ context.Context, d *consumer.Delivery) error {
+	err := runAndSettle(mw(func(_ context.Context, d *consumer.Delivery) error {
 		d.Key = "secret:42"
 		return retry.Duplicate(retry.SourceCache, nil)
-	})(context.Background(), d)
+	}), d)
 	require.ErrorIs(t, err, retry.ErrDuplicate)
 	s := b.rec.Ended()[0]
 	require.Equal(t, codes.Unset, s.Status().Code)
@@ -158,5 +171,6 @@ func BenchmarkTracing_NoopProvider(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		_ = mw(ctx, d)
+		d.Settle(consumer.Outcome{})
 	}
 }
