@@ -192,21 +192,10 @@ func run(ctx context.Context, cfg config) error {
 	if err != nil {
 		return err
 	}
-	recCtx, stopRec := context.WithCancel(context.WithoutCancel(ctx))
-	recDone := make(chan struct{})
-	go func() {
-		defer close(recDone)
-		_ = rec.Run(recCtx)
-	}()
-	stops = append(stops, func(ctx context.Context) error {
-		stopRec()
-		select {
-		case <-recDone:
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	})
+	if err := rec.Start(ctx); err != nil {
+		return err
+	}
+	stops = append(stops, rec.Stop)
 	ret, err := inbox.NewRetention(store, &inbox.RetentionConfig{Logger: logger})
 	if err != nil {
 		return err
