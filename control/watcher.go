@@ -136,7 +136,7 @@ func (w *Watcher) Start(ctx context.Context) error {
 // Stop ends the watch loop and waits for it, bounded by ctx (if ctx ends
 // first, it returns an error joined with ctx.Err() and the loop ends in the
 // background). It is idempotent and safe without Start.
-func (w *Watcher) Stop(ctx context.Context) error { return w.svc.Stop(ctx, nil) }
+func (w *Watcher) Stop(ctx context.Context) error { return w.svc.Stop(ctx) }
 
 // Stopped returns a channel closed when the watch loop started by the last
 // Start has ended (closed before any Start).

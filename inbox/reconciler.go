@@ -145,7 +145,7 @@ func (r *Reconciler) Start(ctx context.Context) error {
 // in the background). A run in progress is interrupted: its transaction
 // rolls back, and the claims it held are found again by the next run. It
 // is idempotent and safe without Start.
-func (r *Reconciler) Stop(ctx context.Context) error { return r.svc.Stop(ctx, nil) }
+func (r *Reconciler) Stop(ctx context.Context) error { return r.svc.Stop(ctx) }
 
 // Stopped returns a channel closed when the loop started by the last Start
 // has ended (closed before any Start).

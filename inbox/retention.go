@@ -226,7 +226,7 @@ func (r *Retention) Start(ctx context.Context) error {
 // bounded by ctx (if ctx ends first, it returns an error joined with
 // ctx.Err() and the job ends in the background). It is idempotent and safe
 // without Start.
-func (r *Retention) Stop(ctx context.Context) error { return r.svc.Stop(ctx, nil) }
+func (r *Retention) Stop(ctx context.Context) error { return r.svc.Stop(ctx) }
 
 // Stopped returns a channel closed when the job started by the last Start
 // has ended (closed before any Start).

@@ -191,7 +191,7 @@ func (r *Relay) Start(ctx context.Context) error {
 // flight are finished first (bounded by PublishTimeout). If ctx ends
 // first, it returns an error joined with ctx.Err() and the relay ends in
 // the background. Stop is idempotent and safe without a Start.
-func (r *Relay) Stop(ctx context.Context) error { return r.svc.Stop(ctx, nil) }
+func (r *Relay) Stop(ctx context.Context) error { return r.svc.Stop(ctx) }
 
 // Stopped returns a channel closed when the relay started by the last
 // Start has stopped (closed before any Start).

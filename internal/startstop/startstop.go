@@ -100,16 +100,15 @@ func (s *Service) end(stopped chan struct{}, err error) {
 	close(stopped)
 }
 
-// Stop ends the run and waits for its goroutine, bounded by ctx. It
-// cancels the run's context, then calls halt (if not nil) with ctx, for a
-// service whose run does not end on its context alone (an HTTP server's
-// graceful shutdown). It returns halt's error joined with the run's; if
-// ctx ends first, it returns an error joined with ctx.Err(), and the run
-// finishes in the background (see [Service.Stopped]).
+// Stop ends the run (it cancels the run's context with cause
+// [ErrStopped]) and waits for its goroutine, bounded by ctx. It returns the
+// run's error; if ctx ends first, it returns an error joined with
+// ctx.Err(), and the run finishes in the background (see
+// [Service.Stopped]).
 //
 // Stop without Start, and Stop after the run ended, return the error the
-// last run returned, once, and nil after that; halt is not called.
-func (s *Service) Stop(ctx context.Context, halt func(context.Context) error) error {
+// last run returned, once, and nil after that.
+func (s *Service) Stop(ctx context.Context) error {
 	s.mu.Lock()
 	if !s.running {
 		err := s.err
@@ -121,24 +120,20 @@ func (s *Service) Stop(ctx context.Context, halt func(context.Context) error) er
 	s.mu.Unlock()
 
 	cancel(ErrStopped)
-	var haltErr error
-	if halt != nil {
-		haltErr = halt(ctx)
-	}
 	select {
 	case <-stopped:
 	case <-ctx.Done():
 		select {
 		case <-stopped: // ended at the same time: not a timeout
 		default:
-			return errors.Join(fmt.Errorf("%s: stop: still running", s.Name), haltErr, ctx.Err())
+			return errors.Join(fmt.Errorf("%s: stop: still running", s.Name), ctx.Err())
 		}
 	}
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	err := s.err
 	s.err = nil
-	s.mu.Unlock()
-	return errors.Join(haltErr, err)
+	return err
 }
 
 // Stopped returns a channel closed when the run started by the last Start

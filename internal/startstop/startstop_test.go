@@ -63,7 +63,7 @@ func TestService(t *testing.T) {
 			stopped := p.svc.Stopped()
 			cancel() // the start ctx bounds only the start
 			require.False(t, isClosed(stopped), "the run outlives the start ctx")
-			require.NoError(t, p.svc.Stop(t.Context(), nil))
+			require.NoError(t, p.svc.Stop(t.Context()))
 			require.True(t, isClosed(stopped), "Stop waited for the run")
 			require.ErrorIs(t, p.cause, startstop.ErrStopped)
 			require.Equal(t, 1, p.runs)
@@ -76,23 +76,21 @@ func TestService(t *testing.T) {
 			})
 			require.ErrorIs(t, err, startstop.ErrAlreadyStarted)
 			require.ErrorContains(t, err, "test: probe")
-			require.NoError(t, p.svc.Stop(t.Context(), nil))
+			require.NoError(t, p.svc.Stop(t.Context()))
 			require.Equal(t, 1, p.runs)
 		},
 		"stop without start": func(t *testing.T, p *probe) {
 			require.True(t, isClosed(p.svc.Stopped()), "stopped before any start")
-			halted := false
-			require.NoError(t, p.svc.Stop(t.Context(), func(context.Context) error { halted = true; return nil }))
-			require.False(t, halted, "halt is not called without a run")
+			require.NoError(t, p.svc.Stop(t.Context()))
 			require.NoError(t, p.start(t.Context(), nil), "a stop without start does not prevent a start")
-			require.NoError(t, p.svc.Stop(t.Context(), nil))
+			require.NoError(t, p.svc.Stop(t.Context()))
 			require.Equal(t, 1, p.runs)
 		},
 		"stop twice": func(t *testing.T, p *probe) {
 			p.runErr = errRun
 			require.NoError(t, p.start(t.Context(), nil))
-			require.ErrorIs(t, p.svc.Stop(t.Context(), nil), errRun, "the run's error")
-			require.NoError(t, p.svc.Stop(t.Context(), nil), "returned once")
+			require.ErrorIs(t, p.svc.Stop(t.Context()), errRun, "the run's error")
+			require.NoError(t, p.svc.Stop(t.Context()), "returned once")
 			require.Equal(t, 1, p.runs)
 		},
 		"stop is bounded by ctx while the run is stuck": func(t *testing.T, p *probe) {
@@ -101,7 +99,7 @@ func TestService(t *testing.T) {
 			testenv.WaitChan(t, p.running, "run begins")
 			ctx, cancel := context.WithCancel(t.Context())
 			cancel()
-			err := p.svc.Stop(ctx, nil)
+			err := p.svc.Stop(ctx)
 			require.ErrorIs(t, err, context.Canceled)
 			require.ErrorContains(t, err, "test: probe: stop")
 			stopped := p.svc.Stopped()
@@ -109,29 +107,17 @@ func TestService(t *testing.T) {
 			require.ErrorIs(t, p.svc.Start(t.Context(), nil, nil), startstop.ErrAlreadyStarted, "still stopping")
 			close(p.stuck)
 			testenv.WaitChan(t, stopped, "the run ends in the background")
-			require.NoError(t, p.svc.Stop(t.Context(), nil))
-			require.Equal(t, 1, p.runs)
-		},
-		"halt is called with the stop ctx": func(t *testing.T, p *probe) {
-			p.stuck = make(chan struct{})
-			require.NoError(t, p.start(t.Context(), nil))
-			errHalt := errors.New("halt failed")
-			err := p.svc.Stop(t.Context(), func(ctx context.Context) error {
-				require.NoError(t, ctx.Err())
-				close(p.stuck)
-				return errHalt
-			})
-			require.ErrorIs(t, err, errHalt)
+			require.NoError(t, p.svc.Stop(t.Context()))
 			require.Equal(t, 1, p.runs)
 		},
 		"failed init leaves it stopped and startable": func(t *testing.T, p *probe) {
 			err := p.start(t.Context(), func(context.Context) error { return errInit })
 			require.ErrorIs(t, err, errInit)
 			require.True(t, isClosed(p.svc.Stopped()))
-			require.NoError(t, p.svc.Stop(t.Context(), nil), "Start reported the error")
+			require.NoError(t, p.svc.Stop(t.Context()), "Start reported the error")
 			require.Zero(t, p.runs, "run is not called after a failed init")
 			require.NoError(t, p.start(t.Context(), func(context.Context) error { return nil }))
-			require.NoError(t, p.svc.Stop(t.Context(), nil))
+			require.NoError(t, p.svc.Stop(t.Context()))
 			require.Equal(t, 1, p.runs)
 		},
 		"init gets the start ctx": func(t *testing.T, p *probe) {
@@ -151,26 +137,26 @@ func TestService(t *testing.T) {
 				})
 			}()
 			testenv.WaitChan(t, inInit, "init begins")
-			require.NoError(t, p.svc.Stop(t.Context(), nil))
+			require.NoError(t, p.svc.Stop(t.Context()))
 			require.ErrorIs(t, testenv.WaitChan(t, startErr, "Start returns"), startstop.ErrStopped)
 			require.Zero(t, p.runs)
 		},
 		"restart after stop": func(t *testing.T, p *probe) {
 			require.NoError(t, p.start(t.Context(), nil))
 			first := p.svc.Stopped()
-			require.NoError(t, p.svc.Stop(t.Context(), nil))
+			require.NoError(t, p.svc.Stop(t.Context()))
 			require.NoError(t, p.start(t.Context(), nil))
 			second := p.svc.Stopped()
 			require.True(t, isClosed(first))
 			require.False(t, isClosed(second), "a new run has a new stopped channel")
-			require.NoError(t, p.svc.Stop(t.Context(), nil))
+			require.NoError(t, p.svc.Stop(t.Context()))
 			require.Equal(t, 2, p.runs)
 		},
 		"a run that returns on its own": func(t *testing.T, p *probe) {
 			require.NoError(t, p.svc.Start(t.Context(), nil, func(context.Context) error { return errRun }))
 			testenv.WaitChan(t, p.svc.Stopped(), "run returns")
-			require.ErrorIs(t, p.svc.Stop(t.Context(), nil), errRun)
-			require.NoError(t, p.svc.Stop(t.Context(), nil))
+			require.ErrorIs(t, p.svc.Stop(t.Context()), errRun)
+			require.NoError(t, p.svc.Stop(t.Context()))
 		},
 	}
 	for name, tc := range tests {
