@@ -84,7 +84,7 @@ func run(ctx context.Context, cfg config) error {
 	defer func() {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
-		_ = srv.Shutdown(sctx)
+		_ = srv.Stop(sctx)
 	}()
 
 	pool, err := openPool(cfg)
