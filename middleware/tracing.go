@@ -82,7 +82,7 @@ func (o *TracingOpts) keyAttribute() bool {
 // error with the default taxonomy (retry.Classify without the route's
 // Rules); how the delivery was settled (a Rule's reason, or exhausted after
 // the last attempt) is decided after the span ends and is reported to the
-// consumer's observers (the log observer's settlement line, the metrics). Put Tracing near the outside of the chain (after Recover)
+// consumer's observers (the log observer's settlement line, the metrics). Put Tracing near the outside of the chain
 // so that the span covers the lock and the inbox.
 //
 // A nil tp means otel.GetTracerProvider(), read when Tracing is called, which

@@ -286,11 +286,10 @@ func redisClient(rawURL string) (redis.UniversalClient, error) {
 // after decoding, so they see the idempotency key.
 func newRouter(store *inbox.Store, rdb redis.UniversalClient, m *metrics.Metrics, watcher *control.Watcher, parker middleware.Parker, logger *zap.Logger, cfg config) (*consumer.Router, error) {
 	router := consumer.NewRouter()
-	// Router-wide, outermost first: panics become errors, a span per
-	// delivery (trace context from the headers), handler timing with the
-	// trace as exemplar, and a bound on a stuck handler.
+	// Router-wide, outermost first: a span per delivery (trace context
+	// from the headers), handler timing with the trace as exemplar, and a
+	// bound on a stuck handler. The consumer turns panics into errors.
 	router.Use(
-		middleware.Recover(&middleware.RecoverOpts{Logger: logger}),
 		middleware.Tracing(nil, nil),
 		middleware.Metrics(m),
 		middleware.Timeout(handlerTimeout),
