@@ -189,7 +189,9 @@ func (h *harness) newCopy(body []byte) copyOf {
 }
 
 // deliverOnce hands one delivery of c to the route's chain and classifies
-// the result. Panics are caught and reported as errors.
+// the result. Panics are caught and reported as errors: the kit calls the
+// chain without a consumer, so this recover stands in for the consumer's
+// last guard (permanent, so a panicking handler under test fails at once).
 func (h *harness) deliverOnce(ctx context.Context, c copyOf, attempt int, redelivered bool) (d *consumer.Delivery, dec retry.Decision) {
 	raw := &amqp.Delivery{
 		MessageId:   c.id,
