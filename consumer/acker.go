@@ -32,6 +32,19 @@ type settler interface {
 // arrive while it writes queue up; the first of them writes the next round
 // for them all (flat combining, handed on). Each caller returns once its
 // own frame has been written.
+//
+// The hand-over is the one of internal/combine, but the acker does not use
+// that package, on purpose: (1) combine allocates an entry and a channel per
+// operation, while an ack is on every delivery's path and takes its request
+// from a pool, so a settlement allocates nothing; (2) combine sends a
+// round at once and never waits to fill it, while the acker's round first
+// gathers the workers a group commit released together, which is what
+// makes a multiple ack possible; (3) a round is planned against the window
+// of tracked tags under the same lock as the queue, since track runs on the
+// delivery loop between rounds; (4) each caller is released as soon as its
+// own frame is written, not when the round ends; and (5) a settlement is
+// never withdrawn: combine drops a queued operation when its ctx ends,
+// which for an ack would leave a committed delivery unsettled.
 type acker struct {
 	ch    settler
 	stats *ackStats // shared by the consumer's ackers; nil counts nothing

@@ -9,7 +9,9 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
+	"github.com/inboxmq/inboxmq/internal/clip"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
@@ -265,15 +267,29 @@ func (c *Consumer) retryInProcess(ctx context.Context, r *route, d *Delivery, fi
 	return cls, err
 }
 
-// call runs the handler with a last-guard recover: a panic becomes an error
-// with reason "panic" and the worker lives on.
+// call runs the handler under the one recover of a delivery's path (the
+// last guard): a panic becomes an error with reason "panic" (an error
+// value stays in its chain), retried under the route's policy and then
+// dead-lettered, and the worker lives on. The stack is logged here, once,
+// with the delivery's fields; the logger adds no stacktrace of its own.
+// Code that runs a handler on another goroutine (the inbox's group commit
+// and pipeline, a combining round) recovers there, since a panic there
+// cannot reach this guard.
 func (c *Consumer) call(ctx context.Context, h DeliveryHandler, d *Delivery) (err error) {
 	defer func() {
-		if p := recover(); p != nil {
-			c.log.Error("consumer: handler panicked", zap.String("queue", d.Queue), zap.String("message_id", d.MessageID),
-				zap.Any("panic", p), zap.ByteString("stack", debug.Stack()))
-			err = retry.WithReason(retry.ReasonPanic, fmt.Errorf("consumer: handler panicked: %v", p))
+		p := recover()
+		if p == nil {
+			return
 		}
+		c.log.WithOptions(zap.AddStacktrace(zapcore.FatalLevel+1)).Error("consumer: handler panicked",
+			zap.String("queue", d.Queue), zap.String("consumer", d.Consumer),
+			zap.String("message_id", d.MessageID), zap.String("idempotency_key", d.Key),
+			zap.String("panic", clip.Text(fmt.Sprint(p), clip.Limit)), zap.ByteString("stack", debug.Stack()))
+		if perr, ok := p.(error); ok {
+			err = retry.WithReason(retry.ReasonPanic, fmt.Errorf("consumer: handler panicked: %w", perr))
+			return
+		}
+		err = retry.WithReason(retry.ReasonPanic, fmt.Errorf("consumer: handler panicked: %v", p))
 	}()
 	return h(ctx, d)
 }

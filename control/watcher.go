@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/internal/startstop"
 )
 
 // Target is what a [Watcher] drives: the running consumer. Its methods take
@@ -84,11 +85,10 @@ type Watcher struct {
 
 	mu       sync.Mutex // guards applied and serialises reload+apply
 	applied  map[string]applied
-	started  bool
-	cancel   context.CancelFunc
-	done     chan struct{}
 	reloadCh chan struct{}
 	version  atomic.Uint64
+
+	svc startstop.Service // the watch loop's lifecycle
 }
 
 // NewWatcher returns a watcher reading the controls through pool.
@@ -116,6 +116,7 @@ func NewWatcher(pool *pgxpool.Pool, cfg *WatcherConfig) (*Watcher, error) {
 		logger:   c.Logger,
 		applied:  make(map[string]applied),
 		reloadCh: make(chan struct{}, 1),
+		svc:      startstop.Service{Name: "control: watcher"},
 	}
 	w.snap.Store(&Snapshot{})
 	return w, nil
@@ -123,46 +124,23 @@ func NewWatcher(pool *pgxpool.Pool, cfg *WatcherConfig) (*Watcher, error) {
 
 // Start loads the first snapshot, applies it to the target (so a consumer
 // paused before the worker started stays paused) and starts the watch loop.
-// It returns the first load's error, if any. ctx bounds only that first
-// load; the loop runs until [Watcher.Stop]. Call Start before the consumer
-// takes deliveries (a Pause before consumer.Start makes it skip the queue).
+// It returns the first load's error, if any; the watcher then stays
+// stopped and may be started again. ctx bounds only that first load; the
+// loop runs until [Watcher.Stop]. A Start while the watcher runs returns an
+// error. Call Start before the consumer takes deliveries (a Pause before
+// consumer.Start makes it skip the queue).
 func (w *Watcher) Start(ctx context.Context) error {
-	w.mu.Lock()
-	if w.started {
-		w.mu.Unlock()
-		return errors.New("control: watcher already started")
-	}
-	w.started = true
-	w.mu.Unlock()
-	if err := w.Refresh(ctx); err != nil {
-		return err
-	}
-	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	w.mu.Lock()
-	w.cancel = cancel
-	w.done = make(chan struct{})
-	w.mu.Unlock()
-	go w.run(runCtx)
-	return nil
+	return w.svc.Start(ctx, w.Refresh, w.run)
 }
 
-// Stop ends the watch loop and waits for it, bounded by ctx. It is
-// idempotent and safe without Start.
-func (w *Watcher) Stop(ctx context.Context) error {
-	w.mu.Lock()
-	cancel, done := w.cancel, w.done
-	w.mu.Unlock()
-	if cancel == nil {
-		return nil
-	}
-	cancel()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return errors.Join(errors.New("control: watcher stop"), ctx.Err())
-	}
-}
+// Stop ends the watch loop and waits for it, bounded by ctx (if ctx ends
+// first, it returns an error joined with ctx.Err() and the loop ends in the
+// background). It is idempotent and safe without Start.
+func (w *Watcher) Stop(ctx context.Context) error { return w.svc.Stop(ctx) }
+
+// Stopped returns a channel closed when the watch loop started by the last
+// Start has ended (closed before any Start).
+func (w *Watcher) Stopped() <-chan struct{} { return w.svc.Stopped() }
 
 // Snapshot returns the current in-memory snapshot (never nil; do not
 // modify it).
@@ -267,8 +245,7 @@ func (w *Watcher) apply(snap *Snapshot) error {
 
 // run is the watch loop: LISTEN when possible, reload on each notification
 // and every PollInterval.
-func (w *Watcher) run(ctx context.Context) {
-	defer close(w.done)
+func (w *Watcher) run(ctx context.Context) error {
 	for ctx.Err() == nil {
 		if !w.cfg.NoListen {
 			if err := w.listen(ctx); err != nil && ctx.Err() == nil {
@@ -279,6 +256,7 @@ func (w *Watcher) run(ctx context.Context) {
 		w.wait(ctx, w.cfg.PollInterval)
 		w.reload(ctx)
 	}
+	return nil
 }
 
 func (w *Watcher) wait(ctx context.Context, d time.Duration) {

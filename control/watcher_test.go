@@ -13,6 +13,7 @@ import (
 
 	"github.com/inboxmq/inboxmq/control"
 	"github.com/inboxmq/inboxmq/internal/pgtest"
+	"github.com/inboxmq/inboxmq/internal/startstop"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 )
 
@@ -163,4 +164,32 @@ func TestWatcher_Config(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, w.Stop(t.Context()), "Stop without Start")
 	require.NotNil(t, w.Snapshot())
+}
+
+// TestWatcher_Lifecycle: Stop without Start and Stop twice are safe, a
+// second Start is refused, Stop waits for the watch loop and its LISTEN
+// connection is closed, and a stopped watcher starts again.
+func TestWatcher_Lifecycle(t *testing.T) {
+	t.Parallel()
+	b := setupWatcher(t, control.WatcherConfig{})
+	w := b.w
+	require.NoError(t, w.Stop(t.Context()), "Stop without Start")
+	require.NoError(t, w.Start(t.Context()))
+	require.ErrorIs(t, w.Start(t.Context()), startstop.ErrAlreadyStarted)
+	stopped := w.Stopped()
+	testenv.WaitFor(t, "the LISTEN connection is held", func() bool { return b.pool.Stat().AcquiredConns() == 1 })
+	require.NoError(t, w.Stop(t.Context()))
+	select {
+	case <-stopped:
+	default:
+		t.Fatal("Stop returned before the watch loop ended")
+	}
+	// The pool destroys the closed LISTEN connection asynchronously.
+	testenv.WaitFor(t, "the LISTEN connection is gone", func() bool { return b.pool.Stat().AcquiredConns() == 0 })
+	require.NoError(t, w.Stop(t.Context()), "Stop twice")
+
+	v := w.Version()
+	require.NoError(t, w.Start(t.Context()), "a stopped watcher starts again")
+	require.Greater(t, w.Version(), v, "Start loaded a snapshot")
+	require.NoError(t, w.Stop(t.Context()))
 }

@@ -93,11 +93,13 @@ func (s *Store) execBatch(units []*unit, pipeline bool) {
 
 // execGuarded runs execDistinct and always releases the waiting callers: a
 // panic outside the handlers (an observer, a span) fails the units instead
-// of leaving the other deliveries of the batch blocked for ever.
+// of leaving the other deliveries of the batch blocked for ever. It cannot
+// be left to the consumer's last guard: the batch runs on its leader's
+// goroutine, and the others' callers wait on u.done.
 func (s *Store) execGuarded(units []*unit, pipeline bool) {
 	defer func() {
 		if p := recover(); p != nil {
-			failAll(units, retry.WithReason(ReasonPanic, fmt.Errorf("inbox: batch panicked: %v", p)))
+			failAll(units, s.recovered(p, units[0], "batch"))
 		}
 		for _, u := range units {
 			close(u.done)
@@ -233,7 +235,7 @@ func (s *Store) execDistinct(units []*unit, pipeline bool) {
 		if !savepoints {
 			// The batch of one: on failure roll the whole transaction back,
 			// then record the failed attempt on its own.
-			if herr := runHandler(u, tx); herr != nil {
+			if herr := s.runHandler(u, tx); herr != nil {
 				u.err = MapError(herr)
 				_ = tx.Rollback(context.WithoutCancel(ctx))
 				s.recordFailure(u, herr)
@@ -243,7 +245,7 @@ func (s *Store) execDistinct(units []*unit, pipeline bool) {
 			continue
 		}
 		sp := &lazySavepoint{Tx: tx}
-		herr := runHandler(u, sp)
+		herr := s.runHandler(u, sp)
 		if herr == nil {
 			ok = append(ok, u)
 			continue
@@ -502,12 +504,16 @@ func verdict(u *unit, status string, fp []byte, lease time.Duration, found bool)
 	}
 }
 
-// runHandler runs u's handler in tx, turning a panic into an error.
-func runHandler(u *unit, tx pgx.Tx) (err error) {
+// runHandler runs u's handler in tx, turning a panic into u's error. This
+// recover cannot be left to the consumer's last guard: in group commit the
+// handler runs on the leader's goroutine, for another delivery, and its
+// panic must fail only its own savepoint; pipelined, it runs on a goroutine
+// of its own.
+func (s *Store) runHandler(u *unit, tx pgx.Tx) (err error) {
 	ctx, span := startSpan(u.ctx, "inbox.handler")
 	defer func() {
 		if p := recover(); p != nil {
-			err = retry.WithReason(ReasonPanic, fmt.Errorf("inbox: handler panicked: %v", p))
+			err = s.recovered(p, u, "handler")
 		}
 		endSpan(span, err)
 	}()

@@ -321,7 +321,19 @@ func ClaimHandler[T any](s *Store, h ClaimFunc[T], opts *ClaimOpts) consumer.Han
 		hctx, cancel := context.WithCancelCause(ctx)
 		defer cancel(nil)
 		stop := s.heartbeat(hctx, cancel, c, o, capAt, msg.Delivery)
+		returned := false
+		defer func() {
+			// h panicked on this delivery's own goroutine: the panic goes
+			// on to the consumer's last guard, the one recover of the
+			// path. Release the claim on the way, so that the retry takes
+			// the key at once rather than after the lease.
+			if !returned && !c.Completed() {
+				stop()
+				s.release(ctx, c, retry.WithReason(ReasonPanic, errors.New("inbox: handler panicked")))
+			}
+		}()
 		herr := runClaimFunc(hctx, h, c, msg)
+		returned = true
 		stop()
 		if herr == nil && !c.Completed() {
 			herr = c.Complete(hctx, nil)
@@ -343,12 +355,7 @@ func ClaimHandler[T any](s *Store, h ClaimFunc[T], opts *ClaimOpts) consumer.Han
 
 func runClaimFunc[T any](ctx context.Context, h ClaimFunc[T], c *Claim, msg *consumer.Message[T]) (err error) {
 	ctx, span := startSpan(ctx, "inbox.handler")
-	defer func() {
-		if p := recover(); p != nil {
-			err = retry.WithReason(ReasonPanic, fmt.Errorf("inbox: handler panicked: %v", p))
-		}
-		endSpan(span, err)
-	}()
+	defer func() { endSpan(span, err) }()
 	return h(ctx, c, msg)
 }
 

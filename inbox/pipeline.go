@@ -63,7 +63,7 @@ func (s *Store) runPipelined(ctx context.Context, tx pgx.Tx, claimed []claimedUn
 			u.onClaim(cu.fence)
 		}
 		go func() {
-			errs[i] = runHandler(u, &pipeTx{p: p})
+			errs[i] = s.runHandler(u, &pipeTx{p: p})
 			p.done <- struct{}{}
 		}()
 	}

@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
+
+	"github.com/inboxmq/inboxmq/internal/startstop"
 )
 
 // EffectCheck looks for the evidence that a stale claim's effect happened
@@ -19,7 +21,8 @@ type EffectCheck func(ctx context.Context, tx pgx.Tx, consumerName, key string) 
 // ReconcilerConfig configures a [Reconciler]. A nil *ReconcilerConfig means
 // defaults.
 type ReconcilerConfig struct {
-	// Interval is the time between runs of Run. Defaults to 1 minute.
+	// Interval is the time between the runs of a started reconciler.
+	// Defaults to 1 minute.
 	Interval time.Duration
 	// Grace is how long past its lease a claim must be before it counts as
 	// stale (a little longer than a heartbeat's delay). Defaults to 30s.
@@ -93,6 +96,7 @@ type ReconcileReport struct {
 type Reconciler struct {
 	s   *Store
 	cfg ReconcilerConfig
+	svc startstop.Service // the background loop's lifecycle
 }
 
 // NewReconciler returns a reconciler on s's inbox.
@@ -125,12 +129,29 @@ func NewReconciler(s *Store, cfg *ReconcilerConfig) (*Reconciler, error) {
 	if c.Logger == nil {
 		c.Logger = s.cfg.Logger
 	}
-	return &Reconciler{s: s, cfg: c}, nil
+	return &Reconciler{s: s, cfg: c, svc: startstop.Service{Name: "inbox: reconciler"}}, nil
 }
 
-// Run reconciles every Interval until ctx ends, then returns nil. Errors of
-// a run are logged, and the next run tries again.
-func (r *Reconciler) Run(ctx context.Context) error {
+// Start reconciles in the background every Interval (the first run at
+// once) until [Reconciler.Stop]; ctx's cancellation does not stop it.
+// Errors of a run are logged and the next run tries again. A Start while
+// the reconciler runs returns an error.
+func (r *Reconciler) Start(ctx context.Context) error {
+	return r.svc.Start(ctx, nil, r.loop)
+}
+
+// Stop ends the background loop and waits for it, bounded by ctx (if ctx
+// ends first, it returns an error joined with ctx.Err() and the loop ends
+// in the background). A run in progress is interrupted: its transaction
+// rolls back, and the claims it held are found again by the next run. It
+// is idempotent and safe without Start.
+func (r *Reconciler) Stop(ctx context.Context) error { return r.svc.Stop(ctx) }
+
+// Stopped returns a channel closed when the loop started by the last Start
+// has ended (closed before any Start).
+func (r *Reconciler) Stopped() <-chan struct{} { return r.svc.Stopped() }
+
+func (r *Reconciler) loop(ctx context.Context) error {
 	t := time.NewTicker(r.cfg.Interval)
 	defer t.Stop()
 	for {

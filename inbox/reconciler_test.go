@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/internal/startstop"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 )
 
@@ -125,19 +126,30 @@ func TestReconciler_ConcurrentRunsActOnce(t *testing.T) {
 	require.Equal(t, n, b.count(t, `SELECT count(*) FROM inboxmq_inbox WHERE status = 'failed'`))
 }
 
-func TestReconciler_RunLoop(t *testing.T) {
+// TestReconciler_StartStop: a started reconciler runs in the background
+// until Stop; Stop without Start and Stop twice are safe, a second Start
+// is refused.
+func TestReconciler_StartStop(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
 	b.staleClaim(t, "payments", "loop", 1)
 	r, err := inbox.NewReconciler(b.store, &inbox.ReconcilerConfig{Interval: 20 * time.Millisecond})
 	require.NoError(t, err)
+	require.NoError(t, r.Stop(t.Context()), "Stop without Start")
 	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
+	require.NoError(t, r.Start(ctx))
+	cancel() // ctx bounds only the start
+	require.ErrorIs(t, r.Start(t.Context()), startstop.ErrAlreadyStarted)
 	testenv.WaitFor(t, "stale claim released", func() bool {
 		rec, err := b.store.Get(t.Context(), "payments", "loop")
 		return err == nil && rec.Status == inbox.RecordFailed
 	})
-	cancel()
-	require.NoError(t, testenv.WaitChan(t, done, "Run returned"))
+	stopped := r.Stopped()
+	require.NoError(t, r.Stop(t.Context()))
+	select {
+	case <-stopped:
+	default:
+		t.Fatal("Stop returned before the loop ended")
+	}
+	require.NoError(t, r.Stop(t.Context()), "Stop twice")
 }

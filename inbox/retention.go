@@ -4,10 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/inboxmq/inboxmq/internal/startstop"
 )
 
 // DefaultRetentionWindow is how long completed inbox rows are kept when
@@ -98,9 +99,7 @@ type Retention struct {
 	lock  string
 	del   string
 
-	mu     sync.Mutex
-	cancel context.CancelFunc
-	done   chan struct{}
+	svc startstop.Service // the background job's lifecycle
 }
 
 // NewRetention returns a retention job for s's table. It refuses a window
@@ -134,6 +133,7 @@ func NewRetention(s *Store, cfg *RetentionConfig) (*Retention, error) {
 	return &Retention{
 		store: s,
 		cfg:   c,
+		svc:   startstop.Service{Name: "inbox: retention"},
 		// One lock per table: the high half names the job, the low half is
 		// the table's oid.
 		lock: `(hashtext('inboxmq_retention')::bigint << 32) | to_regclass($1)::oid::bigint`,
@@ -214,22 +214,25 @@ func (r *Retention) purge(ctx context.Context, cutoff time.Time) (RetentionRun, 
 	return run, nil
 }
 
-// Start runs the job every Interval (the first run at once) until Stop.
-// Errors are logged and the next run tries again.
+// Start runs the job in the background every Interval (the first run at
+// once) until [Retention.Stop]; ctx's cancellation does not stop it. Errors
+// of a run are logged and the next run tries again. A Start while the job
+// runs returns an error.
 func (r *Retention) Start(ctx context.Context) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.cancel != nil {
-		return errors.New("inbox: retention already started")
-	}
-	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	r.cancel, r.done = cancel, make(chan struct{})
-	go r.loop(runCtx)
-	return nil
+	return r.svc.Start(ctx, nil, r.loop)
 }
 
-func (r *Retention) loop(ctx context.Context) {
-	defer close(r.done)
+// Stop ends the job, interrupting a run between batches, and waits for it,
+// bounded by ctx (if ctx ends first, it returns an error joined with
+// ctx.Err() and the job ends in the background). It is idempotent and safe
+// without Start.
+func (r *Retention) Stop(ctx context.Context) error { return r.svc.Stop(ctx) }
+
+// Stopped returns a channel closed when the job started by the last Start
+// has ended (closed before any Start).
+func (r *Retention) Stopped() <-chan struct{} { return r.svc.Stopped() }
+
+func (r *Retention) loop(ctx context.Context) error {
 	t := time.NewTicker(r.cfg.Interval)
 	defer t.Stop()
 	for {
@@ -238,26 +241,8 @@ func (r *Retention) loop(ctx context.Context) {
 		}
 		select {
 		case <-ctx.Done():
-			return
+			return nil
 		case <-t.C:
 		}
-	}
-}
-
-// Stop ends the job, interrupting a run between batches, and waits for it
-// within ctx. It is idempotent and safe without Start.
-func (r *Retention) Stop(ctx context.Context) error {
-	r.mu.Lock()
-	cancel, done := r.cancel, r.done
-	r.mu.Unlock()
-	if cancel == nil {
-		return nil
-	}
-	cancel()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return errors.Join(errors.New("inbox: retention stop"), ctx.Err())
 	}
 }

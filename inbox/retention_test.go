@@ -15,6 +15,7 @@ import (
 
 	"github.com/inboxmq/inboxmq/inbox"
 	"github.com/inboxmq/inboxmq/internal/pgtest"
+	"github.com/inboxmq/inboxmq/internal/startstop"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 )
 
@@ -157,12 +158,20 @@ func TestRetention_StartStop(t *testing.T) {
 	seedCompleted(t, pool, "c", 5, 48*time.Hour)
 	r := newRetention(t, pool, &inbox.RetentionConfig{Window: time.Hour, Interval: time.Hour})
 	require.NoError(t, r.Stop(t.Context()), "Stop without Start")
-	require.NoError(t, r.Start(t.Context()))
-	require.Error(t, r.Start(t.Context()))
+	ctx, cancel := context.WithCancel(t.Context())
+	require.NoError(t, r.Start(ctx))
+	cancel() // ctx bounds only the start
+	require.ErrorIs(t, r.Start(t.Context()), startstop.ErrAlreadyStarted)
 	// The first run happens at once.
 	testenv.WaitFor(t, "expired rows deleted", func() bool { return countRows(t, pool, "true") == 0 })
+	stopped := r.Stopped()
 	require.NoError(t, r.Stop(t.Context()))
-	require.NoError(t, r.Stop(t.Context()))
+	select {
+	case <-stopped:
+	default:
+		t.Fatal("Stop returned before the job ended")
+	}
+	require.NoError(t, r.Stop(t.Context()), "Stop twice")
 }
 
 func TestCheckWindow(t *testing.T) {

@@ -193,7 +193,9 @@ func (h *harness) newCopy(body []byte) copyOf {
 // the consumer would (consumer.Decide, with the route's rules) and
 // settles the delivery with that decision, so the route's middleware
 // (spans, metrics) sees it settled as under a consumer. Panics are caught
-// and reported as errors.
+// and reported as errors: the kit calls the chain without a consumer, so
+// this recover stands in for the consumer's last guard (permanent, so a
+// panicking handler under test fails at once).
 func (h *harness) deliverOnce(ctx context.Context, c copyOf, attempt int, redelivered bool) (d *consumer.Delivery, dec retry.Decision) {
 	raw := &amqp.Delivery{
 		MessageId:   c.id,

@@ -11,9 +11,9 @@
 // middleware (HandlerOpts.Middleware) runs after it, so it sees
 // Delivery.Key. Outermost first:
 //
-//	Recover -> Timeout -> [decode] -> Dedupe -> Lock -> inbox handler
+//	Tracing -> Metrics -> Timeout -> [decode] -> Dedupe -> Lock -> inbox handler
 //
-//	r.Use(middleware.Recover(&middleware.RecoverOpts{Logger: logger}),
+//	r.Use(middleware.Tracing(nil, nil), middleware.Metrics(m),
 //		middleware.Timeout(2*time.Minute))
 //	lck, err := middleware.Lock(rdb, nil)
 //	consumer.Register(r, "payments", h, &consumer.HandlerOpts{
@@ -23,12 +23,13 @@
 //		},
 //	})
 //
-// # Recover and Timeout
+// # Panics and Timeout
 //
-// [Recover] turns a panic into a *[PanicError] with reason "panic", so the
-// worker lives on and a crashing message is retried and finally
-// dead-lettered. [Timeout] gives each delivery a deadline whose cause is
-// [ErrTimeout].
+// There is no recover middleware: the consumer runs the whole chain under
+// one last guard that turns a panic into an error with reason "panic" and
+// logs its stack once, so the worker lives on and a crashing message is
+// retried and finally dead-lettered. [Timeout] gives each delivery a
+// deadline whose cause is [ErrTimeout].
 //
 // # Redis: an accelerator, never the judge
 //
@@ -66,5 +67,5 @@
 // OnSettled hooks), never a classification of their own; the
 // per-delivery counters come from metrics.Metrics as an observer. Lock starts a
 // "lock.acquire" span under the span in the context. Recommended order:
-// Recover, Tracing, Metrics, then the rest.
+// Tracing, Metrics, then the rest.
 package middleware

@@ -117,22 +117,6 @@ func ExampleDedupe() {
 	// inbox handler: {"order_id":"order-42","amount_cents":200}
 }
 
-func ExampleRecover() {
-	handler := middleware.Recover(nil)(func(context.Context, *consumer.Delivery) error {
-		var m map[string]int
-		m["boom"]++ // a bug
-		return nil
-	})
-	err := handler(context.Background(), exampleDelivery("order-42"))
-	dec := retry.Classify(err)
-	fmt.Println(dec.Kind, dec.Reason)
-	fmt.Println(err)
-
-	// Output:
-	// retry panic
-	// middleware: panic: assignment to entry in nil map
-}
-
 func ExampleTimeout() {
 	handler := middleware.Timeout(10 * time.Millisecond)(func(ctx context.Context, _ *consumer.Delivery) error {
 		<-ctx.Done() // a call that honours ctx

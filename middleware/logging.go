@@ -89,7 +89,7 @@ type logObserver struct {
 // stays small whatever a producer sent. No line carries a stack trace,
 // whatever the logger's stack-trace level (zap's production configuration
 // adds one at error): these are expected outcomes, and the stack would
-// only show the observer's own call path. [Recover] logs a panic's stack.
+// only show the observer's own call path. The consumer's last guard logs a panic's stack.
 //
 // The settlement line (completed, duplicate, retry, failed, dead_lettered
 // or requeued) is written from the outcome, with the reason the consumer

@@ -102,7 +102,6 @@ func setupConsumerLog(t *testing.T, h consumer.Handler[loggedPayment], opts *con
 	require.NoError(t, err)
 
 	r := consumer.NewRouter()
-	r.Use(middleware.Recover(&middleware.RecoverOpts{Logger: logger}))
 	consumer.Register(r, b.queue, h, opts)
 	c, err := consumer.New(&consumer.Config{
 		URL:       testenv.AMQPURL(),

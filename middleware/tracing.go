@@ -94,8 +94,7 @@ func (o *TracingOpts) keyAttribute() bool {
 // which ends when the next try starts, with action retried_in_process.
 // A delivery handled outside a consumer (a test, a tool) ends its span
 // when it is settled by hand ([consumer.Delivery.Settle]). Put Tracing near
-// the outside of the chain (after Recover) so that the span covers the
-// lock and the inbox.
+// the outside of the chain so that the span covers the lock and the inbox.
 //
 // A nil tp means otel.GetTracerProvider(), read when Tracing is called, which
 // is a no-op until the program installs an SDK: inboxmq forces no exporter.

@@ -28,7 +28,7 @@ func Example() {
 	if err := srv.Start(ctx); err != nil {
 		panic(err)
 	}
-	defer func() { _ = srv.Shutdown(ctx) }()
+	defer func() { _ = srv.Stop(ctx) }()
 
 	for _, path := range []string{"/healthz", "/readyz"} {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+srv.Addr()+path, nil)

@@ -99,7 +99,7 @@ func TestReadyz_RealConsumerLosesBroker(t *testing.T) {
 		Checks: []observe.Check{observe.Ready("broker", c.Ready), observe.DegradedFlag("redis", m.RedisDegraded)},
 	})
 	require.NoError(t, srv.Start(t.Context()))
-	t.Cleanup(func() { require.NoError(t, srv.Shutdown(context.Background())) })
+	t.Cleanup(func() { require.NoError(t, srv.Stop(context.Background())) })
 	b := &testBundle{srv: srv, client: &http.Client{}}
 
 	code, _ := b.get(t, "/readyz")

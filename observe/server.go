@@ -12,6 +12,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/inboxmq/inboxmq/internal/startstop"
 )
 
 // DefaultAddr is the address the server listens on unless configured:
@@ -85,16 +87,14 @@ type ServerConfig struct {
 // with [NewServer]; the zero value is not usable.
 type Server struct {
 	cfg ServerConfig
-	srv *http.Server
+	svc startstop.Service // the serving goroutine's lifecycle
 
-	mu       sync.Mutex
-	ln       net.Listener
-	done     chan struct{}
-	serveErr error
+	mu  sync.Mutex
+	ln  net.Listener // of the last Start
+	srv *http.Server // of the last Start
 }
 
-// NewServer builds a server; it does not listen until [Server.Start] or
-// [Server.ListenAndServe].
+// NewServer builds a server; it does not listen until [Server.Start].
 func NewServer(cfg *ServerConfig) *Server {
 	var c ServerConfig
 	if cfg != nil {
@@ -112,9 +112,7 @@ func NewServer(cfg *ServerConfig) *Server {
 	if c.ReadHeaderTimeout <= 0 {
 		c.ReadHeaderTimeout = 5 * time.Second
 	}
-	s := &Server{cfg: c}
-	s.srv = &http.Server{Handler: s.Handler(), ReadHeaderTimeout: c.ReadHeaderTimeout}
-	return s
+	return &Server{cfg: c, svc: startstop.Service{Name: "observe: server"}}
 }
 
 // Handler returns the HTTP handler with the three endpoints, for mounting
@@ -197,30 +195,57 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 }
 
 // Start listens on the configured address and serves in the background; it
-// returns once the listener is open (or the error opening it). ctx bounds
-// only the listen; stop the server with [Server.Shutdown].
+// returns once the listener is open (or with the error opening it). ctx
+// bounds only the listen; the server runs until [Server.Stop]. A Start
+// while the server runs returns an error; a stopped server may be started
+// again.
 func (s *Server) Start(ctx context.Context) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.ln != nil {
-		return errors.New("observe: server already started")
-	}
+	return s.svc.Start(ctx, s.listen, s.serve)
+}
+
+// Stop stops the server gracefully: it closes the listener, then waits for
+// the requests in flight, bounded by ctx (if ctx ends first, it returns an
+// error joined with ctx.Err() and those requests finish in the
+// background). It is idempotent and safe without Start.
+func (s *Server) Stop(ctx context.Context) error { return s.svc.Stop(ctx) }
+
+// Stopped returns a channel closed when the server started by the last
+// Start has stopped and answered its last request (closed before any
+// Start).
+func (s *Server) Stopped() <-chan struct{} { return s.svc.Stopped() }
+
+func (s *Server) listen(ctx context.Context) error {
 	var lc net.ListenConfig
 	ln, err := lc.Listen(ctx, "tcp", s.cfg.Addr)
 	if err != nil {
 		return fmt.Errorf("observe: listen %s: %w", s.cfg.Addr, err)
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.ln = ln
-	s.done = make(chan struct{})
-	go func() {
-		defer close(s.done)
-		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			s.mu.Lock()
-			s.serveErr = err
-			s.mu.Unlock()
-		}
-	}()
+	// An http.Server does not serve again after a shutdown: one per Start.
+	s.srv = &http.Server{Handler: s.Handler(), ReadHeaderTimeout: s.cfg.ReadHeaderTimeout}
 	return nil
+}
+
+// serve serves until ctx ends, then shuts the server down, waiting for the
+// requests in flight.
+func (s *Server) serve(ctx context.Context) error {
+	s.mu.Lock()
+	srv, ln := s.srv, s.ln
+	s.mu.Unlock()
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	select {
+	case err := <-served: // the listener failed
+		return fmt.Errorf("observe: serve: %w", err)
+	case <-ctx.Done():
+	}
+	// Stop bounds the caller's wait, not the shutdown: requests in flight
+	// are answered even after Stop gave up waiting for them.
+	err := srv.Shutdown(context.WithoutCancel(ctx))
+	<-served // http.ErrServerClosed once Shutdown closed the listener
+	return err
 }
 
 // Addr returns the address the server listens on (useful with port 0), or
@@ -234,29 +259,9 @@ func (s *Server) Addr() string {
 	return s.cfg.Addr
 }
 
-// Shutdown stops the server gracefully, bounded by ctx, and waits for the
-// serving goroutine. It is safe without a Start and idempotent.
-func (s *Server) Shutdown(ctx context.Context) error {
-	s.mu.Lock()
-	done := s.done
-	s.mu.Unlock()
-	if done == nil {
-		return nil
-	}
-	err := s.srv.Shutdown(ctx)
-	select {
-	case <-done:
-	case <-ctx.Done():
-		return errors.Join(err, ctx.Err())
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return errors.Join(err, s.serveErr)
-}
-
-// ListenAndServe starts the server and blocks until ctx is done, then shuts
-// it down (allowing 5s for in-flight scrapes). It returns nil after a clean
-// stop.
+// ListenAndServe is Start, then Stop once ctx is done (allowing 5s for
+// in-flight scrapes): a blocking call for a server run on a goroutine of
+// its own. It returns nil after a clean stop.
 func (s *Server) ListenAndServe(ctx context.Context) error {
 	if err := s.Start(ctx); err != nil {
 		return err
@@ -264,5 +269,5 @@ func (s *Server) ListenAndServe(ctx context.Context) error {
 	<-ctx.Done()
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	return s.Shutdown(sctx)
+	return s.Stop(sctx)
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmq/inboxmq/internal/pgtest"
+	"github.com/inboxmq/inboxmq/internal/startstop"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 	"github.com/inboxmq/inboxmq/observe"
 )
@@ -35,7 +36,7 @@ func setup(t *testing.T, extra ...observe.Check) *testBundle {
 	}, extra...)
 	b.srv = observe.NewServer(&observe.ServerConfig{Addr: "127.0.0.1:0", Gatherer: b.reg, Checks: checks})
 	require.NoError(t, b.srv.Start(t.Context()))
-	t.Cleanup(func() { require.NoError(t, b.srv.Shutdown(context.Background())) })
+	t.Cleanup(func() { require.NoError(t, b.srv.Stop(context.Background())) })
 	return b
 }
 
@@ -131,21 +132,74 @@ func TestServer_Metrics(t *testing.T) {
 	require.Contains(t, body, "inboxmq_test_total 3")
 }
 
+// TestServer_Lifecycle: Stop without Start and Stop twice are safe, a
+// second Start is refused, Stop closes the listener and waits for the
+// serving goroutine, and a stopped server starts again.
 func TestServer_Lifecycle(t *testing.T) {
 	t.Parallel()
 	srv := observe.NewServer(&observe.ServerConfig{Addr: "127.0.0.1:0"})
 	require.Equal(t, "127.0.0.1:0", srv.Addr())
-	require.NoError(t, srv.Shutdown(t.Context()), "shutdown without start")
+	require.NoError(t, srv.Stop(t.Context()), "Stop without Start")
 	require.NoError(t, srv.Start(t.Context()))
-	require.Error(t, srv.Start(t.Context()), "second start")
-	require.NotEqual(t, "127.0.0.1:0", srv.Addr())
-	require.NoError(t, srv.Shutdown(t.Context()))
-	require.NoError(t, srv.Shutdown(t.Context()), "idempotent")
+	require.ErrorIs(t, srv.Start(t.Context()), startstop.ErrAlreadyStarted, "second start")
+	addr := srv.Addr()
+	require.NotEqual(t, "127.0.0.1:0", addr)
+	b := &testBundle{srv: srv, client: &http.Client{}}
+	code, _ := b.get(t, "/healthz")
+	require.Equal(t, http.StatusOK, code)
+
+	stopped := srv.Stopped()
+	require.NoError(t, srv.Stop(t.Context()))
+	select {
+	case <-stopped:
+	default:
+		t.Fatal("Stop returned before the serving goroutine ended")
+	}
+	require.NoError(t, srv.Stop(t.Context()), "Stop twice")
+	_, err := net.Dial("tcp", addr)
+	require.Error(t, err, "the listener is closed")
+
+	require.NoError(t, srv.Start(t.Context()), "a stopped server starts again")
+	code, _ = b.get(t, "/healthz")
+	require.Equal(t, http.StatusOK, code)
+	require.NoError(t, srv.Stop(t.Context()))
 
 	require.Equal(t, observe.DefaultAddr, observe.NewServer(nil).Addr())
 
 	bad := observe.NewServer(&observe.ServerConfig{Addr: "256.0.0.1:1"})
 	require.Error(t, bad.Start(t.Context()))
+	require.NoError(t, bad.Stop(t.Context()), "Stop after a failed Start")
+}
+
+// TestServer_StopBoundedByCtx: a scrape that does not finish does not hold
+// Stop past its ctx; the server finishes in the background.
+func TestServer_StopBoundedByCtx(t *testing.T) {
+	t.Parallel()
+	entered, release := make(chan struct{}), make(chan struct{})
+	srv := observe.NewServer(&observe.ServerConfig{Addr: "127.0.0.1:0", Checks: []observe.Check{{
+		Name: "stuck", Func: func(context.Context) error { close(entered); <-release; return nil },
+	}}})
+	require.NoError(t, srv.Start(t.Context()))
+	b := &testBundle{srv: srv, client: &http.Client{}}
+	got := make(chan int, 1)
+	go func() {
+		req, _ := http.NewRequestWithContext(context.Background(), http.MethodGet, "http://"+srv.Addr()+"/readyz", nil)
+		resp, err := b.client.Do(req)
+		if err != nil {
+			got <- 0
+			return
+		}
+		_ = resp.Body.Close()
+		got <- resp.StatusCode
+	}()
+	testenv.WaitChan(t, entered, "the scrape is in flight")
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	require.ErrorIs(t, srv.Stop(ctx), context.Canceled)
+	close(release)
+	require.Equal(t, http.StatusOK, testenv.WaitChan(t, got, "the in-flight scrape is answered"))
+	testenv.WaitChan(t, srv.Stopped(), "the server finishes in the background")
+	require.NoError(t, srv.Stop(t.Context()))
 }
 
 func TestServer_ListenAndServeStopsOnCtx(t *testing.T) {

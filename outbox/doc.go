@@ -51,7 +51,9 @@
 //
 //	relay, err := outbox.NewRelay(pool, &outbox.RelayConfig{URL: amqpURL, Ordered: true})
 //	…
-//	err = relay.Run(ctx) // until ctx is done
+//	err = relay.Start(ctx) // runs in the background
+//	…
+//	err = relay.Stop(ctx) // finishes the batches in flight, bounded by ctx
 //
 // # Ordering
 //

@@ -10,7 +10,4 @@ var (
 	// ErrNoDestination is returned by Enqueue for a message with neither an
 	// Exchange nor a RoutingKey.
 	ErrNoDestination = errors.New("outbox: message has neither Exchange nor RoutingKey")
-	// ErrRelayRunning is returned by Relay.Run and Relay.Start when the
-	// relay is already running.
-	ErrRelayRunning = errors.New("outbox: relay is already running")
 )

@@ -13,6 +13,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/zap"
+
+	"github.com/inboxmq/inboxmq/internal/startstop"
 )
 
 // Relay publishes the outbox's pending rows to RabbitMQ with publisher
@@ -23,8 +25,8 @@ import (
 // its rows pending; they are published again with the same message id, a
 // duplicate that the receiver's inbox absorbs.
 //
-// A Relay is safe for concurrent use; it runs once at a time (Run, or
-// Start/Stop).
+// A Relay is safe for concurrent use; it runs in the background between
+// [Relay.Start] and [Relay.Stop], once at a time.
 type Relay struct {
 	pool    *pgxpool.Pool
 	cfg     RelayConfig
@@ -32,20 +34,17 @@ type Relay struct {
 	metrics *metrics
 	hooks   testHooks
 
-	running atomic.Bool
-	killed  atomic.Bool // set by a test hook's kill; stops every lane
+	killed atomic.Bool // set by a test hook's kill; stops every lane
 
-	mu      sync.Mutex
-	cancel  context.CancelFunc
-	stopped chan struct{}
-	runErr  error
+	svc startstop.Service // the lanes' lifecycle
 }
 
 // testHooks let internal tests inject faults. The zero value does nothing.
 type testHooks struct {
 	// afterConfirm runs after the broker confirmed a batch and before the
 	// rows are marked sent. A non-nil error aborts the batch (its
-	// transaction rolls back) and Run returns it: the relay "dies".
+	// transaction rolls back) and the relay "dies": it stops, and Stop
+	// returns the error.
 	afterConfirm func(messageIDs []string) error
 	// listening runs each time the LISTEN connection is ready.
 	listening func()
@@ -71,26 +70,18 @@ func NewRelay(pool *pgxpool.Pool, cfg *RelayConfig) (*Relay, error) {
 	if err != nil {
 		return nil, fmt.Errorf("outbox: register metrics: %w", err)
 	}
-	stopped := make(chan struct{})
-	close(stopped)
 	return &Relay{
 		pool:    pool,
 		cfg:     c,
 		log:     c.Logger.With(zap.String("component", "outbox-relay"), zap.String("connection_name", c.ConnectionName)),
 		metrics: m,
-		stopped: stopped,
+		svc:     startstop.Service{Name: "outbox: relay"},
 	}, nil
 }
 
-// Run relays until ctx is done, then returns nil. It keeps going through
-// broker and database outages (rows wait in the table and go out after the
-// reconnect), so it returns an error only if it is already running. The
-// batches in flight when ctx ends are finished, bounded by PublishTimeout.
-func (r *Relay) Run(ctx context.Context) error {
-	if !r.running.CompareAndSwap(false, true) {
-		return ErrRelayRunning
-	}
-	defer r.running.Store(false)
+// run relays until ctx is done, then returns nil; it returns early only
+// with a test hook's kill.
+func (r *Relay) run(ctx context.Context) error {
 	r.killed.Store(false)
 
 	ctx, cancel := context.WithCancelCause(ctx)
@@ -187,55 +178,24 @@ func (r *Relay) runLane(ctx context.Context, l *lane) error {
 	return nil
 }
 
-// Start runs the relay in the background until Stop is called or ctx is
-// done. It returns ErrRelayRunning if the relay is running.
+// Start runs the relay in the background until [Relay.Stop]; ctx's
+// cancellation does not stop it, so the events of the last commits still
+// go out while the rest of the process stops. The relay keeps going through
+// broker and database outages (rows wait in the table and go out after the
+// reconnect). A Start while the relay runs returns an error.
 func (r *Relay) Start(ctx context.Context) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.running.Load() || r.cancel != nil {
-		return ErrRelayRunning
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	stopped := make(chan struct{})
-	r.cancel, r.stopped = cancel, stopped
-	go func() {
-		err := r.Run(ctx)
-		r.mu.Lock()
-		r.runErr = err
-		r.mu.Unlock()
-		close(stopped)
-	}()
-	return nil
+	return r.svc.Start(ctx, nil, r.run)
 }
 
-// Stop stops a relay started with Start and waits for it, bounded by ctx.
-// The batch in flight is finished first (bounded by PublishTimeout). Stop
-// is idempotent and safe without a Start.
-func (r *Relay) Stop(ctx context.Context) error {
-	r.mu.Lock()
-	cancel, stopped := r.cancel, r.stopped
-	r.mu.Unlock()
-	if cancel != nil {
-		cancel()
-	}
-	select {
-	case <-stopped:
-	case <-ctx.Done():
-		return fmt.Errorf("outbox: stop: %w", ctx.Err())
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.cancel = nil
-	return r.runErr
-}
+// Stop stops the relay and waits for it, bounded by ctx: the batches in
+// flight are finished first (bounded by PublishTimeout). If ctx ends
+// first, it returns an error joined with ctx.Err() and the relay ends in
+// the background. Stop is idempotent and safe without a Start.
+func (r *Relay) Stop(ctx context.Context) error { return r.svc.Stop(ctx) }
 
-// Stopped returns a channel closed when the relay started by Start has
-// stopped (already closed if it never started).
-func (r *Relay) Stopped() <-chan struct{} {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.stopped
-}
+// Stopped returns a channel closed when the relay started by the last
+// Start has stopped (closed before any Start).
+func (r *Relay) Stopped() <-chan struct{} { return r.svc.Stopped() }
 
 func (r *Relay) newBackOff() *backoff.ExponentialBackOff {
 	bo := backoff.NewExponentialBackOff()
@@ -263,7 +223,7 @@ type brokerError struct{ err error }
 func (e *brokerError) Error() string { return "outbox: broker: " + e.err.Error() }
 func (e *brokerError) Unwrap() error { return e.err }
 
-// killedError carries a test hook's error out of Run.
+// killedError carries a test hook's error out of run.
 type killedError struct{ err error }
 
 func (e *killedError) Error() string { return e.err.Error() }

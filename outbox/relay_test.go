@@ -21,6 +21,7 @@ import (
 	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
+	"github.com/inboxmq/inboxmq/internal/startstop"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 )
 
@@ -104,10 +105,10 @@ func TestCrashBetweenConfirmAndMarkRepublishesSameID(t *testing.T) {
 		}
 		return errKilled
 	}
-	runErr := make(chan error, 1)
-	go func() { runErr <- first.Run(t.Context()) }()
+	require.NoError(t, first.Start(t.Context()))
 	ids := testenv.WaitChan(t, confirmed, "first relay's confirm")
-	require.ErrorIs(t, testenv.WaitChan(t, runErr, "first relay to die"), errKilled)
+	testenv.WaitChan(t, first.Stopped(), "first relay to die")
+	require.ErrorIs(t, first.Stop(t.Context()), errKilled, "Stop returns the run's end")
 	require.Len(t, ids, 2)
 	require.Equal(t, 2, countRows(t, b.pool, "sent_at IS NULL"), "rows stay pending")
 
@@ -354,17 +355,35 @@ func TestRetentionDeletesOnlyOldSentRows(t *testing.T) {
 	require.Zero(t, n)
 }
 
-func TestRelayRunTwice(t *testing.T) {
+// TestRelayStartStop: Stop without Start and Stop twice are safe, a second
+// Start is refused, and Stop waits for the lanes; the relay then starts
+// again.
+func TestRelayStartStop(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	r, _ := b.newRelay(t, nil)
-	start(t, r)
-	require.ErrorIs(t, r.Start(context.Background()), ErrRelayRunning)
 	ctx, cancel := context.WithTimeout(context.Background(), testenv.Timeout())
 	defer cancel()
+	require.NoError(t, r.Stop(ctx), "Stop without Start")
+	startCtx, cancelStart := context.WithCancel(ctx)
+	require.NoError(t, r.Start(startCtx))
+	cancelStart() // ctx bounds only the start
+	require.ErrorIs(t, r.Start(context.Background()), startstop.ErrAlreadyStarted)
+	enqueue(t, b.pool, msgTo(b.queue, "before-stop"))
+	waitAllSent(t, b.pool, 1)
+	stopped := r.Stopped()
 	require.NoError(t, r.Stop(ctx))
-	require.NoError(t, r.Stop(ctx), "Stop is idempotent")
-	<-r.Stopped()
+	select {
+	case <-stopped:
+	default:
+		t.Fatal("Stop returned before the relay ended")
+	}
+	require.NoError(t, r.Stop(ctx), "Stop twice")
+
+	start(t, r)
+	enqueue(t, b.pool, msgTo(b.queue, "after-restart"))
+	waitAllSent(t, b.pool, 2)
+	require.Len(t, amqptest.Drain(t, b.conn, b.queue), 2)
 }
 
 // TestNotifyWakesRelay: with polling effectively off, only the NOTIFY sent

@@ -84,7 +84,7 @@ func run(ctx context.Context, cfg config) error {
 	defer func() {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
-		_ = srv.Shutdown(sctx)
+		_ = srv.Stop(sctx)
 	}()
 
 	pool, err := openPool(cfg)
@@ -192,21 +192,10 @@ func run(ctx context.Context, cfg config) error {
 	if err != nil {
 		return err
 	}
-	recCtx, stopRec := context.WithCancel(context.WithoutCancel(ctx))
-	recDone := make(chan struct{})
-	go func() {
-		defer close(recDone)
-		_ = rec.Run(recCtx)
-	}()
-	stops = append(stops, func(ctx context.Context) error {
-		stopRec()
-		select {
-		case <-recDone:
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	})
+	if err := rec.Start(ctx); err != nil {
+		return err
+	}
+	stops = append(stops, rec.Stop)
 	ret, err := inbox.NewRetention(store, &inbox.RetentionConfig{Logger: logger})
 	if err != nil {
 		return err
@@ -297,11 +286,10 @@ func redisClient(rawURL string) (redis.UniversalClient, error) {
 // after decoding, so they see the idempotency key.
 func newRouter(store *inbox.Store, rdb redis.UniversalClient, m *metrics.Metrics, watcher *control.Watcher, parker middleware.Parker, logger *zap.Logger, cfg config) (*consumer.Router, error) {
 	router := consumer.NewRouter()
-	// Router-wide, outermost first: panics become errors, a span per
-	// delivery (trace context from the headers), handler timing with the
-	// trace as exemplar, and a bound on a stuck handler.
+	// Router-wide, outermost first: a span per delivery (trace context
+	// from the headers), handler timing with the trace as exemplar, and a
+	// bound on a stuck handler. The consumer turns panics into errors.
 	router.Use(
-		middleware.Recover(&middleware.RecoverOpts{Logger: logger}),
 		middleware.Tracing(nil, nil),
 		middleware.Metrics(m),
 		middleware.Timeout(handlerTimeout),

@@ -13,10 +13,14 @@ package combine
 
 import (
 	"context"
-	"fmt"
+	"errors"
 	"slices"
 	"sync"
 )
+
+// ErrRoundPanicked is returned to the callers of a round whose send
+// panicked on another caller's goroutine (the panic goes on there).
+var ErrRoundPanicked = errors.New("combine: round panicked")
 
 // Combiner runs operations of type T (a pointer to a request that the
 // round fills with its answer) in shared rounds. It holds no goroutine and
@@ -50,7 +54,8 @@ func New[T any](send func(batch []T), split func(queue []T) []bool) *Combiner[T]
 // own if none is under way, else in the next one. If ctx ends while v is
 // still queued (or had ended already), v is withdrawn, not sent, and ctx's
 // error is returned; once v is in a round the wait goes on until the round
-// is done. A round that panicked returns an error to each of its callers.
+// is done. If the round's send panics, the panic goes on in the caller
+// that sent it, and the round's other callers get [ErrRoundPanicked].
 func (c *Combiner[T]) Do(ctx context.Context, v T) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -69,9 +74,16 @@ func (c *Combiner[T]) Do(ctx context.Context, v T) error {
 	batch := c.take()
 	c.mu.Unlock()
 
+	defer c.handOver() // also when send panics: the queue must go on
 	c.run(batch, e)
+	return e.err
+}
 
+// handOver wakes the first queued caller to send the next round, or marks
+// the combiner idle.
+func (c *Combiner[T]) handOver() {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	if len(c.queue) > 0 {
 		next := c.queue[0]
 		next.lead = true
@@ -79,8 +91,6 @@ func (c *Combiner[T]) Do(ctx context.Context, v T) error {
 	} else {
 		c.busy = false
 	}
-	c.mu.Unlock()
-	return e.err
 }
 
 // Queued reports the operations waiting for the next round.
@@ -115,17 +125,24 @@ func (c *Combiner[T]) take() []*entry[T] {
 }
 
 // run sends batch, then wakes every caller in it but self (the sender).
+//
+// If send panics, the others are woken with [ErrRoundPanicked] and the
+// panic goes on, unrecovered, on the sender's goroutine: there it reaches
+// whatever guards the sender's own work (for a delivery, the consumer's
+// last guard, which logs its stack), while the callers it was sending for
+// are not left waiting. No recover is needed for that, only this defer.
 func (c *Combiner[T]) run(batch []*entry[T], self *entry[T]) {
+	sent := false
 	defer func() {
-		p := recover()
 		for _, e := range batch {
-			if p != nil {
-				e.err = fmt.Errorf("combine: round panicked: %v", p)
+			if e == self {
+				continue
 			}
-			if e != self {
-				e.lead = false
-				e.done <- struct{}{}
+			if !sent {
+				e.err = ErrRoundPanicked
 			}
+			e.lead = false
+			e.done <- struct{}{}
 		}
 	}()
 	vs := make([]T, len(batch))
@@ -133,6 +150,7 @@ func (c *Combiner[T]) run(batch []*entry[T], self *entry[T]) {
 		vs[i] = e.v
 	}
 	c.send(vs)
+	sent = true
 }
 
 // wait waits until e is answered or handed the next round. If ctx ends

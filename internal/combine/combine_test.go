@@ -157,9 +157,11 @@ func TestCombiner_GivingUpWhileQueuedWithdraws(t *testing.T) {
 	require.Zero(t, q.round)
 }
 
-// A round that panics fails each of its callers with an error, and the
-// combiner goes on: later rounds run.
-func TestCombiner_PanickingRoundFailsItsCallersAndGoesOn(t *testing.T) {
+// A round whose send panics: the panic goes on in the caller that sent
+// the round (where its own guard sees it, stack and all), every other
+// caller of the round gets ErrRoundPanicked instead of waiting for ever,
+// and the combiner goes on: later rounds run.
+func TestCombiner_PanickingRoundPanicsItsSenderFailsTheOthersAndGoesOn(t *testing.T) {
 	t.Parallel()
 	r := newRig(nil)
 	r.panicKey = "bad"
@@ -168,9 +170,13 @@ func TestCombiner_PanickingRoundFailsItsCallersAndGoesOn(t *testing.T) {
 	go func() { gateDone <- r.c.Do(t.Context(), &req{key: "gate"}) }()
 	testenv.WaitChan(t, r.entered, "a round under way")
 	errs := make([]error, 2)
+	panics := make([]any, 2)
 	var wg sync.WaitGroup
 	for i, k := range []string{"ok", "bad"} {
-		wg.Go(func() { errs[i] = r.c.Do(t.Context(), &req{key: k}) })
+		wg.Go(func() {
+			defer func() { panics[i] = recover() }()
+			errs[i] = r.c.Do(t.Context(), &req{key: k})
+		})
 		testenv.WaitFor(t, "queued", func() bool { return r.c.Queued() == i+1 })
 	}
 	r.release <- struct{}{}
@@ -178,8 +184,10 @@ func TestCombiner_PanickingRoundFailsItsCallersAndGoesOn(t *testing.T) {
 	testenv.WaitChan(t, r.entered, "the panicking round")
 	r.release <- struct{}{}
 	wg.Wait()
-	require.ErrorContains(t, errs[0], "round panicked")
-	require.ErrorContains(t, errs[1], "round panicked")
+	// "ok" queued first, so it was handed the round and sent it.
+	require.Equal(t, "boom", panics[0], "the sender's goroutine panics")
+	require.Nil(t, panics[1])
+	require.ErrorIs(t, errs[1], combine.ErrRoundPanicked, "the other caller is released with an error")
 
 	r.hold.Store(false)
 	q := &req{key: "after"}

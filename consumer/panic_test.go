@@ -1,0 +1,62 @@
+package consumer_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/internal/amqptest"
+	"github.com/inboxmq/inboxmq/retry"
+)
+
+// A message whose handler panics every time, with no Recover middleware:
+// the consumer's last guard turns each panic into a retry, the retries are
+// bounded and the message ends in the DLQ; each panic's stack is logged
+// once, by the guard.
+func TestConsumer_PanicEveryTimeEndsInDLQWithOneStackPerPanic(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	core, logs := observer.New(zapcore.ErrorLevel)
+	r := consumer.NewRouter()
+	opts := fastOpts(100 * time.Millisecond)
+	opts.Policy = retry.Exponential{InitialInterval: 10 * time.Millisecond, MaxAttempts: 2}
+	consumer.Register(r, b.queue, consumer.HandlerFunc[order](func(context.Context, *consumer.Message[order]) error {
+		panic("nil map write")
+	}), opts)
+	c := b.start(t, r, func(cfg *consumer.Config) {
+		cfg.Logger = zap.New(core, zap.AddStacktrace(zapcore.ErrorLevel)) // as zap.NewProduction
+	})
+	b.publish(t, b.queue, `{"id":"boom"}`)
+
+	o := b.rec.next(t)
+	require.Equal(t, consumer.ActionRetried, o.Outcome.Action)
+	require.Equal(t, retry.ReasonPanic, o.Outcome.Decision.Reason)
+	o = b.rec.next(t)
+	require.Equal(t, consumer.ActionDeadLettered, o.Outcome.Action)
+	b.stop(t, c)
+
+	dead := amqptest.Drain(t, b.conn, b.queue+".dlq")
+	require.Len(t, dead, 1)
+	require.Equal(t, "exhausted: consumer: handler panicked: nil map write", dead[0].Headers[consumer.HeaderError])
+	require.Equal(t, 2, consumer.HeaderInt(dead[0].Headers, consumer.HeaderAttempt))
+
+	panics := logs.FilterMessage("consumer: handler panicked").All()
+	require.Len(t, panics, 2, "one line per panic")
+	for _, e := range panics {
+		require.Empty(t, e.Stack, "no logger stacktrace besides the panic's own")
+		stack, _ := e.ContextMap()["stack"].(string)
+		require.Equal(t, 1, strings.Count(stack, "panic_test.go"), "the panic's stack, once")
+	}
+	for _, e := range logs.All() {
+		if e.Message != "consumer: handler panicked" {
+			require.NotContains(t, e.ContextMap(), "stack", "no other line carries a stack: %s", e.Message)
+		}
+	}
+}
