@@ -33,7 +33,9 @@ type Config struct {
 	// Workers is the number of worker subprocesses. Defaults to 3.
 	Workers int
 	// Duration is how long faults are injected per scenario (orders are
-	// published over its first 80 %). Defaults to 30s.
+	// published over its first 80 %). The time the injections themselves
+	// take (rabbitmqctl, a worker's restart) does not count against it, up
+	// to one more Duration. Defaults to 30s.
 	Duration time.Duration
 	// FaultEvery is the mean pause between two faults. Defaults to 2s.
 	FaultEvery time.Duration
