@@ -319,8 +319,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		return errors.New("inboxmq: worker already started")
 	}
 	if err := w.start(ctx); err != nil {
-		w.stopLocked(context.WithoutCancel(ctx))
-		return err
+		return errors.Join(err, w.stopLocked(context.WithoutCancel(ctx)))
 	}
 	w.state = stateStarted
 	w.st.done()
