@@ -11,10 +11,14 @@
 //
 // # Modes
 //
-// Without GATEWAY_URL the handler is transactional (inbox.Handler): the
+// The wiring is one inboxmq.Worker (worker.go): it owns the consumer, the
+// metrics and health listener, the runtime controls, the outbox relay, the
+// reconciler and retention, and their start and stop.
+//
+// Without GATEWAY_URL the handler is transactional (inboxmq.HandleTx): the
 // payments row, the ledger entry and a payment.completed outbox message are
 // written in the transaction that records the inbox row. With GATEWAY_URL
-// it runs in claim mode (inbox.ClaimHandler): the charge is posted with
+// it runs in claim mode (inboxmq.HandleClaim): the charge is posted with
 // Idempotency-Key "payment:<order_id>" and the rows are written by the
 // fenced completion.
 //

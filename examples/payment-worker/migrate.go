@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"io/fs"
 
-	"go.uber.org/zap"
-
 	"github.com/inboxmq/inboxmq/migrations"
 )
 
@@ -30,7 +28,7 @@ func migrate(ctx context.Context, cfg config) error {
 		return fmt.Errorf("migrate: %w", err)
 	}
 	defer pool.Close()
-	if err := newStartup(zap.NewNop(), cfg.ConnectTimeout).wait(ctx, "PostgreSQL", cfg.DatabaseURL, "migrate", pool.Ping); err != nil {
+	if err := pingDatabase(ctx, pool, cfg); err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
 	if err := migrations.Up(ctx, pool); err != nil {

@@ -4,66 +4,39 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync/atomic"
 	"time"
 
-	"go.uber.org/zap"
+	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/inboxmq/inboxmq"
 	"github.com/inboxmq/inboxmq/consumer"
 )
 
-// startup bounds and reports the worker's waits for its services while it
-// starts: each wait is logged, bounded by CONNECT_TIMEOUT, and named in
-// /readyz (check "startup") until the worker consumes. A service that
-// accepts connections and never answers thus ends start-up with an error
-// naming it, instead of hanging with no sign of what is wrong.
-type startup struct {
-	logger  *zap.Logger
-	timeout time.Duration
-	state   atomic.Pointer[string] // what start-up is doing; nil once done
-}
-
-func newStartup(logger *zap.Logger, timeout time.Duration) *startup {
-	s := &startup{logger: logger, timeout: timeout}
-	s.set("starting")
-	return s
-}
-
-func (s *startup) set(state string) { s.state.Store(&state) }
-
-// done marks start-up complete: the "startup" check passes from now on.
-func (s *startup) done() { s.state.Store(nil) }
-
-// check is the "startup" readiness check.
-func (s *startup) check(context.Context) error {
-	if p := s.state.Load(); p != nil {
-		return errors.New(*p)
+// connectTimeout names CONNECT_TIMEOUT in the error of a service that did
+// not answer in time at start-up, so the operator knows what to raise.
+func connectTimeout(err error) error {
+	var te *inboxmq.StartTimeoutError
+	if errors.As(err, &te) {
+		return fmt.Errorf("%s at %s did not answer within %s (CONNECT_TIMEOUT): %w", te.Service, te.Addr, te.Timeout, te.Err)
 	}
-	return nil
+	return err
 }
 
-// wait logs "waiting for <service> at <url>" (the URL redacted), runs
-// connect with a context bounded by the timeout and returns its error
-// naming the service; past the timeout, the error says so.
-func (s *startup) wait(ctx context.Context, service, rawURL, purpose string, connect func(context.Context) error) error {
-	what := service + " at " + consumer.RedactURL(rawURL)
-	s.set("waiting for " + what)
-	defer s.set("starting")
-	s.logger.Info("waiting for "+what, zap.String("for", purpose), zap.Duration("timeout", s.timeout))
-	start := time.Now()
-	deadline := start.Add(s.timeout)
-	cctx, cancel := context.WithDeadline(ctx, deadline)
+// pingDatabase waits for the pool's database to answer, bounded by
+// CONNECT_TIMEOUT (the worker's own waits are inboxmq.Worker.Start's).
+func pingDatabase(ctx context.Context, pool *pgxpool.Pool, cfg config) error {
+	deadline := time.Now().Add(cfg.ConnectTimeout)
+	pctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
-	err := connect(cctx)
+	err := pool.Ping(pctx)
 	switch {
 	case err == nil:
-		s.logger.Info(service+" answered", zap.String("for", purpose), zap.Duration("after", time.Since(start)))
 		return nil
 	case ctx.Err() == nil && !time.Now().Before(deadline):
-		// Past the deadline, whether ctx or a socket deadline set from it
-		// ended the wait.
-		return fmt.Errorf("%s did not answer within %s (CONNECT_TIMEOUT): %w", what, s.timeout, err)
+		return connectTimeout(&inboxmq.StartTimeoutError{
+			Service: "PostgreSQL", Addr: consumer.RedactURL(cfg.DatabaseURL), Timeout: cfg.ConnectTimeout, Err: err,
+		})
 	default:
-		return fmt.Errorf("%s: %w", what, err)
+		return fmt.Errorf("PostgreSQL at %s: %w", consumer.RedactURL(cfg.DatabaseURL), err)
 	}
 }

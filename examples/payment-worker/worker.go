@@ -3,44 +3,31 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"net"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
+	"github.com/inboxmq/inboxmq"
 	"github.com/inboxmq/inboxmq/consumer"
-	"github.com/inboxmq/inboxmq/control"
 	"github.com/inboxmq/inboxmq/inbox"
 	"github.com/inboxmq/inboxmq/metrics"
 	"github.com/inboxmq/inboxmq/middleware"
-	"github.com/inboxmq/inboxmq/observe"
 	"github.com/inboxmq/inboxmq/outbox"
 )
-
-// stopTimeout bounds the graceful stop: the contract promises exit within
-// 30 s of SIGTERM, and the consumer's soft stop (10 s) fits well inside.
-const stopTimeout = 25 * time.Second
-
-// handlerTimeout bounds one delivery's handling (lock, inbox, gateway);
-// past it the delivery is retried.
-const handlerTimeout = time.Minute
 
 // gatewayReasons are the retry reasons this worker adds; metrics
 // pre-initialises them so dashboards see zeros from start-up.
 var gatewayReasons = []string{reasonGateway5xx, reasonGateway4xx, reasonGatewayTimeout, reasonGateway429, reasonGatewayNetwork}
 
-// run wires the worker and consumes until ctx ends (SIGINT or SIGTERM), then
-// stops: no new deliveries, in-flight ones finish or are requeued un-acked.
+// run consumes until ctx ends (SIGINT or SIGTERM), then stops: no new
+// deliveries, in-flight ones finish or are requeued un-acked.
 func run(ctx context.Context, cfg config) error {
 	// JSON on stderr, unsampled: every transition of every delivery is logged.
 	zcfg := zap.NewProductionConfig()
@@ -50,191 +37,48 @@ func run(ctx context.Context, cfg config) error {
 		return fmt.Errorf("logger: %w", err)
 	}
 	defer func() { _ = logger.Sync() }()
-
-	// /metrics, /healthz and /readyz come up before any service is
-	// reached: an orchestrator sees the process alive while it waits, and
-	// /readyz names what is missing (check "startup").
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	st := newStartup(logger, cfg.ConnectTimeout)
-	var (
-		poolRef atomic.Pointer[pgxpool.Pool]
-		consRef atomic.Pointer[consumer.Consumer]
-		metRef  atomic.Pointer[metrics.Metrics]
-	)
-	srv := observe.NewServer(&observe.ServerConfig{
-		Addr:     cfg.MetricsAddr,
-		Gatherer: reg,
-		Checks: []observe.Check{
-			{Name: "startup", Func: st.check},
-			observe.Ready("broker", func() bool { c := consRef.Load(); return c != nil && c.Ready() }),
-			{Name: "database", Func: func(ctx context.Context) error {
-				if p := poolRef.Load(); p != nil {
-					return p.Ping(ctx)
-				}
-				return errors.New("not connected yet")
-			}},
-			observe.DegradedFlag("redis", func() bool { m := metRef.Load(); return m != nil && m.RedisDegraded() }),
-		},
-	})
-	if err := srv.Start(ctx); err != nil {
-		return err
-	}
-	// Shut down last, after the services and connections below.
-	defer func() {
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		_ = srv.Stop(sctx)
-	}()
-
 	pool, err := openPool(cfg)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	var store *inbox.Store
-	if err := st.wait(ctx, "PostgreSQL", cfg.DatabaseURL, "inbox", func(ctx context.Context) error {
-		if err := pool.Ping(ctx); err != nil {
-			return err
-		}
-		store, err = inbox.NewStore(ctx, pool, &inbox.StoreConfig{Logger: logger})
-		return err
-	}); err != nil {
-		return err
-	}
-	poolRef.Store(pool)
-
-	m, err := metrics.New(reg, &metrics.Config{
-		ExtraReasons: gatewayReasons,
-		Inbox:        &metrics.InboxConfig{DB: pool},
-	})
-	if err != nil {
-		return err
-	}
-	m.Init(cfg.Queue, cfg.Queue)
-	metRef.Store(m)
-
 	rdb, err := redisClient(cfg.RedisURL)
 	if err != nil {
 		return err
 	}
 	defer rdb.Close()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	// Background services are stopped in reverse order of their start,
-	// each bounded, after the consumer has stopped and before the pool and
-	// the Redis client close.
-	var stops []func(context.Context) error
-	defer func() {
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		for i := len(stops) - 1; i >= 0; i-- {
-			_ = stops[i](sctx)
-		}
-	}()
-
-	// Runtime controls (inboxctl pause/resume/concurrency/block) reach this
-	// worker through PostgreSQL. The watcher exists before the router (the
-	// Block middleware asks it which keys are blocked) and starts, with the
-	// consumer as its target, before the consumer does: a pause set before
-	// the start holds.
-	target := &consumerTarget{}
-	watcher, err := control.NewWatcher(pool, &control.WatcherConfig{
-		Target: target, Queues: map[string]string{cfg.Queue: cfg.Queue}, Logger: logger,
+	// The worker owns the rest: /metrics, /healthz and /readyz come up
+	// first and name what start-up waits for; the consumer stops first.
+	w, err := inboxmq.NewWorker(&inboxmq.Config{
+		URL: cfg.AMQPURL, DB: pool, Redis: rdb, Routes: newRoutes(cfg), Logger: logger,
+		ConnectTimeout: cfg.ConnectTimeout,
+		Metrics:        &inboxmq.MetricsConfig{Registerer: reg, Series: &metrics.Config{ExtraReasons: gatewayReasons}},
+		Health:         &inboxmq.HealthConfig{Addr: cfg.MetricsAddr},
+		Controls:       &inboxmq.ControlsConfig{ParkerName: "payment-worker-parker"},
+		Outbox: &inboxmq.OutboxConfig{
+			// An event nobody subscribed to is dropped, not retried forever.
+			Relay:     outbox.RelayConfig{ConnectionName: "payment-worker-outbox", AllowUnroutable: true},
+			Exchanges: []inboxmq.Exchange{{Name: cfg.EventsExchange}},
+		},
+		Reconciler: &inbox.ReconcilerConfig{},
+		Retention:  &inbox.RetentionConfig{},
 	})
 	if err != nil {
 		return err
 	}
-	parker := &redialParker{url: cfg.AMQPURL, name: "payment-worker-parker"}
-	defer parker.Close()
-
-	router, err := newRouter(store, rdb, m, watcher, parker, logger, cfg)
-	if err != nil {
-		return err
+	if err := w.Start(ctx); err != nil {
+		return connectTimeout(err)
 	}
-	c, err := consumer.New(&consumer.Config{
-		URL:         cfg.AMQPURL,
-		Router:      router,
-		Logger:      logger,
-		Observers:   []consumer.Observer{m, middleware.NewLogObserver(logger, nil), store.DeadLetterObserver()},
-		DialTimeout: cfg.ConnectTimeout,
-	})
-	if err != nil {
-		return err
-	}
-	consRef.Store(c)
-
-	if err := st.wait(ctx, "RabbitMQ", cfg.AMQPURL, "events exchange", func(ctx context.Context) error {
-		return declareEvents(ctx, cfg)
-	}); err != nil {
-		return err
-	}
-	relay, err := outbox.NewRelay(pool, &outbox.RelayConfig{
-		URL:             cfg.AMQPURL,
-		ConnectionName:  "payment-worker-outbox",
-		AllowUnroutable: true, // an event nobody subscribed to is dropped, not retried forever
-		Logger:          logger,
-		Registerer:      reg,
-	})
-	if err != nil {
-		return err
-	}
-	// The relay outlives ctx: it is stopped after the consumer, so the
-	// events of the last commits still go out.
-	if err := relay.Start(context.WithoutCancel(ctx)); err != nil {
-		return err
-	}
-	stops = append(stops, relay.Stop)
-
-	// Maintenance: stale claims of vanished workers become retryable (and
-	// are counted), completed rows past the dedup window are deleted. Both
-	// are safe to run in every worker.
-	rec, err := inbox.NewReconciler(store, &inbox.ReconcilerConfig{OnStale: m.StaleRecords, Logger: logger})
-	if err != nil {
-		return err
-	}
-	if err := rec.Start(ctx); err != nil {
-		return err
-	}
-	stops = append(stops, rec.Stop)
-	ret, err := inbox.NewRetention(store, &inbox.RetentionConfig{Logger: logger})
-	if err != nil {
-		return err
-	}
-	if err := ret.Start(ctx); err != nil {
-		return err
-	}
-	stops = append(stops, ret.Stop)
-
-	target.c = c
-	wctx, cancelWatcher := context.WithTimeout(ctx, cfg.ConnectTimeout) // its first read only
-	err = watcher.Start(wctx)
-	cancelWatcher()
-	if err != nil {
-		return err
-	}
-	stops = append(stops, watcher.Stop)
-
-	if err := st.wait(ctx, "RabbitMQ", cfg.AMQPURL, "consumer", c.Start); err != nil {
-		return err
-	}
-	st.done()
 	logger.Info("payment-worker consuming",
 		zap.String("queue", cfg.Queue),
 		zap.Bool("gateway", cfg.GatewayURL != ""),
 		zap.Bool("group_commit", cfg.GroupCommit),
 		zap.String("amqp_url", consumer.RedactURL(cfg.AMQPURL)),
 		zap.String("metrics_addr", cfg.MetricsAddr))
-
-	select {
-	case <-ctx.Done():
-	case <-c.Stopped():
-		return errors.New("consumer stopped unexpectedly")
-	}
-	logger.Info("payment-worker stopping")
-	st.set("stopping")
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stopTimeout)
-	defer cancel()
-	if err := c.Stop(sctx); err != nil {
+	if err := w.Wait(ctx); err != nil {
 		return err
 	}
 	logger.Info("payment-worker stopped")
@@ -281,57 +125,25 @@ func redisClient(rawURL string) (redis.UniversalClient, error) {
 	return redis.NewClient(opt), nil
 }
 
-// newRouter registers the payment handler: transactional mode without a
-// gateway, claim mode with one. The completed-cache and the Redis lock run
-// after decoding, so they see the idempotency key.
-func newRouter(store *inbox.Store, rdb redis.UniversalClient, m *metrics.Metrics, watcher *control.Watcher, parker middleware.Parker, logger *zap.Logger, cfg config) (*consumer.Router, error) {
-	router := consumer.NewRouter()
-	// Router-wide, outermost first: a span per delivery (trace context
-	// from the headers), handler timing with the trace as exemplar, and a
-	// bound on a stuck handler. The consumer turns panics into errors.
-	router.Use(
-		middleware.Tracing(nil, nil),
-		middleware.Metrics(m),
-		middleware.Timeout(handlerTimeout),
-	)
-
-	dedupe := middleware.Dedupe(rdb, &middleware.DedupeOpts{Logger: logger, OnDegraded: m.RedisDegradedHook("cache")})
-	// A copy that finds the key locked waits in a delay tier: 1s at first (a
-	// payment commits in milliseconds, so the holder is done by then and the
-	// copy is acked as a duplicate), longer if it finds the key locked again,
-	// never past the holder's remaining TTL.
-	lck, err := middleware.Lock(rdb, &middleware.LockOpts{TTL: cfg.LockTTL, RetryDelay: time.Second, Logger: logger, OnDegraded: m.RedisDegradedHook("lock")})
-	if err != nil {
-		return nil, err
+// newRoutes registers the payment handler: transactional mode without a
+// gateway, claim mode with one. A copy that finds the key locked waits 1s
+// at first: a payment commits in milliseconds, so by then the copy is
+// acked as a duplicate.
+func newRoutes(cfg config) *inboxmq.Routes {
+	routes := inboxmq.NewRoutes()
+	opts := &inboxmq.RouteOpts{
+		Queue: consumer.QueueOpts{Concurrency: cfg.Concurrency},
+		Lock:  &middleware.LockOpts{TTL: cfg.LockTTL, RetryDelay: time.Second},
 	}
-	// A key blocked at ingress (inboxctl block) is parked before anything
-	// else runs; inboxctl unblock releases it to be processed once.
-	block, err := middleware.Block(watcher, parker, &middleware.BlockOpts{Logger: logger})
-	if err != nil {
-		return nil, err
+	if cfg.GroupCommit { // the store's defaults: up to 64, 2ms, 2 in flight
+		opts.GroupCommit = &inbox.GroupCommit{}
 	}
-	opts := &consumer.HandlerOpts{
-		Middleware: []consumer.Middleware{block, dedupe, lck},
-		Queue:      consumer.QueueOpts{Concurrency: cfg.Concurrency},
-	}
-
-	// With GROUP_COMMIT=on, deliveries handled concurrently share one
-	// transaction (the store's defaults: up to 64, 2ms, 2 in flight).
-	var group *inbox.GroupCommit
-	if cfg.GroupCommit {
-		group = &inbox.GroupCommit{}
-	}
-	var h consumer.Handler[Payment]
 	if cfg.GatewayURL == "" {
-		h = inbox.Handler(store, recordPayment(cfg.EventsExchange), &inbox.HandlerOpts{GroupCommit: group})
+		inboxmq.HandleTx(routes, cfg.Queue, recordPayment(cfg.EventsExchange), opts)
 	} else {
-		gw := &Gateway{BaseURL: cfg.GatewayURL}
-		h = inbox.ClaimHandler(store, chargeAndRecord(gw, cfg.EventsExchange), &inbox.ClaimOpts{GroupCommit: group})
+		inboxmq.HandleClaim(routes, cfg.Queue, chargeAndRecord(&Gateway{BaseURL: cfg.GatewayURL}, cfg.EventsExchange), opts)
 	}
-	if err := consumer.RegisterSafely(router, cfg.Queue, h, opts); err != nil {
-		return nil, err
-	}
-	return router, nil
+	return routes
 }
 
 // recordPayment is the transactional handler: the payment, its ledger
@@ -398,34 +210,4 @@ func writePayment(ctx context.Context, tx pgx.Tx, events string, p Payment) erro
 		ContentType:    "application/json",
 		Body:           body,
 	})
-}
-
-// declareEvents declares the durable topic exchange the payment.completed
-// events go to; subscribers bind their own queues to it. ctx bounds the
-// dial and the AMQP handshake.
-func declareEvents(ctx context.Context, cfg config) error {
-	conn, err := amqp.DialConfig(cfg.AMQPURL, amqp.Config{Dial: func(network, addr string) (net.Conn, error) {
-		var d net.Dialer
-		c, err := d.DialContext(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		if deadline, ok := ctx.Deadline(); ok {
-			_ = c.SetDeadline(deadline) // the handshake's; cleared once open
-		}
-		return c, nil
-	}})
-	if err != nil {
-		return fmt.Errorf("connect: %w", err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return fmt.Errorf("events exchange: %w", err)
-	}
-	defer ch.Close()
-	if err := ch.ExchangeDeclare(cfg.EventsExchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
-		return fmt.Errorf("declare events exchange %s: %w", cfg.EventsExchange, err)
-	}
-	return nil
 }

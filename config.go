@@ -1,0 +1,264 @@
+package inboxmq
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"net/url"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/metrics"
+	"github.com/inboxmq/inboxmq/observe"
+	"github.com/inboxmq/inboxmq/outbox"
+)
+
+// Defaults of [Config].
+const (
+	// DefaultConnectTimeout bounds each wait for PostgreSQL and RabbitMQ in
+	// Worker.Start when Config.ConnectTimeout is zero.
+	DefaultConnectTimeout = 30 * time.Second
+	// DefaultHandlerTimeout bounds one delivery's handling when
+	// Config.HandlerTimeout is zero.
+	DefaultHandlerTimeout = time.Minute
+	// DefaultStopTimeout bounds Worker.Stop when Config.StopTimeout is zero
+	// and the context has no earlier deadline.
+	DefaultStopTimeout = 25 * time.Second
+)
+
+// Config configures a [Worker]. URL, DB and Routes are required; every
+// other field has a default, and each nil section (Metrics, Health,
+// Controls, Outbox, Reconciler, Retention) leaves its part out. A Config
+// must not be changed after it is passed to [NewWorker].
+type Config struct {
+	// URL is the broker's amqp:// or amqps:// URL. Required. Credentials in
+	// it never appear in logs or errors.
+	URL string
+
+	// DB is the pool on the PostgreSQL primary that holds the inbox (run
+	// package migrations first). Required. The worker never closes it.
+	DB *pgxpool.Pool
+
+	// Redis is the client of the completed-cache and the lock. Defaults to
+	// nil: no cache and no lock, PostgreSQL alone deduplicates (the
+	// guarantees do not depend on Redis). Build it with
+	// ContextTimeoutEnabled so call timeouts bound socket reads. The worker
+	// never closes it.
+	Redis redis.UniversalClient
+
+	// Routes are the handlers, built with [NewRoutes], [HandleTx] and
+	// [HandleClaim]. Required, with at least one route.
+	Routes *Routes
+
+	// Name identifies this worker process to the broker (connection_name)
+	// and in logs (worker_id). Defaults to "<hostname>-<pid>".
+	Name string
+
+	// Logger receives the worker's logs: start-up waits, connection events,
+	// one line per delivery transition, the background services' findings.
+	// Defaults to nil, which means no logging.
+	Logger *zap.Logger
+
+	// ConnectTimeout bounds each wait for a service in Start (PostgreSQL
+	// for the inbox and the controls, RabbitMQ for the exchanges and the
+	// consumer) and each broker dial. Past it Start fails with a
+	// [*StartTimeoutError] naming the service. Defaults to
+	// DefaultConnectTimeout (30s).
+	ConnectTimeout time.Duration
+
+	// HandlerTimeout bounds one delivery's handling (middleware, inbox and
+	// handler); past it the handler's context ends and the delivery is
+	// retried. Defaults to DefaultHandlerTimeout (1m); -1 means no bound.
+	HandlerTimeout time.Duration
+
+	// StopTimeout bounds the whole of Stop: the consumer's graceful stop
+	// and then every background service. Defaults to DefaultStopTimeout
+	// (25s); a Stop context with an earlier deadline wins.
+	StopTimeout time.Duration
+
+	// Metrics registers the Prometheus series and counts every delivery.
+	// Defaults to nil: no metrics.
+	Metrics *MetricsConfig
+
+	// Health serves /metrics, /healthz and /readyz. Defaults to nil: no
+	// listener.
+	Health *HealthConfig
+
+	// Controls makes the worker obey inboxctl: pause, resume, concurrency,
+	// and blocked keys parked in "<queue>.parked". Defaults to nil: off.
+	Controls *ControlsConfig
+
+	// Outbox runs a relay that publishes the rows handlers enqueue with
+	// outbox.Enqueue. Defaults to nil: no relay.
+	Outbox *OutboxConfig
+
+	// Reconciler runs inbox.Reconciler: claims of vanished workers past
+	// their lease become retryable. Its OnStale defaults to the metrics'
+	// stale_processing_records_total and its Logger to Logger. Defaults to
+	// nil: no reconciler (a zero inbox.ReconcilerConfig runs it with its
+	// defaults).
+	Reconciler *inbox.ReconcilerConfig
+
+	// Retention runs inbox.Retention: completed rows past the dedup window
+	// are deleted. Defaults to nil: no retention job (a zero
+	// inbox.RetentionConfig runs it with its defaults).
+	Retention *inbox.RetentionConfig
+
+	// Inbox configures the store the worker builds on DB. Its Logger
+	// defaults to Logger. Defaults to nil: the store's defaults.
+	Inbox *inbox.StoreConfig
+}
+
+// MetricsConfig configures the worker's Prometheus metrics.
+type MetricsConfig struct {
+	// Registerer registers the series (the consumer's, the inbox gauges
+	// and the relay's). Defaults to prometheus.DefaultRegisterer.
+	Registerer prometheus.Registerer
+	// Gatherer is served on /metrics when Health is set. Defaults to
+	// Registerer when it is a prometheus.Gatherer (a *prometheus.Registry),
+	// otherwise prometheus.DefaultGatherer.
+	Gatherer prometheus.Gatherer
+	// Series configures the series: namespace, labels, buckets, extra
+	// reasons. Its Inbox defaults to the inbox gauges read through DB.
+	// Defaults to nil: metrics.New's defaults with the inbox gauges.
+	Series *metrics.Config
+}
+
+// HealthConfig configures the worker's HTTP listener: /metrics (when
+// Metrics is set), /healthz (the process answers) and /readyz.
+//
+// /readyz has the checks "startup" (fails, naming what Start waits for,
+// until the worker consumes, and again once it stops), "broker" (the
+// consumer is connected and consumes), "database" (DB answers a ping) and,
+// with Redis, the non-fatal "redis" (degraded while the cache or the lock
+// bypasses Redis).
+type HealthConfig struct {
+	// Addr is the listen address. Defaults to observe.DefaultAddr
+	// (loopback).
+	Addr string
+	// Checks are further /readyz checks. Defaults to none.
+	Checks []observe.Check
+}
+
+// ControlsConfig configures the runtime controls: a control.Watcher that
+// applies inboxctl's pause and concurrency to the consumer, and a
+// middleware.Block on every route that parks the deliveries of blocked keys
+// through a control.DialParker.
+type ControlsConfig struct {
+	// PollInterval is the watcher's reload period without a notification.
+	// Defaults to control.DefaultPollInterval.
+	PollInterval time.Duration
+	// NoListen makes the watcher poll only (no LISTEN connection).
+	// Defaults to false.
+	NoListen bool
+	// ParkerName is the connection_name of the parker's broker connection.
+	// Defaults to Name + "-parker".
+	ParkerName string
+}
+
+// OutboxConfig configures the outbox relay.
+type OutboxConfig struct {
+	// Relay configures the relay. Its URL defaults to Config.URL, its
+	// Logger to Config.Logger and its Registerer to the metrics' (or, with
+	// no Metrics, a registry of its own that nothing serves). Defaults to
+	// outbox.RelayConfig's zero value.
+	Relay outbox.RelayConfig
+	// Exchanges are declared (durable) in Start before the relay runs, so
+	// that the first publish finds them. Defaults to none.
+	Exchanges []Exchange
+}
+
+// Exchange is an exchange the worker declares at start: durable, not
+// auto-deleted.
+type Exchange struct {
+	// Name is the exchange's name. Required.
+	Name string
+	// Kind is its type (topic, direct, fanout, headers). Defaults to
+	// "topic".
+	Kind string
+}
+
+// settings is a Config with its defaults applied.
+type settings struct {
+	Config
+	gatherer prometheus.Gatherer
+}
+
+// withDefaults returns cfg with its defaults applied, or the first reason
+// it is invalid. It does no I/O.
+func withDefaults(cfg *Config) (*settings, error) {
+	if cfg == nil {
+		return nil, errors.New("inboxmq: nil Config")
+	}
+	s := &settings{Config: *cfg}
+	if s.URL == "" {
+		return nil, errors.New("inboxmq: Config.URL is required")
+	}
+	if u, err := url.Parse(s.URL); err != nil || (u.Scheme != "amqp" && u.Scheme != "amqps") {
+		return nil, errors.New("inboxmq: Config.URL: want an amqp:// or amqps:// URL")
+	}
+	if s.DB == nil {
+		return nil, errors.New("inboxmq: Config.DB is required")
+	}
+	if s.Routes == nil || len(s.Routes.snapshot()) == 0 {
+		return nil, errors.New("inboxmq: Config.Routes needs at least one route")
+	}
+	if s.Logger == nil {
+		s.Logger = zap.NewNop()
+	}
+	for _, d := range []struct {
+		name string
+		v    *time.Duration
+		def  time.Duration
+		off  bool // -1 allowed
+	}{
+		{"ConnectTimeout", &s.ConnectTimeout, DefaultConnectTimeout, false},
+		{"HandlerTimeout", &s.HandlerTimeout, DefaultHandlerTimeout, true},
+		{"StopTimeout", &s.StopTimeout, DefaultStopTimeout, false},
+	} {
+		switch {
+		case *d.v == 0:
+			*d.v = d.def
+		case *d.v == -1 && d.off:
+		case *d.v < 0:
+			return nil, fmt.Errorf("inboxmq: Config.%s %s: want a positive duration", d.name, *d.v)
+		}
+	}
+	if m := s.Metrics; m != nil {
+		mc := *m
+		if mc.Registerer == nil {
+			mc.Registerer = prometheus.DefaultRegisterer
+		}
+		if mc.Gatherer == nil {
+			mc.Gatherer = prometheus.DefaultGatherer
+			if g, ok := mc.Registerer.(prometheus.Gatherer); ok {
+				mc.Gatherer = g
+			}
+		}
+		s.Metrics = &mc
+		s.gatherer = mc.Gatherer
+	}
+	if o := s.Outbox; o != nil {
+		for _, e := range o.Exchanges {
+			if e.Name == "" {
+				return nil, errors.New("inboxmq: Config.Outbox.Exchanges: an exchange without a Name")
+			}
+			switch e.Kind {
+			case "", "topic", "direct", "fanout", "headers":
+			default:
+				return nil, fmt.Errorf("inboxmq: Config.Outbox.Exchanges: exchange %q: unknown kind %q", e.Name, e.Kind)
+			}
+		}
+	}
+	if r := s.Retention; r != nil {
+		if err := inbox.CheckWindow(cmp.Or(r.Window, inbox.DefaultRetentionWindow), r.RedeliveryHorizon); err != nil {
+			return nil, fmt.Errorf("inboxmq: Config.Retention: %w", err)
+		}
+	}
+	return s, nil
+}

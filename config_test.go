@@ -1,0 +1,136 @@
+package inboxmq_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inboxmq/inboxmq"
+	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/middleware"
+)
+
+// order is a keyed payload; unkeyed is not.
+type order struct {
+	ID string `json:"id"`
+}
+
+func (o order) IdempotencyKey() string { return "order:" + o.ID }
+
+type unkeyed struct {
+	ID string `json:"id"`
+}
+
+func noop[T any](context.Context, pgx.Tx, *consumer.Message[T]) error { return nil }
+
+// NewWorker refuses a bad Config, each error saying what is wrong, and
+// does no I/O (the pool and the Redis client point at nothing).
+func TestNewWorker_Validation(t *testing.T) {
+	t.Parallel()
+	pool, err := pgxpool.New(t.Context(), "postgres://nobody@127.0.0.1:1/none")
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	t.Cleanup(func() { _ = rdb.Close() })
+
+	routes := func(add ...func(*inboxmq.Routes)) *inboxmq.Routes {
+		r := inboxmq.NewRoutes()
+		if len(add) == 0 {
+			inboxmq.HandleTx(r, "orders", noop[order], nil)
+		}
+		for _, a := range add {
+			a(r)
+		}
+		return r
+	}
+	valid := func() *inboxmq.Config {
+		return &inboxmq.Config{URL: "amqp://guest:guest@127.0.0.1:5672/", DB: pool, Routes: routes()}
+	}
+	tests := []struct {
+		name   string
+		change func(*inboxmq.Config)
+		want   string // "" = valid
+	}{
+		{"valid", func(*inboxmq.Config) {}, ""},
+		{"every section", func(c *inboxmq.Config) {
+			c.Redis = rdb
+			c.Controls = &inboxmq.ControlsConfig{}
+			c.Outbox = &inboxmq.OutboxConfig{Exchanges: []inboxmq.Exchange{{Name: "events"}}}
+			c.Reconciler = &inbox.ReconcilerConfig{}
+			c.Retention = &inbox.RetentionConfig{}
+			c.Health = &inboxmq.HealthConfig{Addr: "127.0.0.1:0"}
+			c.HandlerTimeout = -1
+		}, ""},
+		{"no URL", func(c *inboxmq.Config) { c.URL = "" }, "Config.URL is required"},
+		{"not an AMQP URL", func(c *inboxmq.Config) { c.URL = "http://x:s3cret@host/" }, "want an amqp:// or amqps:// URL"},
+		{"no DB", func(c *inboxmq.Config) { c.DB = nil }, "Config.DB is required"},
+		{"no routes", func(c *inboxmq.Config) { c.Routes = nil }, "at least one route"},
+		{"empty routes", func(c *inboxmq.Config) { c.Routes = inboxmq.NewRoutes() }, "at least one route"},
+		{"negative ConnectTimeout", func(c *inboxmq.Config) { c.ConnectTimeout = -time.Second }, "Config.ConnectTimeout -1s"},
+		{"negative StopTimeout", func(c *inboxmq.Config) { c.StopTimeout = -1 }, "Config.StopTimeout"},
+		{"exchange without name", func(c *inboxmq.Config) {
+			c.Outbox = &inboxmq.OutboxConfig{Exchanges: []inboxmq.Exchange{{Kind: "topic"}}}
+		}, "an exchange without a Name"},
+		{"exchange of unknown kind", func(c *inboxmq.Config) {
+			c.Outbox = &inboxmq.OutboxConfig{Exchanges: []inboxmq.Exchange{{Name: "e", Kind: "x-nope"}}}
+		}, `unknown kind "x-nope"`},
+		{"retention window under the horizon", func(c *inboxmq.Config) {
+			c.Retention = &inbox.RetentionConfig{Window: time.Hour, RedeliveryHorizon: 2 * time.Hour}
+		}, "Config.Retention"},
+		{"nil handler", func(c *inboxmq.Config) {
+			c.Routes = routes(func(r *inboxmq.Routes) { inboxmq.HandleTx[order](r, "orders", nil, nil) })
+		}, `route "orders": nil handler`},
+		{"unkeyed payload", func(c *inboxmq.Config) {
+			c.Routes = routes(func(r *inboxmq.Routes) { inboxmq.HandleTx(r, "plain", noop[unkeyed], nil) })
+		}, `route "plain": payload inboxmq_test.unkeyed does not implement consumer.Keyer`},
+		{"unkeyed payload with a cache and a lock", func(c *inboxmq.Config) {
+			c.Redis = rdb
+			c.Routes = routes(func(r *inboxmq.Routes) { inboxmq.HandleTx(r, "plain", noop[unkeyed], nil) })
+		}, "the inbox, the cache and the lock need its idempotency key"},
+		{"unkeyed payload in claim mode", func(c *inboxmq.Config) {
+			c.Routes = routes(func(r *inboxmq.Routes) {
+				inboxmq.HandleClaim(r, "plain", func(context.Context, *inbox.Claim, *consumer.Message[unkeyed]) error { return nil }, nil)
+			})
+		}, "does not implement consumer.Keyer"},
+		{"two routes on one queue", func(c *inboxmq.Config) {
+			c.Routes = routes(func(r *inboxmq.Routes) {
+				inboxmq.HandleTx(r, "orders", noop[order], nil)
+				inboxmq.HandleTx(r, "orders", noop[order], nil)
+			})
+		}, `queue "orders" already has a handler`},
+		{"invalid queue name", func(c *inboxmq.Config) {
+			c.Routes = routes(func(r *inboxmq.Routes) { inboxmq.HandleTx(r, "bad queue", noop[order], nil) })
+		}, `route "bad queue"`},
+		{"lock TTL out of range", func(c *inboxmq.Config) {
+			c.Redis = rdb
+			c.Routes = routes(func(r *inboxmq.Routes) {
+				inboxmq.HandleTx(r, "orders", noop[order], &inboxmq.RouteOpts{Lock: &middleware.LockOpts{TTL: time.Millisecond}})
+			})
+		}, `route "orders"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			cfg := valid()
+			tt.change(cfg)
+			w, err := inboxmq.NewWorker(cfg)
+			if tt.want == "" {
+				require.NoError(t, err)
+				require.NotNil(t, w)
+				require.NoError(t, w.Stop(t.Context()), "Stop without Start")
+				return
+			}
+			require.ErrorContains(t, err, tt.want)
+			require.NotContains(t, err.Error(), "s3cret")
+			require.Nil(t, w)
+		})
+	}
+	_, err = inboxmq.NewWorker(nil)
+	require.ErrorContains(t, err, "nil Config")
+}

@@ -1,0 +1,49 @@
+package control_test
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"testing"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/control"
+	"github.com/inboxmq/inboxmq/internal/amqptest"
+	"github.com/inboxmq/inboxmq/internal/testenv"
+)
+
+// A DialParker dials its own connection, parks with confirm, dials again
+// after the broker closed its connection, and refuses to park once closed.
+func TestDialParker_RedialsAfterTheConnectionIsClosed(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	queue := amqptest.QueueName(t)
+	conn := amqptest.Dial(t)
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	name := "dial-parker-test-" + hex.EncodeToString(b[:])
+	p := control.NewDialParker(testenv.AMQPURL(), &control.DialParkerOpts{ConnectionName: name})
+	t.Cleanup(func() { _ = p.Close() })
+
+	park := func(id string) error {
+		d := consumer.NewDelivery(queue, queue, "w1", &amqp.Delivery{MessageId: id, Body: []byte(`{}`)})
+		d.Key = "k:" + id
+		return p.Park(ctx, d, control.Block{Consumer: queue, Pattern: "k:" + id, Reason: "test"})
+	}
+	require.NoError(t, park("1"))
+	require.Equal(t, 1, amqptest.Depth(t, conn, control.ParkedQueueName(queue)))
+
+	amqptest.CloseConnection(t, name)
+	require.NoError(t, park("2"), "the parker dials again after a lost connection")
+	parked := amqptest.Drain(t, conn, control.ParkedQueueName(queue))
+	require.Len(t, parked, 2)
+	require.Equal(t, "k:2", parked[1].Headers[consumer.HeaderIdempotencyKey])
+	require.Equal(t, "test", parked[1].Headers[control.HeaderParkedReason])
+
+	require.NoError(t, p.Close())
+	require.NoError(t, p.Close(), "Close is idempotent")
+	require.Error(t, park("3"), "a closed parker refuses to park")
+	require.Equal(t, 0, amqptest.Depth(t, conn, control.ParkedQueueName(queue)))
+}

@@ -1,0 +1,159 @@
+package inboxmq
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"sync"
+
+	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/middleware"
+	"github.com/inboxmq/inboxmq/retry"
+)
+
+// Routes are the handlers of a [Worker], one per queue. Build them with
+// [NewRoutes] and register with [HandleTx] or [HandleClaim] before passing
+// them in Config.Routes. A registration error (a nil handler, a payload
+// without an idempotency key) is kept and returned by [NewWorker], naming
+// the queue. Routes may serve several workers; they are safe for
+// concurrent registration.
+type Routes struct {
+	mu     sync.Mutex
+	routes []*route
+}
+
+// NewRoutes returns an empty set of routes.
+func NewRoutes() *Routes { return &Routes{} }
+
+// RouteOpts are the settings of one route. A nil *RouteOpts means
+// defaults.
+type RouteOpts struct {
+	// Namespace is the inbox namespace: the idempotency key is unique per
+	// (namespace, key), and controls (inboxctl) name it. Defaults to the
+	// queue name.
+	Namespace string
+	// Queue is the queue's topology and concurrency. The zero value is
+	// usable (a classic queue, 8 at once).
+	Queue consumer.QueueOpts
+	// Codec decodes payloads. Defaults to JSON.
+	Codec consumer.Codec
+	// GroupCommit lets deliveries handled concurrently share one
+	// transaction (in claim mode, their completions). Defaults to nil: one
+	// transaction per delivery.
+	GroupCommit *inbox.GroupCommit
+	// StorePayload keeps the payload in the inbox row, for replay by the
+	// reconciler. Defaults to false.
+	StorePayload bool
+	// Claim holds claim mode's lease settings (Lease, MaxLease, Heartbeat,
+	// DurableClaim) for [HandleClaim]; its GroupCommit and StorePayload are
+	// ignored in favour of the fields above. Ignored by [HandleTx].
+	// Defaults to nil: inbox.ClaimOpts's defaults.
+	Claim *inbox.ClaimOpts
+	// Rules are classification rules tried before retry's built-in
+	// taxonomy. Defaults to none.
+	Rules []retry.Rule
+	// Policy bounds and spaces broker-side retries. Defaults to
+	// retry.DefaultPolicy.
+	Policy retry.Policy
+	// InProcess is the short in-process retry for blips. Defaults to
+	// retry.InProcess's zero value.
+	InProcess retry.InProcess
+	// Middleware runs after decoding, inside the worker's block, cache and
+	// lock middleware, outermost first. Defaults to none.
+	Middleware []consumer.Middleware
+	// NoCache leaves out the completed-cache that the worker mounts when
+	// Config.Redis is set. Defaults to false.
+	NoCache bool
+	// Cache configures the completed-cache (its Logger and OnDegraded are
+	// the worker's). Defaults to nil: middleware.Dedupe's defaults.
+	Cache *middleware.DedupeOpts
+	// NoLock leaves out the Redis lock that the worker mounts when
+	// Config.Redis is set. Defaults to false.
+	NoLock bool
+	// Lock configures the lock (its Logger and OnDegraded are the
+	// worker's). Defaults to nil: middleware.Lock's defaults.
+	Lock *middleware.LockOpts
+}
+
+// route is one registration, kept until a worker builds its router.
+type route struct {
+	queue string
+	opts  RouteOpts
+	err   error
+	// register adds the route to router with hopts and returns the function
+	// that, once the worker has its store, builds the inbox handler.
+	register func(router *consumer.Router, hopts *consumer.HandlerOpts) (bind func(*inbox.Store), err error)
+}
+
+func (r *route) namespace() string { return cmp.Or(r.opts.Namespace, r.queue) }
+
+// HandleTx registers fn for queue in transactional mode (inbox.Handler):
+// fn runs once per idempotency key, in the transaction that records the
+// inbox row, and its writes commit with it or not at all. T (or *T) must
+// implement consumer.Keyer.
+func HandleTx[T any](r *Routes, queue string, fn inbox.TxHandlerFunc[T], opts *RouteOpts) {
+	add(r, queue, fn == nil, opts, func(s *inbox.Store, o *RouteOpts) consumer.Handler[T] {
+		return inbox.Handler(s, fn, &inbox.HandlerOpts{GroupCommit: o.GroupCommit, StorePayload: o.StorePayload})
+	})
+}
+
+// HandleClaim registers fn for queue in claim mode (inbox.ClaimHandler),
+// for effects outside PostgreSQL: the key is claimed first, fn calls out
+// with the claim's key and commits through Claim.Complete. T (or *T) must
+// implement consumer.Keyer.
+func HandleClaim[T any](r *Routes, queue string, fn inbox.ClaimFunc[T], opts *RouteOpts) {
+	add(r, queue, fn == nil, opts, func(s *inbox.Store, o *RouteOpts) consumer.Handler[T] {
+		var co inbox.ClaimOpts
+		if o.Claim != nil {
+			co = *o.Claim
+		}
+		co.GroupCommit, co.StorePayload = o.GroupCommit, o.StorePayload
+		return inbox.ClaimHandler(s, fn, &co)
+	})
+}
+
+func add[T any](r *Routes, queue string, nilFn bool, opts *RouteOpts, build func(*inbox.Store, *RouteOpts) consumer.Handler[T]) {
+	rt := &route{queue: queue}
+	if opts != nil {
+		rt.opts = *opts
+	}
+	switch {
+	case r == nil:
+		panic("inboxmq: nil Routes")
+	case nilFn:
+		rt.err = fmt.Errorf("inboxmq: route %q: nil handler", queue)
+	case !reflect.TypeFor[*T]().Implements(reflect.TypeFor[consumer.Keyer]()):
+		// The inbox, the cache and the lock all work on the key.
+		rt.err = fmt.Errorf("inboxmq: route %q: payload %s does not implement consumer.Keyer: the inbox, the cache and the lock need its idempotency key",
+			queue, reflect.TypeFor[T]())
+	}
+	rt.register = func(router *consumer.Router, hopts *consumer.HandlerOpts) (func(*inbox.Store), error) {
+		// The store exists only once Start has reached PostgreSQL: the
+		// router calls the handler built then (before the consumer starts).
+		var h consumer.Handler[T]
+		proxy := consumer.HandlerFunc[T](func(ctx context.Context, msg *consumer.Message[T]) error {
+			if h == nil {
+				return errors.New("inboxmq: worker not started")
+			}
+			return h.Handle(ctx, msg)
+		})
+		if err := consumer.RegisterSafely(router, queue, proxy, hopts); err != nil {
+			return nil, err
+		}
+		o := rt.opts
+		return func(s *inbox.Store) { h = build(s, &o) }, nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.routes = append(r.routes, rt)
+}
+
+// snapshot returns the routes registered so far.
+func (r *Routes) snapshot() []*route {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]*route(nil), r.routes...)
+}

@@ -1,0 +1,577 @@
+package inboxmq
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.uber.org/zap"
+
+	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/control"
+	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/metrics"
+	"github.com/inboxmq/inboxmq/middleware"
+	"github.com/inboxmq/inboxmq/observe"
+	"github.com/inboxmq/inboxmq/outbox"
+	"github.com/inboxmq/inboxmq/retry"
+)
+
+// Worker runs the routes of a [Config] and owns the lifecycle of
+// everything they need: the consumer, the inbox store, and the optional
+// metrics, health listener, runtime controls, outbox relay, reconciler and
+// retention job. Build it with [NewWorker], then [Worker.Run], or
+// [Worker.Start] and [Worker.Stop]. A Worker starts once; its methods are
+// safe for concurrent use.
+type Worker struct {
+	s       *settings
+	logger  *zap.Logger
+	st      *startup
+	routes  []*route
+	binds   []func(*inbox.Store)
+	cons    *consumer.Consumer
+	metrics *metrics.Metrics
+	watcher *control.Watcher
+	parker  *control.DialParker
+	relay   *outbox.Relay
+	health  *observe.Server
+	dead    lateObserver
+
+	storeRef  atomic.Pointer[inbox.Store]
+	cacheDown atomic.Bool
+	lockDown  atomic.Bool
+	stopping  atomic.Bool
+
+	mu      sync.Mutex // held by Start and Stop for their whole run
+	state   int
+	running map[string]service
+	stopErr error
+	stopped chan struct{}
+}
+
+const (
+	stateNew = iota
+	stateStarted
+	stateStopped
+)
+
+// The worker's parts in the order Stop stops them: the consumer first
+// (in-flight deliveries finish, the rest are requeued), then the relay (so
+// the events of the last commits go out), then the rest.
+var stopOrder = []string{"consumer", "relay", "controls", "reconciler", "retention", "health"}
+
+// NewWorker validates cfg and builds a worker ready to start. It does no
+// I/O: a bad Config, a bad RouteOpts or a route whose payload has no
+// idempotency key is reported here, each error naming what is wrong.
+// With Config.Metrics it registers the series.
+func NewWorker(cfg *Config) (*Worker, error) {
+	s, err := withDefaults(cfg)
+	if err != nil {
+		return nil, err
+	}
+	w := &Worker{
+		s:       s,
+		logger:  s.Logger,
+		st:      newStartup(s.Logger, s.ConnectTimeout),
+		routes:  s.Routes.snapshot(),
+		running: make(map[string]service),
+		stopped: make(chan struct{}),
+	}
+	var errs []error
+	for _, rt := range w.routes {
+		errs = append(errs, rt.err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	var reg prometheus.Registerer = prometheus.NewRegistry() // the relay's, when nothing serves metrics
+	if mc := s.Metrics; mc != nil {
+		reg = mc.Registerer
+		var series metrics.Config
+		if mc.Series != nil {
+			series = *mc.Series
+		}
+		if series.Inbox == nil {
+			ic := &metrics.InboxConfig{DB: s.DB}
+			if s.Inbox != nil {
+				ic.Table = s.Inbox.Table
+			}
+			series.Inbox = ic
+		}
+		if w.metrics, err = metrics.New(mc.Registerer, &series); err != nil {
+			return nil, fmt.Errorf("inboxmq: metrics: %w", err)
+		}
+	}
+	if err := w.buildControls(); err != nil {
+		return nil, w.unregister(err)
+	}
+	router, err := w.buildRouter()
+	if err != nil {
+		return nil, w.unregister(err)
+	}
+	observers := []consumer.Observer{middleware.NewLogObserver(s.Logger, nil), &w.dead}
+	if w.metrics != nil {
+		observers = append([]consumer.Observer{w.metrics}, observers...)
+	}
+	w.cons, err = consumer.New(&consumer.Config{
+		URL:         s.URL,
+		Name:        s.Name,
+		Router:      router,
+		Logger:      s.Logger,
+		Observers:   observers,
+		DialTimeout: s.ConnectTimeout,
+	})
+	if err != nil {
+		return nil, w.unregister(err)
+	}
+	if o := s.Outbox; o != nil {
+		rc := o.Relay
+		rc.URL = cmp.Or(rc.URL, s.URL)
+		if rc.Logger == nil {
+			rc.Logger = s.Logger
+		}
+		if rc.Registerer == nil {
+			rc.Registerer = reg
+		}
+		if w.relay, err = outbox.NewRelay(s.DB, &rc); err != nil {
+			return nil, w.unregister(err)
+		}
+	}
+	if h := s.Health; h != nil {
+		w.health = observe.NewServer(&observe.ServerConfig{
+			Addr:     h.Addr,
+			Gatherer: cmp.Or[prometheus.Gatherer](s.gatherer, prometheus.NewRegistry()),
+			Checks:   append(w.checks(), h.Checks...),
+		})
+	}
+	return w, nil
+}
+
+// unregister undoes the metrics registration of a NewWorker that failed
+// after it, so that a corrected Config can register again.
+func (w *Worker) unregister(err error) error {
+	if w.metrics != nil {
+		w.metrics.Unregister(w.s.Metrics.Registerer)
+	}
+	return err
+}
+
+// buildControls builds the watcher (its target is the consumer, built
+// later: consumerTarget bridges the two) and the parker.
+func (w *Worker) buildControls() error {
+	c := w.s.Controls
+	if c == nil {
+		return nil
+	}
+	queues := make(map[string]string, len(w.routes))
+	for _, rt := range w.routes {
+		queues[rt.namespace()] = rt.queue
+	}
+	var err error
+	w.watcher, err = control.NewWatcher(w.s.DB, &control.WatcherConfig{
+		Target:       consumerTarget{w},
+		Queues:       queues,
+		PollInterval: c.PollInterval,
+		NoListen:     c.NoListen,
+		Logger:       w.logger,
+	})
+	if err != nil {
+		return err
+	}
+	name := c.ParkerName
+	if name == "" && w.s.Name != "" {
+		name = w.s.Name + "-parker"
+	}
+	w.parker = control.NewDialParker(w.s.URL, &control.DialParkerOpts{ConnectionName: name, DialTimeout: w.s.ConnectTimeout})
+	return nil
+}
+
+// buildRouter mounts the router-wide middleware and every route with its
+// block, cache and lock middleware.
+func (w *Worker) buildRouter() (*consumer.Router, error) {
+	router := consumer.NewRouter()
+	// Outermost first: a span per delivery (trace context from the
+	// headers), handler timing, a bound on a stuck handler. Panics become
+	// errors in the consumer's last guard, around the whole chain.
+	router.Use(middleware.Tracing(nil, nil))
+	if w.metrics != nil {
+		router.Use(middleware.Metrics(w.metrics))
+	}
+	router.Use(middleware.Timeout(w.s.HandlerTimeout))
+
+	var block consumer.Middleware
+	if w.watcher != nil {
+		var err error
+		if block, err = middleware.Block(w.watcher, w.parker, &middleware.BlockOpts{Logger: w.logger}); err != nil {
+			return nil, err
+		}
+	}
+	for _, rt := range w.routes {
+		mw, err := w.routeMiddleware(rt, block)
+		if err != nil {
+			return nil, fmt.Errorf("inboxmq: route %q: %w", rt.queue, err)
+		}
+		bind, err := rt.register(router, &consumer.HandlerOpts{
+			Consumer:   rt.namespace(),
+			Codec:      rt.opts.Codec,
+			Middleware: mw,
+			Rules:      rt.opts.Rules,
+			Policy:     rt.opts.Policy,
+			InProcess:  rt.opts.InProcess,
+			Queue:      rt.opts.Queue,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("inboxmq: route %q: %w", rt.queue, err)
+		}
+		w.binds = append(w.binds, bind)
+		if w.metrics != nil {
+			w.metrics.Init(rt.queue, rt.namespace())
+		}
+	}
+	return router, nil
+}
+
+// routeMiddleware returns a route's handler middleware: a blocked key is
+// parked before anything else runs, then the completed-cache, then the
+// lock, then the route's own.
+func (w *Worker) routeMiddleware(rt *route, block consumer.Middleware) ([]consumer.Middleware, error) {
+	var mw []consumer.Middleware
+	if block != nil {
+		mw = append(mw, block)
+	}
+	if rdb := w.s.Redis; rdb != nil {
+		if !rt.opts.NoCache {
+			var o middleware.DedupeOpts
+			if rt.opts.Cache != nil {
+				o = *rt.opts.Cache
+			}
+			o.Logger, o.OnDegraded = w.logger, w.degradedHook("cache", &w.cacheDown)
+			mw = append(mw, middleware.Dedupe(rdb, &o))
+		}
+		if !rt.opts.NoLock {
+			var o middleware.LockOpts
+			if rt.opts.Lock != nil {
+				o = *rt.opts.Lock
+			}
+			o.Logger, o.OnDegraded = w.logger, w.degradedHook("lock", &w.lockDown)
+			lck, err := middleware.Lock(rdb, &o)
+			if err != nil {
+				return nil, err
+			}
+			mw = append(mw, lck)
+		}
+	}
+	return append(mw, rt.opts.Middleware...), nil
+}
+
+// degradedHook records a Redis user's state for /readyz and the metrics.
+func (w *Worker) degradedHook(component string, flag *atomic.Bool) func(bool) {
+	var count func(bool)
+	if w.metrics != nil {
+		count = w.metrics.RedisDegradedHook(component)
+	}
+	return func(degraded bool) {
+		flag.Store(degraded)
+		if count != nil {
+			count(degraded)
+		}
+	}
+}
+
+// checks are the /readyz checks the worker provides.
+func (w *Worker) checks() []observe.Check {
+	checks := []observe.Check{
+		{Name: "startup", Func: w.st.check},
+		observe.Ready("broker", w.cons.Ready),
+		{Name: "database", Func: func(ctx context.Context) error {
+			if w.store() == nil {
+				return errors.New("not connected yet")
+			}
+			return w.s.DB.Ping(ctx)
+		}},
+	}
+	if w.s.Redis != nil {
+		checks = append(checks, observe.DegradedFlag("redis", func() bool { return w.cacheDown.Load() || w.lockDown.Load() }))
+	}
+	return checks
+}
+
+// Start reaches every service and starts every part: the health listener
+// first (so /readyz says what start-up waits for), then the inbox store
+// on Config.DB, the controls, the exchanges and the relay, the reconciler,
+// the retention job, and the consumer last. Each wait for PostgreSQL or
+// RabbitMQ is logged and bounded by Config.ConnectTimeout
+// ([*StartTimeoutError]). ctx bounds start-up only; the parts run until
+// [Worker.Stop].
+//
+// If a part fails to start, the parts already started are stopped (within
+// Config.StopTimeout) and Start returns the error: nothing keeps running.
+// A Worker starts once: Start after Start or Stop returns an error.
+func (w *Worker) Start(ctx context.Context) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.state != stateNew {
+		return errors.New("inboxmq: worker already started")
+	}
+	if err := w.start(ctx); err != nil {
+		return errors.Join(err, w.stopLocked(context.WithoutCancel(ctx)))
+	}
+	w.state = stateStarted
+	w.st.done()
+	w.logger.Info("inboxmq worker started", zap.Int("routes", len(w.routes)))
+	return nil
+}
+
+func (w *Worker) start(ctx context.Context) error {
+	if w.health != nil {
+		if err := w.run(ctx, "health", w.health); err != nil {
+			return err
+		}
+	}
+	dbURL := w.s.DB.Config().ConnString()
+	if err := w.st.wait(ctx, "PostgreSQL", dbURL, "inbox", w.openStore); err != nil {
+		return err
+	}
+	if w.watcher != nil {
+		// Before the consumer: a pause set before the start holds.
+		w.running["controls"] = w.watcher
+		if err := w.st.wait(ctx, "PostgreSQL", dbURL, "controls", w.watcher.Start); err != nil {
+			return err
+		}
+	}
+	if o := w.s.Outbox; o != nil {
+		if len(o.Exchanges) > 0 {
+			if err := w.st.wait(ctx, "RabbitMQ", w.s.URL, "exchanges", w.declareExchanges); err != nil {
+				return err
+			}
+		}
+		// The relay outlives ctx: it runs until Stop.
+		if err := w.run(context.WithoutCancel(ctx), "relay", w.relay); err != nil {
+			return err
+		}
+	}
+	if w.s.Reconciler != nil {
+		rc := *w.s.Reconciler
+		if rc.OnStale == nil && w.metrics != nil {
+			rc.OnStale = w.metrics.StaleRecords
+		}
+		if rc.Logger == nil {
+			rc.Logger = w.logger
+		}
+		rec, err := inbox.NewReconciler(w.store(), &rc)
+		if err != nil {
+			return err
+		}
+		if err := w.run(ctx, "reconciler", rec); err != nil {
+			return err
+		}
+	}
+	if w.s.Retention != nil {
+		ret, err := inbox.NewRetention(w.store(), w.s.Retention)
+		if err != nil {
+			return err
+		}
+		if err := w.run(ctx, "retention", ret); err != nil {
+			return err
+		}
+	}
+	// Recorded first: Stop also ends a consumer whose Start failed half way.
+	w.running["consumer"] = w.cons
+	return w.st.wait(ctx, "RabbitMQ", w.s.URL, "consumer", w.cons.Start)
+}
+
+// run records svc for Stop (which is safe on a part whose Start failed)
+// and starts it.
+func (w *Worker) run(ctx context.Context, name string, svc service) error {
+	w.running[name] = svc
+	if err := svc.Start(ctx); err != nil {
+		return fmt.Errorf("inboxmq: start %s: %w", name, err)
+	}
+	return nil
+}
+
+// openStore checks the inbox table on the pool and binds the routes'
+// handlers to the store.
+func (w *Worker) openStore(ctx context.Context) error {
+	if err := w.s.DB.Ping(ctx); err != nil {
+		return err
+	}
+	var sc inbox.StoreConfig
+	if w.s.Inbox != nil {
+		sc = *w.s.Inbox
+	}
+	if sc.Logger == nil {
+		sc.Logger = w.logger
+	}
+	s, err := inbox.NewStore(ctx, w.s.DB, &sc)
+	if err != nil {
+		return err
+	}
+	for _, bind := range w.binds {
+		bind(s)
+	}
+	w.dead.set(s.DeadLetterObserver())
+	w.storeRef.Store(s)
+	return nil
+}
+
+func (w *Worker) store() *inbox.Store { return w.storeRef.Load() }
+
+// declareExchanges declares Outbox.Exchanges; ctx's deadline bounds the
+// dial and the handshake.
+func (w *Worker) declareExchanges(ctx context.Context) error {
+	timeout := w.s.ConnectTimeout
+	if deadline, ok := ctx.Deadline(); ok {
+		timeout = min(timeout, time.Until(deadline))
+	}
+	conn, err := amqp.DialConfig(w.s.URL, amqp.Config{Dial: amqp.DefaultDial(timeout)})
+	if err != nil {
+		return errors.New("connect: " + consumer.RedactURL(err.Error()))
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("channel: %w", err)
+	}
+	defer ch.Close()
+	for _, e := range w.s.Outbox.Exchanges {
+		if err := ch.ExchangeDeclare(e.Name, cmp.Or(e.Kind, amqp.ExchangeTopic), true, false, false, false, nil); err != nil {
+			return fmt.Errorf("declare exchange %s: %w", e.Name, err)
+		}
+	}
+	return nil
+}
+
+// Stop stops the worker gracefully: the consumer first (no new
+// deliveries; in-flight ones finish, or are requeued un-acked once the
+// consumer's soft stop ends), then the relay (the events of the last
+// commits go out), then the controls, the reconciler, the retention job
+// and the health listener. The whole stop is bounded by
+// Config.StopTimeout, or by ctx if it ends first; whatever has not
+// committed by then is redelivered by the broker.
+//
+// Stop waits for a Start in progress to return. It is idempotent (a
+// second Stop returns the first one's result) and safe without Start.
+func (w *Worker) Stop(ctx context.Context) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	switch w.state {
+	case stateStopped:
+		return w.stopErr
+	case stateNew:
+		w.state = stateStopped
+		close(w.stopped)
+		return nil
+	}
+	w.logger.Info("inboxmq worker stopping")
+	err := w.stopLocked(ctx)
+	w.logger.Info("inboxmq worker stopped", zap.Error(err))
+	return err
+}
+
+// stopLocked stops the running parts in stopOrder within one deadline.
+func (w *Worker) stopLocked(ctx context.Context) error {
+	w.stopping.Store(true)
+	w.st.set("stopping")
+	sctx, cancel := context.WithTimeout(ctx, w.s.StopTimeout)
+	defer cancel()
+	var errs []error
+	for _, name := range stopOrder {
+		if svc, ok := w.running[name]; ok {
+			if err := svc.Stop(sctx); err != nil {
+				errs = append(errs, fmt.Errorf("inboxmq: stop %s: %w", name, err))
+			}
+			delete(w.running, name)
+		}
+	}
+	if w.parker != nil {
+		_ = w.parker.Close()
+	}
+	w.stopErr = errors.Join(errs...)
+	w.state = stateStopped
+	close(w.stopped)
+	return w.stopErr
+}
+
+// Stopped returns a channel closed once the worker has stopped: after
+// Stop, or after a Start that failed.
+func (w *Worker) Stopped() <-chan struct{} { return w.stopped }
+
+// Wait blocks until ctx is done or the consumer stops on its own (a fatal
+// error), then stops the worker (see [Worker.Stop]) within
+// Config.StopTimeout. It returns Stop's error, joined with an error
+// saying so when the consumer had stopped on its own.
+func (w *Worker) Wait(ctx context.Context) error {
+	var unexpected error
+	select {
+	case <-ctx.Done():
+	case <-w.cons.Stopped():
+		if !w.stopping.Load() {
+			unexpected = errors.New("inboxmq: the consumer stopped on its own")
+		}
+	}
+	return errors.Join(unexpected, w.Stop(context.WithoutCancel(ctx)))
+}
+
+// Run starts the worker, runs it until ctx is done and stops it
+// gracefully: [Worker.Start], then [Worker.Wait]. It returns Start's
+// error, or Wait's.
+func (w *Worker) Run(ctx context.Context) error {
+	if err := w.Start(ctx); err != nil {
+		return err
+	}
+	return w.Wait(ctx)
+}
+
+// consumerTarget lets the controls watcher, which the Block middleware
+// needs when the router is built, drive the consumer, which needs the
+// router: the consumer exists before the watcher starts.
+type consumerTarget struct{ w *Worker }
+
+func (t consumerTarget) Pause(queue string) error  { return t.w.cons.Pause(queue) }
+func (t consumerTarget) Resume(queue string) error { return t.w.cons.Resume(queue) }
+func (t consumerTarget) SetConcurrency(queue string, n int) error {
+	return t.w.cons.SetConcurrency(queue, n)
+}
+
+// lateObserver forwards to an observer set once the store exists (the
+// inbox's dead-letter observer); before that it does nothing.
+type lateObserver struct {
+	o atomic.Pointer[consumer.Observer]
+}
+
+func (l *lateObserver) set(o consumer.Observer) { l.o.Store(&o) }
+
+func (l *lateObserver) get() consumer.Observer {
+	if p := l.o.Load(); p != nil {
+		return *p
+	}
+	return consumer.NopObserver{}
+}
+
+func (l *lateObserver) OnTransition(d *consumer.Delivery, status string, err error) {
+	l.get().OnTransition(d, status, err)
+}
+
+func (l *lateObserver) OnOutcome(d *consumer.Delivery, o consumer.Outcome) { l.get().OnOutcome(d, o) }
+
+func (l *lateObserver) OnInProcessRetry(d *consumer.Delivery, dec retry.Decision, delay time.Duration) {
+	l.get().OnInProcessRetry(d, dec, delay)
+}
+
+func (l *lateObserver) OnConnState(state consumer.ConnState, err error) {
+	l.get().OnConnState(state, err)
+}
+
+// service is a background part of the worker: Start returns once it runs,
+// Stop ends it within ctx (every part runs on internal/startstop).
+type service interface {
+	Start(ctx context.Context) error
+	Stop(ctx context.Context) error
+}
