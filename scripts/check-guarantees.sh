@@ -6,7 +6,9 @@ cd "$(dirname "$0")/.."
 
 missing=0
 while read -r pkg test; do
-  if ! grep -qs "^func ${test}(" "$pkg"/*_test.go; then
+  dir=$pkg
+  [ "$pkg" = inboxmq ] && dir=. # the root package, the façade
+  if ! grep -qs "^func ${test}(" "$dir"/*_test.go; then
     echo "docs/guarantees.md names ${pkg} ${test}, which does not exist" >&2
     missing=1
   fi
