@@ -244,7 +244,9 @@ func (s *Server) serve(ctx context.Context) error {
 	// Stop bounds the caller's wait, not the shutdown: requests in flight
 	// are answered even after Stop gave up waiting for them.
 	err := srv.Shutdown(context.WithoutCancel(ctx))
-	<-served // http.ErrServerClosed once Shutdown closed the listener
+	if serr := <-served; serr != nil && !errors.Is(serr, http.ErrServerClosed) {
+		err = errors.Join(err, fmt.Errorf("observe: serve: %w", serr))
+	}
 	return err
 }
 
