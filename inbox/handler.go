@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
@@ -16,7 +16,7 @@ import (
 // commits together with the inbox row or not at all. It must not commit or
 // roll back tx (it may open nested transactions with tx.Begin or
 // pgx.BeginFunc: they are savepoints).
-type TxHandlerFunc[T any] func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[T]) error
+type TxHandlerFunc[T any] func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[T]) error
 
 // HandlerOpts are per-handler settings of [Handler]. A nil *HandlerOpts
 // means defaults.
@@ -46,7 +46,7 @@ type HandlerOpts struct {
 //     received row is taken up again);
 //  3. no row came back: the key is completed, and the delivery is a
 //     duplicate (an error matching [ErrDuplicate]), or, if the message's
-//     fingerprint (consumer.Message.Fingerprint) differs from the one
+//     fingerprint (inboxtype.Message.Fingerprint) differs from the one
 //     recorded, a key conflict (permanent); a live claim of claim mode asks
 //     for a retry after its lease;
 //  4. otherwise msg.Delivery.Fence is set, StatusProcessing reported, and h
@@ -76,7 +76,7 @@ type HandlerOpts struct {
 // handlers then run twice, the first run rolled back.
 //
 // Handler panics if s or h is nil (a start-up bug).
-func Handler[T any](s *Store, h TxHandlerFunc[T], opts *HandlerOpts) consumer.Handler[T] {
+func Handler[T any](s *Store, h TxHandlerFunc[T], opts *HandlerOpts) inboxtype.Handler[T] {
 	if s == nil || h == nil {
 		panic("inbox: Handler needs a store and a handler")
 	}
@@ -88,7 +88,7 @@ func Handler[T any](s *Store, h TxHandlerFunc[T], opts *HandlerOpts) consumer.Ha
 	if o.GroupCommit != nil {
 		b = newBatcher(s, o.GroupCommit.or(s.cfg.GroupCommit))
 	}
-	return consumer.HandlerFunc[T](func(ctx context.Context, msg *consumer.Message[T]) error {
+	return inboxtype.HandlerFunc[T](func(ctx context.Context, msg *inboxtype.Message[T]) error {
 		u, err := s.newUnit(ctx, msg.Consumer, msg.Key, msg.ID, msg.Attempt, msg.Delivery, msg.Fingerprint(), o.StorePayload)
 		if err != nil {
 			return err
@@ -108,7 +108,7 @@ func Handler[T any](s *Store, h TxHandlerFunc[T], opts *HandlerOpts) consumer.Ha
 	})
 }
 
-func (s *Store) newUnit(ctx context.Context, consumerName, key, messageID string, attempt int, d *consumer.Delivery, fp []byte, storePayload bool) (*unit, error) {
+func (s *Store) newUnit(ctx context.Context, consumerName, key, messageID string, attempt int, d *inboxtype.Delivery, fp []byte, storePayload bool) (*unit, error) {
 	if key == "" {
 		return nil, retry.Permanent(retry.WithReason(retry.ReasonInvalid, errors.New("inbox: empty idempotency key")))
 	}
@@ -122,7 +122,7 @@ func (s *Store) newUnit(ctx context.Context, consumerName, key, messageID string
 		}
 		u.onClaim = func(fence int64) {
 			d.Fence = fence
-			d.Transition(consumer.StatusProcessing, nil)
+			d.Transition(inboxtype.StatusProcessing, nil)
 		}
 	}
 	return u, nil
@@ -131,7 +131,7 @@ func (s *Store) newUnit(ctx context.Context, consumerName, key, messageID string
 // crashCounted reports whether a delivery pays for the crash-loop counter:
 // only redelivered ones, and not those of quorum queues (x-delivery-count
 // set), whose delivery limit the broker enforces itself.
-func crashCounted(redelivered bool, d *consumer.Delivery) bool {
+func crashCounted(redelivered bool, d *inboxtype.Delivery) bool {
 	return redelivered && (d == nil || d.DeliveryCount == 0)
 }
 

@@ -11,15 +11,15 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
 // effectHandler writes one effect row and one ledger row per message.
 func effectHandler(calls *atomic.Int64) inbox.TxHandlerFunc[order] {
-	return func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[order]) error {
+	return func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
 		if calls != nil {
 			calls.Add(1)
 		}
@@ -73,10 +73,10 @@ func TestHandler_SetsFenceAndProcessingTransition(t *testing.T) {
 	b := setup(t, nil)
 	obs := &transitions{}
 	msg := newMsg(t, "payments", order{OrderID: "f", Amount: 1}, false)
-	msg.Delivery = consumer.NewDelivery("q", "payments", "w1", msg.Delivery.Raw, obs)
+	msg.Delivery = inboxtype.NewDelivery("q", "payments", "w1", msg.Delivery.Raw, obs)
 	h := inbox.Handler(b.store, effectHandler(nil), nil)
 	require.NoError(t, h.Handle(t.Context(), msg))
-	require.Equal(t, []string{consumer.StatusProcessing}, obs.statuses())
+	require.Equal(t, []inboxtype.Status{inboxtype.StatusProcessing}, obs.statuses())
 	require.Equal(t, int64(1), msg.Delivery.Fence)
 }
 
@@ -84,7 +84,7 @@ func TestHandler_FailureRollsBackAndIsRecorded(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
 	fail := true
-	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[order]) error {
+	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
 		if err := effectHandler(nil)(ctx, tx, msg); err != nil {
 			return err
 		}
@@ -139,7 +139,7 @@ func TestHandler_ComparesTheDeliveryFingerprint(t *testing.T) {
 	h := inbox.Handler(b.store, effectHandler(nil), nil)
 	// The inbox records and compares Delivery.Fingerprint, the value the
 	// completed-cache compares too, not a fingerprint of its own.
-	withFP := func(o order, fp string) *consumer.Message[order] {
+	withFP := func(o order, fp string) *inboxtype.Message[order] {
 		msg := newMsg(t, "payments", o, false)
 		msg.Delivery.Fingerprint = []byte(fp)
 		return msg
@@ -156,7 +156,7 @@ func TestHandler_ComparesTheDeliveryFingerprint(t *testing.T) {
 func TestHandler_BusinessUniqueViolationIsDuplicate(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
-	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[order]) error {
+	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
 		_, err := tx.Exec(ctx, `INSERT INTO orders (order_id) VALUES ('same-order')`)
 		return err
 	}, nil)
@@ -174,14 +174,14 @@ func TestHandler_SerializationFailureIsRetryable(t *testing.T) {
 	b := setup(t, nil)
 	const injected = 3
 	var calls atomic.Int64
-	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[order]) error {
+	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
 		if calls.Add(1) <= injected {
 			_, err := tx.Exec(ctx, `DO $$ BEGIN RAISE EXCEPTION 'injected' USING ERRCODE = '40001'; END $$`)
 			return err
 		}
 		return effectHandler(nil)(ctx, tx, msg)
 	}, nil)
-	attempt := func(n int) *consumer.Message[order] {
+	attempt := func(n int) *inboxtype.Message[order] {
 		m := newMsg(t, "payments", order{OrderID: "s"}, false)
 		m.Attempt = n
 		return m
@@ -202,7 +202,7 @@ func TestHandler_CrashLoopBound(t *testing.T) {
 	t.Parallel()
 	b := setup(t, &inbox.StoreConfig{CrashLimit: 3})
 	var calls atomic.Int64
-	h := inbox.Handler(b.store, func(context.Context, pgx.Tx, *consumer.Message[order]) error {
+	h := inbox.Handler(b.store, func(context.Context, pgx.Tx, *inboxtype.Message[order]) error {
 		calls.Add(1)
 		return errors.New("worker would have crashed here")
 	}, nil)
@@ -246,7 +246,7 @@ func TestHandler_EmptyKeyIsPermanent(t *testing.T) {
 func TestHandler_PanicBecomesError(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
-	h := inbox.Handler(b.store, func(context.Context, pgx.Tx, *consumer.Message[order]) error { panic("boom") }, nil)
+	h := inbox.Handler(b.store, func(context.Context, pgx.Tx, *inboxtype.Message[order]) error { panic("boom") }, nil)
 	err := h.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "p"}, false))
 	require.Equal(t, retry.ReasonPanic, retry.Classify(err).Reason)
 	require.Equal(t, inbox.RecordFailed, b.get(t, "payments", "order:p").Status)
@@ -264,21 +264,21 @@ func TestHandler_ConsumersAreNamespaces(t *testing.T) {
 
 // transitions records the statuses a delivery went through.
 type transitions struct {
-	consumer.NopObserver
+	inboxtype.NopObserver
 	mu   sync.Mutex
-	seen []string
+	seen []inboxtype.Status
 }
 
-func (o *transitions) OnTransition(_ *consumer.Delivery, status string, _ error) {
+func (o *transitions) OnTransition(_ *inboxtype.Delivery, status inboxtype.Status, _ error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.seen = append(o.seen, status)
 }
 
-func (o *transitions) statuses() []string {
+func (o *transitions) statuses() []inboxtype.Status {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	return append([]string(nil), o.seen...)
+	return append([]inboxtype.Status(nil), o.seen...)
 }
 
 func TestHandler_ConcurrentDuplicateProceedsWhenTheFirstRollsBack(t *testing.T) {
@@ -287,7 +287,7 @@ func TestHandler_ConcurrentDuplicateProceedsWhenTheFirstRollsBack(t *testing.T) 
 	entered := make(chan struct{})
 	release := make(chan struct{})
 	var calls atomic.Int64
-	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[order]) error {
+	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
 		if calls.Add(1) == 1 {
 			close(entered)
 			<-release

@@ -15,6 +15,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
@@ -190,16 +191,16 @@ func (h *harness) newCopy(body []byte) copyOf {
 
 // deliverOnce hands one delivery of c to the route's chain and classifies
 // the result. Panics are caught and reported as errors.
-func (h *harness) deliverOnce(ctx context.Context, c copyOf, attempt int, redelivered bool) (d *consumer.Delivery, dec retry.Decision) {
+func (h *harness) deliverOnce(ctx context.Context, c copyOf, attempt int, redelivered bool) (d *inboxtype.Delivery, dec retry.Decision) {
 	raw := &amqp.Delivery{
 		MessageId:   c.id,
 		Body:        c.body,
 		ContentType: "application/json",
 		RoutingKey:  h.s.Queue,
 		Redelivered: redelivered,
-		Headers:     amqp.Table{consumer.HeaderAttempt: int32(attempt)},
+		Headers:     amqp.Table{inboxtype.HeaderAttempt: int32(attempt)},
 	}
-	d = consumer.NewDelivery(h.s.Queue, h.route.Opts.Consumer, "inboxtest", raw)
+	d = inboxtype.NewDelivery(h.s.Queue, h.route.Opts.Consumer, "inboxtest", raw)
 	var err error
 	func() {
 		defer func() {

@@ -6,8 +6,8 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/control"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
@@ -18,13 +18,13 @@ import (
 const SourceParked = retry.SourceParked
 
 // StatusParked is the transition [Block] reports when it parks a delivery.
-const StatusParked = consumer.StatusParked
+const StatusParked = inboxtype.StatusParked
 
 // Parker parks a delivery: it makes a durable copy in the delivery's
 // parked queue and returns only once the broker confirmed it.
 // *control.Parker implements it.
 type Parker interface {
-	Park(ctx context.Context, d *consumer.Delivery, b control.Block) error
+	Park(ctx context.Context, d *inboxtype.Delivery, b control.Block) error
 }
 
 // BlockOpts configure [Block]. A nil *BlockOpts means the defaults.
@@ -51,7 +51,7 @@ type BlockOpts struct {
 // is durable (invariant 1). If parking fails, Block returns a retryable
 // error (reason "park") and the handler is not run. inboxctl unblock (or
 // [control.Release]) moves parked messages back to the work queue.
-func Block(w *control.Watcher, p Parker, opts *BlockOpts) (consumer.Middleware, error) {
+func Block(w *control.Watcher, p Parker, opts *BlockOpts) (inboxtype.Middleware, error) {
 	if w == nil {
 		return nil, fmt.Errorf("middleware: Block needs a *control.Watcher")
 	}
@@ -62,8 +62,8 @@ func Block(w *control.Watcher, p Parker, opts *BlockOpts) (consumer.Middleware, 
 	if opts != nil && opts.Logger != nil {
 		log = opts.Logger
 	}
-	return func(next consumer.DeliveryHandler) consumer.DeliveryHandler {
-		return func(ctx context.Context, d *consumer.Delivery) error {
+	return func(next inboxtype.DeliveryHandler) inboxtype.DeliveryHandler {
+		return func(ctx context.Context, d *inboxtype.Delivery) error {
 			if d.Key == "" {
 				return next(ctx, d)
 			}

@@ -9,7 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
-	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
@@ -86,7 +86,7 @@ func (o *DedupeOpts) withDefaults() DedupeOpts {
 // Redis errors and timeouts are reported through OnDegraded and the logger
 // once per change; the middleware recovers by itself. Dedupe panics if
 // client is nil.
-func Dedupe(client redis.UniversalClient, opts *DedupeOpts) consumer.Middleware {
+func Dedupe(client redis.UniversalClient, opts *DedupeOpts) inboxtype.Middleware {
 	if client == nil {
 		panic("middleware: Dedupe: nil redis client")
 	}
@@ -105,8 +105,8 @@ type dedupeMiddleware struct {
 	health *health
 }
 
-func (m *dedupeMiddleware) wrap(next consumer.DeliveryHandler) consumer.DeliveryHandler {
-	return func(ctx context.Context, d *consumer.Delivery) error {
+func (m *dedupeMiddleware) wrap(next inboxtype.DeliveryHandler) inboxtype.DeliveryHandler {
+	return func(ctx context.Context, d *inboxtype.Delivery) error {
 		if d.Key == "" || len(d.Fingerprint) == 0 {
 			return next(ctx, d)
 		}

@@ -11,15 +11,15 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 	"github.com/inboxmq/inboxmq/middleware"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
 // countingHandler returns a handler that counts its calls and returns err.
-func countingHandler(calls *int, err error) consumer.DeliveryHandler {
-	return func(context.Context, *consumer.Delivery) error {
+func countingHandler(calls *int, err error) inboxtype.DeliveryHandler {
+	return func(context.Context, *inboxtype.Delivery) error {
 		*calls++
 		return err
 	}
@@ -136,7 +136,7 @@ func TestDedupe_HitOnlyForTheSameFingerprint(t *testing.T) {
 	ctx := t.Context()
 	b := setupRedis(t)
 	mw := middleware.Dedupe(b.flaky, &middleware.DedupeOpts{Prefix: b.prefix})
-	job := func(fp string) *consumer.Delivery {
+	job := func(fp string) *inboxtype.Delivery {
 		d := keyedDelivery("order-x")
 		d.Fingerprint = []byte(fp)
 		return d
@@ -232,7 +232,7 @@ func TestDedupe_WritesAfterContextEnded(t *testing.T) {
 	b := setupRedis(t)
 	mw := middleware.Dedupe(b.flaky, &middleware.DedupeOpts{Prefix: b.prefix})
 	cctx, cancel := context.WithCancel(t.Context())
-	err := mw(func(context.Context, *consumer.Delivery) error {
+	err := mw(func(context.Context, *inboxtype.Delivery) error {
 		cancel() // the worker is stopping, but this delivery committed
 		return nil
 	})(cctx, keyedDelivery("k"))
@@ -256,7 +256,7 @@ func TestDedupe_NoKeyPassesThrough(t *testing.T) {
 func BenchmarkDedupeMiddleware(b *testing.B) {
 	rb := setupRedis(b)
 	h := middleware.Dedupe(rb.flaky, &middleware.DedupeOpts{Prefix: rb.prefix, TTL: time.Minute})(
-		func(context.Context, *consumer.Delivery) error { return nil })
+		func(context.Context, *inboxtype.Delivery) error { return nil })
 	runParallel8(b, func(i int64) error { return h(b.Context(), keyedDelivery("k"+itoa(i))) })
 	b.ReportMetric(float64(rb.flaky.Calls.Load())/float64(b.N), "roundtrips/delivery")
 }

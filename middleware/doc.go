@@ -1,5 +1,5 @@
 // Package middleware holds inboxmq's delivery middleware: decorators of
-// [consumer.DeliveryHandler] that run around the decode and handler step,
+// [inboxtype.DeliveryHandler] that run around the decode and handler step,
 // and the observers that turn delivery events into logs, metrics and traces.
 //
 // Middleware never acks or nacks. It returns an error (or nil), and the
@@ -17,7 +17,7 @@
 //		middleware.Timeout(2*time.Minute))
 //	lck, err := middleware.Lock(rdb, nil)
 //	consumer.Register(r, "payments", h, &consumer.HandlerOpts{
-//		Middleware: []consumer.Middleware{
+//		Middleware: []inboxtype.Middleware{
 //			middleware.Dedupe(rdb, nil),
 //			lck,
 //		},

@@ -6,7 +6,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/metrics"
 	"github.com/inboxmq/inboxmq/retry"
 )
@@ -23,12 +23,12 @@ import (
 // The per-delivery counters (received, duplicates, retries, dead letters,
 // end-to-end time) come from m as a consumer observer, not from this
 // middleware: use both. A nil m returns middleware that does nothing.
-func Metrics(m *metrics.Metrics) consumer.Middleware {
-	return func(next consumer.DeliveryHandler) consumer.DeliveryHandler {
+func Metrics(m *metrics.Metrics) inboxtype.Middleware {
+	return func(next inboxtype.DeliveryHandler) inboxtype.DeliveryHandler {
 		if m == nil {
 			return next
 		}
-		return func(ctx context.Context, d *consumer.Delivery) error {
+		return func(ctx context.Context, d *inboxtype.Delivery) error {
 			start := time.Now()
 			err := next(ctx, d)
 			var traceID string

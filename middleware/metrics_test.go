@@ -9,7 +9,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/metrics"
 	"github.com/inboxmq/inboxmq/middleware"
 	"github.com/inboxmq/inboxmq/retry"
@@ -22,11 +22,11 @@ func TestMetrics_HandlerDurationWithExemplar(t *testing.T) {
 	require.NoError(t, err)
 	tb := setupTrace(t)
 
-	chain := consumer.Chain(middleware.Tracing(tb.tp, nil), middleware.Metrics(m))
-	d := consumer.NewDelivery("payments", "payments-svc", "w1", &amqp.Delivery{})
-	require.NoError(t, chain(func(context.Context, *consumer.Delivery) error { return nil })(context.Background(), d))
-	require.Error(t, chain(func(context.Context, *consumer.Delivery) error { return errors.New("x") })(context.Background(), d))
-	require.ErrorIs(t, chain(func(context.Context, *consumer.Delivery) error {
+	chain := inboxtype.Chain(middleware.Tracing(tb.tp, nil), middleware.Metrics(m))
+	d := inboxtype.NewDelivery("payments", "payments-svc", "w1", &amqp.Delivery{})
+	require.NoError(t, chain(func(context.Context, *inboxtype.Delivery) error { return nil })(context.Background(), d))
+	require.Error(t, chain(func(context.Context, *inboxtype.Delivery) error { return errors.New("x") })(context.Background(), d))
+	require.ErrorIs(t, chain(func(context.Context, *inboxtype.Delivery) error {
 		return retry.Duplicate(retry.SourceInbox, nil)
 	})(context.Background(), d), retry.ErrDuplicate)
 
@@ -56,5 +56,5 @@ func TestMetrics_HandlerDurationWithExemplar(t *testing.T) {
 	require.Equal(t, 3, exemplars, "each observation links to its trace")
 
 	// nil Metrics is a pass-through.
-	require.NoError(t, middleware.Metrics(nil)(func(context.Context, *consumer.Delivery) error { return nil })(context.Background(), d))
+	require.NoError(t, middleware.Metrics(nil)(func(context.Context, *inboxtype.Delivery) error { return nil })(context.Background(), d))
 }

@@ -7,7 +7,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/clip"
 	"github.com/inboxmq/inboxmq/retry"
 )
@@ -47,13 +47,13 @@ type RecoverOpts struct {
 // wrapped with reason retry.ReasonPanic. A message that panics every time
 // is retried under the handler's policy and then dead-lettered, never
 // hot-looped. Put it outermost.
-func Recover(opts *RecoverOpts) consumer.Middleware {
+func Recover(opts *RecoverOpts) inboxtype.Middleware {
 	var logger *zap.Logger
 	if opts != nil && opts.Logger != nil {
 		logger = opts.Logger.WithOptions(zap.AddStacktrace(noStacktrace))
 	}
-	return func(next consumer.DeliveryHandler) consumer.DeliveryHandler {
-		return func(ctx context.Context, d *consumer.Delivery) (err error) {
+	return func(next inboxtype.DeliveryHandler) inboxtype.DeliveryHandler {
+		return func(ctx context.Context, d *inboxtype.Delivery) (err error) {
 			defer func() {
 				v := recover()
 				if v == nil {

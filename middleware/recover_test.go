@@ -12,7 +12,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/clip"
 	"github.com/inboxmq/inboxmq/middleware"
 	"github.com/inboxmq/inboxmq/retry"
@@ -23,7 +23,7 @@ func TestRecover_PanicBecomesError(t *testing.T) {
 	core, logs := observer.New(zapcore.ErrorLevel)
 	mw := middleware.Recover(&middleware.RecoverOpts{Logger: zap.New(core)})
 
-	err := mw(func(context.Context, *consumer.Delivery) error {
+	err := mw(func(context.Context, *inboxtype.Delivery) error {
 		panic("nil map write")
 	})(t.Context(), keyedDelivery("k"))
 
@@ -46,7 +46,7 @@ func TestRecover_PanicBecomesError(t *testing.T) {
 func TestRecover_ErrorValueUnwraps(t *testing.T) {
 	t.Parallel()
 	mw := middleware.Recover(nil)
-	err := mw(func(context.Context, *consumer.Delivery) error {
+	err := mw(func(context.Context, *inboxtype.Delivery) error {
 		panic(io.ErrUnexpectedEOF)
 	})(t.Context(), keyedDelivery("k"))
 	require.ErrorIs(t, err, io.ErrUnexpectedEOF)
@@ -57,8 +57,8 @@ func TestRecover_NoPanicPassesThrough(t *testing.T) {
 	t.Parallel()
 	mw := middleware.Recover(nil)
 	boom := errors.New("boom")
-	require.ErrorIs(t, mw(func(context.Context, *consumer.Delivery) error { return boom })(t.Context(), keyedDelivery("k")), boom)
-	require.NoError(t, mw(func(context.Context, *consumer.Delivery) error { return nil })(t.Context(), keyedDelivery("k")))
+	require.ErrorIs(t, mw(func(context.Context, *inboxtype.Delivery) error { return boom })(t.Context(), keyedDelivery("k")), boom)
+	require.NoError(t, mw(func(context.Context, *inboxtype.Delivery) error { return nil })(t.Context(), keyedDelivery("k")))
 }
 
 // A panic whose value quotes a huge payload logs the value cut to 1 KiB,
@@ -69,7 +69,7 @@ func TestRecover_PanicLineIsBoundedWithOneStack(t *testing.T) {
 	logger := zap.New(core, zap.AddStacktrace(zapcore.ErrorLevel)) // as zap.NewProduction
 	mw := middleware.Recover(&middleware.RecoverOpts{Logger: logger})
 
-	_ = mw(func(context.Context, *consumer.Delivery) error {
+	_ = mw(func(context.Context, *inboxtype.Delivery) error {
 		panic(errors.New("bad amount " + strings.Repeat("9", 1<<20)))
 	})(t.Context(), keyedDelivery("k"))
 

@@ -10,7 +10,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
@@ -89,15 +89,15 @@ func (o *TracingOpts) keyAttribute() bool {
 // is a no-op until the program installs an SDK: inboxmq forces no exporter.
 // The consumer copies headers onto retries and dead letters, so a retried
 // delivery stays in the publisher's trace.
-func Tracing(tp trace.TracerProvider, opts *TracingOpts) consumer.Middleware {
+func Tracing(tp trace.TracerProvider, opts *TracingOpts) inboxtype.Middleware {
 	if tp == nil {
 		tp = otel.GetTracerProvider()
 	}
 	tracer := tp.Tracer(TracerName)
 	prop := opts.propagator()
 	withKey := opts.keyAttribute()
-	return func(next consumer.DeliveryHandler) consumer.DeliveryHandler {
-		return func(ctx context.Context, d *consumer.Delivery) error {
+	return func(next inboxtype.DeliveryHandler) inboxtype.DeliveryHandler {
+		return func(ctx context.Context, d *inboxtype.Delivery) error {
 			ctx = prop.Extract(ctx, HeaderCarrier(d.Headers))
 			attrs := []attribute.KeyValue{
 				AttrMessagingSystem.String("rabbitmq"),

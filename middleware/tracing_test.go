@@ -13,7 +13,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/middleware"
 	"github.com/inboxmq/inboxmq/retry"
 )
@@ -45,7 +45,7 @@ func publish(t *testing.T, tp trace.TracerProvider) (amqp.Table, trace.SpanConte
 	t.Helper()
 	ctx, span := tp.Tracer("producer").Start(context.Background(), "send payments")
 	defer span.End()
-	h := middleware.InjectHeaders(ctx, amqp.Table{consumer.HeaderAttempt: int32(2)})
+	h := middleware.InjectHeaders(ctx, amqp.Table{inboxtype.HeaderAttempt: int32(2)})
 	require.Contains(t, h, "traceparent")
 	return h, span.SpanContext()
 }
@@ -55,11 +55,11 @@ func TestTracing_ParentFromHeaders(t *testing.T) {
 	b := setupTrace(t)
 	headers, parent := publish(t, b.tp)
 
-	d := consumer.NewDelivery("payments", "payments-svc", "w1", &amqp.Delivery{
+	d := inboxtype.NewDelivery("payments", "payments-svc", "w1", &amqp.Delivery{
 		MessageId: "msg-1", Headers: headers, Body: []byte(`{"order":"42"}`), RoutingKey: "payments", DeliveryTag: 9,
 	})
 	var handlerSpan trace.SpanContext
-	h := middleware.Tracing(b.tp, nil)(func(ctx context.Context, d *consumer.Delivery) error {
+	h := middleware.Tracing(b.tp, nil)(func(ctx context.Context, d *inboxtype.Delivery) error {
 		handlerSpan = trace.SpanContextFromContext(ctx)
 		d.Key = "payment:42"
 		d.LockKey = "lock:payment:42"
@@ -101,9 +101,9 @@ func TestTracing_ParentFromHeaders(t *testing.T) {
 func TestTracing_ErrorRecorded(t *testing.T) {
 	t.Parallel()
 	b := setupTrace(t)
-	d := consumer.NewDelivery("payments", "payments-svc", "w1", &amqp.Delivery{MessageId: "m"})
+	d := inboxtype.NewDelivery("payments", "payments-svc", "w1", &amqp.Delivery{MessageId: "m"})
 	boom := retry.WithReason("db_deadlock", errors.New("deadlock detected"))
-	err := middleware.Tracing(b.tp, nil)(func(context.Context, *consumer.Delivery) error { return boom })(context.Background(), d)
+	err := middleware.Tracing(b.tp, nil)(func(context.Context, *inboxtype.Delivery) error { return boom })(context.Background(), d)
 	require.ErrorIs(t, err, boom)
 
 	spans := b.rec.Ended()
@@ -122,10 +122,10 @@ func TestTracing_ErrorRecorded(t *testing.T) {
 func TestTracing_DuplicateIsNotAnError(t *testing.T) {
 	t.Parallel()
 	b := setupTrace(t)
-	d := consumer.NewDelivery("payments", "payments-svc", "w1", &amqp.Delivery{})
+	d := inboxtype.NewDelivery("payments", "payments-svc", "w1", &amqp.Delivery{})
 	off := false
 	mw := middleware.Tracing(b.tp, &middleware.TracingOpts{IdempotencyKeyAttribute: &off})
-	err := mw(func(_ context.Context, d *consumer.Delivery) error {
+	err := mw(func(_ context.Context, d *inboxtype.Delivery) error {
 		d.Key = "secret:42"
 		return retry.Duplicate(retry.SourceCache, nil)
 	})(context.Background(), d)
@@ -152,8 +152,8 @@ func TestHeaderCarrier(t *testing.T) {
 }
 
 func BenchmarkTracing_NoopProvider(b *testing.B) {
-	mw := middleware.Tracing(nil, nil)(func(context.Context, *consumer.Delivery) error { return nil })
-	d := consumer.NewDelivery("payments", "payments-svc", "w1", &amqp.Delivery{MessageId: "m"})
+	mw := middleware.Tracing(nil, nil)(func(context.Context, *inboxtype.Delivery) error { return nil })
+	d := inboxtype.NewDelivery("payments", "payments-svc", "w1", &amqp.Delivery{MessageId: "m"})
 	ctx := context.Background()
 	b.ReportAllocs()
 	for b.Loop() {

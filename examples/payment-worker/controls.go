@@ -10,6 +10,7 @@ import (
 
 	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/control"
+	"github.com/inboxmq/inboxmq/inboxtype"
 )
 
 // consumerTarget lets the controls watcher exist before the consumer (the
@@ -34,7 +35,7 @@ type redialParker struct {
 	parker *control.Parker
 }
 
-func (p *redialParker) Park(ctx context.Context, d *consumer.Delivery, b control.Block) error {
+func (p *redialParker) Park(ctx context.Context, d *inboxtype.Delivery, b control.Block) error {
 	pk, err := p.current()
 	if err != nil {
 		return err

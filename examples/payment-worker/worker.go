@@ -21,6 +21,7 @@ import (
 	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/control"
 	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/metrics"
 	"github.com/inboxmq/inboxmq/middleware"
 	"github.com/inboxmq/inboxmq/observe"
@@ -155,7 +156,7 @@ func run(ctx context.Context, cfg config) error {
 		URL:         cfg.AMQPURL,
 		Router:      router,
 		Logger:      logger,
-		Observers:   []consumer.Observer{m, middleware.NewLogObserver(logger, nil), store.DeadLetterObserver()},
+		Observers:   []inboxtype.Observer{m, middleware.NewLogObserver(logger, nil), store.DeadLetterObserver()},
 		DialTimeout: cfg.ConnectTimeout,
 	})
 	if err != nil {
@@ -323,7 +324,7 @@ func newRouter(store *inbox.Store, rdb redis.UniversalClient, m *metrics.Metrics
 		return nil, err
 	}
 	opts := &consumer.HandlerOpts{
-		Middleware: []consumer.Middleware{block, dedupe, lck},
+		Middleware: []inboxtype.Middleware{block, dedupe, lck},
 		Queue:      consumer.QueueOpts{Concurrency: cfg.Concurrency},
 	}
 
@@ -333,7 +334,7 @@ func newRouter(store *inbox.Store, rdb redis.UniversalClient, m *metrics.Metrics
 	if cfg.GroupCommit {
 		group = &inbox.GroupCommit{}
 	}
-	var h consumer.Handler[Payment]
+	var h inboxtype.Handler[Payment]
 	if cfg.GatewayURL == "" {
 		h = inbox.Handler(store, recordPayment(cfg.EventsExchange), &inbox.HandlerOpts{GroupCommit: group})
 	} else {
@@ -350,7 +351,7 @@ func newRouter(store *inbox.Store, rdb redis.UniversalClient, m *metrics.Metrics
 // entry and its payment.completed event are written in the transaction that
 // records the inbox row, so they commit together or not at all.
 func recordPayment(events string) inbox.TxHandlerFunc[Payment] {
-	return func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[Payment]) error {
+	return func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[Payment]) error {
 		return writePayment(ctx, tx, events, msg.Body)
 	}
 }
@@ -360,7 +361,7 @@ func recordPayment(events string) inbox.TxHandlerFunc[Payment] {
 // claim's key, and the completion commits the business writes only if the
 // claim still holds.
 func chargeAndRecord(gw *Gateway, events string) inbox.ClaimFunc[Payment] {
-	return func(ctx context.Context, claim *inbox.Claim, msg *consumer.Message[Payment]) error {
+	return func(ctx context.Context, claim *inbox.Claim, msg *inboxtype.Message[Payment]) error {
 		// A recorded step is skipped on a later attempt: a crash between the
 		// charge and the completion does not even repeat the call (and if
 		// it did, the gateway would see the same Idempotency-Key).

@@ -1,0 +1,146 @@
+package inboxtype
+
+import (
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Status is a step in the life of one delivery, as reported to
+// [Observer.OnTransition] (and so written as one structured log line).
+type Status string
+
+// Status transitions of a delivery.
+//
+// StatusReceived is reported once per delivery, after its payload was
+// decoded, so it carries the idempotency key; a delivery that could not be
+// decoded (or whose middleware failed before decoding) is reported
+// received, without a key, when its handler chain returns. Router-wide
+// middleware runs before it.
+//
+// The settlement statuses (completed, duplicate, retry, failed,
+// dead_lettered, requeued) are reported once per delivery, when the
+// consumer has settled it, just before [Observer.OnOutcome];
+// [Outcome.Status] names the same one.
+const (
+	StatusReceived   Status = "received"
+	StatusLocked     Status = "locked"
+	StatusProcessing Status = "processing"
+	StatusCompleted  Status = "completed"
+	StatusDuplicate  Status = "duplicate"
+	// StatusRetry: a broker retry. A copy with the next attempt number was
+	// published to a delay tier (Outcome.Delay) and the original acked.
+	StatusRetry Status = "retry"
+	// StatusRetryInProcess: an in-process retry. The handler runs again in
+	// this worker after a short pause, with the same attempt number; it is
+	// reported through [Observer.OnInProcessRetry], never as a transition.
+	StatusRetryInProcess Status = "retry_in_process"
+	StatusFailed         Status = "failed"
+	StatusDeadLettered   Status = "dead_lettered"
+	StatusRequeued       Status = "requeued"
+	// StatusLockFailed: the Redis lock is held by another worker (the
+	// delivery is retried later). StatusLockExpired: the lock or lease was
+	// lost before completion (the handler's context is cancelled).
+	StatusLockFailed  Status = "lock_failed"
+	StatusLockExpired Status = "lock_expired"
+	// StatusParked: the key is blocked at ingress; a copy of the delivery
+	// was parked in "<queue>.parked" until an operator unblocks it.
+	StatusParked Status = "parked"
+)
+
+// Delivery is one AMQP delivery on its way through the middleware chain. It
+// is untyped: middleware sees bytes and headers, never the decoded payload's
+// type. The consumer owns it; middleware may read every field and set the
+// annotation fields (Key, Lock*, Fence) but must not ack or nack Raw.
+type Delivery struct {
+	// Queue is the queue the delivery came from.
+	Queue string
+	// Consumer is the inbox namespace of the handler (HandlerOpts.Consumer,
+	// which defaults to the queue name).
+	Consumer string
+	// WorkerID identifies this worker process (Config.Name).
+	WorkerID string
+	// MessageID is the broker message id (may be empty; never used as the
+	// idempotency key).
+	MessageID string
+	// Body is the raw payload.
+	Body []byte
+	// Headers are the AMQP headers (read-only by convention).
+	Headers amqp.Table
+	// Attempt is the 1-based attempt number (HeaderAttempt, else 1).
+	Attempt int
+	// Redelivered is the broker's redelivered flag: a previous delivery of
+	// this message was not acked (crash, connection loss, requeue).
+	Redelivered bool
+	// DeliveryCount is the quorum queue's x-delivery-count (0 on classic
+	// queues and on first delivery).
+	DeliveryCount int
+	// ReceivedAt is when the consumer received the delivery.
+	ReceivedAt time.Time
+
+	// Key is the idempotency key from the payload's business identity. It is
+	// set after decoding, so it is empty in router-wide middleware until the
+	// inner chain runs, and stays empty for a payload that could not be
+	// decoded.
+	Key string
+	// Value is the decoded payload (a *T), set after decoding.
+	Value any
+	// Fingerprint tells "the same job again" from "another job reusing the
+	// key": the payload's own [Fingerprinter] result, else the SHA-256 of
+	// Body. It is set after decoding, with Key; the inbox records it and
+	// the completed-cache compares it.
+	Fingerprint []byte
+
+	// LockKey, LockResult and Fence are annotations set by the lock and
+	// inbox layers for logs and traces.
+	LockKey    string
+	LockResult string
+	Fence      int64
+
+	// Raw is the underlying delivery. Never ack, nack or reject it: only the
+	// consumer settles deliveries.
+	Raw *amqp.Delivery
+
+	observers []Observer // fixed at NewDelivery
+	received  bool       // StatusReceived was reported
+}
+
+// NewDelivery builds a Delivery from a raw AMQP delivery, reading the
+// attempt and delivery-count headers; its transitions go to observers. The
+// consumer uses it; tests and tools may too.
+func NewDelivery(queue, consumerName, workerID string, raw *amqp.Delivery, observers ...Observer) *Delivery {
+	d := &Delivery{
+		Queue:       queue,
+		Consumer:    consumerName,
+		WorkerID:    workerID,
+		MessageID:   raw.MessageId,
+		Body:        raw.Body,
+		Headers:     raw.Headers,
+		Attempt:     max(HeaderInt(raw.Headers, HeaderAttempt), 1),
+		Redelivered: raw.Redelivered,
+		ReceivedAt:  time.Now(),
+		Raw:         raw,
+		observers:   observers,
+	}
+	d.DeliveryCount = HeaderInt(raw.Headers, HeaderDeliveryCount)
+	return d
+}
+
+// Transition reports a status transition to the observers given to
+// [NewDelivery]. Layers call it as the delivery moves on: the lock
+// middleware reports StatusLocked, the inbox StatusProcessing.
+// StatusReceived is reported at most once per delivery: later calls with
+// it do nothing, so the consumer may report it both once the key is known
+// and, for a delivery that never got that far, when its handler chain
+// returns.
+func (d *Delivery) Transition(status Status, err error) {
+	if status == StatusReceived {
+		if d.received {
+			return
+		}
+		d.received = true
+	}
+	for _, o := range d.observers {
+		o.OnTransition(d, status, err)
+	}
+}
