@@ -315,9 +315,7 @@ func ClaimHandler[T any](s *Store, h ClaimFunc[T], opts *ClaimOpts) inboxtype.Ha
 			return err
 		}
 		c.batch = b
-		if u.onClaim != nil {
-			u.onClaim(c.Fence)
-		}
+		processing(msg.Delivery, c.Fence)
 		hctx, cancel := context.WithCancelCause(ctx)
 		defer cancel(nil)
 		stop := s.heartbeat(hctx, cancel, c, o, capAt, msg.Delivery)

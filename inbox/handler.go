@@ -98,7 +98,10 @@ func Handler[T any](s *Store, h TxHandlerFunc[T], opts *HandlerOpts) inboxtype.H
 				return err
 			}
 		}
-		u.run = func(ctx context.Context, tx pgx.Tx) error { return h(ctx, tx, msg) }
+		u.run = func(ctx context.Context, tx pgx.Tx) error {
+			processing(msg.Delivery, u.fence)
+			return h(ctx, tx, msg)
+		}
 		if b != nil {
 			b.do(u)
 		} else {
@@ -116,16 +119,23 @@ func (s *Store) newUnit(ctx context.Context, consumerName, key, messageID string
 		return nil, retry.Permanent(retry.WithReason(retry.ReasonInvalid, errors.New("inbox: empty consumer name")))
 	}
 	u := &unit{ctx: ctx, consumer: consumerName, key: key, messageID: messageID, attempt: max(attempt, 1), fp: fp, done: make(chan struct{})}
-	if d != nil {
-		if storePayload {
-			u.payload = d.Body
-		}
-		u.onClaim = func(fence int64) {
-			d.Fence = fence
-			d.Transition(inboxtype.StatusProcessing, nil)
-		}
+	if d != nil && storePayload {
+		u.payload = d.Body
 	}
 	return u, nil
+}
+
+// processing records on d the fence of the key's claim and reports
+// StatusProcessing: the key is claimed and the handler is about to run. A
+// message built without a delivery (d nil) has nothing to record. The
+// handler adapters call it, so that the batch code never touches a
+// delivery.
+func processing(d *inboxtype.Delivery, fence int64) {
+	if d == nil {
+		return
+	}
+	d.Fence = fence
+	d.Transition(inboxtype.StatusProcessing, nil)
 }
 
 // crashCounted reports whether a delivery pays for the crash-loop counter:
