@@ -66,7 +66,7 @@ func FuzzRegisterDecode(f *testing.F) {
 			return nil
 		}), nil)
 		route := r.Routes()[0]
-		d := inboxtype.NewDelivery("fuzz", route.Opts.Consumer, "fuzz", &amqp.Delivery{Body: body, Headers: amqp.Table{inboxtype.HeaderAttempt: attempt}})
+		d := inboxtype.NewDelivery("fuzz", route.Opts.Namespace, "fuzz", &amqp.Delivery{Body: body, Headers: amqp.Table{inboxtype.HeaderAttempt: attempt}})
 		if d.Attempt < 1 {
 			t.Fatalf("attempt %d from header %q: want ≥ 1", d.Attempt, attempt)
 		}

@@ -60,9 +60,10 @@ type QueueOpts struct {
 
 // HandlerOpts are per-handler settings. A nil *HandlerOpts means defaults.
 type HandlerOpts struct {
-	// Consumer is the inbox namespace of this handler: the idempotency key is
-	// unique per (consumer, key). Defaults to the queue name.
-	Consumer string
+	// Namespace is the inbox namespace of this handler: the idempotency key
+	// is unique per (namespace, key), and the inbox stores the namespace in
+	// its consumer column. Defaults to the queue name.
+	Namespace string
 	// Codec decodes payloads. Defaults to JSON.
 	Codec Codec
 	// Middleware runs inside the router-wide middleware, after decoding, so
@@ -86,8 +87,8 @@ func (o *HandlerOpts) withDefaults(queue string) HandlerOpts {
 	if o != nil {
 		out = *o
 	}
-	if out.Consumer == "" {
-		out.Consumer = queue
+	if out.Namespace == "" {
+		out.Namespace = queue
 	}
 	if out.Codec == nil {
 		out.Codec = JSON
@@ -122,7 +123,7 @@ func (o *HandlerOpts) withDefaults(queue string) HandlerOpts {
 
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$`)
 
-// ValidName reports whether s is acceptable as a queue or consumer name:
+// ValidName reports whether s is acceptable as a queue name or inbox namespace:
 // 1–200 characters of letters, digits and . _ : -, not starting with a
 // punctuation mark. inboxmq validates every name it puts into AMQP or SQL.
 func ValidName(s string) bool { return nameRE.MatchString(s) }
@@ -131,8 +132,8 @@ func (o HandlerOpts) validate(queue string) error {
 	if !ValidName(queue) {
 		return fmt.Errorf("consumer: invalid queue name %q", queue)
 	}
-	if !ValidName(o.Consumer) {
-		return fmt.Errorf("consumer: invalid consumer name %q", o.Consumer)
+	if !ValidName(o.Namespace) {
+		return fmt.Errorf("consumer: invalid namespace %q", o.Namespace)
 	}
 	if !ValidName(o.Queue.DeadLetterQueue) {
 		return fmt.Errorf("consumer: invalid dead-letter queue name %q", o.Queue.DeadLetterQueue)
@@ -246,7 +247,7 @@ func RegisterSafely[T any](r *Router, queue string, h inboxtype.Handler[T], opts
 		msg := &inboxtype.Message[T]{
 			ID:          d.MessageID,
 			Key:         d.Key,
-			Consumer:    d.Consumer,
+			Namespace:   d.Namespace,
 			Body:        *v,
 			Headers:     d.Headers,
 			Attempt:     d.Attempt,

@@ -170,7 +170,7 @@ func (c *Consumer) work(r *route) {
 // process runs one delivery through the handler chain and settles it.
 func (c *Consumer) process(r *route, j *job) {
 	opts := &r.Opts
-	d := inboxtype.NewDelivery(r.Queue, opts.Consumer, c.cfg.Name, &j.raw, c.cfg.Observers...)
+	d := inboxtype.NewDelivery(r.Queue, opts.Namespace, c.cfg.Name, &j.raw, c.cfg.Observers...)
 	if !c.holdBack(r, j, d) {
 		// Stop, or the end of the delivery's session, cut the wait short:
 		// the handler did not run; it is requeued (or redelivered).

@@ -64,7 +64,7 @@ func handWritten(ctx context.Context, pool *pgxpool.Pool, msg *inboxtype.Message
 	defer func() { _ = tx.Rollback(ctx) }()
 	var k string
 	err = tx.QueryRow(ctx, `INSERT INTO inboxmq_inbox (consumer, key, status, completed_at) VALUES ($1, $2, 'completed', now())
-		ON CONFLICT DO NOTHING RETURNING key`, msg.Consumer, msg.Key).Scan(&k)
+		ON CONFLICT DO NOTHING RETURNING key`, msg.Namespace, msg.Key).Scan(&k)
 	if err != nil {
 		return err
 	}

@@ -301,7 +301,7 @@ func ClaimHandler[T any](s *Store, h ClaimFunc[T], opts *ClaimOpts) inboxtype.Ha
 		b = newBatcher(s, o.GroupCommit.or(s.cfg.GroupCommit))
 	}
 	return inboxtype.HandlerFunc[T](func(ctx context.Context, msg *inboxtype.Message[T]) error {
-		u, err := s.newUnit(ctx, msg.Consumer, msg.Key, msg.ID, msg.Attempt, msg.Delivery, msg.Fingerprint(), o.StorePayload)
+		u, err := s.newUnit(ctx, msg.Namespace, msg.Key, msg.ID, msg.Attempt, msg.Delivery, msg.Fingerprint(), o.StorePayload)
 		if err != nil {
 			return err
 		}

@@ -65,7 +65,7 @@ func (b *e2e) start(t *testing.T, h inboxtype.Handler[order], policy retry.Polic
 	t.Helper()
 	r := consumer.NewRouter()
 	consumer.Register(r, b.queue, h, &consumer.HandlerOpts{
-		Consumer:  "payments",
+		Namespace: "payments",
 		Policy:    policy,
 		InProcess: retry.InProcess{Tries: -1}, // every retry goes through the broker here
 		Queue:     consumer.QueueOpts{Concurrency: 2, RetryTiers: []time.Duration{50 * time.Millisecond, time.Second}},

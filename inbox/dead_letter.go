@@ -36,14 +36,14 @@ type deadLetterObserver struct {
 
 // OnOutcome marks the row of a dead-lettered delivery's key dead.
 func (o deadLetterObserver) OnOutcome(d *inboxtype.Delivery, out inboxtype.Outcome) {
-	if out.Action != inboxtype.ActionDeadLettered || out.Err != nil || d == nil || d.Key == "" || d.Consumer == "" {
+	if out.Action != inboxtype.ActionDeadLettered || out.Err != nil || d == nil || d.Key == "" || d.Namespace == "" {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), o.s.cfg.CleanupTimeout)
 	defer cancel()
 	attempt := int32(min(max(d.Attempt, 1), math.MaxInt32)) //nolint:gosec // bounded above
-	if _, err := o.s.pool.Exec(ctx, o.s.sql.markDead, d.Consumer, d.Key, deadLetterText(out.Decision), attempt); err != nil {
-		o.s.cfg.Logger.Warn("inbox: mark dead-lettered key dead", zap.String("consumer", d.Consumer),
+	if _, err := o.s.pool.Exec(ctx, o.s.sql.markDead, d.Namespace, d.Key, deadLetterText(out.Decision), attempt); err != nil {
+		o.s.cfg.Logger.Warn("inbox: mark dead-lettered key dead", zap.String("consumer", d.Namespace),
 			zap.String("key", d.Key), zap.Error(err))
 	}
 }

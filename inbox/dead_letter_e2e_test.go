@@ -25,7 +25,7 @@ func (b *e2e) startWith(t *testing.T, h inboxtype.Handler[order], policy retry.P
 	t.Helper()
 	r := consumer.NewRouter()
 	consumer.Register(r, b.queue, h, &consumer.HandlerOpts{
-		Consumer:  "payments",
+		Namespace: "payments",
 		Policy:    policy,
 		InProcess: inProcess,
 		Queue:     consumer.QueueOpts{Concurrency: 1, RetryTiers: []time.Duration{20 * time.Millisecond}},

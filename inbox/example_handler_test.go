@@ -62,7 +62,7 @@ func exampleDB(ctx context.Context, name string) (*pgxpool.Pool, func()) {
 
 // exampleMsg builds the message the consumer would hand to the handler.
 func exampleMsg(consumerName string, p Payment) *inboxtype.Message[Payment] {
-	return &inboxtype.Message[Payment]{Key: p.IdempotencyKey(), Consumer: consumerName, Body: p, Attempt: 1}
+	return &inboxtype.Message[Payment]{Key: p.IdempotencyKey(), Namespace: consumerName, Body: p, Attempt: 1}
 }
 
 func Example_handler() {

@@ -115,7 +115,7 @@ func FuzzTraceHeaders(f *testing.F) {
 			h["traceparent"], h["tracestate"] = int32(len(parent)), amqp.Table{"x": state}
 		}
 		route := r.Routes()[0]
-		d := inboxtype.NewDelivery("fuzz", route.Opts.Consumer, "fuzz", &amqp.Delivery{Body: []byte(`{"id":"1"}`), Headers: h})
+		d := inboxtype.NewDelivery("fuzz", route.Opts.Namespace, "fuzz", &amqp.Delivery{Body: []byte(`{"id":"1"}`), Headers: h})
 		if err := route.Handler(context.Background(), d); err != nil {
 			t.Fatalf("headers %v: %v", h, err)
 		}

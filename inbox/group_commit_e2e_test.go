@@ -62,7 +62,7 @@ func connectionLostBetweenCommitAndAck(t *testing.T, b *e2e, n int, h inboxtype.
 	}
 	r := consumer.NewRouter()
 	consumer.Register(r, b.queue, h, &consumer.HandlerOpts{
-		Consumer:   "payments",
+		Namespace:  "payments",
 		Middleware: []inboxtype.Middleware{afterCommit},
 		InProcess:  retry.InProcess{Tries: -1},
 		Queue:      consumer.QueueOpts{Concurrency: 2 * n},

@@ -41,7 +41,7 @@ type HandlerOpts struct {
 //     quorum queues bound crash loops with their delivery limit), the row's
 //     delivery counter is incremented in its own statement; past
 //     StoreConfig.CrashLimit the delivery fails permanently (crash_loop);
-//  2. BEGIN, and the key (msg.Consumer, msg.Key) is claimed with INSERT …
+//  2. BEGIN, and the key (msg.Namespace, msg.Key) is claimed with INSERT …
 //     ON CONFLICT DO UPDATE … WHERE status <> 'completed' (a failed or
 //     received row is taken up again);
 //  3. no row came back: the key is completed, and the delivery is a
@@ -89,7 +89,7 @@ func Handler[T any](s *Store, h TxHandlerFunc[T], opts *HandlerOpts) inboxtype.H
 		b = newBatcher(s, o.GroupCommit.or(s.cfg.GroupCommit))
 	}
 	return inboxtype.HandlerFunc[T](func(ctx context.Context, msg *inboxtype.Message[T]) error {
-		u, err := s.newUnit(ctx, msg.Consumer, msg.Key, msg.ID, msg.Attempt, msg.Delivery, msg.Fingerprint(), o.StorePayload)
+		u, err := s.newUnit(ctx, msg.Namespace, msg.Key, msg.ID, msg.Attempt, msg.Delivery, msg.Fingerprint(), o.StorePayload)
 		if err != nil {
 			return err
 		}

@@ -78,7 +78,7 @@ func newMsg(t testing.TB, consumerName string, o order, redelivered bool) *inbox
 	d.Key = o.IdempotencyKey()
 	d.Value = &o
 	return &inboxtype.Message[order]{
-		ID: id, Key: d.Key, Consumer: consumerName, Body: o, Headers: d.Headers,
+		ID: id, Key: d.Key, Namespace: consumerName, Body: o, Headers: d.Headers,
 		Attempt: 1, Redelivered: redelivered, Delivery: d,
 	}
 }

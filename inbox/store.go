@@ -208,7 +208,7 @@ func (s *Store) Table() string { return s.table }
 
 // Record is one inbox row. Pointer fields are nil when the column is NULL.
 type Record struct {
-	// Consumer is the inbox namespace (HandlerOpts.Consumer of the queue).
+	// Consumer is the inbox namespace (the handler's HandlerOpts.Namespace).
 	Consumer string
 	// Key is the idempotency key.
 	Key string

@@ -200,7 +200,7 @@ func (h *harness) deliverOnce(ctx context.Context, c copyOf, attempt int, redeli
 		Redelivered: redelivered,
 		Headers:     amqp.Table{inboxtype.HeaderAttempt: int32(attempt)},
 	}
-	d = inboxtype.NewDelivery(h.s.Queue, h.route.Opts.Consumer, "inboxtest", raw)
+	d = inboxtype.NewDelivery(h.s.Queue, h.route.Opts.Namespace, "inboxtest", raw)
 	var err error
 	func() {
 		defer func() {

@@ -55,9 +55,10 @@ const (
 type Delivery struct {
 	// Queue is the queue the delivery came from.
 	Queue string
-	// Consumer is the inbox namespace of the handler (HandlerOpts.Consumer,
-	// which defaults to the queue name).
-	Consumer string
+	// Namespace is the inbox namespace of the handler (the consumer's
+	// HandlerOpts.Namespace, which defaults to the queue name): idempotency
+	// keys are unique per namespace.
+	Namespace string
 	// WorkerID identifies this worker process (Config.Name).
 	WorkerID string
 	// MessageID is the broker message id (may be empty; never used as the
@@ -108,10 +109,10 @@ type Delivery struct {
 // NewDelivery builds a Delivery from a raw AMQP delivery, reading the
 // attempt and delivery-count headers; its transitions go to observers. The
 // consumer uses it; tests and tools may too.
-func NewDelivery(queue, consumerName, workerID string, raw *amqp.Delivery, observers ...Observer) *Delivery {
+func NewDelivery(queue, namespace, workerID string, raw *amqp.Delivery, observers ...Observer) *Delivery {
 	d := &Delivery{
 		Queue:       queue,
-		Consumer:    consumerName,
+		Namespace:   namespace,
 		WorkerID:    workerID,
 		MessageID:   raw.MessageId,
 		Body:        raw.Body,

@@ -13,8 +13,8 @@ type Message[T any] struct {
 	ID string
 	// Key is the idempotency key (from the payload's IdempotencyKey method).
 	Key string
-	// Consumer is the inbox namespace of the handler.
-	Consumer string
+	// Namespace is the inbox namespace of the handler.
+	Namespace string
 	// Body is the decoded payload.
 	Body T
 	// Headers are the AMQP headers.

@@ -332,18 +332,18 @@ func (m *Metrics) route(queue, consumerName string) *routeSeries {
 func (m *Metrics) OnTransition(d *inboxtype.Delivery, status inboxtype.Status, _ error) {
 	switch status {
 	case inboxtype.StatusReceived:
-		rs := m.route(d.Queue, d.Consumer)
+		rs := m.route(d.Queue, d.Namespace)
 		rs.received.Inc()
 		rs.inFlight.Inc()
 		if d.Redelivered {
 			rs.redelivered.Inc()
 		}
 	case inboxtype.StatusLocked:
-		m.route(d.Queue, d.Consumer).lockOK.Inc()
+		m.route(d.Queue, d.Namespace).lockOK.Inc()
 	case inboxtype.StatusLockFailed:
-		m.route(d.Queue, d.Consumer).lockFailed.Inc()
+		m.route(d.Queue, d.Namespace).lockFailed.Inc()
 	case inboxtype.StatusLockExpired:
-		m.route(d.Queue, d.Consumer).lockExpired.Inc()
+		m.route(d.Queue, d.Namespace).lockExpired.Inc()
 	}
 }
 
@@ -353,7 +353,7 @@ func (m *Metrics) OnTransition(d *inboxtype.Delivery, status inboxtype.Status, _
 // idempotency_conflict_total{kind} and settle_errors_total; it also takes
 // the delivery out of in_flight.
 func (m *Metrics) OnOutcome(d *inboxtype.Delivery, o inboxtype.Outcome) {
-	q, c := d.Queue, d.Consumer
+	q, c := d.Queue, d.Namespace
 	m.route(q, c).inFlight.Dec()
 	m.settled.WithLabelValues(q, c, string(o.Action)).Inc()
 	if o.Err != nil {
@@ -387,8 +387,8 @@ func (m *Metrics) OnOutcome(d *inboxtype.Delivery, o inboxtype.Outcome) {
 // in_process_retry_total.
 func (m *Metrics) OnInProcessRetry(d *inboxtype.Delivery, dec retry.Decision, _ time.Duration) {
 	r := reasonOf(dec)
-	m.retries.WithLabelValues(d.Queue, d.Consumer, r).Inc()
-	m.inProcess.WithLabelValues(d.Queue, d.Consumer, r).Inc()
+	m.retries.WithLabelValues(d.Queue, d.Namespace, r).Inc()
+	m.inProcess.WithLabelValues(d.Queue, d.Namespace, r).Inc()
 }
 
 // OnConnState sets broker_connected and counts broker_reconnects_total on

@@ -67,11 +67,11 @@ func Block(w *control.Watcher, p Parker, opts *BlockOpts) (inboxtype.Middleware,
 			if d.Key == "" {
 				return next(ctx, d)
 			}
-			b, ok := w.BlockedBy(d.Consumer, d.Key)
+			b, ok := w.BlockedBy(d.Namespace, d.Key)
 			if !ok {
 				return next(ctx, d)
 			}
-			if fresh, still, err := w.Confirm(ctx, d.Consumer, d.Key); err == nil {
+			if fresh, still, err := w.Confirm(ctx, d.Namespace, d.Key); err == nil {
 				if !still {
 					return next(ctx, d)
 				}
@@ -82,7 +82,7 @@ func Block(w *control.Watcher, p Parker, opts *BlockOpts) (inboxtype.Middleware,
 			}
 			d.Transition(StatusParked, nil)
 			log.Info("middleware: blocked delivery parked",
-				zap.String("queue", d.Queue), zap.String("consumer", d.Consumer), zap.String("key", d.Key),
+				zap.String("queue", d.Queue), zap.String("consumer", d.Namespace), zap.String("key", d.Key),
 				zap.String("pattern", b.Pattern), zap.String("reason", b.Reason))
 			return retry.Duplicate(SourceParked, fmt.Errorf("middleware: key %q blocked (%s), parked in %s",
 				d.Key, b.Pattern, control.ParkedQueueName(d.Queue)))

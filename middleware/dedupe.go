@@ -110,7 +110,7 @@ func (m *dedupeMiddleware) wrap(next inboxtype.DeliveryHandler) inboxtype.Delive
 		if d.Key == "" || len(d.Fingerprint) == 0 {
 			return next(ctx, d)
 		}
-		key := m.opts.Prefix + d.Consumer + ":" + d.Key
+		key := m.opts.Prefix + d.Namespace + ":" + d.Key
 		fp := hex.EncodeToString(d.Fingerprint)
 		if m.health.allow() {
 			cctx, cancel := context.WithTimeout(ctx, m.opts.CallTimeout)

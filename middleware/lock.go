@@ -232,7 +232,7 @@ func (m *lockMiddleware) wrap(next inboxtype.DeliveryHandler) inboxtype.Delivery
 		if d.Key == "" {
 			return next(ctx, d)
 		}
-		key := m.opts.Prefix + d.Consumer + ":" + d.Key
+		key := m.opts.Prefix + d.Namespace + ":" + d.Key
 		d.LockKey = key
 		if !m.health.allow() {
 			d.LockResult = LockDegraded

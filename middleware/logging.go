@@ -252,7 +252,7 @@ func deliveryFields(fields []zap.Field, d *inboxtype.Delivery) []zap.Field {
 	fields = append(fields,
 		zap.String(LogFieldMessageID, d.MessageID),
 		zap.String(LogFieldIdempotencyKey, clip.Text(d.Key, clip.Limit)),
-		zap.String(LogFieldConsumer, d.Consumer),
+		zap.String(LogFieldConsumer, d.Namespace),
 		zap.String(LogFieldQueue, d.Queue),
 		zap.String(LogFieldWorkerID, d.WorkerID),
 		zap.Int(LogFieldAttempt, d.Attempt),

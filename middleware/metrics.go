@@ -35,7 +35,7 @@ func Metrics(m *metrics.Metrics) inboxtype.Middleware {
 			if sc := trace.SpanContextFromContext(ctx); sc.IsSampled() {
 				traceID = sc.TraceID().String()
 			}
-			m.ObserveHandler(d.Queue, d.Consumer, retry.Classify(err).Kind, time.Since(start), traceID)
+			m.ObserveHandler(d.Queue, d.Namespace, retry.Classify(err).Kind, time.Since(start), traceID)
 			return err
 		}
 	}

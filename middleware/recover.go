@@ -63,7 +63,7 @@ func Recover(opts *RecoverOpts) inboxtype.Middleware {
 				if logger != nil {
 					logger.Error("handler panicked",
 						zap.String(LogFieldQueue, d.Queue),
-						zap.String(LogFieldConsumer, d.Consumer),
+						zap.String(LogFieldConsumer, d.Namespace),
 						zap.String(LogFieldMessageID, d.MessageID),
 						zap.String(LogFieldIdempotencyKey, d.Key),
 						zap.String("panic", clip.Text(fmt.Sprint(v), clip.Limit)),

@@ -105,7 +105,7 @@ func Tracing(tp trace.TracerProvider, opts *TracingOpts) inboxtype.Middleware {
 				AttrMessagingOpType.String("process"),
 				AttrMessagingOpName.String("process"),
 				AttrMessagingDestination.String(d.Queue),
-				AttrMessagingGroup.String(d.Consumer),
+				AttrMessagingGroup.String(d.Namespace),
 				AttrMessagingBodySize.Int(len(d.Body)),
 				AttrAttempt.Int(d.Attempt),
 				AttrRedelivered.Bool(d.Redelivered),

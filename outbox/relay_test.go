@@ -144,7 +144,7 @@ func TestCrashBetweenConfirmAndMarkRepublishesSameID(t *testing.T) {
 		d := &got[i]
 		key, _ := d.Headers[inboxtype.HeaderIdempotencyKey].(string)
 		msg := &inboxtype.Message[string]{
-			ID: d.MessageId, Key: key, Consumer: "receiver", Body: string(d.Body), Headers: d.Headers, Attempt: 1,
+			ID: d.MessageId, Key: key, Namespace: "receiver", Body: string(d.Body), Headers: d.Headers, Attempt: 1,
 			Delivery: inboxtype.NewDelivery(b.queue, "receiver", "test", d),
 		}
 		switch err := h.Handle(t.Context(), msg); {

@@ -60,7 +60,7 @@ func claimCase(e *env, opts *inbox.ClaimOpts, q consumer.QueueOpts) runner {
 			// the outside call would carry c.Key as Idempotency-Key here
 			return c.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error { return writePayment(ctx, tx, m.Body) })
 		}, opts), &consumer.HandlerOpts{
-			Consumer:   benchConsumer,
+			Namespace:  benchConsumer,
 			Middleware: []inboxtype.Middleware{lck},
 			Queue:      q,
 		})
@@ -84,13 +84,13 @@ func frameworkCases(e *env) []benchCase {
 		{"d", fmt.Sprintf("inboxmq per-message transactional mode, %d handlers", e.workers), inboxmqCase(e, func(store *inbox.Store, r *consumer.Router, q string) {
 			consumer.Register(r, q, inbox.Handler(store, func(ctx context.Context, tx pgx.Tx, m *inboxtype.Message[payment]) error {
 				return writePayment(ctx, tx, m.Body)
-			}, nil), &consumer.HandlerOpts{Consumer: benchConsumer, Queue: consumer.QueueOpts{Concurrency: e.workers}})
+			}, nil), &consumer.HandlerOpts{Namespace: benchConsumer, Queue: consumer.QueueOpts{Concurrency: e.workers}})
 		})},
 		{"e", fmt.Sprintf("inboxmq group commit (%d per tx, %d in flight, pipeline %v)", e.batch, e.inflight, e.pipeline), inboxmqCase(e, func(store *inbox.Store, r *consumer.Router, q string) {
 			consumer.Register(r, q, inbox.Handler(store, func(ctx context.Context, tx pgx.Tx, m *inboxtype.Message[payment]) error {
 				return writePayment(ctx, tx, m.Body)
 			}, &inbox.HandlerOpts{GroupCommit: e.groupCommit()}),
-				&consumer.HandlerOpts{Consumer: benchConsumer, Queue: e.groupQueue()})
+				&consumer.HandlerOpts{Namespace: benchConsumer, Queue: e.groupQueue()})
 		})},
 		{"f", fmt.Sprintf("inboxmq Redis lock + claim mode, %d handlers", e.workers),
 			claimCase(e, nil, consumer.QueueOpts{Concurrency: e.workers})},
