@@ -49,7 +49,7 @@ type HandlerOpts struct {
 //     fingerprint (inboxtype.Message.Fingerprint) differs from the one
 //     recorded, a key conflict (permanent); a live claim of claim mode asks
 //     for a retry after its lease;
-//  4. otherwise msg.Delivery.Fence is set, StatusProcessing reported, and h
+//  4. otherwise msg.Delivery.InboxFence is set, StatusProcessing reported, and h
 //     runs with the same transaction;
 //  5. h returned nil: COMMIT (the consumer acks after Handle returns nil);
 //     h failed: ROLLBACK, and the failed attempt (attempts, last_error,
@@ -134,7 +134,7 @@ func processing(d *inboxtype.Delivery, fence int64) {
 	if d == nil {
 		return
 	}
-	d.Fence = fence
+	d.InboxFence = fence
 	d.Transition(inboxtype.StatusProcessing, nil)
 }
 

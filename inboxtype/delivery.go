@@ -51,7 +51,7 @@ const (
 // Delivery is one AMQP delivery on its way through the middleware chain. It
 // is untyped: middleware sees bytes and headers, never the decoded payload's
 // type. The consumer owns it; middleware may read every field and set the
-// annotation fields (Key, Lock*, Fence) but must not ack or nack Raw.
+// annotation fields (Key, Lock*, InboxFence) but must not ack or nack Raw.
 type Delivery struct {
 	// Queue is the queue the delivery came from.
 	Queue string
@@ -92,11 +92,17 @@ type Delivery struct {
 	// the completed-cache compares it.
 	Fingerprint []byte
 
-	// LockKey, LockResult and Fence are annotations set by the lock and
-	// inbox layers for logs and traces.
+	// LockKey, LockResult and LockFence are set by the Redis lock
+	// middleware: the key it locked, how the attempt went (acquired, held,
+	// degraded) and the lock's fencing token (0 without a lock). They are
+	// annotations for logs and traces.
 	LockKey    string
 	LockResult string
-	Fence      int64
+	LockFence  int64
+	// InboxFence is the fence of the inbox row's claim, set by the inbox
+	// before the handler runs (0 before that, and without an inbox): it
+	// grows by one each time the key is taken up.
+	InboxFence int64
 
 	// Raw is the underlying delivery. Never ack, nack or reject it: only the
 	// consumer settles deliveries.

@@ -65,7 +65,7 @@ func ExampleLock() {
 	done := make(chan error)
 	go func() {
 		done <- lockMW(func(ctx context.Context, d *inboxtype.Delivery) error {
-			fmt.Println("first worker:", d.LockResult, "fence", d.Fence)
+			fmt.Println("first worker:", d.LockResult, "fence", d.LockFence)
 			close(inHandler)
 			<-finish // the first worker is busy with order-42
 			return nil

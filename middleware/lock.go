@@ -170,7 +170,7 @@ func (o LockOpts) validate() error {
 // The lock only saves work: the inbox in PostgreSQL keeps the effect single
 // whatever Redis does. So:
 //
-//   - acquired: Delivery.LockKey, LockResult "acquired" and Fence are set,
+//   - acquired: Delivery.LockKey, LockResult "acquired" and LockFence are set,
 //     StatusLocked is reported, and next runs with a context that a
 //     keep-alive cancels if the lock is lost; the lock is released
 //     (compare-and-delete) when next returns;
@@ -249,7 +249,7 @@ func (m *lockMiddleware) wrap(next inboxtype.DeliveryHandler) inboxtype.Delivery
 		case err == nil:
 			m.health.set(false, nil)
 			d.LockResult = LockAcquired
-			d.Fence = l.Fence()
+			d.LockFence = l.Fence()
 			span.SetAttributes(attribute.String("inboxmq.lock.result", LockAcquired), attribute.Int64("inboxmq.lock.fence", l.Fence()))
 			span.End()
 			d.Transition(inboxtype.StatusLocked, nil)

@@ -50,7 +50,7 @@ func TestLock_AcquiredRunsNextAndReleases(t *testing.T) {
 		calls++
 		require.Equal(t, middleware.LockAcquired, d.LockResult)
 		require.Equal(t, b.prefix+"svc:order-1", d.LockKey)
-		require.Positive(t, d.Fence)
+		require.Positive(t, d.LockFence)
 		ttl, err := b.rdb.PTTL(ctx, redisLockKey(b.prefix, "order-1")).Result()
 		require.NoError(t, err)
 		require.Greater(t, ttl, 4*time.Second, "the obtain sets a 5s lease")
@@ -65,10 +65,10 @@ func TestLock_AcquiredRunsNextAndReleases(t *testing.T) {
 	require.Equal(t, int64(2), b.flaky.Calls.Load(), "two round trips: obtain and release")
 
 	// The next holder gets a larger fence.
-	first := d.Fence
+	first := d.LockFence
 	d2 := keyedDelivery("order-1")
 	require.NoError(t, mw(func(context.Context, *inboxtype.Delivery) error { return nil })(ctx, d2))
-	require.Greater(t, d2.Fence, first)
+	require.Greater(t, d2.LockFence, first)
 }
 
 func TestLock_HandlerErrorPassesThrough(t *testing.T) {
@@ -286,7 +286,7 @@ func TestLock_LostBeforeCompletion(t *testing.T) {
 			var oerr error
 			thief, oerr = locker.Obtain(ctx, b.prefix+"svc:lost-3", time.Minute, nil)
 			require.NoError(t, oerr)
-			require.Greater(t, thief.Fence(), d.Fence)
+			require.Greater(t, thief.Fence(), d.LockFence)
 			testenv.WaitChan(t, ctx.Done(), "handler context to be cancelled")
 			return ctx.Err()
 		})(ctx, keyedDelivery("lost-3"))
@@ -347,7 +347,7 @@ func TestLock_DegradedProceedsAndRecovers(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, 1, calls)
 		require.Equal(t, middleware.LockDegraded, d.LockResult)
-		require.Zero(t, d.Fence)
+		require.Zero(t, d.LockFence)
 	}
 	// Redis hangs: the call timeout ends the wait.
 	b.flaky.Fail.Store(false)

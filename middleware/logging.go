@@ -26,6 +26,7 @@ const (
 	LogFieldDeliveryCount  = "delivery_count"
 	LogFieldLockKey        = "lock_key"
 	LogFieldLockResult     = "lock_result"
+	LogFieldLockFence      = "lock_fence"
 	LogFieldFence          = "fence"
 	LogFieldDuration       = "duration"
 	LogFieldSource         = "duplicate_source"
@@ -80,7 +81,8 @@ type logObserver struct {
 // transition of every delivery, with the fields operators select on
 // (LogField* constants): status, message_id, idempotency_key, consumer,
 // queue, worker_id, attempt, redelivered, delivery_count, lock_key,
-// lock_result and fence (when the lock set them), duration since receipt,
+// lock_result and lock_fence (when the Redis lock set them), fence (the
+// inbox claim's fence, once the inbox set it), duration since receipt,
 // and error.
 //
 // Every text that may come from a payload (the error, which for a decode
@@ -267,8 +269,11 @@ func deliveryFields(fields []zap.Field, d *inboxtype.Delivery) []zap.Field {
 	if d.LockResult != "" {
 		fields = append(fields, zap.String(LogFieldLockResult, d.LockResult))
 	}
-	if d.Fence != 0 {
-		fields = append(fields, zap.Int64(LogFieldFence, d.Fence))
+	if d.LockFence != 0 {
+		fields = append(fields, zap.Int64(LogFieldLockFence, d.LockFence))
+	}
+	if d.InboxFence != 0 {
+		fields = append(fields, zap.Int64(LogFieldFence, d.InboxFence))
 	}
 	return fields
 }

@@ -43,7 +43,8 @@ func TestLogObserver_LinePerTransition(t *testing.T) {
 	d := testDelivery()
 	d.LockKey = "lock:payment:order-42"
 	d.LockResult = "acquired"
-	d.Fence = 7
+	d.LockFence = 5
+	d.InboxFence = 7
 
 	// Transitions before settlement come through OnTransition; the
 	// settlement line comes through OnOutcome, with the settled decision.
@@ -107,7 +108,8 @@ func TestLogObserver_LinePerTransition(t *testing.T) {
 		require.Equal(t, int64(2), f["delivery_count"])
 		require.Equal(t, "lock:payment:order-42", f["lock_key"])
 		require.Equal(t, "acquired", f["lock_result"])
-		require.Equal(t, int64(7), f["fence"])
+		require.Equal(t, int64(5), f["lock_fence"])
+		require.Equal(t, int64(7), f["fence"], "fence is the inbox fence")
 		require.Contains(t, f, "duration")
 		if err != nil {
 			require.Equal(t, err.Error(), f["error"])

@@ -38,6 +38,7 @@ const (
 	AttrDuplicateSource      = attribute.Key("inboxmq.duplicate_source")
 	AttrLockKey              = attribute.Key("inboxmq.lock_key")
 	AttrLockResult           = attribute.Key("inboxmq.lock_result")
+	AttrLockFence            = attribute.Key("inboxmq.lock_fence")
 	AttrFence                = attribute.Key("inboxmq.fence")
 )
 
@@ -72,7 +73,8 @@ func (o *TracingOpts) keyAttribute() bool {
 // convention attributes (messaging.system=rabbitmq,
 // messaging.destination.name, messaging.message.id,
 // messaging.operation=process) and inboxmq's own (idempotency key, attempt,
-// redelivered, outcome, reason, duplicate source, lock key and fence).
+// redelivered, outcome, reason, duplicate source, lock key, lock result,
+// the Redis lock's fence and the inbox claim's fence).
 //
 // The handler's ctx carries the span, so database and HTTP instrumentation
 // below it nests under the delivery. A returned error is recorded and, unless
@@ -135,8 +137,11 @@ func Tracing(tp trace.TracerProvider, opts *TracingOpts) inboxtype.Middleware {
 			if d.LockResult != "" {
 				span.SetAttributes(AttrLockResult.String(d.LockResult))
 			}
-			if d.Fence != 0 {
-				span.SetAttributes(AttrFence.Int64(d.Fence))
+			if d.LockFence != 0 {
+				span.SetAttributes(AttrLockFence.Int64(d.LockFence))
+			}
+			if d.InboxFence != 0 {
+				span.SetAttributes(AttrFence.Int64(d.InboxFence))
 			}
 			dec := retry.Classify(err)
 			span.SetAttributes(AttrOutcome.String(dec.Kind.String()))

@@ -63,7 +63,8 @@ func TestTracing_ParentFromHeaders(t *testing.T) {
 		handlerSpan = trace.SpanContextFromContext(ctx)
 		d.Key = "payment:42"
 		d.LockKey = "lock:payment:42"
-		d.Fence = 3
+		d.LockFence = 2
+		d.InboxFence = 3
 		return nil
 	})
 	require.NoError(t, h(context.Background(), d))
@@ -94,7 +95,8 @@ func TestTracing_ParentFromHeaders(t *testing.T) {
 	require.Equal(t, "payment:42", a["inboxmq.idempotency_key"].AsString())
 	require.Equal(t, int64(2), a["inboxmq.attempt"].AsInt64())
 	require.Equal(t, "lock:payment:42", a["inboxmq.lock_key"].AsString())
-	require.Equal(t, int64(3), a["inboxmq.fence"].AsInt64())
+	require.Equal(t, int64(2), a["inboxmq.lock_fence"].AsInt64())
+	require.Equal(t, int64(3), a["inboxmq.fence"].AsInt64(), "inboxmq.fence is the inbox fence")
 	require.Equal(t, "succeeded", a["inboxmq.outcome"].AsString())
 }
 
