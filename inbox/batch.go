@@ -99,7 +99,7 @@ func (s *Store) execBatch(units []*unit, pipeline bool) {
 func (s *Store) execGuarded(units []*unit, pipeline bool) {
 	defer func() {
 		if p := recover(); p != nil {
-			failAll(units, retry.WithReason(ReasonPanic, fmt.Errorf("inbox: batch panicked: %v", p)))
+			failAll(units, retry.WithReason(retry.ReasonPanic, fmt.Errorf("inbox: batch panicked: %v", p)))
 		}
 		for _, u := range units {
 			close(u.done)
@@ -488,7 +488,7 @@ func verdict(u *unit, status string, fp []byte, lease time.Duration, found bool)
 	}
 	switch {
 	case found && status == RecordCompleted && fp != nil && u.fp != nil && !bytes.Equal(fp, u.fp):
-		return retry.Permanent(fmt.Errorf("inbox: key %q of consumer %q: %w", u.key, u.consumer, ErrKeyConflict))
+		return retry.Permanent(fmt.Errorf("inbox: key %q of consumer %q: %w", u.key, u.consumer, retry.ErrKeyConflict))
 	case found && status == RecordCompleted:
 		return retry.Duplicate(retry.SourceInbox, fmt.Errorf("inbox: key %q of consumer %q is completed", u.key, u.consumer))
 	case found && status == RecordProcessing:
@@ -507,7 +507,7 @@ func runHandler(u *unit, tx pgx.Tx) (err error) {
 	ctx, span := startSpan(u.ctx, "inbox.handler")
 	defer func() {
 		if p := recover(); p != nil {
-			err = retry.WithReason(ReasonPanic, fmt.Errorf("inbox: handler panicked: %v", p))
+			err = retry.WithReason(retry.ReasonPanic, fmt.Errorf("inbox: handler panicked: %v", p))
 		}
 		endSpan(span, err)
 	}()

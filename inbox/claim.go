@@ -132,7 +132,7 @@ type Claim struct {
 // returned. Otherwise fn runs and its result (JSON-encoded; nil becomes
 // null; keep it small) is recorded on the claim, fenced. If the claim was
 // taken over meanwhile, Step returns the result with an error matching
-// ErrDuplicate (source fenced): the handler should return it.
+// retry.ErrDuplicate (source fenced): the handler should return it.
 func (c *Claim) Step(ctx context.Context, name string, fn func(ctx context.Context) (any, error)) (json.RawMessage, error) {
 	c.mu.Lock()
 	if r, ok := c.steps[name]; ok {
@@ -205,7 +205,7 @@ func (c *Claim) lostVerdict(status string) error {
 // Complete commits the claim: in one transaction it marks the row
 // completed — fenced on this claim's owner token and fence — and runs fn
 // (the business writes; nil for none). If the claim was taken over, nothing
-// is written and the error matches ErrDuplicate (source fenced). fn's
+// is written and the error matches retry.ErrDuplicate (source fenced). fn's
 // errors roll everything back and are mapped with MapError. Calling
 // Complete again after it succeeded returns nil without doing anything.
 // With ClaimOpts.GroupCommit the transaction is a batch's, shared with
@@ -343,7 +343,7 @@ func runClaimFunc[T any](ctx context.Context, h ClaimFunc[T], c *Claim, msg *inb
 	ctx, span := startSpan(ctx, "inbox.handler")
 	defer func() {
 		if p := recover(); p != nil {
-			err = retry.WithReason(ReasonPanic, fmt.Errorf("inbox: handler panicked: %v", p))
+			err = retry.WithReason(retry.ReasonPanic, fmt.Errorf("inbox: handler panicked: %v", p))
 		}
 		endSpan(span, err)
 	}()

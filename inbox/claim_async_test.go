@@ -74,7 +74,7 @@ func TestClaim_LostClaimIsRetriedNotAcked(t *testing.T) {
 
 		ok := completingClaimHandler(b, opts)
 		require.NoError(t, ok.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "l", Amount: 1}, false)))
-		require.ErrorIs(t, ok.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "l", Amount: 1}, false)), inbox.ErrDuplicate)
+		require.ErrorIs(t, ok.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "l", Amount: 1}, false)), retry.ErrDuplicate)
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`))
 	}
 }

@@ -127,7 +127,7 @@ func TestClaimGroupCommit_TakenOverClaimIsFencedOutAlone(t *testing.T) {
 	}, fullClaimBatch(3, false))
 
 	errs := handleAll(t, h, orders(t, 3))
-	require.ErrorIs(t, errs[0], inbox.ErrDuplicate)
+	require.ErrorIs(t, errs[0], retry.ErrDuplicate)
 	require.Equal(t, retry.SourceFenced, retry.Classify(errs[0]).Source)
 	d := retry.Classify(errs[1])
 	require.Equal(t, retry.KindRetry, d.Kind, "%v", errs[1])
@@ -243,7 +243,7 @@ func TestClaimGroupCommit_TwoWorkersSameKeysOppositeOrder(t *testing.T) {
 		}
 		wg.Wait()
 		for i, err := range errs {
-			if err == nil || errors.Is(err, inbox.ErrDuplicate) {
+			if err == nil || errors.Is(err, retry.ErrDuplicate) {
 				continue
 			}
 			require.Equal(t, inbox.ReasonClaimHeld, retry.Classify(err).Reason, "%v", err)
@@ -251,7 +251,7 @@ func TestClaimGroupCommit_TwoWorkersSameKeysOppositeOrder(t *testing.T) {
 		}
 	}
 	for _, m := range deferred {
-		require.ErrorIs(t, h1.Handle(t.Context(), m), inbox.ErrDuplicate, "key %s", m.Key)
+		require.ErrorIs(t, h1.Handle(t.Context(), m), retry.ErrDuplicate, "key %s", m.Key)
 	}
 	require.Equal(t, int64(3*n), calls.Load(), "each key's callback ran once")
 	require.Equal(t, 3*n, b.count(t, `SELECT count(DISTINCT key) FROM effects`))

@@ -74,7 +74,7 @@ func TestClaim_TwoWorkersOneOutsideCallOneEffect(t *testing.T) {
 	require.NoError(t, testenv.WaitChan(t, done, "first worker finished"))
 
 	err = h.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "1", Amount: 10}, false))
-	require.ErrorIs(t, err, inbox.ErrDuplicate)
+	require.ErrorIs(t, err, retry.ErrDuplicate)
 	require.Equal(t, retry.SourceInbox, retry.Classify(err).Source)
 
 	require.Equal(t, int64(1), gw.calls.Load())
@@ -114,7 +114,7 @@ func TestClaim_ExpiredLeaseFencesOutTheLateWorker(t *testing.T) {
 
 	close(proceed)
 	err = testenv.WaitChan(t, lateErr, "late worker finished")
-	require.ErrorIs(t, err, inbox.ErrDuplicate)
+	require.ErrorIs(t, err, retry.ErrDuplicate)
 	require.Equal(t, retry.SourceFenced, retry.Classify(err).Source)
 
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`))
@@ -224,9 +224,9 @@ func TestClaim_NilWithoutCompleteCompletes(t *testing.T) {
 		return nil
 	}, nil)
 	require.NoError(t, h.Handle(t.Context(), newMsg(t, "mailer", order{OrderID: "m"}, false)))
-	require.ErrorIs(t, h.Handle(t.Context(), newMsg(t, "mailer", order{OrderID: "m"}, false)), inbox.ErrDuplicate)
+	require.ErrorIs(t, h.Handle(t.Context(), newMsg(t, "mailer", order{OrderID: "m"}, false)), retry.ErrDuplicate)
 	err := h.Handle(t.Context(), newMsg(t, "mailer", order{OrderID: "m", Amount: 3}, false))
-	require.ErrorIs(t, err, inbox.ErrKeyConflict)
+	require.ErrorIs(t, err, retry.ErrKeyConflict)
 	require.Equal(t, int64(1), calls.Load())
 	require.Equal(t, inbox.RecordCompleted, b.get(t, "mailer", "order:m").Status)
 }

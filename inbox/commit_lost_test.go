@@ -150,7 +150,7 @@ func TestGroupCommit_CommitAnswerLostIsADuplicateForEveryDelivery(t *testing.T) 
 
 			d.armed.Store(true)
 			for i, err := range handleAll(t, h, orders(t, n)) {
-				require.ErrorIs(t, err, inbox.ErrDuplicate, "delivery %d", i)
+				require.ErrorIs(t, err, retry.ErrDuplicate, "delivery %d", i)
 				require.Equal(t, retry.KindDuplicate, retry.Classify(err).Kind)
 			}
 			testenv.WaitChan(t, d.fired, "the batch's COMMIT answered and dropped")

@@ -18,9 +18,9 @@
 // inboxtype.Handler: BEGIN; claim the key (INSERT … ON CONFLICT DO UPDATE …
 // WHERE status <> 'completed'); run the handler with the same pgx.Tx;
 // COMMIT. The consumer acks only after Handle returns nil, so after the
-// commit. A key that is already completed is a duplicate ([ErrDuplicate]),
+// commit. A key that is already completed is a duplicate ([retry.ErrDuplicate]),
 // and the same key with a different payload fingerprint (see
-// inboxtype.Fingerprinter) is a permanent [ErrKeyConflict]. A failed attempt
+// inboxtype.Fingerprinter) is a permanent [retry.ErrKeyConflict]. A failed attempt
 // rolls back and is recorded on the row (attempts, last_error,
 // last_failed_at).
 //

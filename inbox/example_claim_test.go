@@ -11,6 +11,7 @@ import (
 
 	"github.com/inboxmq/inboxmq/inbox"
 	"github.com/inboxmq/inboxmq/inboxtype"
+	"github.com/inboxmq/inboxmq/retry"
 )
 
 func Example_claim() {
@@ -47,7 +48,7 @@ func Example_claim() {
 	p := Payment{OrderID: "7", Cents: 500}
 	fmt.Println("first delivery:", h.Handle(ctx, exampleMsg("charges", p)))
 	err = h.Handle(ctx, exampleMsg("charges", p))
-	fmt.Println("redelivery is a duplicate:", errors.Is(err, inbox.ErrDuplicate))
+	fmt.Println("redelivery is a duplicate:", errors.Is(err, retry.ErrDuplicate))
 	fmt.Println("gateway calls:", charges)
 	// Output:
 	// charged: "ch_payment:7"

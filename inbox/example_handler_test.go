@@ -14,6 +14,7 @@ import (
 	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 	"github.com/inboxmq/inboxmq/migrations"
+	"github.com/inboxmq/inboxmq/retry"
 )
 
 // Payment is a job whose business identity is its order.
@@ -85,7 +86,7 @@ func Example_handler() {
 	p := Payment{OrderID: "42", Cents: 1999}
 	fmt.Println("first delivery:", h.Handle(ctx, exampleMsg("payments", p)))
 	err = h.Handle(ctx, exampleMsg("payments", p))
-	fmt.Println("redelivery is a duplicate:", errors.Is(err, inbox.ErrDuplicate))
+	fmt.Println("redelivery is a duplicate:", errors.Is(err, retry.ErrDuplicate))
 
 	var n int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM payments`).Scan(&n); err != nil {

@@ -123,7 +123,7 @@ func TestGroupCommit_DuplicatesInsideOneBatch(t *testing.T) {
 			ok++
 			continue
 		}
-		require.ErrorIs(t, err, inbox.ErrDuplicate)
+		require.ErrorIs(t, err, retry.ErrDuplicate)
 		dup++
 	}
 	require.Equal(t, 3, ok)
@@ -174,7 +174,7 @@ func TestGroupCommit_OverlappingBatchesInOppositeOrderDoNotDeadlock(t *testing.T
 		wg.Wait()
 		for _, err := range errs {
 			if err != nil {
-				require.ErrorIs(t, err, inbox.ErrDuplicate)
+				require.ErrorIs(t, err, retry.ErrDuplicate)
 			}
 		}
 	}
@@ -214,7 +214,7 @@ func TestGroupCommit_LoneDeliveryIsNotHeldBeyondMaxWait(t *testing.T) {
 	b := setup(t, nil)
 	h := inbox.Handler(b.store, effectHandler(nil), &inbox.HandlerOpts{GroupCommit: &inbox.GroupCommit{}})
 	require.NoError(t, h.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "lone"}, false)))
-	require.ErrorIs(t, h.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "lone"}, false)), inbox.ErrDuplicate)
+	require.ErrorIs(t, h.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "lone"}, false)), retry.ErrDuplicate)
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`))
 }
 

@@ -45,7 +45,7 @@ type HandlerOpts struct {
 //     ON CONFLICT DO UPDATE … WHERE status <> 'completed' (a failed or
 //     received row is taken up again);
 //  3. no row came back: the key is completed, and the delivery is a
-//     duplicate (an error matching [ErrDuplicate]), or, if the message's
+//     duplicate (an error matching [retry.ErrDuplicate]), or, if the message's
 //     fingerprint (inboxtype.Message.Fingerprint) differs from the one
 //     recorded, a key conflict (permanent); a live claim of claim mode asks
 //     for a retry after its lease;

@@ -50,7 +50,7 @@ func TestHandler_OneEffectUnderConcurrentDuplicates(t *testing.T) {
 		switch {
 		case err == nil:
 			ok++
-		case errors.Is(err, inbox.ErrDuplicate):
+		case errors.Is(err, retry.ErrDuplicate):
 			dup++
 			require.Equal(t, retry.KindDuplicate, retry.Classify(err).Kind)
 			require.Equal(t, retry.SourceInbox, retry.Classify(err).Source)

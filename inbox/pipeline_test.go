@@ -132,7 +132,7 @@ func TestPipeline_DuplicatesInsideOneBatch(t *testing.T) {
 	var dup int
 	for _, err := range handleAll(t, h, msgs) {
 		if err != nil {
-			require.ErrorIs(t, err, inbox.ErrDuplicate)
+			require.ErrorIs(t, err, retry.ErrDuplicate)
 			dup++
 		}
 	}

@@ -128,7 +128,7 @@ func TestProperty_AtMostOneEffectPerKey(t *testing.T) {
 				case err == nil:
 					require.Equal(rt, behaveOK, bes[i], "only a succeeding handler reports success")
 					done[ids[i]] = true
-				case errors.Is(err, inbox.ErrDuplicate):
+				case errors.Is(err, retry.ErrDuplicate):
 					done[ids[i]] = true
 				}
 			}
@@ -149,7 +149,7 @@ func TestProperty_AtMostOneEffectPerKey(t *testing.T) {
 		}
 		for i, err := range deliver(ids, bes) {
 			if err != nil {
-				require.ErrorIs(rt, err, inbox.ErrDuplicate, "key %s", ids[i])
+				require.ErrorIs(rt, err, retry.ErrDuplicate, "key %s", ids[i])
 			}
 		}
 		for _, id := range ids {

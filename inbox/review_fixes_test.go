@@ -93,7 +93,7 @@ func TestGroupCommit_HandlerCannotCommitTheBatch(t *testing.T) {
 	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM effects`))
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM effects WHERE key = 'order:1'`))
 	require.Equal(t, inbox.RecordFailed, b.get(t, "payments", "order:1").Status)
-	require.False(t, errors.Is(errs[0], inbox.ErrDuplicate))
+	require.False(t, errors.Is(errs[0], retry.ErrDuplicate))
 }
 
 // A handler whose first statement fails before its savepoint exists (a

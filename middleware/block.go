@@ -11,15 +11,6 @@ import (
 	"github.com/inboxmq/inboxmq/retry"
 )
 
-// SourceParked is the duplicate source (Decision.Source, the
-// duplicate_detected_total{source} label) of a delivery that [Block]
-// parked: the consumer acks it like a duplicate because its copy is safe in
-// the parked queue.
-const SourceParked = retry.SourceParked
-
-// StatusParked is the transition [Block] reports when it parks a delivery.
-const StatusParked = inboxtype.StatusParked
-
 // Parker parks a delivery: it makes a durable copy in the delivery's
 // parked queue and returns only once the broker confirmed it.
 // *control.Parker implements it.
@@ -80,11 +71,11 @@ func Block(w *control.Watcher, p Parker, opts *BlockOpts) (inboxtype.Middleware,
 			if err := p.Park(ctx, d, b); err != nil {
 				return retry.WithReason("park", retry.Retryable(fmt.Errorf("middleware: park blocked key %q: %w", d.Key, err)))
 			}
-			d.Transition(StatusParked, nil)
+			d.Transition(inboxtype.StatusParked, nil)
 			log.Info("middleware: blocked delivery parked",
 				zap.String("queue", d.Queue), zap.String("consumer", d.Namespace), zap.String("key", d.Key),
 				zap.String("pattern", b.Pattern), zap.String("reason", b.Reason))
-			return retry.Duplicate(SourceParked, fmt.Errorf("middleware: key %q blocked (%s), parked in %s",
+			return retry.Duplicate(retry.SourceParked, fmt.Errorf("middleware: key %q blocked (%s), parked in %s",
 				d.Key, b.Pattern, control.ParkedQueueName(d.Queue)))
 		}
 	}, nil

@@ -130,7 +130,7 @@ func TestBlock_ParksBlockedKeyAndReleasesOnUnblock(t *testing.T) {
 	decs := b.drive(t)
 	require.Len(t, decs, 3)
 	require.Equal(t, retry.KindDuplicate, decs[1].Kind)
-	require.Equal(t, middleware.SourceParked, decs[1].Source)
+	require.Equal(t, retry.SourceParked, decs[1].Source)
 	require.Equal(t, map[string]int{"order:1": 1, "order:3": 1}, b.handled)
 	require.Zero(t, amqptest.Depth(t, b.conn, b.queue))
 	require.Equal(t, 1, amqptest.Depth(t, b.conn, control.ParkedQueueName(b.queue)))

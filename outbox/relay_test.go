@@ -22,6 +22,7 @@ import (
 	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
 	"github.com/inboxmq/inboxmq/internal/testenv"
+	"github.com/inboxmq/inboxmq/retry"
 )
 
 func TestRolledBackTransactionPublishesNothing(t *testing.T) {
@@ -150,7 +151,7 @@ func TestCrashBetweenConfirmAndMarkRepublishesSameID(t *testing.T) {
 		switch err := h.Handle(t.Context(), msg); {
 		case err == nil:
 			handled++
-		case errors.Is(err, inbox.ErrDuplicate):
+		case errors.Is(err, retry.ErrDuplicate):
 			duplicates++
 		default:
 			require.NoError(t, err)
