@@ -39,7 +39,7 @@ var Scenarios = []string{SequentialDuplicates, ConcurrentDuplicates, CrashBefore
 // Subject is the handler under test and how to observe its effects.
 type Subject struct {
 	// Router holds the handler, registered with consumer.Register together
-	// with its middleware (Dedupe, Lock). Required.
+	// with its middleware (Cache, Lock). Required.
 	Router *consumer.Router
 	// Queue is the queue the handler is registered for. Nothing is sent to
 	// a broker: deliveries are built in memory and handed to the route's

@@ -89,7 +89,7 @@ func (b *testBundle) router(t *testing.T, h inboxtype.Handler[Payment]) *consume
 	lck, err := middleware.Lock(b.rdb, &middleware.LockOpts{Prefix: b.prefix + "lock:"})
 	require.NoError(t, err)
 	consumer.Register(r, "payments", h, &consumer.HandlerOpts{Middleware: []inboxtype.Middleware{
-		middleware.Dedupe(b.rdb, &middleware.DedupeOpts{Prefix: b.prefix + "done:"}),
+		middleware.Cache(b.rdb, &middleware.CacheOpts{Prefix: b.prefix + "done:"}),
 		lck,
 	}})
 	return r

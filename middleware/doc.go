@@ -11,14 +11,14 @@
 // middleware (HandlerOpts.Middleware) runs after it, so it sees
 // Delivery.Key. Outermost first:
 //
-//	Recover -> Timeout -> [decode] -> Dedupe -> Lock -> inbox handler
+//	Recover -> Timeout -> [decode] -> Cache -> Lock -> inbox handler
 //
 //	r.Use(middleware.Recover(&middleware.RecoverOpts{Logger: logger}),
 //		middleware.Timeout(2*time.Minute))
 //	lck, err := middleware.Lock(rdb, nil)
 //	consumer.Register(r, "payments", h, &consumer.HandlerOpts{
 //		Middleware: []inboxtype.Middleware{
-//			middleware.Dedupe(rdb, nil),
+//			middleware.Cache(rdb, nil),
 //			lck,
 //		},
 //	})
@@ -32,11 +32,11 @@
 //
 // # Redis: an accelerator, never the judge
 //
-// [Dedupe] (the completed-cache) and [Lock] use Redis to save work, never
+// [Cache] (the completed-cache) and [Lock] use Redis to save work, never
 // to decide correctness: the PostgreSQL inbox keeps every effect single
 // with Redis absent, flushed, slow or partitioned.
 //
-//   - Dedupe stores positive entries only: the fingerprint of the job that
+//   - Cache stores positive entries only: the fingerprint of the job that
 //     completed. A copy with that fingerprint is acked as a duplicate from
 //     source "cache"; a miss, an error or another fingerprint (another job
 //     reusing the key) falls through to the inbox, which has the final

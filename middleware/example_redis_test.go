@@ -91,14 +91,14 @@ func ExampleLock() {
 	// first worker returned: <nil>
 }
 
-func ExampleDedupe() {
+func ExampleCache() {
 	ctx := context.Background()
 	rdb, prefix := exampleRedis()
 	defer rdb.Close()
 	defer rdb.Del(ctx, prefix+"payments:order-42")
 
-	dedupe := middleware.Dedupe(rdb, &middleware.DedupeOpts{Prefix: prefix, TTL: time.Minute})
-	handler := dedupe(func(_ context.Context, d *inboxtype.Delivery) error {
+	cache := middleware.Cache(rdb, &middleware.CacheOpts{Prefix: prefix, TTL: time.Minute})
+	handler := cache(func(_ context.Context, d *inboxtype.Delivery) error {
 		fmt.Printf("inbox handler: %s\n", d.Body) // in a real worker: the inbox handler
 		return nil
 	})

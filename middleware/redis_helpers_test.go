@@ -15,7 +15,7 @@ import (
 	"github.com/inboxmq/inboxmq/internal/redistest"
 )
 
-// redisBundle is the per-test Redis state of the lock and dedupe tests.
+// redisBundle is the per-test Redis state of the lock and cache tests.
 type redisBundle struct {
 	rdb    redis.UniversalClient // the real client, for assertions
 	flaky  *redistest.Flaky      // what the middleware gets
@@ -66,7 +66,7 @@ func keyedDelivery(key string, obs ...inboxtype.Observer) *inboxtype.Delivery {
 	return d
 }
 
-// cacheValue is the completed-cache entry Dedupe writes for d.
+// cacheValue is the completed-cache entry Cache writes for d.
 func cacheValue(d *inboxtype.Delivery) string { return hex.EncodeToString(d.Fingerprint) }
 
 // degradedHook returns an OnDegraded hook that records every call on a

@@ -53,7 +53,7 @@ func (b *testBundle) cacheRedis(t testing.TB) *redis.Client {
 	return rdb
 }
 
-// cacheKey is the worker's completed-cache entry for an order (Dedupe's
+// cacheKey is the worker's completed-cache entry for an order (Cache's
 // default prefix, the queue as consumer name).
 func (b *testBundle) cacheKey(orderID string) string {
 	return "inboxmq:done:" + b.queue + ":payment:" + orderID

@@ -308,7 +308,7 @@ func newRouter(store *inbox.Store, rdb redis.UniversalClient, m *metrics.Metrics
 		middleware.Timeout(handlerTimeout),
 	)
 
-	dedupe := middleware.Dedupe(rdb, &middleware.DedupeOpts{Logger: logger, OnDegraded: m.RedisDegradedHook("cache")})
+	cache := middleware.Cache(rdb, &middleware.CacheOpts{Logger: logger, OnDegraded: m.RedisDegradedHook("cache")})
 	// A copy that finds the key locked waits in a delay tier: 1s at first (a
 	// payment commits in milliseconds, so the holder is done by then and the
 	// copy is acked as a duplicate), longer if it finds the key locked again,
@@ -324,7 +324,7 @@ func newRouter(store *inbox.Store, rdb redis.UniversalClient, m *metrics.Metrics
 		return nil, err
 	}
 	opts := &consumer.HandlerOpts{
-		Middleware: []inboxtype.Middleware{block, dedupe, lck},
+		Middleware: []inboxtype.Middleware{block, cache, lck},
 		Queue:      consumer.QueueOpts{Concurrency: cfg.Concurrency},
 	}
 
