@@ -62,7 +62,10 @@ func (o *CacheOpts) withDefaults() CacheOpts {
 // Cache returns a handler middleware that keeps a cache of completed
 // idempotency keys in Redis: a fast path in front of the inbox. It belongs
 // in HandlerOpts.Middleware (after decoding, so Delivery.Key and
-// Delivery.Fingerprint are set); a delivery without a key or without a
+// Delivery.Fingerprint are set). A delivery without a key means the cache
+// is mounted where no key is set (router-wide, or on a route whose payload
+// does not implement inboxtype.Keyer): it fails permanently, with an error
+// that says so, and next is not called. A delivery with a key but no
 // fingerprint passes through.
 //
 // The cache holds positive entries only, each the fingerprint of the job
@@ -107,7 +110,10 @@ type cacheMiddleware struct {
 
 func (m *cacheMiddleware) wrap(next inboxtype.DeliveryHandler) inboxtype.DeliveryHandler {
 	return func(ctx context.Context, d *inboxtype.Delivery) error {
-		if d.Key == "" || len(d.Fingerprint) == 0 {
+		if d.Key == "" {
+			return errNoKey("Cache")
+		}
+		if len(d.Fingerprint) == 0 {
 			return next(ctx, d)
 		}
 		key := m.opts.Prefix + d.Namespace + ":" + d.Key

@@ -240,13 +240,18 @@ func TestCache_WritesAfterContextEnded(t *testing.T) {
 	require.Equal(t, cacheValue(keyedDelivery("k")), b.rdb.Get(t.Context(), b.prefix+"svc:k").Val())
 }
 
-func TestCache_NoKeyPassesThrough(t *testing.T) {
+// A cache mounted where no key is set must not silently cache nothing:
+// the delivery fails permanently, naming the misconfiguration.
+func TestCache_NoKeyIsAPermanentMisconfiguration(t *testing.T) {
 	t.Parallel()
 	b := setupRedis(t)
 	mw := middleware.Cache(b.flaky, nil)
 	calls := 0
-	require.NoError(t, mw(countingHandler(&calls, nil))(t.Context(), keyedDelivery("")))
-	require.Equal(t, 1, calls)
+	err := mw(countingHandler(&calls, nil))(t.Context(), keyedDelivery(""))
+	require.Error(t, err)
+	require.Equal(t, retry.KindPermanent, retry.Classify(err).Kind)
+	require.ErrorContains(t, err, "Cache got a delivery without an idempotency key")
+	require.Zero(t, calls, "next does not run")
 	require.Zero(t, b.flaky.Calls.Load())
 	require.Panics(t, func() { middleware.Cache(nil, nil) })
 }

@@ -164,8 +164,11 @@ func (o LockOpts) validate() error {
 
 // Lock returns a handler middleware that holds a Redis lock on the
 // delivery's idempotency key while the rest of the chain runs. It belongs
-// in HandlerOpts.Middleware (after decoding, so Delivery.Key is set); a
-// delivery without a key passes through unlocked.
+// in HandlerOpts.Middleware (after decoding, so Delivery.Key is set). A
+// delivery without a key means the lock is mounted where no key is set
+// (router-wide, or on a route whose payload does not implement
+// inboxtype.Keyer): it fails permanently, with an error that says so, and
+// next is not called.
 //
 // The lock only saves work: the inbox in PostgreSQL keeps the effect single
 // whatever Redis does. So:
@@ -230,7 +233,7 @@ type lockMiddleware struct {
 func (m *lockMiddleware) wrap(next inboxtype.DeliveryHandler) inboxtype.DeliveryHandler {
 	return func(ctx context.Context, d *inboxtype.Delivery) error {
 		if d.Key == "" {
-			return next(ctx, d)
+			return errNoKey("Lock")
 		}
 		key := m.opts.Prefix + d.Namespace + ":" + d.Key
 		d.LockKey = key
@@ -393,4 +396,12 @@ func (h *health) set(degraded bool, err error) {
 	if h.hook != nil {
 		h.hook(degraded)
 	}
+}
+
+// errNoKey is the permanent error of a keyed middleware (Lock, Cache) that
+// got a delivery without an idempotency key: a misconfiguration, which
+// must not silently do nothing. The consumer dead-letters the delivery.
+func errNoKey(name string) error {
+	return retry.Permanent(fmt.Errorf(
+		"middleware: %s got a delivery without an idempotency key: mount it in HandlerOpts.Middleware of a route whose payload implements inboxtype.Keyer", name))
 }

@@ -407,15 +407,23 @@ func TestLock_ContextEndedIsNotDegraded(t *testing.T) {
 	require.Empty(t, events)
 }
 
-func TestLock_NoKeyPassesThrough(t *testing.T) {
+// A lock mounted where no key is set must not silently lock nothing: the
+// delivery fails permanently, naming the misconfiguration.
+func TestLock_NoKeyIsAPermanentMisconfiguration(t *testing.T) {
 	t.Parallel()
 	b := setupRedis(t)
 	mw := mustLock(t, b.flaky, nil)
 	d := keyedDelivery("")
-	require.NoError(t, mw(func(context.Context, *inboxtype.Delivery) error { return nil })(t.Context(), d))
+	called := false
+	err := mw(func(context.Context, *inboxtype.Delivery) error { called = true; return nil })(t.Context(), d)
+	require.Error(t, err)
+	require.Equal(t, retry.KindPermanent, retry.Classify(err).Kind)
+	require.ErrorContains(t, err, "Lock got a delivery without an idempotency key")
+	require.ErrorContains(t, err, "HandlerOpts.Middleware")
+	require.False(t, called, "next does not run")
 	require.Empty(t, d.LockResult)
 	require.Zero(t, b.flaky.Calls.Load())
-	_, err := middleware.Lock(nil, nil)
+	_, err = middleware.Lock(nil, nil)
 	require.ErrorContains(t, err, "nil redis client")
 }
 
