@@ -10,7 +10,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
@@ -41,6 +41,7 @@ const (
 	AttrDuplicateSource      = attribute.Key("inboxmq.duplicate_source")
 	AttrLockKey              = attribute.Key("inboxmq.lock_key")
 	AttrLockResult           = attribute.Key("inboxmq.lock_result")
+	AttrLockFence            = attribute.Key("inboxmq.lock_fence")
 	AttrFence                = attribute.Key("inboxmq.fence")
 )
 
@@ -75,12 +76,13 @@ func (o *TracingOpts) keyAttribute() bool {
 // convention attributes (messaging.system=rabbitmq,
 // messaging.destination.name, messaging.message.id,
 // messaging.operation=process) and inboxmq's own (idempotency key, attempt,
-// redelivered, lock key and fence, and the outcome below).
+// redelivered, lock key, lock result, the Redis lock's fence, the inbox
+// claim's fence, and the outcome below).
 //
 // The handler's ctx carries the span, so database and HTTP instrumentation
 // below it nests under the delivery. The span ends when the consumer has
-// settled the delivery ([consumer.Delivery.OnSettled]), so it covers the
-// settlement, and it reports the settled [consumer.Outcome], the decision
+// settled the delivery ([inboxtype.Delivery.OnSettled]), so it covers the
+// settlement, and it reports the settled [inboxtype.Outcome], the decision
 // the consumer acted on with the route's Rules and retry policy applied:
 // inboxmq.outcome (the decision's kind), inboxmq.action (acked, retried,
 // dead_lettered, requeued, abandoned), inboxmq.reason (a Rule's reason,
@@ -93,22 +95,22 @@ func (o *TracingOpts) keyAttribute() bool {
 // A span covers one run of the chain: each in-process try has its own,
 // which ends when the next try starts, with action retried_in_process.
 // A delivery handled outside a consumer (a test, a tool) ends its span
-// when it is settled by hand ([consumer.Delivery.Settle]). Put Tracing near
+// when it is settled by hand ([inboxtype.Delivery.Settle]). Put Tracing near
 // the outside of the chain so that the span covers the lock and the inbox.
 //
 // A nil tp means otel.GetTracerProvider(), read when Tracing is called, which
 // is a no-op until the program installs an SDK: inboxmq forces no exporter.
 // The consumer copies headers onto retries and dead letters, so a retried
 // delivery stays in the publisher's trace.
-func Tracing(tp trace.TracerProvider, opts *TracingOpts) consumer.Middleware {
+func Tracing(tp trace.TracerProvider, opts *TracingOpts) inboxtype.Middleware {
 	if tp == nil {
 		tp = otel.GetTracerProvider()
 	}
 	tracer := tp.Tracer(TracerName)
 	prop := opts.propagator()
 	withKey := opts.keyAttribute()
-	return func(next consumer.DeliveryHandler) consumer.DeliveryHandler {
-		return func(ctx context.Context, d *consumer.Delivery) error {
+	return func(next inboxtype.DeliveryHandler) inboxtype.DeliveryHandler {
+		return func(ctx context.Context, d *inboxtype.Delivery) error {
 			ctx = prop.Extract(ctx, HeaderCarrier(d.Headers))
 			attrs := []attribute.KeyValue{
 				AttrMessagingSystem.String("rabbitmq"),
@@ -116,7 +118,7 @@ func Tracing(tp trace.TracerProvider, opts *TracingOpts) consumer.Middleware {
 				AttrMessagingOpType.String("process"),
 				AttrMessagingOpName.String("process"),
 				AttrMessagingDestination.String(d.Queue),
-				AttrMessagingGroup.String(d.Consumer),
+				AttrMessagingGroup.String(d.Namespace),
 				AttrMessagingBodySize.Int(len(d.Body)),
 				AttrAttempt.Int(d.Attempt),
 				AttrRedelivered.Bool(d.Redelivered),
@@ -134,7 +136,7 @@ func Tracing(tp trace.TracerProvider, opts *TracingOpts) consumer.Middleware {
 				trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
 			// Registered before next runs, so the span ends even if the
 			// chain below panics (the consumer's last guard settles it).
-			d.OnSettled(func(o consumer.Outcome) { endSpan(span, d, o, withKey) })
+			d.OnSettled(func(o inboxtype.Outcome) { endSpan(span, d, o, withKey) })
 			return next(ctx, d)
 		}
 	}
@@ -142,7 +144,7 @@ func Tracing(tp trace.TracerProvider, opts *TracingOpts) consumer.Middleware {
 
 // endSpan sets the annotations the chain made on d and the settled
 // outcome o on span, and ends it.
-func endSpan(span trace.Span, d *consumer.Delivery, o consumer.Outcome, withKey bool) {
+func endSpan(span trace.Span, d *inboxtype.Delivery, o inboxtype.Outcome, withKey bool) {
 	defer span.End()
 	if withKey && d.Key != "" {
 		span.SetAttributes(AttrIdempotencyKey.String(d.Key))
@@ -153,8 +155,11 @@ func endSpan(span trace.Span, d *consumer.Delivery, o consumer.Outcome, withKey 
 	if d.LockResult != "" {
 		span.SetAttributes(AttrLockResult.String(d.LockResult))
 	}
-	if d.Fence != 0 {
-		span.SetAttributes(AttrFence.Int64(d.Fence))
+	if d.LockFence != 0 {
+		span.SetAttributes(AttrLockFence.Int64(d.LockFence))
+	}
+	if d.InboxFence != 0 {
+		span.SetAttributes(AttrFence.Int64(d.InboxFence))
 	}
 	dec := o.Decision
 	span.SetAttributes(AttrOutcome.String(dec.Kind.String()), AttrInProcessRetries.Int(o.InProcessRetries))
