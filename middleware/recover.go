@@ -62,10 +62,10 @@ func Recover(opts *RecoverOpts) inboxtype.Middleware {
 				perr := &PanicError{Value: v, Stack: debug.Stack()}
 				if logger != nil {
 					logger.Error("handler panicked",
-						zap.String(LogFieldQueue, d.Queue),
-						zap.String(LogFieldConsumer, d.Namespace),
-						zap.String(LogFieldMessageID, d.MessageID),
-						zap.String(LogFieldIdempotencyKey, d.Key),
+						zap.String(logFieldQueue, d.Queue),
+						zap.String(logFieldConsumer, d.Namespace),
+						zap.String(logFieldMessageID, d.MessageID),
+						zap.String(logFieldIdempotencyKey, d.Key),
 						zap.String("panic", clip.Text(fmt.Sprint(v), clip.Limit)),
 						zap.ByteString("stack", perr.Stack))
 				}

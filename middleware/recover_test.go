@@ -39,7 +39,7 @@ func TestRecover_PanicBecomesError(t *testing.T) {
 	require.Equal(t, 1, logs.Len())
 	entry := logs.All()[0]
 	require.Equal(t, "handler panicked", entry.Message)
-	require.Equal(t, "k", entry.ContextMap()[middleware.LogFieldIdempotencyKey])
+	require.Equal(t, "k", entry.ContextMap()["idempotency_key"])
 	require.Contains(t, entry.ContextMap()["stack"], "recover_test.go")
 }
 
