@@ -22,6 +22,13 @@
 //	if err := c.Start(ctx); err != nil { … }
 //	defer c.Stop(context.Background())
 //
+// The types a handler and middleware see (the delivery, the typed message,
+// statuses, outcomes, observers, header names, the handler and middleware
+// signatures) live in package inboxtype, which the inbox, the outbox,
+// metrics and middleware share without importing this runtime.
+// HandlerOpts.Namespace is the handler's inbox namespace (idempotency keys
+// are unique per namespace); it defaults to the queue name.
+//
 // # Settlement
 //
 // A handler only returns an error; package retry classifies it and the

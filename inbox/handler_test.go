@@ -130,6 +130,188 @@ func TestHandler_SetsFenceAndProcessingTransition(t *testing.T) {
 	}
 }
 
+func TestHandler_FailureRollsBackAndIsRecorded(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	fail := true
+	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
+		if err := effectHandler(nil)(ctx, tx, msg); err != nil {
+			return err
+		}
+		if fail {
+			return errors.New("gateway said no")
+		}
+		return nil
+	}, nil)
+
+	err := h.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "2", Amount: 7}, false))
+	require.ErrorContains(t, err, "gateway said no")
+	require.Equal(t, retry.KindRetry, retry.Classify(err).Kind)
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM effects`))
+	r := b.get(t, "payments", "order:2")
+	require.Equal(t, inbox.RecordFailed, r.Status)
+	require.Equal(t, 1, r.Attempts)
+	require.NotNil(t, r.LastError)
+	require.Contains(t, *r.LastError, "gateway said no")
+	require.NotNil(t, r.LastFailedAt)
+
+	fail = false
+	retried := newMsg(t, "payments", order{OrderID: "2", Amount: 7}, false)
+	retried.Attempt = 2 // the broker's retry copy
+	require.NoError(t, h.Handle(t.Context(), retried))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM ledger`))
+	r = b.get(t, "payments", "order:2")
+	require.Equal(t, inbox.RecordCompleted, r.Status)
+	require.Equal(t, 2, r.Attempts, "the broker attempt that took the key up")
+
+	err = h.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "2", Amount: 7}, false))
+	require.ErrorIs(t, err, retry.ErrDuplicate)
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`))
+}
+
+func TestHandler_KeyConflictOnDifferentPayload(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	h := inbox.Handler(b.store, effectHandler(nil), nil)
+	require.NoError(t, h.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "3", Amount: 1}, false)))
+	err := h.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "3", Amount: 999}, false))
+	require.ErrorIs(t, err, retry.ErrKeyConflict)
+	d := retry.Classify(err)
+	require.Equal(t, retry.KindPermanent, d.Kind)
+	require.Equal(t, retry.ReasonKeyConflict, d.Reason)
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`))
+}
+
+func TestHandler_ComparesTheDeliveryFingerprint(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	h := inbox.Handler(b.store, effectHandler(nil), nil)
+	// The inbox records and compares Delivery.Fingerprint, the value the
+	// completed-cache compares too, not a fingerprint of its own.
+	withFP := func(o order, fp string) *inboxtype.Message[order] {
+		msg := newMsg(t, "payments", o, false)
+		msg.Delivery.Fingerprint = []byte(fp)
+		return msg
+	}
+	require.NoError(t, h.Handle(t.Context(), withFP(order{OrderID: "fp", Amount: 1}, "A")))
+	require.Equal(t, []byte("A"), b.get(t, "payments", "order:fp").Fingerprint)
+	require.ErrorIs(t, h.Handle(t.Context(), withFP(order{OrderID: "fp", Amount: 2}, "A")), retry.ErrDuplicate,
+		"same fingerprint, other body: a duplicate")
+	require.ErrorIs(t, h.Handle(t.Context(), withFP(order{OrderID: "fp", Amount: 1}, "B")), retry.ErrKeyConflict,
+		"other fingerprint, same body: a conflict")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`))
+}
+
+func TestHandler_BusinessUniqueViolationIsDuplicate(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
+		_, err := tx.Exec(ctx, `INSERT INTO orders (order_id) VALUES ('same-order')`)
+		return err
+	}, nil)
+	require.NoError(t, h.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "a"}, false)))
+	err := h.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "b"}, false))
+	require.ErrorIs(t, err, retry.ErrDuplicate)
+	d := retry.Classify(err)
+	require.Equal(t, retry.KindDuplicate, d.Kind)
+	require.Equal(t, retry.SourceBusiness, d.Source)
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM orders`))
+}
+
+func TestHandler_SerializationFailureIsRetryable(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	const injected = 3
+	var calls atomic.Int64
+	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
+		if calls.Add(1) <= injected {
+			_, err := tx.Exec(ctx, `DO $$ BEGIN RAISE EXCEPTION 'injected' USING ERRCODE = '40001'; END $$`)
+			return err
+		}
+		return effectHandler(nil)(ctx, tx, msg)
+	}, nil)
+	attempt := func(n int) *inboxtype.Message[order] {
+		m := newMsg(t, "payments", order{OrderID: "s"}, false)
+		m.Attempt = n
+		return m
+	}
+	for i := range injected {
+		err := h.Handle(t.Context(), attempt(i+1))
+		d := retry.Classify(err)
+		require.Equal(t, retry.KindRetry, d.Kind)
+		require.Equal(t, inbox.ReasonDBSerialization, d.Reason)
+	}
+	require.Equal(t, injected, b.get(t, "payments", "order:s").Attempts)
+	require.NoError(t, h.Handle(t.Context(), attempt(injected+1)))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`))
+	require.Equal(t, injected+1, b.get(t, "payments", "order:s").Attempts)
+}
+
+func TestHandler_CrashLoopBound(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &inbox.StoreConfig{CrashLimit: 3})
+	var calls atomic.Int64
+	h := inbox.Handler(b.store, func(context.Context, pgx.Tx, *inboxtype.Message[order]) error {
+		calls.Add(1)
+		return errors.New("worker would have crashed here")
+	}, nil)
+	for range 3 {
+		err := h.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "c"}, true))
+		require.ErrorContains(t, err, "crashed")
+	}
+	err := h.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "c"}, true))
+	d := retry.Classify(err)
+	require.Equal(t, retry.KindPermanent, d.Kind)
+	require.Equal(t, inbox.ReasonCrashLoop, d.Reason)
+	require.Equal(t, int64(3), calls.Load())
+	r := b.get(t, "payments", "order:c")
+	require.Equal(t, inbox.RecordDead, r.Status)
+	require.Equal(t, 4, r.Deliveries)
+
+	// A first delivery (not redelivered) never pays for the counter.
+	require.ErrorContains(t, h.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "d"}, false)), "crashed")
+	require.Equal(t, 0, b.get(t, "payments", "order:d").Deliveries)
+}
+
+func TestHandler_RedeliveredCompletedIsDuplicate(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	h := inbox.Handler(b.store, effectHandler(nil), nil)
+	require.NoError(t, h.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "r"}, false)))
+	err := h.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "r"}, true))
+	require.ErrorIs(t, err, retry.ErrDuplicate)
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`))
+}
+
+func TestHandler_EmptyKeyIsPermanent(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	msg := newMsg(t, "payments", order{OrderID: "e"}, false)
+	msg.Key = ""
+	err := inbox.Handler(b.store, effectHandler(nil), nil).Handle(t.Context(), msg)
+	require.Equal(t, retry.KindPermanent, retry.Classify(err).Kind)
+}
+
+func TestHandler_PanicBecomesError(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	h := inbox.Handler(b.store, func(context.Context, pgx.Tx, *inboxtype.Message[order]) error { panic("boom") }, nil)
+	err := h.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "p"}, false))
+	require.Equal(t, retry.ReasonPanic, retry.Classify(err).Reason)
+	require.Equal(t, inbox.RecordFailed, b.get(t, "payments", "order:p").Status)
+}
+
+func TestHandler_ConsumersAreNamespaces(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	h := inbox.Handler(b.store, effectHandler(nil), nil)
+	for i := range 3 {
+		require.NoError(t, h.Handle(t.Context(), newMsg(t, "c"+strconv.Itoa(i), order{OrderID: "n"}, false)))
+	}
+	require.Equal(t, 3, b.count(t, `SELECT count(*) FROM effects`))
+}
+
 // transitions records the statuses a delivery went through.
 type transitions struct {
 	inboxtype.NopObserver

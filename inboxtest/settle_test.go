@@ -72,7 +72,7 @@ func TestHarnessSettlesAsTheConsumerDoes(t *testing.T) {
 			continue
 		}
 		for _, kv := range s.Attributes() {
-			if kv.Key == middleware.AttrAction {
+			if kv.Key == "inboxmq.action" {
 				ended[kv.Value.AsString()]++
 			}
 		}

@@ -42,11 +42,16 @@
 //     source "cache"; a miss, an error or another fingerprint (another job
 //     reusing the key) falls through to the inbox, which has the final
 //     word. Entries are written only after a commit.
-//   - Lock holds a lock per (consumer, key) with a keep-alive, so two
+//   - Lock holds a lock per (namespace, key) with a keep-alive, so two
 //     workers do not both run a handler for the same key; the other one is
 //     retried later with reason "lock_unavailable". Its fencing token is
-//     set on Delivery.LockFence. Its primitives live in package lock, usable on
-//     their own.
+//     set on Delivery.LockFence. A lock that is lost before the handler
+//     returns cancels the handler's context with cause [ErrLockLost] or
+//     [ErrMaxHoldReached].
+//
+// Lock and Cache need the idempotency key: a delivery without one (the
+// middleware mounted router-wide, or on a route whose payload is no Keyer)
+// fails permanently with an error naming the misconfiguration.
 //
 // Each Redis call has a short timeout (150ms by default). When Redis errors
 // or times out, the delivery proceeds without it, and the change is reported

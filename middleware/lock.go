@@ -16,8 +16,23 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/inboxmq/inboxmq/inboxtype"
-	"github.com/inboxmq/inboxmq/lock"
+	"github.com/inboxmq/inboxmq/internal/lock"
 	"github.com/inboxmq/inboxmq/retry"
+)
+
+// Errors of [Lock] that a handler or an observer can see.
+var (
+	// ErrLockLost is the cause with which Lock cancels the handler's
+	// context when a refresh finds the lock gone, or when Redis did not
+	// answer before the lock's TTL ran out: test it with
+	// errors.Is(context.Cause(ctx), ErrLockLost).
+	ErrLockLost = lock.ErrLockLost
+	// ErrMaxHoldReached is the cause with which Lock cancels the handler's
+	// context when the lock has been held for LockOpts.MaxHold.
+	ErrMaxHoldReached = lock.ErrMaxHoldReached
+	// ErrLockNotObtained is matched (errors.Is) by the error Lock returns
+	// when another worker holds the lock.
+	ErrLockNotObtained = lock.ErrNotObtained
 )
 
 // Values of inboxtype.Delivery.LockResult set by [Lock].
@@ -59,7 +74,7 @@ const (
 )
 
 // lockLease caps the TTL an obtain sets; the keep-alive's first refresh
-// extends the lock to LockOpts.TTL (see lock.Config.Lease).
+// extends the lock to LockOpts.TTL.
 const lockLease = 5 * time.Second
 
 // LockOpts configure [Lock]. A nil *LockOpts means defaults; a value out of
@@ -80,7 +95,7 @@ type LockOpts struct {
 	// handler's context is cancelled and the delivery retried (reason
 	// lock_expired). Keep it below RabbitMQ's consumer ack timeout. Where
 	// TTL bounds how long a dead holder blocks a key, MaxHold bounds a live
-	// one. Defaults to lock.DefaultMaxHold (25m); -1 means no cap.
+	// one. Defaults to 25 minutes; -1 means no cap.
 	MaxHold time.Duration
 	// RetryDelay is the first delay asked for when another worker holds the
 	// lock (retry.Defer: not counted as an attempt, so a contended key is
@@ -184,17 +199,17 @@ func (o LockOpts) validate() error {
 //     (see LockOpts.RetryDelay); StatusLockFailed is reported;
 //   - lost before completion (deleted, expired while Redis was silent, or
 //     MaxHold reached): next's context is cancelled with the cause
-//     (lock.ErrLockLost or lock.ErrMaxHoldReached), StatusLockExpired is
+//     ([ErrLockLost] or [ErrMaxHoldReached]), StatusLockExpired is
 //     reported, and an error from next becomes retryable with reason
 //     "lock_expired" (nil and duplicates pass unchanged);
 //   - Redis error or timeout: next runs without the lock (LockResult
 //     "degraded"), reported through OnDegraded and the logger once per
 //     change; the middleware recovers by itself when Redis answers again,
 //     and then releases the locks that the calls it gave up on may have
-//     set (see lock.Batcher).
+//     set.
 //
 // The obtains and releases of concurrent deliveries that coincide share
-// one Redis round trip (a [lock.Batcher]).
+// one Redis round trip.
 //
 // A "lock.acquire" span is started as a child of the span in ctx (none
 // without one). A nil client or options out of range are an error.

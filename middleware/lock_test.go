@@ -16,8 +16,8 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/inboxmq/inboxmq/inboxtype"
+	"github.com/inboxmq/inboxmq/internal/lock"
 	"github.com/inboxmq/inboxmq/internal/testenv"
-	"github.com/inboxmq/inboxmq/lock"
 	"github.com/inboxmq/inboxmq/middleware"
 	"github.com/inboxmq/inboxmq/retry"
 )
@@ -118,7 +118,7 @@ func TestLock_ConcurrentSameKey(t *testing.T) {
 	require.Equal(t, 3*time.Second, dec.Delay, "no hot requeue loop")
 	require.Equal(t, middleware.ReasonLockUnavailable, dec.Reason)
 	require.True(t, dec.Uncounted, "waiting for another holder is not a failed attempt")
-	require.ErrorIs(t, err, lock.ErrNotObtained)
+	require.ErrorIs(t, err, middleware.ErrLockNotObtained)
 	require.Equal(t, []inboxtype.Status{inboxtype.StatusLockFailed}, rec.statuses())
 }
 
@@ -255,15 +255,15 @@ func TestLock_LostBeforeCompletion(t *testing.T) {
 		err := mw(func(ctx context.Context, d *inboxtype.Delivery) error {
 			require.NoError(t, b.rdb.Del(ctx, redisLockKey(b.prefix, "lost-1")).Err())
 			testenv.WaitChan(t, ctx.Done(), "handler context to be cancelled")
-			require.ErrorIs(t, context.Cause(ctx), lock.ErrLockLost)
+			require.ErrorIs(t, context.Cause(ctx), middleware.ErrLockLost)
 			return ctx.Err()
 		})(ctx, keyedDelivery("lost-1", rec))
 		dec := retry.Classify(err)
 		require.Equal(t, retry.KindRetry, dec.Kind)
 		require.Equal(t, middleware.ReasonLockExpired, dec.Reason)
-		require.ErrorIs(t, err, lock.ErrLockLost)
+		require.ErrorIs(t, err, middleware.ErrLockLost)
 		require.Equal(t, []inboxtype.Status{inboxtype.StatusLocked, inboxtype.StatusLockExpired}, rec.statuses())
-		require.ErrorIs(t, rec.got[1].err, lock.ErrLockLost)
+		require.ErrorIs(t, rec.got[1].err, middleware.ErrLockLost)
 	})
 	t.Run("HandlerCommittedAnyway", func(t *testing.T) {
 		t.Parallel()
@@ -310,7 +310,7 @@ func TestLock_MaxHold(t *testing.T) {
 		testenv.WaitChan(t, ctx.Done(), "handler context to be cancelled at MaxHold")
 		return ctx.Err()
 	})(ctx, keyedDelivery("slow", rec))
-	require.ErrorIs(t, err, lock.ErrMaxHoldReached)
+	require.ErrorIs(t, err, middleware.ErrMaxHoldReached)
 	require.Equal(t, middleware.ReasonLockExpired, retry.Classify(err).Reason)
 	require.Equal(t, []inboxtype.Status{inboxtype.StatusLocked, inboxtype.StatusLockExpired}, rec.statuses())
 	require.Equal(t, int64(0), b.rdb.Exists(ctx, redisLockKey(b.prefix, "slow")).Val(), "released at the cap")

@@ -13,27 +13,28 @@ import (
 )
 
 // Log field names written by [NewLogObserver]. They are stable: the runbook's
-// jq queries and log-based dashboards select on them.
+// jq queries and log-based dashboards select on them. docs/observability.md
+// lists them; that list is the contract.
 const (
-	LogFieldStatus         = "status"
-	LogFieldMessageID      = "message_id"
-	LogFieldIdempotencyKey = "idempotency_key"
-	LogFieldConsumer       = "consumer"
-	LogFieldQueue          = "queue"
-	LogFieldWorkerID       = "worker_id"
-	LogFieldAttempt        = "attempt"
-	LogFieldRedelivered    = "redelivered"
-	LogFieldDeliveryCount  = "delivery_count"
-	LogFieldLockKey        = "lock_key"
-	LogFieldLockResult     = "lock_result"
-	LogFieldLockFence      = "lock_fence"
-	LogFieldFence          = "fence"
-	LogFieldDuration       = "duration"
-	LogFieldSource         = "duplicate_source"
-	LogFieldReason         = "reason"
-	LogFieldAction         = "action"
-	LogFieldDelay          = "delay"
-	LogFieldError          = "error"
+	logFieldStatus         = "status"
+	logFieldMessageID      = "message_id"
+	logFieldIdempotencyKey = "idempotency_key"
+	logFieldConsumer       = "consumer"
+	logFieldQueue          = "queue"
+	logFieldWorkerID       = "worker_id"
+	logFieldAttempt        = "attempt"
+	logFieldRedelivered    = "redelivered"
+	logFieldDeliveryCount  = "delivery_count"
+	logFieldLockKey        = "lock_key"
+	logFieldLockResult     = "lock_result"
+	logFieldLockFence      = "lock_fence"
+	logFieldFence          = "fence"
+	logFieldDuration       = "duration"
+	logFieldSource         = "duplicate_source"
+	logFieldReason         = "reason"
+	logFieldAction         = "action"
+	logFieldDelay          = "delay"
+	logFieldError          = "error"
 )
 
 // LogOpts configures [NewLogObserver]. A nil *LogOpts means all defaults.
@@ -79,7 +80,7 @@ type logObserver struct {
 
 // NewLogObserver returns an observer that writes one log line per status
 // transition of every delivery, with the fields operators select on
-// (LogField* constants): status, message_id, idempotency_key, consumer,
+// (listed in docs/observability.md): status, message_id, idempotency_key, consumer,
 // queue, worker_id, attempt, redelivered, delivery_count, lock_key,
 // lock_result and lock_fence (when the Redis lock set them), fence (the
 // inbox claim's fence, once the inbox set it), duration since receipt,
@@ -146,9 +147,9 @@ func (l *logObserver) OnTransition(d *inboxtype.Delivery, status inboxtype.Statu
 		return
 	}
 	fields := make([]zap.Field, 0, 16)
-	fields = append(fields, zap.String(LogFieldStatus, string(status)))
+	fields = append(fields, zap.String(logFieldStatus, string(status)))
 	fields = deliveryFields(fields, d)
-	fields = append(fields, zap.Duration(LogFieldDuration, time.Since(d.ReceivedAt)), errorField(err))
+	fields = append(fields, zap.Duration(logFieldDuration, time.Since(d.ReceivedAt)), errorField(err))
 	ce.Write(fields...)
 }
 
@@ -163,18 +164,18 @@ func (l *logObserver) OnOutcome(d *inboxtype.Delivery, o inboxtype.Outcome) {
 	status := o.Status()
 	if ce := l.check(status); ce != nil {
 		fields := make([]zap.Field, 0, 18)
-		fields = append(fields, zap.String(LogFieldStatus, string(status)))
+		fields = append(fields, zap.String(logFieldStatus, string(status)))
 		fields = deliveryFields(fields, d)
-		fields = append(fields, zap.Duration(LogFieldDuration, o.Duration))
+		fields = append(fields, zap.Duration(logFieldDuration, o.Duration))
 		switch o.Decision.Kind {
 		case retry.KindSucceeded:
 		case retry.KindDuplicate:
-			fields = append(fields, zap.String(LogFieldSource, duplicateSource(o.Decision)))
+			fields = append(fields, zap.String(logFieldSource, duplicateSource(o.Decision)))
 		default:
-			fields = append(fields, zap.String(LogFieldReason, o.Decision.Reason))
+			fields = append(fields, zap.String(logFieldReason, o.Decision.Reason))
 		}
 		if o.Action == inboxtype.ActionRetried {
-			fields = append(fields, zap.Duration(LogFieldDelay, o.Delay))
+			fields = append(fields, zap.Duration(logFieldDelay, o.Delay))
 		}
 		err := o.Decision.Err
 		if o.Err != nil {
@@ -190,11 +191,11 @@ func (l *logObserver) OnOutcome(d *inboxtype.Delivery, o inboxtype.Outcome) {
 		return
 	}
 	fields := make([]zap.Field, 0, 16)
-	fields = append(fields, zap.String(LogFieldAction, string(o.Action)))
+	fields = append(fields, zap.String(logFieldAction, string(o.Action)))
 	fields = deliveryFields(fields, d)
 	fields = append(fields,
-		zap.Duration(LogFieldDuration, o.Duration),
-		zap.String(LogFieldReason, o.Decision.Reason),
+		zap.Duration(logFieldDuration, o.Duration),
+		zap.String(logFieldReason, o.Decision.Reason),
 		errorField(o.Err))
 	ce.Write(fields...)
 }
@@ -207,11 +208,11 @@ func (l *logObserver) OnInProcessRetry(d *inboxtype.Delivery, dec retry.Decision
 		return
 	}
 	fields := make([]zap.Field, 0, 16)
-	fields = append(fields, zap.String(LogFieldStatus, string(inboxtype.StatusRetryInProcess)))
+	fields = append(fields, zap.String(logFieldStatus, string(inboxtype.StatusRetryInProcess)))
 	fields = deliveryFields(fields, d)
 	fields = append(fields,
-		zap.String(LogFieldReason, dec.Reason),
-		zap.Duration(LogFieldDelay, delay),
+		zap.String(logFieldReason, dec.Reason),
+		zap.Duration(logFieldDelay, delay),
 		errorField(dec.Err))
 	ce.Write(fields...)
 }
@@ -252,28 +253,28 @@ func (l *logObserver) OnConnState(state inboxtype.ConnState, err error) {
 
 func deliveryFields(fields []zap.Field, d *inboxtype.Delivery) []zap.Field {
 	fields = append(fields,
-		zap.String(LogFieldMessageID, d.MessageID),
-		zap.String(LogFieldIdempotencyKey, clip.Text(d.Key, clip.Limit)),
-		zap.String(LogFieldConsumer, d.Namespace),
-		zap.String(LogFieldQueue, d.Queue),
-		zap.String(LogFieldWorkerID, d.WorkerID),
-		zap.Int(LogFieldAttempt, d.Attempt),
-		zap.Bool(LogFieldRedelivered, d.Redelivered),
+		zap.String(logFieldMessageID, d.MessageID),
+		zap.String(logFieldIdempotencyKey, clip.Text(d.Key, clip.Limit)),
+		zap.String(logFieldConsumer, d.Namespace),
+		zap.String(logFieldQueue, d.Queue),
+		zap.String(logFieldWorkerID, d.WorkerID),
+		zap.Int(logFieldAttempt, d.Attempt),
+		zap.Bool(logFieldRedelivered, d.Redelivered),
 	)
 	if d.DeliveryCount > 0 {
-		fields = append(fields, zap.Int(LogFieldDeliveryCount, d.DeliveryCount))
+		fields = append(fields, zap.Int(logFieldDeliveryCount, d.DeliveryCount))
 	}
 	if d.LockKey != "" {
-		fields = append(fields, zap.String(LogFieldLockKey, clip.Text(d.LockKey, clip.Limit)))
+		fields = append(fields, zap.String(logFieldLockKey, clip.Text(d.LockKey, clip.Limit)))
 	}
 	if d.LockResult != "" {
-		fields = append(fields, zap.String(LogFieldLockResult, d.LockResult))
+		fields = append(fields, zap.String(logFieldLockResult, d.LockResult))
 	}
 	if d.LockFence != 0 {
-		fields = append(fields, zap.Int64(LogFieldLockFence, d.LockFence))
+		fields = append(fields, zap.Int64(logFieldLockFence, d.LockFence))
 	}
 	if d.InboxFence != 0 {
-		fields = append(fields, zap.Int64(LogFieldFence, d.InboxFence))
+		fields = append(fields, zap.Int64(logFieldFence, d.InboxFence))
 	}
 	return fields
 }
@@ -283,7 +284,7 @@ func errorField(err error) zap.Field {
 	if err == nil {
 		return zap.Skip()
 	}
-	return zap.String(LogFieldError, clip.Text(err.Error(), clip.Limit))
+	return zap.String(logFieldError, clip.Text(err.Error(), clip.Limit))
 }
 
 // duplicateSource names where a duplicate was caught: the decision's
