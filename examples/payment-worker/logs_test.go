@@ -41,9 +41,9 @@ func TestWorkerLogLinesAreBounded(t *testing.T) {
 		}
 		require.NotContains(t, entry, "stacktrace", "no stack trace: %.300s", line)
 		switch entry["status"] {
-		case inboxtype.StatusDeadLettered:
+		case string(inboxtype.StatusDeadLettered):
 			dead = append(dead, entry)
-		case inboxtype.StatusReceived:
+		case string(inboxtype.StatusReceived):
 			received = append(received, entry)
 		}
 	}
