@@ -11,8 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmq/inboxmq"
-	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/middleware"
 )
 
@@ -27,7 +27,7 @@ type unkeyed struct {
 	ID string `json:"id"`
 }
 
-func noop[T any](context.Context, pgx.Tx, *consumer.Message[T]) error { return nil }
+func noop[T any](context.Context, pgx.Tx, *inboxtype.Message[T]) error { return nil }
 
 // NewWorker refuses a bad Config, each error saying what is wrong, and
 // does no I/O (the pool and the Redis client point at nothing).
@@ -88,16 +88,16 @@ func TestNewWorker_Validation(t *testing.T) {
 		}, `route "orders": nil handler`},
 		{"unkeyed payload", func(c *inboxmq.Config) {
 			c.Routes = routes(func(r *inboxmq.Routes) { inboxmq.HandleTx(r, "plain", noop[unkeyed], nil) })
-		}, `route "plain": payload inboxmq_test.unkeyed does not implement consumer.Keyer`},
+		}, `route "plain": payload inboxmq_test.unkeyed does not implement inboxtype.Keyer`},
 		{"unkeyed payload with a cache and a lock", func(c *inboxmq.Config) {
 			c.Redis = rdb
 			c.Routes = routes(func(r *inboxmq.Routes) { inboxmq.HandleTx(r, "plain", noop[unkeyed], nil) })
 		}, "the inbox, the cache and the lock need its idempotency key"},
 		{"unkeyed payload in claim mode", func(c *inboxmq.Config) {
 			c.Routes = routes(func(r *inboxmq.Routes) {
-				inboxmq.HandleClaim(r, "plain", func(context.Context, *inbox.Claim, *consumer.Message[unkeyed]) error { return nil }, nil)
+				inboxmq.HandleClaim(r, "plain", func(context.Context, *inbox.Claim, *inboxtype.Message[unkeyed]) error { return nil }, nil)
 			})
-		}, "does not implement consumer.Keyer"},
+		}, "does not implement inboxtype.Keyer"},
 		{"two routes on one queue", func(c *inboxmq.Config) {
 			c.Routes = routes(func(r *inboxmq.Routes) {
 				inboxmq.HandleTx(r, "orders", noop[order], nil)

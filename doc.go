@@ -15,11 +15,11 @@
 // [Routes] with the free generic functions [HandleTx] (transactional mode:
 // the handler writes in the inbox's transaction) and [HandleClaim] (claim
 // mode, for effects outside PostgreSQL such as a payment gateway). The
-// payload type must implement consumer.Keyer: its IdempotencyKey is what
+// payload type must implement inboxtype.Keyer: its IdempotencyKey is what
 // the inbox, the completed-cache and the lock work on.
 //
 //	routes := inboxmq.NewRoutes()
-//	inboxmq.HandleTx(routes, "payments", func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[Payment]) error {
+//	inboxmq.HandleTx(routes, "payments", func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[Payment]) error {
 //		_, err := tx.Exec(ctx, `INSERT INTO payments (order_id, cents) VALUES ($1, $2)`, msg.Body.OrderID, msg.Body.Cents)
 //		return err
 //	}, nil)

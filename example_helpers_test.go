@@ -22,7 +22,7 @@ type Payment struct {
 	Cents   int    `json:"cents"`
 }
 
-// IdempotencyKey implements consumer.Keyer.
+// IdempotencyKey implements inboxtype.Keyer.
 func (p Payment) IdempotencyKey() string { return "payment:" + p.OrderID }
 
 // exampleDB opens a pool on a fresh schema with the migrations applied and

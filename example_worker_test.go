@@ -9,8 +9,9 @@ import (
 
 	"github.com/inboxmq/inboxmq"
 	"github.com/inboxmq/inboxmq/consumer"
-	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/testenv"
+	"github.com/inboxmq/inboxmq/retry"
 )
 
 // A worker with one transactional route: the same payment delivered twice
@@ -25,8 +26,8 @@ func Example_worker() {
 	// settled reports what each delivery's handling returned (a
 	// middleware of the route sees the inbox's answer).
 	settled := make(chan error, 2)
-	report := func(next consumer.DeliveryHandler) consumer.DeliveryHandler {
-		return func(ctx context.Context, d *consumer.Delivery) error {
+	report := func(next inboxtype.DeliveryHandler) inboxtype.DeliveryHandler {
+		return func(ctx context.Context, d *inboxtype.Delivery) error {
 			err := next(ctx, d)
 			settled <- err
 			return err
@@ -34,13 +35,13 @@ func Example_worker() {
 	}
 
 	routes := inboxmq.NewRoutes()
-	inboxmq.HandleTx(routes, queue, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[Payment]) error {
+	inboxmq.HandleTx(routes, queue, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[Payment]) error {
 		// Runs once per key, in the transaction that records it.
 		_, err := tx.Exec(ctx, `INSERT INTO payments (order_id, cents) VALUES ($1, $2)`, msg.Body.OrderID, msg.Body.Cents)
 		return err
 	}, &inboxmq.RouteOpts{
 		Queue:      consumer.QueueOpts{Concurrency: 1},
-		Middleware: []consumer.Middleware{report},
+		Middleware: []inboxtype.Middleware{report},
 	})
 
 	w, err := inboxmq.NewWorker(&inboxmq.Config{
@@ -64,7 +65,7 @@ func Example_worker() {
 	first, _ := wait(settled)
 	second, _ := wait(settled)
 	fmt.Println("first delivery:", first)
-	fmt.Println("second delivery is a duplicate:", errors.Is(second, inbox.ErrDuplicate))
+	fmt.Println("second delivery is a duplicate:", errors.Is(second, retry.ErrDuplicate))
 	// Graceful: in-flight deliveries finish and are acked, then the
 	// background services stop.
 	if err := w.Stop(ctx); err != nil {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/middleware"
 	"github.com/inboxmq/inboxmq/retry"
 )
@@ -63,13 +64,13 @@ type RouteOpts struct {
 	InProcess retry.InProcess
 	// Middleware runs after decoding, inside the worker's block, cache and
 	// lock middleware, outermost first. Defaults to none.
-	Middleware []consumer.Middleware
+	Middleware []inboxtype.Middleware
 	// NoCache leaves out the completed-cache that the worker mounts when
 	// Config.Redis is set. Defaults to false.
 	NoCache bool
 	// Cache configures the completed-cache (its Logger and OnDegraded are
-	// the worker's). Defaults to nil: middleware.Dedupe's defaults.
-	Cache *middleware.DedupeOpts
+	// the worker's). Defaults to nil: middleware.Cache's defaults.
+	Cache *middleware.CacheOpts
 	// NoLock leaves out the Redis lock that the worker mounts when
 	// Config.Redis is set. Defaults to false.
 	NoLock bool
@@ -93,9 +94,9 @@ func (r *route) namespace() string { return cmp.Or(r.opts.Namespace, r.queue) }
 // HandleTx registers fn for queue in transactional mode (inbox.Handler):
 // fn runs once per idempotency key, in the transaction that records the
 // inbox row, and its writes commit with it or not at all. T (or *T) must
-// implement consumer.Keyer.
+// implement inboxtype.Keyer.
 func HandleTx[T any](r *Routes, queue string, fn inbox.TxHandlerFunc[T], opts *RouteOpts) {
-	add(r, queue, fn == nil, opts, func(s *inbox.Store, o *RouteOpts) consumer.Handler[T] {
+	add(r, queue, fn == nil, opts, func(s *inbox.Store, o *RouteOpts) inboxtype.Handler[T] {
 		return inbox.Handler(s, fn, &inbox.HandlerOpts{GroupCommit: o.GroupCommit, StorePayload: o.StorePayload})
 	})
 }
@@ -103,9 +104,9 @@ func HandleTx[T any](r *Routes, queue string, fn inbox.TxHandlerFunc[T], opts *R
 // HandleClaim registers fn for queue in claim mode (inbox.ClaimHandler),
 // for effects outside PostgreSQL: the key is claimed first, fn calls out
 // with the claim's key and commits through Claim.Complete. T (or *T) must
-// implement consumer.Keyer.
+// implement inboxtype.Keyer.
 func HandleClaim[T any](r *Routes, queue string, fn inbox.ClaimFunc[T], opts *RouteOpts) {
-	add(r, queue, fn == nil, opts, func(s *inbox.Store, o *RouteOpts) consumer.Handler[T] {
+	add(r, queue, fn == nil, opts, func(s *inbox.Store, o *RouteOpts) inboxtype.Handler[T] {
 		var co inbox.ClaimOpts
 		if o.Claim != nil {
 			co = *o.Claim
@@ -115,7 +116,7 @@ func HandleClaim[T any](r *Routes, queue string, fn inbox.ClaimFunc[T], opts *Ro
 	})
 }
 
-func add[T any](r *Routes, queue string, nilFn bool, opts *RouteOpts, build func(*inbox.Store, *RouteOpts) consumer.Handler[T]) {
+func add[T any](r *Routes, queue string, nilFn bool, opts *RouteOpts, build func(*inbox.Store, *RouteOpts) inboxtype.Handler[T]) {
 	rt := &route{queue: queue}
 	if opts != nil {
 		rt.opts = *opts
@@ -125,16 +126,16 @@ func add[T any](r *Routes, queue string, nilFn bool, opts *RouteOpts, build func
 		panic("inboxmq: nil Routes")
 	case nilFn:
 		rt.err = fmt.Errorf("inboxmq: route %q: nil handler", queue)
-	case !reflect.TypeFor[*T]().Implements(reflect.TypeFor[consumer.Keyer]()):
+	case !reflect.TypeFor[*T]().Implements(reflect.TypeFor[inboxtype.Keyer]()):
 		// The inbox, the cache and the lock all work on the key.
-		rt.err = fmt.Errorf("inboxmq: route %q: payload %s does not implement consumer.Keyer: the inbox, the cache and the lock need its idempotency key",
+		rt.err = fmt.Errorf("inboxmq: route %q: payload %s does not implement inboxtype.Keyer: the inbox, the cache and the lock need its idempotency key",
 			queue, reflect.TypeFor[T]())
 	}
 	rt.register = func(router *consumer.Router, hopts *consumer.HandlerOpts) (func(*inbox.Store), error) {
 		// The store exists only once Start has reached PostgreSQL: the
 		// router calls the handler built then (before the consumer starts).
-		var h consumer.Handler[T]
-		proxy := consumer.HandlerFunc[T](func(ctx context.Context, msg *consumer.Message[T]) error {
+		var h inboxtype.Handler[T]
+		proxy := inboxtype.HandlerFunc[T](func(ctx context.Context, msg *inboxtype.Message[T]) error {
 			if h == nil {
 				return errors.New("inboxmq: worker not started")
 			}

@@ -16,6 +16,7 @@ import (
 	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/control"
 	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/metrics"
 	"github.com/inboxmq/inboxmq/middleware"
 	"github.com/inboxmq/inboxmq/observe"
@@ -115,9 +116,9 @@ func NewWorker(cfg *Config) (*Worker, error) {
 	if err != nil {
 		return nil, w.unregister(err)
 	}
-	observers := []consumer.Observer{middleware.NewLogObserver(s.Logger, nil), &w.dead}
+	observers := []inboxtype.Observer{middleware.NewLogObserver(s.Logger, nil), &w.dead}
 	if w.metrics != nil {
-		observers = append([]consumer.Observer{w.metrics}, observers...)
+		observers = append([]inboxtype.Observer{w.metrics}, observers...)
 	}
 	w.cons, err = consumer.New(&consumer.Config{
 		URL:         s.URL,
@@ -205,7 +206,7 @@ func (w *Worker) buildRouter() (*consumer.Router, error) {
 	}
 	router.Use(middleware.Timeout(w.s.HandlerTimeout))
 
-	var block consumer.Middleware
+	var block inboxtype.Middleware
 	if w.watcher != nil {
 		var err error
 		if block, err = middleware.Block(w.watcher, w.parker, &middleware.BlockOpts{Logger: w.logger}); err != nil {
@@ -218,7 +219,7 @@ func (w *Worker) buildRouter() (*consumer.Router, error) {
 			return nil, fmt.Errorf("inboxmq: route %q: %w", rt.queue, err)
 		}
 		bind, err := rt.register(router, &consumer.HandlerOpts{
-			Consumer:   rt.namespace(),
+			Namespace:  rt.namespace(),
 			Codec:      rt.opts.Codec,
 			Middleware: mw,
 			Rules:      rt.opts.Rules,
@@ -240,19 +241,19 @@ func (w *Worker) buildRouter() (*consumer.Router, error) {
 // routeMiddleware returns a route's handler middleware: a blocked key is
 // parked before anything else runs, then the completed-cache, then the
 // lock, then the route's own.
-func (w *Worker) routeMiddleware(rt *route, block consumer.Middleware) ([]consumer.Middleware, error) {
-	var mw []consumer.Middleware
+func (w *Worker) routeMiddleware(rt *route, block inboxtype.Middleware) ([]inboxtype.Middleware, error) {
+	var mw []inboxtype.Middleware
 	if block != nil {
 		mw = append(mw, block)
 	}
 	if rdb := w.s.Redis; rdb != nil {
 		if !rt.opts.NoCache {
-			var o middleware.DedupeOpts
+			var o middleware.CacheOpts
 			if rt.opts.Cache != nil {
 				o = *rt.opts.Cache
 			}
 			o.Logger, o.OnDegraded = w.logger, w.degradedHook("cache", &w.cacheDown)
-			mw = append(mw, middleware.Dedupe(rdb, &o))
+			mw = append(mw, middleware.Cache(rdb, &o))
 		}
 		if !rt.opts.NoLock {
 			var o middleware.LockOpts
@@ -543,29 +544,29 @@ func (t consumerTarget) SetConcurrency(queue string, n int) error {
 // lateObserver forwards to an observer set once the store exists (the
 // inbox's dead-letter observer); before that it does nothing.
 type lateObserver struct {
-	o atomic.Pointer[consumer.Observer]
+	o atomic.Pointer[inboxtype.Observer]
 }
 
-func (l *lateObserver) set(o consumer.Observer) { l.o.Store(&o) }
+func (l *lateObserver) set(o inboxtype.Observer) { l.o.Store(&o) }
 
-func (l *lateObserver) get() consumer.Observer {
+func (l *lateObserver) get() inboxtype.Observer {
 	if p := l.o.Load(); p != nil {
 		return *p
 	}
-	return consumer.NopObserver{}
+	return inboxtype.NopObserver{}
 }
 
-func (l *lateObserver) OnTransition(d *consumer.Delivery, status string, err error) {
+func (l *lateObserver) OnTransition(d *inboxtype.Delivery, status inboxtype.Status, err error) {
 	l.get().OnTransition(d, status, err)
 }
 
-func (l *lateObserver) OnOutcome(d *consumer.Delivery, o consumer.Outcome) { l.get().OnOutcome(d, o) }
+func (l *lateObserver) OnOutcome(d *inboxtype.Delivery, o inboxtype.Outcome) { l.get().OnOutcome(d, o) }
 
-func (l *lateObserver) OnInProcessRetry(d *consumer.Delivery, dec retry.Decision, delay time.Duration) {
+func (l *lateObserver) OnInProcessRetry(d *inboxtype.Delivery, dec retry.Decision, delay time.Duration) {
 	l.get().OnInProcessRetry(d, dec, delay)
 }
 
-func (l *lateObserver) OnConnState(state consumer.ConnState, err error) {
+func (l *lateObserver) OnConnState(state inboxtype.ConnState, err error) {
 	l.get().OnConnState(state, err)
 }
 

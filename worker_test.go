@@ -20,6 +20,7 @@ import (
 	"github.com/inboxmq/inboxmq"
 	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
 	"github.com/inboxmq/inboxmq/internal/pgtest"
 	"github.com/inboxmq/inboxmq/internal/redistest"
@@ -86,7 +87,7 @@ func TestWorker_EndToEnd(t *testing.T) {
 		once    sync.Once
 	)
 	routes := inboxmq.NewRoutes()
-	inboxmq.HandleTx(routes, b.queue, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[order]) error {
+	inboxmq.HandleTx(routes, b.queue, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
 		if msg.Body.ID == "slow" {
 			once.Do(func() { close(entered) })
 			select {
@@ -101,7 +102,7 @@ func TestWorker_EndToEnd(t *testing.T) {
 		return outbox.Enqueue(ctx, tx, outbox.Message{Exchange: b.events, RoutingKey: "order.done", IdempotencyKey: msg.Key, Body: []byte(msg.Body.ID)})
 	}, &inboxmq.RouteOpts{
 		Queue: consumer.QueueOpts{Concurrency: 4},
-		Cache: &middleware.DedupeOpts{Prefix: prefix + "done:"},
+		Cache: &middleware.CacheOpts{Prefix: prefix + "done:"},
 		Lock:  &middleware.LockOpts{Prefix: prefix + "lock:", RetryDelay: time.Second},
 	})
 	reg := prometheus.NewRegistry()
@@ -239,7 +240,7 @@ func TestWorker_RunStopsWhenTheContextEnds(t *testing.T) {
 	b := setup(t)
 	done := make(chan struct{})
 	routes := inboxmq.NewRoutes()
-	inboxmq.HandleTx(routes, b.queue, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[order]) error {
+	inboxmq.HandleTx(routes, b.queue, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
 		_, err := tx.Exec(ctx, `INSERT INTO effects (id) VALUES ($1)`, msg.Body.ID)
 		close(done)
 		return err

@@ -23,6 +23,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 )
 
 // FaultEvent is one injected fault.
@@ -668,7 +669,7 @@ func (r *scenarioRun) drainDLQ() ([]DeadLetter, error) {
 		if !ok {
 			return out, nil
 		}
-		reason, _ := d.Headers[consumer.HeaderError].(string)
+		reason, _ := d.Headers[inboxtype.HeaderError].(string)
 		out = append(out, DeadLetter{Body: d.Body, Error: reason})
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 	"github.com/inboxmq/inboxmq/retry"
@@ -32,7 +33,7 @@ func TestConsumer_AcksOfABatchAreCoalesced(t *testing.T) {
 	r := consumer.NewRouter()
 	opts := fastOpts()
 	opts.Queue.Concurrency = n
-	consumer.Register(r, b.queue, consumer.HandlerFunc[order](func(ctx context.Context, m *consumer.Message[order]) error {
+	consumer.Register(r, b.queue, inboxtype.HandlerFunc[order](func(ctx context.Context, m *inboxtype.Message[order]) error {
 		// A barrier: every delivery of the "batch" returns at once.
 		if entered.Add(1) == n {
 			close(all)
@@ -73,9 +74,9 @@ func TestConsumer_AcksOfABatchAreCoalesced(t *testing.T) {
 		o := b.rec.next(t)
 		require.NoError(t, o.Outcome.Err)
 		switch o.Outcome.Action {
-		case consumer.ActionAcked:
+		case inboxtype.ActionAcked:
 			acked++
-		case consumer.ActionDeadLettered:
+		case inboxtype.ActionDeadLettered:
 			dead++
 			require.Equal(t, "31", o.ID)
 		default:

@@ -10,19 +10,20 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 )
 
 // countObserver closes done after n outcomes.
 type countObserver struct {
-	consumer.NopObserver
+	inboxtype.NopObserver
 	n     int64
 	count atomic.Int64
 	done  chan struct{}
 }
 
-func (o *countObserver) OnOutcome(*consumer.Delivery, consumer.Outcome) {
+func (o *countObserver) OnOutcome(*inboxtype.Delivery, inboxtype.Outcome) {
 	if o.count.Add(1) == o.n {
 		close(o.done)
 	}
@@ -65,10 +66,10 @@ func BenchmarkDrain(b *testing.B) {
 		prefill(b, conn, queue, b.N)
 		obs := &countObserver{n: int64(b.N), done: make(chan struct{})}
 		r := consumer.NewRouter()
-		consumer.Register(r, queue, consumer.HandlerFunc[order](func(context.Context, *consumer.Message[order]) error {
+		consumer.Register(r, queue, inboxtype.HandlerFunc[order](func(context.Context, *inboxtype.Message[order]) error {
 			return nil
 		}), &consumer.HandlerOpts{Queue: consumer.QueueOpts{Concurrency: 8, Prefetch: 64}})
-		c, err := consumer.New(&consumer.Config{URL: testenv.AMQPURL(), Router: r, Observers: []consumer.Observer{obs}})
+		c, err := consumer.New(&consumer.Config{URL: testenv.AMQPURL(), Router: r, Observers: []inboxtype.Observer{obs}})
 		require.NoError(b, err)
 		b.ReportAllocs()
 		b.ResetTimer()

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/inboxmq/inboxmq/inboxtype"
 )
 
 // Config configures a [Consumer]. Only URL and Router are required; every
@@ -41,7 +43,7 @@ type Config struct {
 	// Observers receive every delivery transition and outcome and every
 	// connection state change (logging, metrics and tracing plug in here).
 	// Defaults to none.
-	Observers []Observer
+	Observers []inboxtype.Observer
 
 	// ReconnectInitialInterval is the first pause before reconnecting after
 	// a lost connection; pauses then grow exponentially with jitter.

@@ -8,11 +8,12 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 )
 
 func TestNew_ValidatesConfig(t *testing.T) {
 	t.Parallel()
-	nop := consumer.HandlerFunc[order](func(context.Context, *consumer.Message[order]) error { return nil })
+	nop := inboxtype.HandlerFunc[order](func(context.Context, *inboxtype.Message[order]) error { return nil })
 	router := func(opts *consumer.HandlerOpts) *consumer.Router {
 		r := consumer.NewRouter()
 		consumer.Register(r, "orders", nop, opts)
@@ -69,7 +70,7 @@ func TestNew_ValidatesConfig(t *testing.T) {
 			if tt.wantErr == "" {
 				require.NoError(t, err)
 				require.NotNil(t, c)
-				require.Equal(t, consumer.ConnDisconnected, c.State())
+				require.Equal(t, inboxtype.ConnDisconnected, c.State())
 				return
 			}
 			require.ErrorContains(t, err, tt.wantErr)

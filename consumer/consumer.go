@@ -14,6 +14,8 @@ import (
 	"github.com/cenkalti/backoff/v4"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/zap"
+
+	"github.com/inboxmq/inboxmq/inboxtype"
 )
 
 // Consumer consumes the queues of a [Router] and settles every delivery
@@ -33,7 +35,7 @@ type Consumer struct {
 	settleFailures settleFailures
 
 	mu       sync.Mutex
-	state    ConnState
+	state    inboxtype.ConnState
 	started  bool
 	stopping bool
 
@@ -61,7 +63,7 @@ func New(cfg *Config) (*Consumer, error) {
 		cfg:         c,
 		log:         c.Logger.With(zap.String("worker", c.Name)),
 		byQueue:     make(map[string]*route),
-		state:       ConnDisconnected,
+		state:       inboxtype.ConnDisconnected,
 		stopCh:      make(chan struct{}),
 		stopped:     make(chan struct{}),
 		workersQuit: make(chan struct{}),
@@ -111,7 +113,7 @@ func (c *Consumer) Start(ctx context.Context) error {
 			go c.work(r)
 		}
 	}
-	c.setState(ConnConnected, nil)
+	c.setState(inboxtype.ConnConnected, nil)
 	go c.supervise(sess)
 	return nil
 }
@@ -130,7 +132,7 @@ func (c *Consumer) unstart(cause error) {
 
 func (c *Consumer) markStopped() {
 	c.stoppedOnce.Do(func() {
-		c.setState(ConnStopped, nil)
+		c.setState(inboxtype.ConnStopped, nil)
 		close(c.stopped)
 	})
 }
@@ -186,7 +188,7 @@ func (c *Consumer) Stop(ctx context.Context) error {
 func (c *Consumer) Stopped() <-chan struct{} { return c.stopped }
 
 // State reports the connection state (ConnDisconnected before Start).
-func (c *Consumer) State() ConnState {
+func (c *Consumer) State() inboxtype.ConnState {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.state
@@ -198,10 +200,10 @@ func (c *Consumer) State() ConnState {
 func (c *Consumer) Ready() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.state == ConnConnected && !c.stopping
+	return c.state == inboxtype.ConnConnected && !c.stopping
 }
 
-func (c *Consumer) setState(s ConnState, err error) {
+func (c *Consumer) setState(s inboxtype.ConnState, err error) {
 	c.mu.Lock()
 	changed := c.state != s
 	c.state = s
@@ -234,7 +236,7 @@ func (c *Consumer) supervise(sess *session) {
 			return
 		case <-sess.failed:
 		}
-		c.setState(ConnDisconnected, sess.failErr)
+		c.setState(inboxtype.ConnDisconnected, sess.failErr)
 		sess.close()
 		sess = nil
 		for sess == nil {
@@ -254,7 +256,7 @@ func (c *Consumer) supervise(sess *session) {
 			sess = s
 		}
 		bo.Reset()
-		c.setState(ConnConnected, nil)
+		c.setState(inboxtype.ConnConnected, nil)
 	}
 }
 

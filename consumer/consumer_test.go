@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 	"github.com/inboxmq/inboxmq/retry"
@@ -25,7 +26,7 @@ func TestConsumer_HappyPathAcks(t *testing.T) {
 	var mu sync.Mutex
 	seen := map[string]string{}
 	r := consumer.NewRouter()
-	consumer.Register(r, b.queue, consumer.HandlerFunc[order](func(_ context.Context, m *consumer.Message[order]) error {
+	consumer.Register(r, b.queue, inboxtype.HandlerFunc[order](func(_ context.Context, m *inboxtype.Message[order]) error {
 		mu.Lock()
 		defer mu.Unlock()
 		seen[m.Body.ID] = m.Key
@@ -33,20 +34,20 @@ func TestConsumer_HappyPathAcks(t *testing.T) {
 	}), fastOpts())
 	c := b.start(t, r, nil)
 	require.True(t, c.Ready())
-	require.Equal(t, consumer.ConnConnected, c.State())
+	require.Equal(t, inboxtype.ConnConnected, c.State())
 
 	for i := range 5 {
 		b.publish(t, b.queue, fmt.Sprintf(`{"id":"%d","amount":1}`, i))
 	}
 	for range 5 {
 		o := b.rec.next(t)
-		require.Equal(t, consumer.ActionAcked, o.Outcome.Action)
+		require.Equal(t, inboxtype.ActionAcked, o.Outcome.Action)
 		require.Equal(t, retry.KindSucceeded, o.Outcome.Decision.Kind)
 		require.NoError(t, o.Outcome.Err)
 	}
 	b.stop(t, c)
 	require.False(t, c.Ready())
-	require.Equal(t, consumer.ConnStopped, c.State())
+	require.Equal(t, inboxtype.ConnStopped, c.State())
 	testenv.WaitChan(t, c.Stopped(), "stopped")
 	require.Equal(t, 0, amqptest.Depth(t, b.conn, b.queue), "everything acked, nothing requeued")
 	require.Len(t, seen, 5)
@@ -63,7 +64,7 @@ func TestConsumer_RetryThroughTier(t *testing.T) {
 	}
 	calls := make(chan call, 16)
 	r := consumer.NewRouter()
-	consumer.Register(r, b.queue, consumer.HandlerFunc[order](func(_ context.Context, m *consumer.Message[order]) error {
+	consumer.Register(r, b.queue, inboxtype.HandlerFunc[order](func(_ context.Context, m *inboxtype.Message[order]) error {
 		calls <- call{attempt: m.Attempt, body: string(m.Delivery.Body), headers: m.Headers}
 		if m.Attempt < 3 {
 			return errors.New("gateway timeout")
@@ -79,16 +80,16 @@ func TestConsumer_RetryThroughTier(t *testing.T) {
 		require.Equal(t, want, got.attempt)
 		require.Equal(t, body, got.body, "the body never changes")
 		if want > 1 {
-			require.Equal(t, "error: gateway timeout", got.headers[consumer.HeaderError])
-			require.Equal(t, b.queue, got.headers[consumer.HeaderOriginalQueue])
-			require.NotEmpty(t, got.headers[consumer.HeaderFirstFailedAt])
+			require.Equal(t, "error: gateway timeout", got.headers[inboxtype.HeaderError])
+			require.Equal(t, b.queue, got.headers[inboxtype.HeaderOriginalQueue])
+			require.NotEmpty(t, got.headers[inboxtype.HeaderFirstFailedAt])
 		}
 		o := b.rec.next(t)
 		if want < 3 {
-			require.Equal(t, consumer.ActionRetried, o.Outcome.Action)
+			require.Equal(t, inboxtype.ActionRetried, o.Outcome.Action)
 			require.Equal(t, 100*time.Millisecond, o.Outcome.Delay)
 		} else {
-			require.Equal(t, consumer.ActionAcked, o.Outcome.Action)
+			require.Equal(t, inboxtype.ActionAcked, o.Outcome.Action)
 		}
 	}
 	b.stop(t, c)
@@ -107,7 +108,7 @@ func TestConsumer_TiersDelayWithoutHeadOfLineBlocking(t *testing.T) {
 	}
 	calls := make(chan call, 16)
 	r := consumer.NewRouter()
-	consumer.Register(r, b.queue, consumer.HandlerFunc[order](func(_ context.Context, m *consumer.Message[order]) error {
+	consumer.Register(r, b.queue, inboxtype.HandlerFunc[order](func(_ context.Context, m *inboxtype.Message[order]) error {
 		calls <- call{id: m.Body.ID, attempt: m.Attempt, at: time.Now()}
 		if m.Attempt > 1 {
 			return nil
@@ -121,13 +122,13 @@ func TestConsumer_TiersDelayWithoutHeadOfLineBlocking(t *testing.T) {
 	b.publish(t, b.queue, `{"id":"slow"}`)
 	first := testenv.WaitChan(t, calls, "slow first call")
 	require.Equal(t, "slow", first.id)
-	require.Equal(t, consumer.ActionRetried, b.rec.next(t).Outcome.Action)
+	require.Equal(t, inboxtype.ActionRetried, b.rec.next(t).Outcome.Action)
 
 	b.publish(t, b.queue, `{"id":"fast"}`)
 	fastFirst := testenv.WaitChan(t, calls, "fast first call")
 	require.Equal(t, "fast", fastFirst.id)
 	o := b.rec.next(t)
-	require.Equal(t, consumer.ActionRetried, o.Outcome.Action)
+	require.Equal(t, inboxtype.ActionRetried, o.Outcome.Action)
 	require.Equal(t, 100*time.Millisecond, o.Outcome.Delay)
 
 	again := testenv.WaitChan(t, calls, "fast second call")
@@ -143,7 +144,7 @@ func TestConsumer_PermanentErrorDeadLettersOnce(t *testing.T) {
 	b := setup(t)
 	var calls atomic.Int32
 	r := consumer.NewRouter()
-	consumer.Register(r, b.queue, consumer.HandlerFunc[order](func(context.Context, *consumer.Message[order]) error {
+	consumer.Register(r, b.queue, inboxtype.HandlerFunc[order](func(context.Context, *inboxtype.Message[order]) error {
 		calls.Add(1)
 		return retry.Permanent(errors.New("card declined"))
 	}), fastOpts())
@@ -151,7 +152,7 @@ func TestConsumer_PermanentErrorDeadLettersOnce(t *testing.T) {
 	b.publish(t, b.queue, `{"id":"p1","amount":5}`)
 
 	o := b.rec.next(t)
-	require.Equal(t, consumer.ActionDeadLettered, o.Outcome.Action)
+	require.Equal(t, inboxtype.ActionDeadLettered, o.Outcome.Action)
 	require.Equal(t, retry.KindPermanent, o.Outcome.Decision.Kind)
 	b.stop(t, c)
 
@@ -159,11 +160,11 @@ func TestConsumer_PermanentErrorDeadLettersOnce(t *testing.T) {
 	require.Len(t, dead, 1)
 	require.JSONEq(t, `{"id":"p1","amount":5}`, string(dead[0].Body))
 	require.Equal(t, "m-"+`{"id":"p1","amount":5}`, dead[0].MessageId)
-	require.Equal(t, "permanent: card declined", dead[0].Headers[consumer.HeaderError])
-	require.Equal(t, "order:p1", dead[0].Headers[consumer.HeaderIdempotencyKey])
-	require.Equal(t, b.queue, dead[0].Headers[consumer.HeaderOriginalQueue])
-	require.Equal(t, 1, consumer.HeaderInt(dead[0].Headers, consumer.HeaderAttempt))
-	require.NotEmpty(t, dead[0].Headers[consumer.HeaderLastFailedAt])
+	require.Equal(t, "permanent: card declined", dead[0].Headers[inboxtype.HeaderError])
+	require.Equal(t, "order:p1", dead[0].Headers[inboxtype.HeaderIdempotencyKey])
+	require.Equal(t, b.queue, dead[0].Headers[inboxtype.HeaderOriginalQueue])
+	require.Equal(t, 1, inboxtype.HeaderInt(dead[0].Headers, inboxtype.HeaderAttempt))
+	require.NotEmpty(t, dead[0].Headers[inboxtype.HeaderLastFailedAt])
 	require.Equal(t, int32(1), calls.Load())
 	require.Equal(t, 0, amqptest.Depth(t, b.conn, b.queue), "the original was acked")
 }
@@ -173,7 +174,7 @@ func TestConsumer_MalformedMessagesDeadLetterWithoutHandler(t *testing.T) {
 	b := setup(t)
 	var calls atomic.Int32
 	r := consumer.NewRouter()
-	consumer.Register(r, b.queue, consumer.HandlerFunc[order](func(context.Context, *consumer.Message[order]) error {
+	consumer.Register(r, b.queue, inboxtype.HandlerFunc[order](func(context.Context, *inboxtype.Message[order]) error {
 		calls.Add(1)
 		return nil
 	}), fastOpts())
@@ -181,7 +182,7 @@ func TestConsumer_MalformedMessagesDeadLetterWithoutHandler(t *testing.T) {
 	b.publish(t, b.queue, `not json`)
 	b.publish(t, b.queue, `{"id":"neg","amount":-1}`)
 	for range 2 {
-		require.Equal(t, consumer.ActionDeadLettered, b.rec.next(t).Outcome.Action)
+		require.Equal(t, inboxtype.ActionDeadLettered, b.rec.next(t).Outcome.Action)
 	}
 	b.stop(t, c)
 
@@ -189,7 +190,7 @@ func TestConsumer_MalformedMessagesDeadLetterWithoutHandler(t *testing.T) {
 	require.Len(t, dead, 2)
 	reasons := []string{}
 	for _, d := range dead {
-		e, ok := d.Headers[consumer.HeaderError].(string)
+		e, ok := d.Headers[inboxtype.HeaderError].(string)
 		require.True(t, ok)
 		reasons = append(reasons, strings.SplitN(e, ":", 2)[0])
 	}
@@ -203,22 +204,22 @@ func TestConsumer_RetriesExhaustedDeadLetters(t *testing.T) {
 	r := consumer.NewRouter()
 	opts := fastOpts(100 * time.Millisecond)
 	opts.Policy = retry.Exponential{InitialInterval: 10 * time.Millisecond, MaxAttempts: 2}
-	consumer.Register(r, b.queue, consumer.HandlerFunc[order](func(context.Context, *consumer.Message[order]) error {
+	consumer.Register(r, b.queue, inboxtype.HandlerFunc[order](func(context.Context, *inboxtype.Message[order]) error {
 		return errors.New("still down")
 	}), opts)
 	c := b.start(t, r, nil)
 	b.publish(t, b.queue, `{"id":"x1"}`)
 
-	require.Equal(t, consumer.ActionRetried, b.rec.next(t).Outcome.Action)
+	require.Equal(t, inboxtype.ActionRetried, b.rec.next(t).Outcome.Action)
 	o := b.rec.next(t)
-	require.Equal(t, consumer.ActionDeadLettered, o.Outcome.Action)
+	require.Equal(t, inboxtype.ActionDeadLettered, o.Outcome.Action)
 	require.Equal(t, retry.ReasonExhausted, o.Outcome.Decision.Reason)
 	b.stop(t, c)
 
 	dead := amqptest.Drain(t, b.conn, b.queue+".dlq")
 	require.Len(t, dead, 1)
-	require.Equal(t, "exhausted: still down", dead[0].Headers[consumer.HeaderError])
-	require.Equal(t, 2, consumer.HeaderInt(dead[0].Headers, consumer.HeaderAttempt))
+	require.Equal(t, "exhausted: still down", dead[0].Headers[inboxtype.HeaderError])
+	require.Equal(t, 2, inboxtype.HeaderInt(dead[0].Headers, inboxtype.HeaderAttempt))
 	require.Equal(t, 0, amqptest.Depth(t, b.conn, b.queue))
 }
 
@@ -228,7 +229,7 @@ func TestConsumer_PanicBecomesErrorAndWorkerSurvives(t *testing.T) {
 	r := consumer.NewRouter()
 	opts := fastOpts()
 	opts.Queue.Concurrency = 1
-	consumer.Register(r, b.queue, consumer.HandlerFunc[order](func(_ context.Context, m *consumer.Message[order]) error {
+	consumer.Register(r, b.queue, inboxtype.HandlerFunc[order](func(_ context.Context, m *inboxtype.Message[order]) error {
 		if m.Body.ID == "boom" && m.Attempt == 1 {
 			panic("nil map write")
 		}
@@ -237,14 +238,14 @@ func TestConsumer_PanicBecomesErrorAndWorkerSurvives(t *testing.T) {
 	c := b.start(t, r, nil)
 	b.publish(t, b.queue, `{"id":"boom"}`)
 	o := b.rec.next(t)
-	require.Equal(t, consumer.ActionRetried, o.Outcome.Action)
+	require.Equal(t, inboxtype.ActionRetried, o.Outcome.Action)
 	require.Equal(t, retry.ReasonPanic, o.Outcome.Decision.Reason)
 
 	b.publish(t, b.queue, `{"id":"after"}`)
 	acked := map[string]bool{}
 	for range 2 {
 		o := b.rec.next(t)
-		require.Equal(t, consumer.ActionAcked, o.Outcome.Action)
+		require.Equal(t, inboxtype.ActionAcked, o.Outcome.Action)
 		acked[o.ID] = true
 	}
 	require.Equal(t, map[string]bool{"boom": true, "after": true}, acked, "the single worker lived on")
@@ -259,7 +260,7 @@ func TestConsumer_GracefulStopLetsInFlightFinish(t *testing.T) {
 	r := consumer.NewRouter()
 	opts := fastOpts()
 	opts.Queue.Concurrency, opts.Queue.Prefetch = 2, 10
-	consumer.Register(r, b.queue, consumer.HandlerFunc[order](func(_ context.Context, m *consumer.Message[order]) error {
+	consumer.Register(r, b.queue, inboxtype.HandlerFunc[order](func(_ context.Context, m *inboxtype.Message[order]) error {
 		started <- m.Body.ID
 		<-release
 		return nil
@@ -288,7 +289,7 @@ func TestConsumer_GracefulStopLetsInFlightFinish(t *testing.T) {
 	require.NoError(t, testenv.WaitChan(t, stopErr, "Stop"))
 
 	for range 2 {
-		require.Equal(t, consumer.ActionAcked, b.rec.next(t).Outcome.Action)
+		require.Equal(t, inboxtype.ActionAcked, b.rec.next(t).Outcome.Action)
 	}
 	require.Empty(t, b.rec.outcomes, "nothing else was settled")
 	require.Empty(t, started, "no handler started after Stop")
@@ -300,7 +301,7 @@ func TestConsumer_SoftStopCancelsAndRequeuesWithoutCountingAttempt(t *testing.T)
 	b := setup(t)
 	started := make(chan struct{}, 1)
 	r := consumer.NewRouter()
-	consumer.Register(r, b.queue, consumer.HandlerFunc[order](func(ctx context.Context, _ *consumer.Message[order]) error {
+	consumer.Register(r, b.queue, inboxtype.HandlerFunc[order](func(ctx context.Context, _ *inboxtype.Message[order]) error {
 		started <- struct{}{}
 		<-ctx.Done()
 		return fmt.Errorf("charge aborted: %w", context.Cause(ctx))
@@ -311,7 +312,7 @@ func TestConsumer_SoftStopCancelsAndRequeuesWithoutCountingAttempt(t *testing.T)
 	b.stop(t, c)
 
 	o := b.rec.next(t)
-	require.Equal(t, consumer.ActionRequeued, o.Outcome.Action)
+	require.Equal(t, inboxtype.ActionRequeued, o.Outcome.Action)
 	require.Equal(t, retry.KindInterrupted, o.Outcome.Decision.Kind)
 	require.ErrorIs(t, o.Outcome.Decision.Err, consumer.ErrStopped)
 
@@ -322,14 +323,14 @@ func TestConsumer_SoftStopCancelsAndRequeuesWithoutCountingAttempt(t *testing.T)
 		return ok
 	})
 	require.True(t, m.Redelivered)
-	require.NotContains(t, m.Headers, consumer.HeaderAttempt, "the attempt was not counted")
+	require.NotContains(t, m.Headers, inboxtype.HeaderAttempt, "the attempt was not counted")
 	require.Equal(t, 0, amqptest.Depth(t, b.conn, consumer.RetryQueueName(b.queue, 100*time.Millisecond)))
 }
 
 func TestConsumer_StopWithoutStartAndTwice(t *testing.T) {
 	t.Parallel()
 	r := consumer.NewRouter()
-	consumer.Register(r, "never-started", consumer.HandlerFunc[order](func(context.Context, *consumer.Message[order]) error { return nil }), nil)
+	consumer.Register(r, "never-started", inboxtype.HandlerFunc[order](func(context.Context, *inboxtype.Message[order]) error { return nil }), nil)
 	c, err := consumer.New(&consumer.Config{URL: testenv.AMQPURL(), Router: r})
 	require.NoError(t, err)
 	require.NoError(t, c.Stop(t.Context()))
@@ -342,7 +343,7 @@ func TestConsumer_StopWithoutStartAndTwice(t *testing.T) {
 func TestConsumer_StartFailsClearlyWithoutLeakingPassword(t *testing.T) {
 	t.Parallel()
 	r := consumer.NewRouter()
-	consumer.Register(r, "unreachable", consumer.HandlerFunc[order](func(context.Context, *consumer.Message[order]) error { return nil }), nil)
+	consumer.Register(r, "unreachable", inboxtype.HandlerFunc[order](func(context.Context, *inboxtype.Message[order]) error { return nil }), nil)
 	c, err := consumer.New(&consumer.Config{URL: "amqp://guest:s3cret-pw@127.0.0.1:1/", Router: r, DialTimeout: time.Second})
 	require.NoError(t, err)
 	err = c.Start(t.Context())
@@ -359,13 +360,13 @@ func TestConsumer_ConnectionLostBeforeAckRedelivers(t *testing.T) {
 	b := setup(t)
 	var calls atomic.Int32
 	r := consumer.NewRouter()
-	consumer.Register(r, b.queue, consumer.HandlerFunc[order](func(_ context.Context, _ *consumer.Message[order]) error {
+	consumer.Register(r, b.queue, inboxtype.HandlerFunc[order](func(_ context.Context, _ *inboxtype.Message[order]) error {
 		calls.Add(1)
 		return nil
 	}), fastOpts())
 	c := b.newConsumer(t, r, nil)
 	var once sync.Once
-	consumer.SetTestHooks(c, func(d *consumer.Delivery) {
+	consumer.SetTestHooks(c, func(d *inboxtype.Delivery) {
 		once.Do(func() {
 			ch, ok := d.Raw.Acknowledger.(*amqp.Channel)
 			require.True(t, ok)
@@ -376,9 +377,9 @@ func TestConsumer_ConnectionLostBeforeAckRedelivers(t *testing.T) {
 	b.publish(t, b.queue, `{"id":"k1"}`)
 
 	first := b.rec.next(t)
-	require.Equal(t, consumer.ActionAbandoned, first.Outcome.Action)
+	require.Equal(t, inboxtype.ActionAbandoned, first.Outcome.Action)
 	second := b.rec.next(t)
-	require.Equal(t, consumer.ActionAcked, second.Outcome.Action)
+	require.Equal(t, inboxtype.ActionAcked, second.Outcome.Action)
 	require.Equal(t, int32(2), calls.Load(), "redelivered after the lost ack (the inbox turns it into a duplicate)")
 	b.stop(t, c)
 	require.Equal(t, 0, amqptest.Depth(t, b.conn, b.queue))
@@ -389,7 +390,7 @@ func TestConsumer_ConnectionLostAfterRetryPublishBeforeAck(t *testing.T) {
 	b := setup(t)
 	r := consumer.NewRouter()
 	var calls atomic.Int32
-	consumer.Register(r, b.queue, consumer.HandlerFunc[order](func(_ context.Context, m *consumer.Message[order]) error {
+	consumer.Register(r, b.queue, inboxtype.HandlerFunc[order](func(_ context.Context, m *inboxtype.Message[order]) error {
 		calls.Add(1)
 		if m.Attempt == 1 {
 			return errors.New("blip")
@@ -398,7 +399,7 @@ func TestConsumer_ConnectionLostAfterRetryPublishBeforeAck(t *testing.T) {
 	}), fastOpts())
 	c := b.newConsumer(t, r, nil)
 	var once sync.Once
-	consumer.SetTestHooks(c, nil, func(d *consumer.Delivery) {
+	consumer.SetTestHooks(c, nil, func(d *inboxtype.Delivery) {
 		once.Do(func() {
 			ch, ok := d.Raw.Acknowledger.(*amqp.Channel)
 			require.True(t, ok)
@@ -408,12 +409,12 @@ func TestConsumer_ConnectionLostAfterRetryPublishBeforeAck(t *testing.T) {
 	require.NoError(t, c.Start(t.Context()))
 	b.publish(t, b.queue, `{"id":"k2"}`)
 
-	require.Equal(t, consumer.ActionAbandoned, b.rec.next(t).Outcome.Action, "the copy exists but the original was not acked")
+	require.Equal(t, inboxtype.ActionAbandoned, b.rec.next(t).Outcome.Action, "the copy exists but the original was not acked")
 	// Both the redelivered original and the confirmed copy arrive: at least
 	// once, never lost.
 	acked := 0
 	for acked < 1 {
-		if o := b.rec.next(t); o.Outcome.Action == consumer.ActionAcked {
+		if o := b.rec.next(t); o.Outcome.Action == inboxtype.ActionAcked {
 			acked++
 		}
 	}
@@ -428,7 +429,7 @@ func TestConsumer_InProcessRetryAbsorbsBlips(t *testing.T) {
 	r := consumer.NewRouter()
 	opts := fastOpts()
 	opts.InProcess = retry.InProcess{Tries: 2, InitialInterval: time.Millisecond, MaxInterval: 5 * time.Millisecond}
-	consumer.Register(r, b.queue, consumer.HandlerFunc[order](func(_ context.Context, m *consumer.Message[order]) error {
+	consumer.Register(r, b.queue, inboxtype.HandlerFunc[order](func(_ context.Context, m *inboxtype.Message[order]) error {
 		if calls.Add(1) < 3 {
 			return errors.New("serialization failure")
 		}
@@ -438,7 +439,7 @@ func TestConsumer_InProcessRetryAbsorbsBlips(t *testing.T) {
 	c := b.start(t, r, nil)
 	b.publish(t, b.queue, `{"id":"blip"}`)
 	o := b.rec.next(t)
-	require.Equal(t, consumer.ActionAcked, o.Outcome.Action)
+	require.Equal(t, inboxtype.ActionAcked, o.Outcome.Action)
 	require.Equal(t, 2, o.Outcome.InProcessRetries)
 	require.Equal(t, int32(2), b.rec.inProc.Load())
 	require.Equal(t, int32(3), calls.Load())

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
 	"github.com/inboxmq/inboxmq/retry"
 )
@@ -29,18 +30,18 @@ func TestConsumer_DeadLetterCopyHeaders(t *testing.T) {
 		attempt   int64
 		keepFirst string // the x-first-failed-at expected; "" means now
 	}{
-		{id: "wide", headers: amqp.Table{consumer.HeaderAttempt: int64(5_000_000_000)}, attempt: 5_000_000_000},
-		{id: "producer-set", headers: amqp.Table{consumer.HeaderFirstFailedAt: past}, attempt: 1},
-		{id: "future", headers: amqp.Table{consumer.HeaderFirstFailedAt: future, consumer.HeaderOriginalQueue: b.queue}, attempt: 1},
-		{id: "garbage", headers: amqp.Table{consumer.HeaderFirstFailedAt: "yesterday", consumer.HeaderOriginalQueue: b.queue}, attempt: 1},
-		{id: "other-queue", headers: amqp.Table{consumer.HeaderFirstFailedAt: past, consumer.HeaderOriginalQueue: "elsewhere"}, attempt: 1},
-		{id: "own-copy", headers: amqp.Table{consumer.HeaderFirstFailedAt: past, consumer.HeaderOriginalQueue: b.queue}, attempt: 1, keepFirst: past},
+		{id: "wide", headers: amqp.Table{inboxtype.HeaderAttempt: int64(5_000_000_000)}, attempt: 5_000_000_000},
+		{id: "producer-set", headers: amqp.Table{inboxtype.HeaderFirstFailedAt: past}, attempt: 1},
+		{id: "future", headers: amqp.Table{inboxtype.HeaderFirstFailedAt: future, inboxtype.HeaderOriginalQueue: b.queue}, attempt: 1},
+		{id: "garbage", headers: amqp.Table{inboxtype.HeaderFirstFailedAt: "yesterday", inboxtype.HeaderOriginalQueue: b.queue}, attempt: 1},
+		{id: "other-queue", headers: amqp.Table{inboxtype.HeaderFirstFailedAt: past, inboxtype.HeaderOriginalQueue: "elsewhere"}, attempt: 1},
+		{id: "own-copy", headers: amqp.Table{inboxtype.HeaderFirstFailedAt: past, inboxtype.HeaderOriginalQueue: b.queue}, attempt: 1, keepFirst: past},
 		// Retried once through a tier (our own copy), then dead-lettered:
 		// the first failure time of the retry copy is kept.
 		{id: "retried", attempt: 2},
 	}
 	r := consumer.NewRouter()
-	consumer.Register(r, b.queue, consumer.HandlerFunc[order](func(_ context.Context, m *consumer.Message[order]) error {
+	consumer.Register(r, b.queue, inboxtype.HandlerFunc[order](func(_ context.Context, m *inboxtype.Message[order]) error {
 		if m.Body.ID == "retried" && m.Attempt == 1 {
 			return errors.New("gateway timeout")
 		}
@@ -54,12 +55,12 @@ func TestConsumer_DeadLetterCopyHeaders(t *testing.T) {
 	var retryFirst string
 	for range len(cases) + 1 {
 		o := b.rec.next(t)
-		if o.ID == "retried" && o.Outcome.Action == consumer.ActionRetried {
+		if o.ID == "retried" && o.Outcome.Action == inboxtype.ActionRetried {
 			continue
 		}
-		require.Equal(t, consumer.ActionDeadLettered, o.Outcome.Action, o.ID)
+		require.Equal(t, inboxtype.ActionDeadLettered, o.Outcome.Action, o.ID)
 		if o.ID == "retried" {
-			retryFirst, _ = o.Headers[consumer.HeaderFirstFailedAt].(string)
+			retryFirst, _ = o.Headers[inboxtype.HeaderFirstFailedAt].(string)
 		}
 	}
 	b.stop(t, c)
@@ -71,11 +72,11 @@ func TestConsumer_DeadLetterCopyHeaders(t *testing.T) {
 	require.Len(t, dead, len(cases))
 	for _, tc := range cases {
 		h := dead[tc.id].Headers
-		require.Equal(t, tc.attempt, h[consumer.HeaderAttempt], "%s: x-attempt as int64", tc.id)
+		require.Equal(t, tc.attempt, h[inboxtype.HeaderAttempt], "%s: x-attempt as int64", tc.id)
 		for k := range h {
 			require.NotContains(t, k, "inboxmq", "%s: internal header %s leaked into the copy", tc.id, k)
 		}
-		first, ok := h[consumer.HeaderFirstFailedAt].(string)
+		first, ok := h[inboxtype.HeaderFirstFailedAt].(string)
 		require.True(t, ok, tc.id)
 		switch {
 		case tc.id == "retried":

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 	"github.com/inboxmq/inboxmq/retry"
@@ -23,7 +24,7 @@ func TestConsumer_DeferredRetryIsNotAnAttempt(t *testing.T) {
 	opts.Policy = retry.Exponential{InitialInterval: 10 * time.Millisecond, MaxAttempts: 1} // no counted retry at all
 	attempts := make(chan int, 8)
 	calls := 0
-	consumer.Register(r, b.queue, consumer.HandlerFunc[order](func(_ context.Context, m *consumer.Message[order]) error {
+	consumer.Register(r, b.queue, inboxtype.HandlerFunc[order](func(_ context.Context, m *inboxtype.Message[order]) error {
 		attempts <- m.Attempt
 		calls++
 		if calls <= 3 {
@@ -37,12 +38,12 @@ func TestConsumer_DeferredRetryIsNotAnAttempt(t *testing.T) {
 	for i := 0; i < 3; i++ {
 		require.Equal(t, 1, testenv.WaitChan(t, attempts, "deferred call"))
 		o := b.rec.next(t)
-		require.Equal(t, consumer.ActionRetried, o.Outcome.Action, "deferred, not dead-lettered")
+		require.Equal(t, inboxtype.ActionRetried, o.Outcome.Action, "deferred, not dead-lettered")
 		require.True(t, o.Outcome.Decision.Uncounted)
 		require.Equal(t, "lock_unavailable", o.Outcome.Decision.Reason)
 	}
 	require.Equal(t, 1, testenv.WaitChan(t, attempts, "final call"))
-	require.Equal(t, consumer.ActionAcked, b.rec.next(t).Outcome.Action)
+	require.Equal(t, inboxtype.ActionAcked, b.rec.next(t).Outcome.Action)
 	b.stop(t, c)
 	require.Equal(t, 0, amqptest.Depth(t, b.conn, b.queue+".dlq"))
 }

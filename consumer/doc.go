@@ -8,19 +8,26 @@
 // cannot be generic. The payload is decoded (JSON by default) and
 // validated before the handler runs; a payload that cannot be decoded
 // (with JSON: also a body that is not valid UTF-8), fails Validate or has
-// an idempotency key that [ValidKey] refuses is dead-lettered at once.
+// an idempotency key that [inboxtype.ValidKey] refuses is dead-lettered at once.
 // Each decoded delivery carries its Key and its Fingerprint
-// ([Fingerprinter]), which the inbox and the completed-cache compare to
+// ([inboxtype.Fingerprinter]), which the inbox and the completed-cache compare to
 // tell a copy of a job from another job reusing its key.
 //
 //	r := consumer.NewRouter()
-//	consumer.Register(r, "payments", consumer.HandlerFunc[Payment](handle), &consumer.HandlerOpts{
+//	consumer.Register(r, "payments", inboxtype.HandlerFunc[Payment](handle), &consumer.HandlerOpts{
 //		Queue: consumer.QueueOpts{Type: consumer.Quorum, Concurrency: 16},
 //	})
 //	c, err := consumer.New(&consumer.Config{URL: url, Router: r, Logger: log})
 //	if err != nil { … }
 //	if err := c.Start(ctx); err != nil { … }
 //	defer c.Stop(context.Background())
+//
+// The types a handler and middleware see (the delivery, the typed message,
+// statuses, outcomes, observers, header names, the handler and middleware
+// signatures) live in package inboxtype, which the inbox, the outbox,
+// metrics and middleware share without importing this runtime.
+// HandlerOpts.Namespace is the handler's inbox namespace (idempotency keys
+// are unique per namespace); it defaults to the queue name.
 //
 // # Settlement
 //

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 )
 
@@ -29,7 +30,7 @@ func Example_gracefulShutdown() {
 
 	started, finish := make(chan struct{}), make(chan struct{})
 	r := consumer.NewRouter()
-	consumer.Register(r, queue, consumer.HandlerFunc[Payment](func(context.Context, *consumer.Message[Payment]) error {
+	consumer.Register(r, queue, inboxtype.HandlerFunc[Payment](func(context.Context, *inboxtype.Message[Payment]) error {
 		fmt.Println("handler started")
 		close(started)
 		<-finish // still working when Stop is called

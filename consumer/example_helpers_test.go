@@ -19,7 +19,7 @@ type Payment struct {
 	Cents   int    `json:"cents"`
 }
 
-// IdempotencyKey implements consumer.Keyer.
+// IdempotencyKey implements inboxtype.Keyer.
 func (p Payment) IdempotencyKey() string { return "payment:" + p.OrderID }
 
 // exampleQueue returns a unique queue name and a function that deletes the

@@ -6,17 +6,18 @@ import (
 	"fmt"
 
 	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
 // actionObserver reports each delivery's final action.
 type actionObserver struct {
-	consumer.NopObserver
-	actions chan consumer.Action
+	inboxtype.NopObserver
+	actions chan inboxtype.Action
 }
 
-func (o actionObserver) OnOutcome(_ *consumer.Delivery, out consumer.Outcome) {
+func (o actionObserver) OnOutcome(_ *inboxtype.Delivery, out inboxtype.Outcome) {
 	o.actions <- out.Action
 }
 
@@ -28,11 +29,11 @@ func Example_permanentError() {
 	ctx := context.Background()
 
 	r := consumer.NewRouter()
-	consumer.Register(r, queue, consumer.HandlerFunc[Payment](func(context.Context, *consumer.Message[Payment]) error {
+	consumer.Register(r, queue, inboxtype.HandlerFunc[Payment](func(context.Context, *inboxtype.Message[Payment]) error {
 		return retry.Permanent(errors.New("card declined")) // no retry can fix this
 	}), nil)
-	obs := actionObserver{actions: make(chan consumer.Action, 1)}
-	c, err := consumer.New(&consumer.Config{URL: testenv.AMQPURL(), Router: r, Observers: []consumer.Observer{obs}})
+	obs := actionObserver{actions: make(chan inboxtype.Action, 1)}
+	c, err := consumer.New(&consumer.Config{URL: testenv.AMQPURL(), Router: r, Observers: []inboxtype.Observer{obs}})
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -50,8 +51,8 @@ func Example_permanentError() {
 
 	dead, ok := exampleGet(queue + ".dlq")
 	fmt.Println("in DLQ:", ok)
-	fmt.Println("x-error:", dead.Headers[consumer.HeaderError])
-	fmt.Println("x-idempotency-key:", dead.Headers[consumer.HeaderIdempotencyKey])
+	fmt.Println("x-error:", dead.Headers[inboxtype.HeaderError])
+	fmt.Println("x-idempotency-key:", dead.Headers[inboxtype.HeaderIdempotencyKey])
 	fmt.Println("body:", string(dead.Body))
 	// Output:
 	// action: dead_lettered

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 )
 
@@ -16,7 +17,7 @@ func Example_register() {
 
 	done := make(chan struct{})
 	r := consumer.NewRouter()
-	consumer.Register(r, queue, consumer.HandlerFunc[Payment](func(_ context.Context, m *consumer.Message[Payment]) error {
+	consumer.Register(r, queue, inboxtype.HandlerFunc[Payment](func(_ context.Context, m *inboxtype.Message[Payment]) error {
 		// With the inbox, this runs inside the transaction that records m.Key.
 		fmt.Printf("charge %s: %d cents (key %s, attempt %d)\n", m.Body.OrderID, m.Body.Cents, m.Key, m.Attempt)
 		close(done)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 )
 
@@ -15,9 +16,9 @@ func ExampleRouter_Use() {
 	defer cleanup()
 	ctx := context.Background()
 
-	trace := func(name string) consumer.Middleware {
-		return func(next consumer.DeliveryHandler) consumer.DeliveryHandler {
-			return func(ctx context.Context, d *consumer.Delivery) error {
+	trace := func(name string) inboxtype.Middleware {
+		return func(next inboxtype.DeliveryHandler) inboxtype.DeliveryHandler {
+			return func(ctx context.Context, d *inboxtype.Delivery) error {
 				fmt.Printf("%s: before (attempt %d)\n", name, d.Attempt)
 				err := next(ctx, d)
 				fmt.Printf("%s: after (key %s, err %v)\n", name, d.Key, err)
@@ -28,7 +29,7 @@ func ExampleRouter_Use() {
 	done := make(chan struct{})
 	r := consumer.NewRouter()
 	r.Use(trace("outer"), trace("inner"))
-	consumer.Register(r, queue, consumer.HandlerFunc[Payment](func(_ context.Context, m *consumer.Message[Payment]) error {
+	consumer.Register(r, queue, inboxtype.HandlerFunc[Payment](func(_ context.Context, m *inboxtype.Message[Payment]) error {
 		fmt.Println("handler:", m.Body.OrderID)
 		defer close(done)
 		return nil

@@ -6,11 +6,13 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/zap"
+
+	"github.com/inboxmq/inboxmq/inboxtype"
 )
 
 // SetTestHooks arms the fault-injection hooks of c (before Start). Either
 // function may be nil.
-func SetTestHooks(c *Consumer, beforeAck, afterPublish func(d *Delivery)) {
+func SetTestHooks(c *Consumer, beforeAck, afterPublish func(d *inboxtype.Delivery)) {
 	c.hooks.Store(&testHooks{beforeAck: beforeAck, afterPublish: afterPublish})
 }
 

@@ -6,6 +6,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
+
+	"github.com/inboxmq/inboxmq/inboxtype"
 )
 
 func TestFailureHeaders_FirstFailedAtIsTrustedOnlyFromOwnCopies(t *testing.T) {
@@ -19,21 +21,21 @@ func TestFailureHeaders_FirstFailedAtIsTrustedOnlyFromOwnCopies(t *testing.T) {
 		want    string
 	}{
 		{"none", amqp.Table{}, nowText},
-		{"own copy", amqp.Table{HeaderOriginalQueue: "q", HeaderFirstFailedAt: past}, past},
-		{"own copy, clock a little ahead", amqp.Table{HeaderOriginalQueue: "q", HeaderFirstFailedAt: now.Add(30 * time.Second).Format(time.RFC3339)}, now.Add(30 * time.Second).Format(time.RFC3339)},
-		{"producer-set", amqp.Table{HeaderFirstFailedAt: past}, nowText},
-		{"another queue's copy", amqp.Table{HeaderOriginalQueue: "other", HeaderFirstFailedAt: past}, nowText},
-		{"future", amqp.Table{HeaderOriginalQueue: "q", HeaderFirstFailedAt: now.Add(time.Hour).Format(time.RFC3339)}, nowText},
-		{"not a time", amqp.Table{HeaderOriginalQueue: "q", HeaderFirstFailedAt: "yesterday"}, nowText},
-		{"not a string", amqp.Table{HeaderOriginalQueue: "q", HeaderFirstFailedAt: now.Add(-time.Hour)}, nowText},
-		{"original queue not a string", amqp.Table{HeaderOriginalQueue: []byte("q"), HeaderFirstFailedAt: past}, nowText},
+		{"own copy", amqp.Table{inboxtype.HeaderOriginalQueue: "q", inboxtype.HeaderFirstFailedAt: past}, past},
+		{"own copy, clock a little ahead", amqp.Table{inboxtype.HeaderOriginalQueue: "q", inboxtype.HeaderFirstFailedAt: now.Add(30 * time.Second).Format(time.RFC3339)}, now.Add(30 * time.Second).Format(time.RFC3339)},
+		{"producer-set", amqp.Table{inboxtype.HeaderFirstFailedAt: past}, nowText},
+		{"another queue's copy", amqp.Table{inboxtype.HeaderOriginalQueue: "other", inboxtype.HeaderFirstFailedAt: past}, nowText},
+		{"future", amqp.Table{inboxtype.HeaderOriginalQueue: "q", inboxtype.HeaderFirstFailedAt: now.Add(time.Hour).Format(time.RFC3339)}, nowText},
+		{"not a time", amqp.Table{inboxtype.HeaderOriginalQueue: "q", inboxtype.HeaderFirstFailedAt: "yesterday"}, nowText},
+		{"not a string", amqp.Table{inboxtype.HeaderOriginalQueue: "q", inboxtype.HeaderFirstFailedAt: now.Add(-time.Hour)}, nowText},
+		{"original queue not a string", amqp.Table{inboxtype.HeaderOriginalQueue: []byte("q"), inboxtype.HeaderFirstFailedAt: past}, nowText},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			out := failureHeaders(tc.headers, "q", "permanent", nil, now)
-			require.Equal(t, tc.want, out[HeaderFirstFailedAt])
-			require.Equal(t, nowText, out[HeaderLastFailedAt])
-			require.Equal(t, "q", out[HeaderOriginalQueue])
+			require.Equal(t, tc.want, out[inboxtype.HeaderFirstFailedAt])
+			require.Equal(t, nowText, out[inboxtype.HeaderLastFailedAt])
+			require.Equal(t, "q", out[inboxtype.HeaderOriginalQueue])
 		})
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"unicode/utf8"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/inboxmq/inboxmq/inboxtype"
 )
 
 // A message's properties, its headers among them, travel in one content
@@ -39,11 +41,11 @@ func trimNote(dropped int) string {
 // bounded and the other properties are short strings.
 func trimRank(k string) int {
 	switch k {
-	case HeaderAttempt, HeaderError, HeaderFirstFailedAt, HeaderLastFailedAt, HeaderOriginalQueue:
+	case inboxtype.HeaderAttempt, inboxtype.HeaderError, inboxtype.HeaderFirstFailedAt, inboxtype.HeaderLastFailedAt, inboxtype.HeaderOriginalQueue:
 		return 3
-	case HeaderIdempotencyKey:
+	case inboxtype.HeaderIdempotencyKey:
 		return 2
-	case HeaderReplayCount, HeaderReplayRefused, "traceparent", "tracestate", "baggage":
+	case inboxtype.HeaderReplayCount, HeaderReplayRefused, "traceparent", "tracestate", "baggage":
 		return 1
 	default:
 		return 0
@@ -62,13 +64,13 @@ func fitFrame(msg *amqp.Publishing, frameMax int) int {
 	}
 	h := cloneTable(msg.Headers)
 	size := contentHeaderSize(msg)
-	errText, _ := h[HeaderError].(string)
-	if v, ok := h[HeaderError]; ok {
-		size -= entrySize(HeaderError, v)
-		delete(h, HeaderError)
+	errText, _ := h[inboxtype.HeaderError].(string)
+	if v, ok := h[inboxtype.HeaderError]; ok {
+		size -= entrySize(inboxtype.HeaderError, v)
+		delete(h, inboxtype.HeaderError)
 	}
 	dropped := 0
-	fits := func() bool { return size+entrySize(HeaderError, noted(errText, dropped)) <= frameMax }
+	fits := func() bool { return size+entrySize(inboxtype.HeaderError, noted(errText, dropped)) <= frameMax }
 	for rank := range 3 {
 		keys := make([]string, 0, len(h))
 		for k := range h {
@@ -88,7 +90,7 @@ func fitFrame(msg *amqp.Publishing, frameMax int) int {
 			dropped++
 		}
 	}
-	h[HeaderError] = noted(errText, dropped)
+	h[inboxtype.HeaderError] = noted(errText, dropped)
 	msg.Headers = h
 	return dropped
 }

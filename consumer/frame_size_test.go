@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 )
@@ -92,9 +93,9 @@ func TestFitFrame(t *testing.T) {
 	big := func(n int) string { return strings.Repeat("x", n) }
 	base := func(extra amqp.Table) amqp.Table {
 		h := amqp.Table{
-			consumer.HeaderError: "decode: bad json", consumer.HeaderAttempt: int64(1),
-			consumer.HeaderOriginalQueue: "q", consumer.HeaderFirstFailedAt: "2025-01-01T00:00:00Z",
-			consumer.HeaderLastFailedAt: "2025-01-01T00:00:00Z",
+			inboxtype.HeaderError: "decode: bad json", inboxtype.HeaderAttempt: int64(1),
+			inboxtype.HeaderOriginalQueue: "q", inboxtype.HeaderFirstFailedAt: "2025-01-01T00:00:00Z",
+			inboxtype.HeaderLastFailedAt: "2025-01-01T00:00:00Z",
 		}
 		for k, v := range extra {
 			h[k] = v
@@ -126,35 +127,35 @@ func TestFitFrame(t *testing.T) {
 		},
 		{
 			name:    "trace context goes only when the originals cannot make room",
-			headers: base(amqp.Table{"a": big(100), "tracestate": big(5000), consumer.HeaderReplayCount: int64(2)}),
-			dropped: 2, gone: []string{"a", "tracestate"}, kept: []string{consumer.HeaderReplayCount},
+			headers: base(amqp.Table{"a": big(100), "tracestate": big(5000), inboxtype.HeaderReplayCount: int64(2)}),
+			dropped: 2, gone: []string{"a", "tracestate"}, kept: []string{inboxtype.HeaderReplayCount},
 			errorEnd: "; original headers trimmed: 2 dropped",
 		},
 		{
 			name:    "the key goes last",
-			headers: base(amqp.Table{consumer.HeaderIdempotencyKey: big(5000), "a": big(10), "traceparent": "00-x"}),
-			dropped: 3, gone: []string{"a", "traceparent", consumer.HeaderIdempotencyKey},
+			headers: base(amqp.Table{inboxtype.HeaderIdempotencyKey: big(5000), "a": big(10), "traceparent": "00-x"}),
+			dropped: 3, gone: []string{"a", "traceparent", inboxtype.HeaderIdempotencyKey},
 			errorEnd: "; original headers trimmed: 3 dropped",
 		},
 		{
 			name: "the failure headers always stay, and fit the smallest frame",
 			headers: base(amqp.Table{
-				consumer.HeaderError: big(1024), consumer.HeaderOriginalQueue: big(255),
-				consumer.HeaderFirstFailedAt: "2025-01-01T00:00:00.123456789+01:00", "a": big(400),
+				inboxtype.HeaderError: big(1024), inboxtype.HeaderOriginalQueue: big(255),
+				inboxtype.HeaderFirstFailedAt: "2025-01-01T00:00:00.123456789+01:00", "a": big(400),
 			}),
-			dropped: 1, gone: []string{"a"}, kept: []string{consumer.HeaderOriginalQueue, consumer.HeaderFirstFailedAt},
+			dropped: 1, gone: []string{"a"}, kept: []string{inboxtype.HeaderOriginalQueue, inboxtype.HeaderFirstFailedAt},
 			errorEnd: "; original headers trimmed: 1 dropped", longProps: true,
 		},
 		{
 			name:    "x-error bounded with the note",
-			headers: base(amqp.Table{consumer.HeaderError: "é" + big(1022), "a": big(4000)}),
+			headers: base(amqp.Table{inboxtype.HeaderError: "é" + big(1022), "a": big(4000)}),
 			dropped: 1, gone: []string{"a"},
 			errorEnd: "; original headers trimmed: 1 dropped",
 		},
 		{
 			name:    "a copy without x-error gets one",
-			headers: amqp.Table{"a": big(5000), consumer.HeaderReplayCount: int64(1)},
-			dropped: 1, gone: []string{"a"}, kept: []string{consumer.HeaderReplayCount},
+			headers: amqp.Table{"a": big(5000), inboxtype.HeaderReplayCount: int64(1)},
+			dropped: 1, gone: []string{"a"}, kept: []string{inboxtype.HeaderReplayCount},
 			errorEnd: "original headers trimmed: 1 dropped",
 		},
 	} {
@@ -175,7 +176,7 @@ func TestFitFrame(t *testing.T) {
 			for _, k := range tc.gone {
 				require.NotContains(t, msg.Headers, k)
 			}
-			xerr, _ := msg.Headers[consumer.HeaderError].(string)
+			xerr, _ := msg.Headers[inboxtype.HeaderError].(string)
 			if tc.dropped == 0 {
 				require.Equal(t, "decode: bad json", xerr)
 				return

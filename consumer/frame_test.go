@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
 )
 
@@ -37,31 +38,31 @@ func TestConsumer_CopyTooLargeForTheFrameIsTrimmedAndDeadLettered(t *testing.T) 
 	t.Parallel()
 	b := setup(t)
 	r := consumer.NewRouter()
-	consumer.Register(r, b.queue, consumer.HandlerFunc[order](func(context.Context, *consumer.Message[order]) error {
+	consumer.Register(r, b.queue, inboxtype.HandlerFunc[order](func(context.Context, *inboxtype.Message[order]) error {
 		return errors.New("unreachable: the body does not decode")
 	}), fastOpts())
 	c := b.start(t, r, nil)
 	b.pub.Publish(b.queue, []byte(`{"id":`), amqp.Publishing{MessageId: "huge", Headers: bigHeaders(nil)})
 
 	o := b.rec.next(t)
-	require.Equal(t, consumer.ActionDeadLettered, o.Outcome.Action, "dead-lettered at the first try: %v", o.Outcome.Err)
+	require.Equal(t, inboxtype.ActionDeadLettered, o.Outcome.Action, "dead-lettered at the first try: %v", o.Outcome.Err)
 	b.stop(t, c)
 
 	dead := amqptest.Drain(t, b.conn, b.queue+".dlq")
 	require.Len(t, dead, 1)
 	h := dead[0].Headers
-	xerr, _ := h[consumer.HeaderError].(string)
+	xerr, _ := h[inboxtype.HeaderError].(string)
 	require.True(t, strings.HasPrefix(xerr, "decode: "), xerr)
 	require.True(t, strings.HasSuffix(xerr, "; original headers trimmed: 1 dropped"), xerr)
 	require.NotContains(t, h, "x-big", "the largest original header went")
 	require.Equal(t, strings.Repeat("b", 30_700), h["x-bigger"], "one drop was enough")
 	require.Equal(t, "acme", h["x-tenant"])
 	require.Contains(t, h, "traceparent")
-	require.Equal(t, b.queue, h[consumer.HeaderOriginalQueue])
-	require.Equal(t, int64(1), h[consumer.HeaderAttempt])
+	require.Equal(t, b.queue, h[inboxtype.HeaderOriginalQueue])
+	require.Equal(t, int64(1), h[inboxtype.HeaderAttempt])
 	require.Equal(t, []byte(`{"id":`), dead[0].Body)
 	require.Equal(t, 0, amqptest.Depth(t, b.conn, b.queue), "the original is gone from the work queue")
-	require.Equal(t, []consumer.ConnState{consumer.ConnConnected, consumer.ConnStopped}, b.rec.drainStates(),
+	require.Equal(t, []inboxtype.ConnState{inboxtype.ConnConnected, inboxtype.ConnStopped}, b.rec.drainStates(),
 		"connected once, never lost the connection")
 }
 
@@ -72,7 +73,7 @@ func TestConsumer_RetryCopyTooLargeForTheFrameIsTrimmed(t *testing.T) {
 	b := setup(t)
 	seen := make(chan amqp.Table, 4)
 	r := consumer.NewRouter()
-	consumer.Register(r, b.queue, consumer.HandlerFunc[order](func(_ context.Context, m *consumer.Message[order]) error {
+	consumer.Register(r, b.queue, inboxtype.HandlerFunc[order](func(_ context.Context, m *inboxtype.Message[order]) error {
 		seen <- m.Headers
 		if m.Attempt == 1 {
 			return errors.New("gateway timeout")
@@ -82,13 +83,13 @@ func TestConsumer_RetryCopyTooLargeForTheFrameIsTrimmed(t *testing.T) {
 	c := b.start(t, r, nil)
 	b.pub.Publish(b.queue, []byte(`{"id":"r","amount":1}`), amqp.Publishing{MessageId: "huge", Headers: bigHeaders(nil)})
 
-	require.Equal(t, consumer.ActionRetried, b.rec.next(t).Outcome.Action)
-	require.Equal(t, consumer.ActionAcked, b.rec.next(t).Outcome.Action)
+	require.Equal(t, inboxtype.ActionRetried, b.rec.next(t).Outcome.Action)
+	require.Equal(t, inboxtype.ActionAcked, b.rec.next(t).Outcome.Action)
 	b.stop(t, c)
 	<-seen
 	h := <-seen
-	require.Equal(t, "error: gateway timeout; original headers trimmed: 1 dropped", h[consumer.HeaderError])
+	require.Equal(t, "error: gateway timeout; original headers trimmed: 1 dropped", h[inboxtype.HeaderError])
 	require.NotContains(t, h, "x-big")
 	require.Equal(t, "acme", h["x-tenant"])
-	require.Equal(t, []consumer.ConnState{consumer.ConnConnected, consumer.ConnStopped}, b.rec.drainStates())
+	require.Equal(t, []inboxtype.ConnState{inboxtype.ConnConnected, inboxtype.ConnStopped}, b.rec.drainStates())
 }

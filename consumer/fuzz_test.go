@@ -4,12 +4,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"strconv"
 	"testing"
 	"unicode/utf8"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
@@ -60,13 +60,13 @@ func FuzzRegisterDecode(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, body []byte, attempt string) {
 		r := NewRouter()
-		var seen *Message[fuzzPayment]
-		Register(r, "fuzz", HandlerFunc[fuzzPayment](func(_ context.Context, msg *Message[fuzzPayment]) error {
+		var seen *inboxtype.Message[fuzzPayment]
+		Register(r, "fuzz", inboxtype.HandlerFunc[fuzzPayment](func(_ context.Context, msg *inboxtype.Message[fuzzPayment]) error {
 			seen = msg
 			return nil
 		}), nil)
 		route := r.Routes()[0]
-		d := NewDelivery("fuzz", route.Opts.Consumer, "fuzz", &amqp.Delivery{Body: body, Headers: amqp.Table{HeaderAttempt: attempt}})
+		d := inboxtype.NewDelivery("fuzz", route.Opts.Namespace, "fuzz", &amqp.Delivery{Body: body, Headers: amqp.Table{inboxtype.HeaderAttempt: attempt}})
 		if d.Attempt < 1 {
 			t.Fatalf("attempt %d from header %q: want ≥ 1", d.Attempt, attempt)
 		}
@@ -92,59 +92,11 @@ func FuzzRegisterDecode(f *testing.F) {
 		if seen.Body.AmountCents <= 0 {
 			t.Fatalf("body %q: invalid payload reached the handler", body)
 		}
-		if !utf8.Valid(body) || ValidKey(seen.Key) != nil {
+		if !utf8.Valid(body) || inboxtype.ValidKey(seen.Key) != nil {
 			t.Fatalf("body %q: an invalid body or key %q reached the handler", body, seen.Key)
 		}
 		if len(d.Fingerprint) == 0 || !bytes.Equal(d.Fingerprint, seen.Fingerprint()) {
 			t.Fatalf("body %q: fingerprint %x, message fingerprint %x", body, d.Fingerprint, seen.Fingerprint())
-		}
-	})
-}
-
-// FuzzHeaderInt reads integer headers of every AMQP type the broker or a
-// producer may send: never a panic, and a value that matches its source.
-func FuzzHeaderInt(f *testing.F) {
-	f.Add(uint8(0), int64(3), "3")
-	f.Add(uint8(4), int64(-1), "-1")
-	f.Add(uint8(8), int64(0), "x")
-	f.Add(uint8(9), int64(1<<40), "99999999999999999999")
-	f.Fuzz(func(t *testing.T, kind uint8, n int64, s string) {
-		var v any
-		want := 0
-		switch kind % 11 {
-		case 0:
-			v, want = int32(n), int(int32(n))
-		case 1:
-			v, want = int64(n), int(n)
-		case 2:
-			v, want = int16(n), int(int16(n))
-		case 3:
-			v, want = int8(n), int(int8(n))
-		case 4:
-			v, want = uint8(n), int(uint8(n))
-		case 5:
-			v, want = uint16(n), int(uint16(n))
-		case 6:
-			v, want = uint32(n), int(uint32(n))
-		case 7:
-			v, want = int(n), int(n)
-		case 8:
-			v = s
-			if i, err := strconv.Atoi(s); err == nil {
-				want = i
-			}
-		case 9:
-			v = []byte(s) // not an integer type: reads as 0
-		default:
-			v = amqp.Table{"nested": n}
-		}
-		h := amqp.Table{HeaderDeliveryCount: v, HeaderAttempt: v}
-		if got := HeaderInt(h, HeaderDeliveryCount); got != want {
-			t.Fatalf("HeaderInt(%T %v) = %d, want %d", v, v, got, want)
-		}
-		d := NewDelivery("q", "q", "w", &amqp.Delivery{Headers: h})
-		if d.Attempt < 1 || d.DeliveryCount != want {
-			t.Fatalf("delivery from %T %v: attempt %d, delivery count %d", v, v, d.Attempt, d.DeliveryCount)
 		}
 	})
 }
@@ -172,9 +124,9 @@ func FuzzDeathHeaders(f *testing.F) {
 		default:
 			death = amqp.Table{"reason": reason}
 		}
-		h := amqp.Table{"x-death": death, HeaderAttempt: count}
+		h := amqp.Table{"x-death": death, inboxtype.HeaderAttempt: count}
 		if xerr != "" {
-			h[HeaderError] = xerr
+			h[inboxtype.HeaderError] = xerr
 		}
 		_ = replayMatches("q", h, &ReplayOpts{Reason: want})
 		_ = replayMatches("q", h, &ReplayOpts{Key: reason})
@@ -184,10 +136,10 @@ func FuzzDeathHeaders(f *testing.F) {
 		if _, ok := out["x-death"]; ok {
 			t.Fatal("x-death kept on a replayed copy")
 		}
-		if _, ok := out[HeaderError]; ok {
+		if _, ok := out[inboxtype.HeaderError]; ok {
 			t.Fatal("x-error kept on a replayed copy")
 		}
-		if got := HeaderInt(out, HeaderAttempt); got != 1 {
+		if got := inboxtype.HeaderInt(out, inboxtype.HeaderAttempt); got != 1 {
 			t.Fatalf("replayed attempt %d, want 1", got)
 		}
 	})

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 	"github.com/inboxmq/inboxmq/retry"
@@ -35,27 +36,27 @@ func (o order) Validate() error {
 type outcomeRec struct {
 	ID      string // the order id (decoded) or the raw body
 	Attempt int
-	Outcome consumer.Outcome
+	Outcome inboxtype.Outcome
 	Headers amqp.Table
 }
 
 // recorder is an Observer that forwards outcomes and states to channels.
 type recorder struct {
-	consumer.NopObserver
+	inboxtype.NopObserver
 	outcomes chan outcomeRec
-	states   chan consumer.ConnState
+	states   chan inboxtype.ConnState
 	inProc   atomic.Int32
 }
 
-func (r *recorder) OnInProcessRetry(*consumer.Delivery, retry.Decision, time.Duration) {
+func (r *recorder) OnInProcessRetry(*inboxtype.Delivery, retry.Decision, time.Duration) {
 	r.inProc.Add(1)
 }
 
 func newRecorder() *recorder {
-	return &recorder{outcomes: make(chan outcomeRec, 1024), states: make(chan consumer.ConnState, 64)}
+	return &recorder{outcomes: make(chan outcomeRec, 1024), states: make(chan inboxtype.ConnState, 64)}
 }
 
-func (r *recorder) OnOutcome(d *consumer.Delivery, o consumer.Outcome) {
+func (r *recorder) OnOutcome(d *inboxtype.Delivery, o inboxtype.Outcome) {
 	id := string(d.Body)
 	if v, ok := d.Value.(*order); ok {
 		id = v.ID
@@ -63,7 +64,7 @@ func (r *recorder) OnOutcome(d *consumer.Delivery, o consumer.Outcome) {
 	r.outcomes <- outcomeRec{ID: id, Attempt: d.Attempt, Outcome: o, Headers: d.Headers}
 }
 
-func (r *recorder) OnConnState(s consumer.ConnState, _ error) {
+func (r *recorder) OnConnState(s inboxtype.ConnState, _ error) {
 	select {
 	case r.states <- s:
 	default:
@@ -78,8 +79,8 @@ func (r *recorder) next(t *testing.T) outcomeRec {
 
 // drainStates returns the connection states reported so far and not yet
 // read.
-func (r *recorder) drainStates() []consumer.ConnState {
-	var out []consumer.ConnState
+func (r *recorder) drainStates() []inboxtype.ConnState {
+	var out []inboxtype.ConnState
 	for {
 		select {
 		case s := <-r.states:
@@ -91,7 +92,7 @@ func (r *recorder) drainStates() []consumer.ConnState {
 }
 
 // waitState waits until the consumer reports state s.
-func (r *recorder) waitState(t *testing.T, s consumer.ConnState) {
+func (r *recorder) waitState(t *testing.T, s inboxtype.ConnState) {
 	t.Helper()
 	for {
 		if testenv.WaitChan(t, r.states, "connection state "+string(s)) == s {
@@ -145,7 +146,7 @@ func (b *testBundle) newConsumer(t *testing.T, router *consumer.Router, mutate f
 		URL:                      testenv.AMQPURL(),
 		Name:                     "inboxmq-test-" + b.queue,
 		Router:                   router,
-		Observers:                []consumer.Observer{b.rec},
+		Observers:                []inboxtype.Observer{b.rec},
 		ReconnectInitialInterval: 20 * time.Millisecond,
 		ReconnectMaxInterval:     200 * time.Millisecond,
 		SoftStopTimeout:          5 * time.Second,

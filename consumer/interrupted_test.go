@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 	"github.com/inboxmq/inboxmq/retry"
 )
@@ -22,7 +23,7 @@ func TestConsumer_InterruptedOutsideStopIsDelayedNotRequeued(t *testing.T) {
 	attempts := make(chan int, 4)
 	calls := 0
 	r := consumer.NewRouter()
-	consumer.Register(r, b.queue, consumer.HandlerFunc[order](func(_ context.Context, m *consumer.Message[order]) error {
+	consumer.Register(r, b.queue, inboxtype.HandlerFunc[order](func(_ context.Context, m *inboxtype.Message[order]) error {
 		attempts <- m.Attempt
 		calls++
 		if calls == 1 {
@@ -34,10 +35,10 @@ func TestConsumer_InterruptedOutsideStopIsDelayedNotRequeued(t *testing.T) {
 	b.publish(t, b.queue, `{"id":"i1"}`)
 
 	o := b.rec.next(t)
-	require.Equal(t, consumer.ActionRetried, o.Outcome.Action, "not an immediate requeue")
+	require.Equal(t, inboxtype.ActionRetried, o.Outcome.Action, "not an immediate requeue")
 	require.True(t, o.Outcome.Decision.Uncounted)
 	require.Equal(t, 100*time.Millisecond, o.Outcome.Delay)
-	require.Equal(t, consumer.ActionAcked, b.rec.next(t).Outcome.Action)
+	require.Equal(t, inboxtype.ActionAcked, b.rec.next(t).Outcome.Action)
 	require.Equal(t, 1, testenv.WaitChan(t, attempts, "first"))
 	require.Equal(t, 1, testenv.WaitChan(t, attempts, "second: the attempt was not counted"))
 	b.stop(t, c)

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 	"github.com/inboxmq/inboxmq/retry"
 )
@@ -17,23 +18,23 @@ import (
 // OnTransition (with the key each one saw) and then "outcome <status>"
 // from OnOutcome.
 type sequence struct {
-	consumer.NopObserver
+	inboxtype.NopObserver
 	mu   sync.Mutex
-	seen map[*consumer.Delivery][]string
-	keys map[*consumer.Delivery]string // the key when received was reported
-	done chan *consumer.Delivery
+	seen map[*inboxtype.Delivery][]inboxtype.Status
+	keys map[*inboxtype.Delivery]string // the key when received was reported
+	done chan *inboxtype.Delivery
 }
 
-func (s *sequence) OnTransition(d *consumer.Delivery, status string, _ error) {
+func (s *sequence) OnTransition(d *inboxtype.Delivery, status inboxtype.Status, _ error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.seen[d] = append(s.seen[d], status)
-	if status == consumer.StatusReceived {
+	if status == inboxtype.StatusReceived {
 		s.keys[d] = d.Key
 	}
 }
 
-func (s *sequence) OnOutcome(d *consumer.Delivery, o consumer.Outcome) {
+func (s *sequence) OnOutcome(d *inboxtype.Delivery, o inboxtype.Outcome) {
 	s.mu.Lock()
 	s.seen[d] = append(s.seen[d], "outcome "+o.Status())
 	s.mu.Unlock()
@@ -46,9 +47,9 @@ func (s *sequence) OnOutcome(d *consumer.Delivery, o consumer.Outcome) {
 func TestObserver_ReceivedOnceAndSettlementMatchesTheOutcome(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	seq := &sequence{seen: map[*consumer.Delivery][]string{}, keys: map[*consumer.Delivery]string{}, done: make(chan *consumer.Delivery, 16)}
+	seq := &sequence{seen: map[*inboxtype.Delivery][]inboxtype.Status{}, keys: map[*inboxtype.Delivery]string{}, done: make(chan *inboxtype.Delivery, 16)}
 	r := consumer.NewRouter()
-	consumer.Register(r, b.queue, consumer.HandlerFunc[order](func(_ context.Context, m *consumer.Message[order]) error {
+	consumer.Register(r, b.queue, inboxtype.HandlerFunc[order](func(_ context.Context, m *inboxtype.Message[order]) error {
 		switch m.Body.ID {
 		case "dup":
 			return retry.ErrDuplicate
@@ -59,29 +60,29 @@ func TestObserver_ReceivedOnceAndSettlementMatchesTheOutcome(t *testing.T) {
 		}
 		return nil
 	}), fastOpts())
-	b.start(t, r, func(c *consumer.Config) { c.Observers = []consumer.Observer{seq} })
+	b.start(t, r, func(c *consumer.Config) { c.Observers = []inboxtype.Observer{seq} })
 
 	for _, body := range []string{`{"id":"ok"}`, `{"id":"dup"}`, `{"id":"perm"}`, `{"id":"again"}`, `{bad`} {
 		b.publish(t, b.queue, body)
 	}
-	want := map[string][]string{ // by body: the settlement of each delivery
-		`{"id":"ok"}`:    {consumer.StatusCompleted},
-		`{"id":"dup"}`:   {consumer.StatusDuplicate},
-		`{"id":"perm"}`:  {consumer.StatusDeadLettered},
-		`{"id":"again"}`: {consumer.StatusRetry, consumer.StatusRetry, consumer.StatusDeadLettered}, // exhausted at 3
-		`{bad`:           {consumer.StatusDeadLettered},
+	want := map[string][]inboxtype.Status{ // by body: the settlement of each delivery
+		`{"id":"ok"}`:    {inboxtype.StatusCompleted},
+		`{"id":"dup"}`:   {inboxtype.StatusDuplicate},
+		`{"id":"perm"}`:  {inboxtype.StatusDeadLettered},
+		`{"id":"again"}`: {inboxtype.StatusRetry, inboxtype.StatusRetry, inboxtype.StatusDeadLettered}, // exhausted at 3
+		`{bad`:           {inboxtype.StatusDeadLettered},
 	}
-	got := map[string][]string{}
+	got := map[string][]inboxtype.Status{}
 	for range 7 {
 		d := testenv.WaitChan(t, seq.done, "a settled delivery")
 		seq.mu.Lock()
 		statuses, key := seq.seen[d], seq.keys[d]
 		seq.mu.Unlock()
 		require.GreaterOrEqual(t, len(statuses), 3, "%s: %v", d.Body, statuses)
-		require.Equal(t, consumer.StatusReceived, statuses[0], "%s is received first: %v", d.Body, statuses)
+		require.Equal(t, inboxtype.StatusReceived, statuses[0], "%s is received first: %v", d.Body, statuses)
 		received := 0
 		for _, s := range statuses {
-			if s == consumer.StatusReceived {
+			if s == inboxtype.StatusReceived {
 				received++
 			}
 		}

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/clip"
 	"github.com/inboxmq/inboxmq/retry"
 )
@@ -25,36 +26,36 @@ func TestCall_LastGuard(t *testing.T) {
 	t.Parallel()
 	huge := "bad amount " + strings.Repeat("9", 1<<20)
 	tests := map[string]struct {
-		handler  DeliveryHandler
+		handler  inboxtype.DeliveryHandler
 		wantErr  string
 		wantIs   error
 		wantLogs int
 		value    string
 	}{
 		"string panic": {
-			handler:  func(context.Context, *Delivery) error { panic("nil map write") },
+			handler:  func(context.Context, *inboxtype.Delivery) error { panic("nil map write") },
 			wantErr:  "consumer: handler panicked: nil map write",
 			wantLogs: 1,
 			value:    "nil map write",
 		},
 		"error panic unwraps": {
-			handler:  func(context.Context, *Delivery) error { panic(io.ErrUnexpectedEOF) },
+			handler:  func(context.Context, *inboxtype.Delivery) error { panic(io.ErrUnexpectedEOF) },
 			wantErr:  "consumer: handler panicked: unexpected EOF",
 			wantIs:   io.ErrUnexpectedEOF,
 			wantLogs: 1,
 			value:    "unexpected EOF",
 		},
 		"huge value is clipped in the log": {
-			handler:  func(context.Context, *Delivery) error { panic(errors.New(huge)) },
+			handler:  func(context.Context, *inboxtype.Delivery) error { panic(errors.New(huge)) },
 			wantLogs: 1,
 			value:    clip.Text(huge, clip.Limit),
 		},
 		"no panic passes through": {
-			handler: func(context.Context, *Delivery) error { return io.EOF },
+			handler: func(context.Context, *inboxtype.Delivery) error { return io.EOF },
 			wantIs:  io.EOF,
 		},
 		"success": {
-			handler: func(context.Context, *Delivery) error { return nil },
+			handler: func(context.Context, *inboxtype.Delivery) error { return nil },
 		},
 	}
 	for name, tc := range tests {
@@ -62,7 +63,7 @@ func TestCall_LastGuard(t *testing.T) {
 			t.Parallel()
 			core, logs := observer.New(zapcore.ErrorLevel)
 			c := &Consumer{log: zap.New(core, zap.AddStacktrace(zapcore.ErrorLevel))} // as zap.NewProduction
-			d := &Delivery{Queue: "q", Consumer: "payments", MessageID: "m-1", Key: "order:1"}
+			d := &inboxtype.Delivery{Queue: "q", Namespace: "payments", MessageID: "m-1", Key: "order:1"}
 			err := c.call(t.Context(), tc.handler, d)
 			if tc.wantErr != "" {
 				require.EqualError(t, err, tc.wantErr)

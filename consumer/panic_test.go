@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
 	"github.com/inboxmq/inboxmq/retry"
 )
@@ -27,7 +28,7 @@ func TestConsumer_PanicEveryTimeEndsInDLQWithOneStackPerPanic(t *testing.T) {
 	r := consumer.NewRouter()
 	opts := fastOpts(100 * time.Millisecond)
 	opts.Policy = retry.Exponential{InitialInterval: 10 * time.Millisecond, MaxAttempts: 2}
-	consumer.Register(r, b.queue, consumer.HandlerFunc[order](func(context.Context, *consumer.Message[order]) error {
+	consumer.Register(r, b.queue, inboxtype.HandlerFunc[order](func(context.Context, *inboxtype.Message[order]) error {
 		panic("nil map write")
 	}), opts)
 	c := b.start(t, r, func(cfg *consumer.Config) {
@@ -36,16 +37,16 @@ func TestConsumer_PanicEveryTimeEndsInDLQWithOneStackPerPanic(t *testing.T) {
 	b.publish(t, b.queue, `{"id":"boom"}`)
 
 	o := b.rec.next(t)
-	require.Equal(t, consumer.ActionRetried, o.Outcome.Action)
+	require.Equal(t, inboxtype.ActionRetried, o.Outcome.Action)
 	require.Equal(t, retry.ReasonPanic, o.Outcome.Decision.Reason)
 	o = b.rec.next(t)
-	require.Equal(t, consumer.ActionDeadLettered, o.Outcome.Action)
+	require.Equal(t, inboxtype.ActionDeadLettered, o.Outcome.Action)
 	b.stop(t, c)
 
 	dead := amqptest.Drain(t, b.conn, b.queue+".dlq")
 	require.Len(t, dead, 1)
-	require.Equal(t, "exhausted: consumer: handler panicked: nil map write", dead[0].Headers[consumer.HeaderError])
-	require.Equal(t, 2, consumer.HeaderInt(dead[0].Headers, consumer.HeaderAttempt))
+	require.Equal(t, "exhausted: consumer: handler panicked: nil map write", dead[0].Headers[inboxtype.HeaderError])
+	require.Equal(t, 2, inboxtype.HeaderInt(dead[0].Headers, inboxtype.HeaderAttempt))
 
 	panics := logs.FilterMessage("consumer: handler panicked").All()
 	require.Len(t, panics, 2, "one line per panic")

@@ -10,6 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/zap"
 
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
@@ -209,7 +210,7 @@ const maxClockSkew = time.Minute
 func failureHeaders(h amqp.Table, queue, reason string, err error, now time.Time) amqp.Table {
 	out := make(amqp.Table, len(h)+6)
 	for k, v := range h {
-		if k == HeaderDeliveryCount {
+		if k == inboxtype.HeaderDeliveryCount {
 			continue
 		}
 		out[k] = v
@@ -226,14 +227,14 @@ func failureHeaders(h amqp.Table, queue, reason string, err error, now time.Time
 		text = text[:maxErrorHeader]
 	}
 	ts := now.UTC().Format(time.RFC3339Nano)
-	out[HeaderError] = text
+	out[inboxtype.HeaderError] = text
 	if first, ok := ownFirstFailure(h, queue, now); ok {
-		out[HeaderFirstFailedAt] = first
+		out[inboxtype.HeaderFirstFailedAt] = first
 	} else {
-		out[HeaderFirstFailedAt] = ts
+		out[inboxtype.HeaderFirstFailedAt] = ts
 	}
-	out[HeaderLastFailedAt] = ts
-	out[HeaderOriginalQueue] = queue
+	out[inboxtype.HeaderLastFailedAt] = ts
+	out[inboxtype.HeaderOriginalQueue] = queue
 	return out
 }
 
@@ -242,10 +243,10 @@ func failureHeaders(h amqp.Table, queue, reason string, err error, now time.Time
 // or a dead letter replayed or released back) and the time is a valid RFC
 // 3339 time not in the future. A producer could set the header to anything.
 func ownFirstFailure(h amqp.Table, queue string, now time.Time) (string, bool) {
-	if q, _ := h[HeaderOriginalQueue].(string); q != queue {
+	if q, _ := h[inboxtype.HeaderOriginalQueue].(string); q != queue {
 		return "", false
 	}
-	s, _ := h[HeaderFirstFailedAt].(string)
+	s, _ := h[inboxtype.HeaderFirstFailedAt].(string)
 	at, err := time.Parse(time.RFC3339Nano, s)
 	if err != nil || at.After(now.Add(maxClockSkew)) {
 		return "", false

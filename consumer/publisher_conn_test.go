@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
 )
 
@@ -18,17 +19,17 @@ func TestConsumer_PublisherConnectionIsSeparateAndSupervised(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	r := consumer.NewRouter()
-	consumer.Register(r, b.queue, consumer.HandlerFunc[order](func(context.Context, *consumer.Message[order]) error {
+	consumer.Register(r, b.queue, inboxtype.HandlerFunc[order](func(context.Context, *inboxtype.Message[order]) error {
 		return nil
 	}), fastOpts())
 	c := b.start(t, r, nil)
-	b.rec.waitState(t, consumer.ConnConnected)
+	b.rec.waitState(t, inboxtype.ConnConnected)
 
 	amqptest.CloseConnection(t, "inboxmq-test-"+b.queue+" publisher")
-	b.rec.waitState(t, consumer.ConnDisconnected)
-	b.rec.waitState(t, consumer.ConnConnected)
+	b.rec.waitState(t, inboxtype.ConnDisconnected)
+	b.rec.waitState(t, inboxtype.ConnConnected)
 
 	b.publish(t, b.queue, `{"id":"after"}`)
-	require.Equal(t, consumer.ActionAcked, b.rec.next(t).Outcome.Action)
+	require.Equal(t, inboxtype.ActionAcked, b.rec.next(t).Outcome.Action)
 	b.stop(t, c)
 }

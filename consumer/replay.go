@@ -9,6 +9,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.uber.org/zap"
+
+	"github.com/inboxmq/inboxmq/inboxtype"
 )
 
 // HeaderReplayRefused marks a dead letter that [ReplayDLQ] selected but
@@ -112,7 +114,7 @@ func ReplayDLQ(ctx context.Context, conn *amqp.Connection, queue string, opts *R
 		}
 		res.Scanned++
 		selected := (o.Limit <= 0 || res.Replayed < o.Limit) && replayMatches(queue, m.Headers, &o)
-		replays := HeaderInt(m.Headers, HeaderReplayCount)
+		replays := inboxtype.HeaderInt(m.Headers, inboxtype.HeaderReplayCount)
 		target, h := o.DeadLetterQueue, m.Headers
 		switch {
 		case selected && o.MaxReplays > 0 && replays >= o.MaxReplays:
@@ -145,7 +147,7 @@ func replayMatches(queue string, h amqp.Table, o *ReplayOpts) bool {
 		return false
 	}
 	if o.Key != "" {
-		if k, _ := h[HeaderIdempotencyKey].(string); k != o.Key {
+		if k, _ := h[inboxtype.HeaderIdempotencyKey].(string); k != o.Key {
 			return false
 		}
 	}
@@ -163,7 +165,7 @@ func DeadLetterReason(h amqp.Table) string {
 	if reason, _, ok := brokerDeath(h); ok {
 		return reason + " (broker)"
 	}
-	s, _ := h[HeaderError].(string)
+	s, _ := h[inboxtype.HeaderError].(string)
 	return s
 }
 
@@ -172,7 +174,7 @@ func DeadLetterReason(h amqp.Table) string {
 // the queue the broker dead-lettered it from (x-death). It returns "" when
 // the headers say neither.
 func DeadLetterOrigin(h amqp.Table) string {
-	if q, ok := h[HeaderOriginalQueue].(string); ok && q != "" {
+	if q, ok := h[inboxtype.HeaderOriginalQueue].(string); ok && q != "" {
 		return q
 	}
 	_, q, _ := brokerDeath(h)
@@ -187,7 +189,7 @@ func DeadLetterOrigin(h amqp.Table) string {
 // (x-original-queue). Without a usable x-death, the x-first-death headers
 // count for a message that inboxmq never handled.
 func brokerDeath(h amqp.Table) (reason, queue string, ok bool) {
-	orig, handled := h[HeaderOriginalQueue].(string)
+	orig, handled := h[inboxtype.HeaderOriginalQueue].(string)
 	if deaths, _ := h["x-death"].([]any); len(deaths) > 0 {
 		if d, isTable := deaths[0].(amqp.Table); isTable {
 			reason, _ = d["reason"].(string)
@@ -213,11 +215,11 @@ func brokerDeath(h amqp.Table) (reason, queue string, ok bool) {
 // failure and broker headers of the dead letter.
 func replayHeaders(h amqp.Table, replays int) amqp.Table {
 	out := cloneTable(h)
-	for _, k := range []string{HeaderError, HeaderLastFailedAt, HeaderDeliveryCount, HeaderReplayRefused, "x-death", "x-first-death-exchange", "x-first-death-queue", "x-first-death-reason"} {
+	for _, k := range []string{inboxtype.HeaderError, inboxtype.HeaderLastFailedAt, inboxtype.HeaderDeliveryCount, HeaderReplayRefused, "x-death", "x-first-death-exchange", "x-first-death-queue", "x-first-death-reason"} {
 		delete(out, k)
 	}
-	out[HeaderAttempt] = int64(1)
-	out[HeaderReplayCount] = int64(replays) + 1
+	out[inboxtype.HeaderAttempt] = int64(1)
+	out[inboxtype.HeaderReplayCount] = int64(replays) + 1
 	return out
 }
 

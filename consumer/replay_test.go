@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 )
@@ -19,7 +20,7 @@ func TestReplayDLQ_ExpiredDeadLetterIsProcessedOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	got := make(chan *amqp.Delivery, 4)
-	c := b.startPaused(t, consumer.QueueOpts{}, consumer.HandlerFunc[order](func(_ context.Context, m *consumer.Message[order]) error {
+	c := b.startPaused(t, consumer.QueueOpts{}, inboxtype.HandlerFunc[order](func(_ context.Context, m *inboxtype.Message[order]) error {
 		got <- m.Delivery.Raw
 		return nil
 	}), nil)
@@ -36,9 +37,9 @@ func TestReplayDLQ_ExpiredDeadLetterIsProcessedOnce(t *testing.T) {
 	require.Empty(t, raw.Expiration, "the replayed copy does not expire again")
 	require.NotContains(t, raw.Headers, "x-death")
 	require.NotContains(t, raw.Headers, "x-first-death-reason")
-	require.Equal(t, 1, consumer.HeaderInt(raw.Headers, consumer.HeaderReplayCount))
+	require.Equal(t, 1, inboxtype.HeaderInt(raw.Headers, inboxtype.HeaderReplayCount))
 	o := b.rec.next(t)
-	require.Equal(t, consumer.ActionAcked, o.Outcome.Action)
+	require.Equal(t, inboxtype.ActionAcked, o.Outcome.Action)
 	b.stop(t, c)
 	require.Empty(t, got, "handled once")
 	require.Equal(t, 0, amqptest.Depth(t, b.conn, b.queue))
@@ -63,9 +64,9 @@ func TestReplayDLQ_LeavesOtherQueuesDeadLetters(t *testing.T) {
 		return []any{amqp.Table{"queue": queue, "reason": "expired", "count": int64(1), "exchange": ""}}
 	}
 	for id, h := range map[string]amqp.Table{
-		"mine":           {consumer.HeaderError: "exhausted: x", consumer.HeaderOriginalQueue: b.queue},
+		"mine":           {inboxtype.HeaderError: "exhausted: x", inboxtype.HeaderOriginalQueue: b.queue},
 		"mine-expired":   {"x-death": death(b.queue), "x-first-death-queue": b.queue, "x-first-death-reason": "expired"},
-		"theirs":         {consumer.HeaderError: "exhausted: x", consumer.HeaderOriginalQueue: "other"},
+		"theirs":         {inboxtype.HeaderError: "exhausted: x", inboxtype.HeaderOriginalQueue: "other"},
 		"theirs-expired": {"x-death": death("other"), "x-first-death-queue": "other", "x-first-death-reason": "expired"},
 	} {
 		b.pub.Publish(dlq, []byte(`{"id":"`+id+`"}`), amqp.Publishing{MessageId: id, Headers: h})
@@ -96,16 +97,16 @@ func TestDeadLetterReasonAndOrigin(t *testing.T) {
 		wantReason, wantQ string
 	}{
 		{"none", nil, "", ""},
-		{"inboxmq", amqp.Table{consumer.HeaderError: "decode: bad json", consumer.HeaderOriginalQueue: "q"}, "decode: bad json", "q"},
+		{"inboxmq", amqp.Table{inboxtype.HeaderError: "decode: bad json", inboxtype.HeaderOriginalQueue: "q"}, "decode: bad json", "q"},
 		{"inboxmq after a retry tier", amqp.Table{
-			consumer.HeaderError: "exhausted: down", consumer.HeaderOriginalQueue: "q",
+			inboxtype.HeaderError: "exhausted: down", inboxtype.HeaderOriginalQueue: "q",
 			"x-death": []any{death("q.retry.1s", "expired")}, "x-first-death-queue": "q.retry.1s", "x-first-death-reason": "expired",
 		}, "exhausted: down", "q"},
 		{"broker expired", amqp.Table{
 			"x-death": []any{death("q", "expired")}, "x-first-death-queue": "q", "x-first-death-reason": "expired",
 		}, "expired (broker)", "q"},
 		{"broker delivery limit after a retry", amqp.Table{
-			consumer.HeaderError: "retry: down", consumer.HeaderOriginalQueue: "q",
+			inboxtype.HeaderError: "retry: down", inboxtype.HeaderOriginalQueue: "q",
 			"x-death":             []any{death("q", "delivery_limit"), death("q.retry.1s", "expired")},
 			"x-first-death-queue": "q.retry.1s", "x-first-death-reason": "expired",
 		}, "delivery_limit (broker)", "q"},

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
 	"github.com/inboxmq/inboxmq/retry"
 )
@@ -23,7 +24,7 @@ func TestConsumer_ReturnedCopyRequeuesAndRedeclares(t *testing.T) {
 	b := setup(t)
 	var calls atomic.Int32
 	r := consumer.NewRouter()
-	consumer.Register(r, b.queue, consumer.HandlerFunc[order](func(context.Context, *consumer.Message[order]) error {
+	consumer.Register(r, b.queue, inboxtype.HandlerFunc[order](func(context.Context, *inboxtype.Message[order]) error {
 		calls.Add(1)
 		return retry.Permanent(errors.New("card declined"))
 	}), fastOpts())
@@ -37,15 +38,15 @@ func TestConsumer_ReturnedCopyRequeuesAndRedeclares(t *testing.T) {
 
 	b.publish(t, b.queue, `{"id":"lost?","amount":5}`)
 	first := b.rec.next(t)
-	require.Equal(t, consumer.ActionRequeued, first.Outcome.Action, "never acked while its copy is lost")
+	require.Equal(t, inboxtype.ActionRequeued, first.Outcome.Action, "never acked while its copy is lost")
 	require.ErrorContains(t, first.Outcome.Err, "returned unroutable")
 	second := b.rec.next(t)
-	require.Equal(t, consumer.ActionDeadLettered, second.Outcome.Action)
+	require.Equal(t, inboxtype.ActionDeadLettered, second.Outcome.Action)
 	b.stop(t, c)
 
 	dead := amqptest.Drain(t, b.conn, b.queue+".dlq")
 	require.Len(t, dead, 1, "exactly one copy in the re-declared DLQ")
-	require.Equal(t, "permanent: card declined", dead[0].Headers[consumer.HeaderError])
+	require.Equal(t, "permanent: card declined", dead[0].Headers[inboxtype.HeaderError])
 	require.Equal(t, int32(2), calls.Load())
 	require.Equal(t, 0, amqptest.Depth(t, b.conn, b.queue))
 }
@@ -65,7 +66,7 @@ func TestConsumer_FailingCopiesAreRequeuedWithGrowingPauses(t *testing.T) {
 	r := consumer.NewRouter()
 	opts := fastOpts()
 	opts.Queue.NoDeclare = true
-	consumer.Register(r, b.queue, consumer.HandlerFunc[order](func(context.Context, *consumer.Message[order]) error {
+	consumer.Register(r, b.queue, inboxtype.HandlerFunc[order](func(context.Context, *inboxtype.Message[order]) error {
 		return retry.Permanent(errors.New("card declined"))
 	}), opts)
 	c := b.start(t, r, nil)
@@ -74,7 +75,7 @@ func TestConsumer_FailingCopiesAreRequeuedWithGrowingPauses(t *testing.T) {
 	// Pauses of 100ms·2ⁿ⁻¹ with jitter in [0.5, 1.5): lower bounds only.
 	for i, atLeast := range []time.Duration{50 * time.Millisecond, 100 * time.Millisecond, 200 * time.Millisecond} {
 		o := b.rec.next(t)
-		require.Equal(t, consumer.ActionRequeued, o.Outcome.Action, "requeue %d", i+1)
+		require.Equal(t, inboxtype.ActionRequeued, o.Outcome.Action, "requeue %d", i+1)
 		require.ErrorContains(t, o.Outcome.Err, "returned unroutable")
 		require.GreaterOrEqual(t, o.Outcome.Duration, atLeast, "requeue %d waited", i+1)
 	}

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
@@ -59,15 +60,16 @@ type QueueOpts struct {
 
 // HandlerOpts are per-handler settings. A nil *HandlerOpts means defaults.
 type HandlerOpts struct {
-	// Consumer is the inbox namespace of this handler: the idempotency key is
-	// unique per (consumer, key). Defaults to the queue name.
-	Consumer string
+	// Namespace is the inbox namespace of this handler: the idempotency key
+	// is unique per (namespace, key), and the inbox stores the namespace in
+	// its consumer column. Defaults to the queue name.
+	Namespace string
 	// Codec decodes payloads. Defaults to JSON.
 	Codec Codec
 	// Middleware runs inside the router-wide middleware, after decoding, so
 	// it sees Delivery.Key and Delivery.Value (the completed-cache and the
 	// Redis lock belong here). Outermost first.
-	Middleware []Middleware
+	Middleware []inboxtype.Middleware
 	// Rules are classification rules tried before retry's built-in taxonomy.
 	Rules []retry.Rule
 	// Policy bounds and spaces broker-side retries. Defaults to
@@ -85,8 +87,8 @@ func (o *HandlerOpts) withDefaults(queue string) HandlerOpts {
 	if o != nil {
 		out = *o
 	}
-	if out.Consumer == "" {
-		out.Consumer = queue
+	if out.Namespace == "" {
+		out.Namespace = queue
 	}
 	if out.Codec == nil {
 		out.Codec = JSON
@@ -121,7 +123,7 @@ func (o *HandlerOpts) withDefaults(queue string) HandlerOpts {
 
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$`)
 
-// ValidName reports whether s is acceptable as a queue or consumer name:
+// ValidName reports whether s is acceptable as a queue name or inbox namespace:
 // 1–200 characters of letters, digits and . _ : -, not starting with a
 // punctuation mark. inboxmq validates every name it puts into AMQP or SQL.
 func ValidName(s string) bool { return nameRE.MatchString(s) }
@@ -130,8 +132,8 @@ func (o HandlerOpts) validate(queue string) error {
 	if !ValidName(queue) {
 		return fmt.Errorf("consumer: invalid queue name %q", queue)
 	}
-	if !ValidName(o.Consumer) {
-		return fmt.Errorf("consumer: invalid consumer name %q", o.Consumer)
+	if !ValidName(o.Namespace) {
+		return fmt.Errorf("consumer: invalid namespace %q", o.Namespace)
 	}
 	if !ValidName(o.Queue.DeadLetterQueue) {
 		return fmt.Errorf("consumer: invalid dead-letter queue name %q", o.Queue.DeadLetterQueue)
@@ -163,7 +165,7 @@ type Route struct {
 	Opts HandlerOpts
 	// Handler is the complete chain: router middleware, decoding, handler
 	// middleware and the typed handler.
-	Handler DeliveryHandler
+	Handler inboxtype.DeliveryHandler
 }
 
 // Router maps queues to typed handlers and holds the router-wide
@@ -172,13 +174,13 @@ type Router struct {
 	mu         sync.Mutex
 	routes     map[string]*registration
 	order      []string
-	middleware []Middleware
+	middleware []inboxtype.Middleware
 }
 
 type registration struct {
 	queue string
 	opts  HandlerOpts
-	inner DeliveryHandler // decode + handler middleware + typed handler
+	inner inboxtype.DeliveryHandler // decode + handler middleware + typed handler
 }
 
 // NewRouter returns an empty router.
@@ -188,7 +190,7 @@ func NewRouter() *Router {
 
 // Use appends router-wide middleware, outermost first. It runs before the
 // payload is decoded (recover, logging, metrics, tracing, timeouts).
-func (r *Router) Use(mw ...Middleware) {
+func (r *Router) Use(mw ...inboxtype.Middleware) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.middleware = append(r.middleware, mw...)
@@ -200,7 +202,7 @@ func (r *Router) Routes() []Route {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	out := make([]Route, 0, len(r.order))
-	outer := Chain(r.middleware...)
+	outer := inboxtype.Chain(r.middleware...)
 	for _, q := range r.order {
 		reg := r.routes[q]
 		out = append(out, Route{Queue: q, Opts: reg.opts, Handler: outer(reg.inner)})
@@ -210,7 +212,7 @@ func (r *Router) Routes() []Route {
 
 // Register registers h for queue. It panics if the registration is invalid
 // or the queue already has a handler (a start-up bug); see RegisterSafely.
-func Register[T any](r *Router, queue string, h Handler[T], opts *HandlerOpts) {
+func Register[T any](r *Router, queue string, h inboxtype.Handler[T], opts *HandlerOpts) {
 	if err := RegisterSafely(r, queue, h, opts); err != nil {
 		panic(err)
 	}
@@ -220,12 +222,12 @@ func Register[T any](r *Router, queue string, h Handler[T], opts *HandlerOpts) {
 //
 // Each delivery is decoded with the handler's Codec into a T; a decode
 // failure (reason "decode"), a Validate error (when T implements
-// [Validator]) or an idempotency key that [ValidKey] refuses (reason
+// [inboxtype.Validator]) or an idempotency key that [inboxtype.ValidKey] refuses (reason
 // "invalid") is permanent: the delivery is dead-lettered with the reason
-// and never requeued. T (or *T) should implement [Keyer]; handlers wrapped
+// and never requeued. T (or *T) should implement [inboxtype.Keyer]; handlers wrapped
 // by the inbox require it. Before the handler middleware runs, the
-// delivery's Key, Value and Fingerprint are set (see [Fingerprinter]).
-func RegisterSafely[T any](r *Router, queue string, h Handler[T], opts *HandlerOpts) error {
+// delivery's Key, Value and Fingerprint are set (see [inboxtype.Fingerprinter]).
+func RegisterSafely[T any](r *Router, queue string, h inboxtype.Handler[T], opts *HandlerOpts) error {
 	if r == nil {
 		return errors.New("consumer: nil router")
 	}
@@ -236,16 +238,16 @@ func RegisterSafely[T any](r *Router, queue string, h Handler[T], opts *HandlerO
 	if err := o.validate(queue); err != nil {
 		return err
 	}
-	keyed := implements[T, Keyer]()
-	inner := Chain(o.Middleware...)(func(ctx context.Context, d *Delivery) error {
+	keyed := implements[T, inboxtype.Keyer]()
+	inner := inboxtype.Chain(o.Middleware...)(func(ctx context.Context, d *inboxtype.Delivery) error {
 		v, ok := d.Value.(*T)
 		if !ok {
 			return retry.Permanent(fmt.Errorf("consumer: payload of type %T, want %T", d.Value, v))
 		}
-		msg := &Message[T]{
+		msg := &inboxtype.Message[T]{
 			ID:          d.MessageID,
 			Key:         d.Key,
-			Consumer:    d.Consumer,
+			Namespace:   d.Namespace,
 			Body:        *v,
 			Headers:     d.Headers,
 			Attempt:     d.Attempt,
@@ -254,26 +256,26 @@ func RegisterSafely[T any](r *Router, queue string, h Handler[T], opts *HandlerO
 		}
 		return h.Handle(ctx, msg)
 	})
-	decode := func(ctx context.Context, d *Delivery) error {
+	decode := func(ctx context.Context, d *inboxtype.Delivery) error {
 		v := new(T)
 		if err := o.Codec.Decode(d.Body, v); err != nil {
 			return retry.Permanent(retry.WithReason(retry.ReasonDecode, fmt.Errorf("consumer: decode %s payload: %w", queue, err)))
 		}
-		if val, ok := any(v).(Validator); ok {
+		if val, ok := any(v).(inboxtype.Validator); ok {
 			if err := val.Validate(); err != nil {
 				return retry.Permanent(retry.WithReason(retry.ReasonInvalid, fmt.Errorf("consumer: invalid %s payload: %w", queue, err)))
 			}
 		}
 		if keyed {
-			k, _ := any(v).(Keyer)
+			k, _ := any(v).(inboxtype.Keyer)
 			d.Key = k.IdempotencyKey()
-			if err := ValidKey(d.Key); err != nil {
+			if err := inboxtype.ValidKey(d.Key); err != nil {
 				return retry.Permanent(retry.WithReason(retry.ReasonInvalid, fmt.Errorf("consumer: invalid %s payload: %w", queue, err)))
 			}
 		}
 		d.Value = v
-		d.Fingerprint = fingerprint(v, d.Body)
-		d.transitionReceived() // once the key is known
+		d.Fingerprint = inboxtype.FingerprintOf(v, d.Body)
+		d.Transition(inboxtype.StatusReceived, nil) // once the key is known
 		return inner(ctx, d)
 	}
 

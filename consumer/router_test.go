@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
@@ -31,20 +32,20 @@ func (p printed) Fingerprint() []byte    { return []byte("fp:" + p.ID) }
 
 // decodeRoute registers a handler of T on a fresh router and returns the
 // route's complete handler and a pointer to the last message it saw.
-func decodeRoute[T any](t *testing.T) (consumer.DeliveryHandler, **consumer.Message[T]) {
+func decodeRoute[T any](t *testing.T) (inboxtype.DeliveryHandler, **inboxtype.Message[T]) {
 	t.Helper()
 	r := consumer.NewRouter()
-	var seen *consumer.Message[T]
-	consumer.Register(r, "decode", consumer.HandlerFunc[T](func(_ context.Context, msg *consumer.Message[T]) error {
+	var seen *inboxtype.Message[T]
+	consumer.Register(r, "decode", inboxtype.HandlerFunc[T](func(_ context.Context, msg *inboxtype.Message[T]) error {
 		seen = msg
 		return nil
 	}), nil)
 	return r.Routes()[0].Handler, &seen
 }
 
-func deliver(t *testing.T, h consumer.DeliveryHandler, body []byte) (*consumer.Delivery, error) {
+func deliver(t *testing.T, h inboxtype.DeliveryHandler, body []byte) (*inboxtype.Delivery, error) {
 	t.Helper()
-	d := consumer.NewDelivery("decode", "decode", "w1", &amqp.Delivery{Body: body})
+	d := inboxtype.NewDelivery("decode", "decode", "w1", &amqp.Delivery{Body: body})
 	return d, h(t.Context(), d)
 }
 
@@ -109,7 +110,7 @@ func TestRegister_InvalidKeyIsPermanent(t *testing.T) {
 		{"inner spaces and tab", "payment:a b\tc", "control character"},
 		{"unicode", "payment:zoë-€", ""},
 		{"surrounding spaces kept as sent", " o-1 ", ""},
-		{"at the limit", strings.Repeat("k", consumer.MaxKeyLen), ""},
+		{"at the limit", strings.Repeat("k", inboxtype.MaxKeyLen), ""},
 		{"empty", "", "empty"},
 		{"only spaces", "   ", "only whitespace"},
 		{"only unicode whitespace", "\u00a0\u2003\u3000", "only whitespace"},
@@ -117,7 +118,7 @@ func TestRegister_InvalidKeyIsPermanent(t *testing.T) {
 		{"NUL", "payment:a\x00b", "control character"},
 		{"DEL", "payment:a\x7fb", "control character"},
 		{"unit separator", "payment:\x1f", "control character"},
-		{"over the limit", strings.Repeat("k", consumer.MaxKeyLen+1), "longer than"},
+		{"over the limit", strings.Repeat("k", inboxtype.MaxKeyLen+1), "longer than"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -126,7 +127,7 @@ func TestRegister_InvalidKeyIsPermanent(t *testing.T) {
 			body, err := consumer.JSON.Encode(keyed{Key: tt.key})
 			require.NoError(t, err)
 			_, err = deliver(t, h, body)
-			require.Equal(t, tt.want == "", consumer.ValidKey(tt.key) == nil, "ValidKey(%q)", tt.key)
+			require.Equal(t, tt.want == "", inboxtype.ValidKey(tt.key) == nil, "ValidKey(%q)", tt.key)
 			if tt.want == "" {
 				require.NoError(t, err)
 				require.Equal(t, tt.key, (*seen).Key, "the key is used exactly as sent")
@@ -140,13 +141,6 @@ func TestRegister_InvalidKeyIsPermanent(t *testing.T) {
 			require.Nil(t, *seen, "the handler never sees an invalid key")
 		})
 	}
-}
-
-func TestValidKey_InvalidUTF8(t *testing.T) {
-	t.Parallel()
-	// A codec other than JSON may hand over bytes as they are.
-	require.ErrorContains(t, consumer.ValidKey("k\xff"), "UTF-8")
-	require.NoError(t, consumer.ValidKey("k"))
 }
 
 func TestRegister_SetsTheFingerprint(t *testing.T) {
@@ -169,11 +163,11 @@ func TestRegister_SetsTheFingerprint(t *testing.T) {
 
 	// A message built without Register (a test, a tool) computes it the
 	// same way.
-	msg := &consumer.Message[printed]{Body: printed{ID: "p-2"}}
+	msg := &inboxtype.Message[printed]{Body: printed{ID: "p-2"}}
 	require.Equal(t, []byte("fp:p-2"), msg.Fingerprint())
 	raw, err := consumer.JSON.Encode(keyed{Key: "k-2"})
 	require.NoError(t, err)
-	msgRaw := &consumer.Message[keyed]{Body: keyed{Key: "k-2"}, Delivery: consumer.NewDelivery("q", "q", "w", &amqp.Delivery{Body: raw})}
+	msgRaw := &inboxtype.Message[keyed]{Body: keyed{Key: "k-2"}, Delivery: inboxtype.NewDelivery("q", "q", "w", &amqp.Delivery{Body: raw})}
 	sum = sha256.Sum256(raw)
 	require.Equal(t, sum[:], msgRaw.Fingerprint())
 }

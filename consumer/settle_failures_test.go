@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 )
@@ -24,14 +25,14 @@ func TestConsumer_SettlementFailuresAcrossSessionsWaitLongerEachTime(t *testing.
 	b := setup(t)
 	runs := make(chan time.Time, 16)
 	r := consumer.NewRouter()
-	consumer.Register(r, b.queue, consumer.HandlerFunc[order](func(context.Context, *consumer.Message[order]) error {
+	consumer.Register(r, b.queue, inboxtype.HandlerFunc[order](func(context.Context, *inboxtype.Message[order]) error {
 		runs <- time.Now()
 		return nil
 	}), fastOpts())
 	c := b.newConsumer(t, r, nil)
 	const failures = 4
 	var acks atomic.Int32
-	consumer.SetTestHooks(c, func(d *consumer.Delivery) {
+	consumer.SetTestHooks(c, func(d *inboxtype.Delivery) {
 		if acks.Add(1) <= failures {
 			ch, ok := d.Raw.Acknowledger.(*amqp.Channel)
 			require.True(t, ok)
@@ -44,19 +45,19 @@ func TestConsumer_SettlementFailuresAcrossSessionsWaitLongerEachTime(t *testing.
 	prev := testenv.WaitChan(t, runs, "first run")
 	for i := range failures {
 		o := b.rec.next(t)
-		require.Equal(t, consumer.ActionAbandoned, o.Outcome.Action, "failure %d", i+1)
+		require.Equal(t, inboxtype.ActionAbandoned, o.Outcome.Action, "failure %d", i+1)
 		require.Error(t, o.Outcome.Err)
 		at := testenv.WaitChan(t, runs, "run after a failed settlement")
 		atLeast := 50 * time.Millisecond << i
 		require.GreaterOrEqual(t, at.Sub(prev), atLeast, "run %d waited after failure %d", i+2, i+1)
 		prev = at
 	}
-	require.Equal(t, consumer.ActionAcked, b.rec.next(t).Outcome.Action)
+	require.Equal(t, inboxtype.ActionAcked, b.rec.next(t).Outcome.Action)
 	b.stop(t, c)
 	require.Equal(t, 0, amqptest.Depth(t, b.conn, b.queue))
 	connected := 0
 	for _, s := range b.rec.drainStates() {
-		if s == consumer.ConnConnected {
+		if s == inboxtype.ConnConnected {
 			connected++
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 	"github.com/inboxmq/inboxmq/retry"
 )
@@ -31,7 +32,7 @@ func TestConsumer_ClassifiesEachHandlerResultOnce(t *testing.T) {
 		return retry.Decision{}, false
 	}}
 	r := consumer.NewRouter()
-	consumer.Register(r, b.queue, consumer.HandlerFunc[order](func(context.Context, *consumer.Message[order]) error {
+	consumer.Register(r, b.queue, inboxtype.HandlerFunc[order](func(context.Context, *inboxtype.Message[order]) error {
 		if calls.Add(1) < 3 {
 			return errors.New("serialization failure")
 		}
@@ -41,7 +42,7 @@ func TestConsumer_ClassifiesEachHandlerResultOnce(t *testing.T) {
 	b.publish(t, b.queue, `{"id":"once"}`)
 
 	o := b.rec.next(t)
-	require.Equal(t, consumer.ActionDeadLettered, o.Outcome.Action)
+	require.Equal(t, inboxtype.ActionDeadLettered, o.Outcome.Action)
 	require.Equal(t, retry.ReasonPermanent, o.Outcome.Decision.Reason)
 	require.Equal(t, 2, o.Outcome.InProcessRetries)
 	b.stop(t, c)
@@ -52,20 +53,20 @@ func TestConsumer_ClassifiesEachHandlerResultOnce(t *testing.T) {
 // settledHook is one run of an OnSettled hook.
 type settledHook struct {
 	name string
-	out  consumer.Outcome
+	out  inboxtype.Outcome
 }
 
 // hookLog collects the OnSettled hooks that ran, and, as the consumer's
 // observer, how many had run when OnOutcome came.
 type hookLog struct {
-	consumer.NopObserver
+	inboxtype.NopObserver
 	mu        sync.Mutex
 	ran       []settledHook
 	atOutcome chan int
 }
 
-func (l *hookLog) hook(name string) func(consumer.Outcome) {
-	return func(o consumer.Outcome) {
+func (l *hookLog) hook(name string) func(inboxtype.Outcome) {
+	return func(o inboxtype.Outcome) {
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		l.ran = append(l.ran, settledHook{name: name, out: o})
@@ -78,17 +79,17 @@ func (l *hookLog) snapshot() []settledHook {
 	return slices.Clone(l.ran)
 }
 
-func (l *hookLog) OnOutcome(*consumer.Delivery, consumer.Outcome) { l.atOutcome <- len(l.snapshot()) }
+func (l *hookLog) OnOutcome(*inboxtype.Delivery, inboxtype.Outcome) { l.atOutcome <- len(l.snapshot()) }
 
 // registering returns middleware that registers hook name before calling
 // next, then tries to settle the delivery itself (which a consumer's
 // delivery ignores).
-func (l *hookLog) registering(name string) consumer.Middleware {
-	return func(next consumer.DeliveryHandler) consumer.DeliveryHandler {
-		return func(ctx context.Context, d *consumer.Delivery) error {
+func (l *hookLog) registering(name string) inboxtype.Middleware {
+	return func(next inboxtype.DeliveryHandler) inboxtype.DeliveryHandler {
+		return func(ctx context.Context, d *inboxtype.Delivery) error {
 			d.OnSettled(l.hook(name))
 			err := next(ctx, d)
-			d.Settle(consumer.Outcome{Action: consumer.ActionAbandoned})
+			d.Settle(inboxtype.Outcome{Action: inboxtype.ActionAbandoned})
 			return err
 		}
 	}
@@ -105,10 +106,10 @@ func TestConsumer_OnSettledRunsOncePerRunBeforeTheObservers(t *testing.T) {
 	var calls atomic.Int32
 	opts := fastOpts()
 	opts.InProcess = retry.InProcess{Tries: 2, InitialInterval: time.Millisecond, MaxInterval: 5 * time.Millisecond}
-	opts.Middleware = []consumer.Middleware{l.registering("inner")}
+	opts.Middleware = []inboxtype.Middleware{l.registering("inner")}
 	r := consumer.NewRouter()
 	r.Use(l.registering("outer"))
-	consumer.Register(r, b.queue, consumer.HandlerFunc[order](func(context.Context, *consumer.Message[order]) error {
+	consumer.Register(r, b.queue, inboxtype.HandlerFunc[order](func(context.Context, *inboxtype.Message[order]) error {
 		if calls.Add(1) == 1 {
 			return retry.WithReason("blip", errors.New("serialization failure"))
 		}
@@ -118,7 +119,7 @@ func TestConsumer_OnSettledRunsOncePerRunBeforeTheObservers(t *testing.T) {
 	b.publish(t, b.queue, `{"id":"hooks"}`)
 
 	o := b.rec.next(t)
-	require.Equal(t, consumer.ActionAcked, o.Outcome.Action)
+	require.Equal(t, inboxtype.ActionAcked, o.Outcome.Action)
 	require.Equal(t, 4, testenv.WaitChan(t, l.atOutcome, "OnOutcome"), "every hook ran before OnOutcome")
 	b.stop(t, c)
 
@@ -126,8 +127,8 @@ func TestConsumer_OnSettledRunsOncePerRunBeforeTheObservers(t *testing.T) {
 	require.Len(t, ran, 4, "each hook once per run")
 	require.Equal(t, []string{"inner", "outer", "inner", "outer"}, []string{ran[0].name, ran[1].name, ran[2].name, ran[3].name})
 	for _, h := range ran[:2] {
-		require.Equal(t, consumer.ActionRetriedInProcess, h.out.Action)
-		require.Equal(t, consumer.StatusRetryInProcess, h.out.Status())
+		require.Equal(t, inboxtype.ActionRetriedInProcess, h.out.Action)
+		require.Equal(t, inboxtype.StatusRetryInProcess, h.out.Status())
 		require.Equal(t, retry.KindRetry, h.out.Decision.Kind)
 		require.Equal(t, "blip", h.out.Decision.Reason)
 		require.Equal(t, time.Millisecond, h.out.Delay, "the nominal pause before the next try")
@@ -150,16 +151,16 @@ func TestConsumer_OnSettledSeesExhaustion(t *testing.T) {
 	opts.Policy = retry.Exponential{InitialInterval: 50 * time.Millisecond, MaxAttempts: 1}
 	r := consumer.NewRouter()
 	r.Use(l.registering("only"))
-	consumer.Register(r, b.queue, consumer.HandlerFunc[order](func(context.Context, *consumer.Message[order]) error {
+	consumer.Register(r, b.queue, inboxtype.HandlerFunc[order](func(context.Context, *inboxtype.Message[order]) error {
 		return errors.New("gateway timeout")
 	}), opts)
 	b.start(t, r, nil)
 	b.publish(t, b.queue, `{"id":"exhausted"}`)
 
-	require.Equal(t, consumer.ActionDeadLettered, b.rec.next(t).Outcome.Action)
+	require.Equal(t, inboxtype.ActionDeadLettered, b.rec.next(t).Outcome.Action)
 	ran := l.snapshot()
 	require.Len(t, ran, 1)
-	require.Equal(t, consumer.ActionDeadLettered, ran[0].out.Action)
+	require.Equal(t, inboxtype.ActionDeadLettered, ran[0].out.Action)
 	require.Equal(t, retry.ReasonExhausted, ran[0].out.Decision.Reason)
 }
 
@@ -168,12 +169,12 @@ func TestConsumer_OnSettledSeesExhaustion(t *testing.T) {
 func TestDelivery_SettleOutsideAConsumer(t *testing.T) {
 	t.Parallel()
 	l := &hookLog{}
-	d := consumer.NewDelivery("q", "q", "w", &amqp.Delivery{})
+	d := inboxtype.NewDelivery("q", "q", "w", &amqp.Delivery{})
 	d.OnSettled(l.hook("outer"))
 	d.OnSettled(l.hook("inner"))
 	d.OnSettled(nil)
-	want := consumer.Outcome{Decision: retry.Decision{Kind: retry.KindSucceeded}, Action: consumer.ActionAcked}
+	want := inboxtype.Outcome{Decision: retry.Decision{Kind: retry.KindSucceeded}, Action: inboxtype.ActionAcked}
 	d.Settle(want)
-	d.Settle(consumer.Outcome{Action: consumer.ActionAbandoned})
+	d.Settle(inboxtype.Outcome{Action: inboxtype.ActionAbandoned})
 	require.Equal(t, []settledHook{{"inner", want}, {"outer", want}}, l.snapshot())
 }

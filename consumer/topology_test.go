@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 	"github.com/inboxmq/inboxmq/retry"
@@ -29,20 +30,20 @@ func TestConsumer_ReconnectsAfterServerSideClose(t *testing.T) {
 	r := consumer.NewRouter()
 	opts := fastOpts()
 	opts.Queue.Concurrency = 1
-	consumer.Register(r, b.queue, consumer.HandlerFunc[order](func(_ context.Context, m *consumer.Message[order]) error {
+	consumer.Register(r, b.queue, inboxtype.HandlerFunc[order](func(_ context.Context, m *inboxtype.Message[order]) error {
 		if m.Body.ID == "5" && gated.CompareAndSwap(false, true) {
 			close(reached)
 			<-gate
 		}
 		return nil
 	}), opts)
-	consumer.Register(r, pausedQueue, consumer.HandlerFunc[order](func(context.Context, *consumer.Message[order]) error {
+	consumer.Register(r, pausedQueue, inboxtype.HandlerFunc[order](func(context.Context, *inboxtype.Message[order]) error {
 		return nil
 	}), fastOpts())
 	c := b.newConsumer(t, r, nil)
 	require.NoError(t, c.Pause(pausedQueue))
 	require.NoError(t, c.Start(t.Context()))
-	b.rec.waitState(t, consumer.ConnConnected)
+	b.rec.waitState(t, inboxtype.ConnConnected)
 	b.publish(t, pausedQueue, `{"id":"parked"}`)
 	for i := range 20 {
 		b.publish(t, b.queue, fmt.Sprintf(`{"id":"%d"}`, i))
@@ -50,13 +51,13 @@ func TestConsumer_ReconnectsAfterServerSideClose(t *testing.T) {
 
 	testenv.WaitChan(t, reached, "the gated handler")
 	amqptest.CloseConnection(t, "inboxmq-test-"+b.queue)
-	b.rec.waitState(t, consumer.ConnDisconnected)
+	b.rec.waitState(t, inboxtype.ConnDisconnected)
 	close(gate)
-	b.rec.waitState(t, consumer.ConnConnected)
+	b.rec.waitState(t, inboxtype.ConnConnected)
 
 	for len(acked) < 20 {
 		o := b.rec.next(t)
-		if o.Outcome.Action == consumer.ActionAcked {
+		if o.Outcome.Action == inboxtype.ActionAcked {
 			acked[o.ID] = true
 		}
 	}
@@ -74,7 +75,7 @@ func TestConsumer_QuorumTopologyHasSafetyArguments(t *testing.T) {
 	r := consumer.NewRouter()
 	opts := fastOpts(100 * time.Millisecond)
 	opts.Queue.Type, opts.Queue.DeliveryLimit = consumer.Quorum, 4
-	consumer.Register(r, b.queue, consumer.HandlerFunc[order](func(context.Context, *consumer.Message[order]) error { return nil }), opts)
+	consumer.Register(r, b.queue, inboxtype.HandlerFunc[order](func(context.Context, *inboxtype.Message[order]) error { return nil }), opts)
 	c := b.start(t, r, nil)
 	b.stop(t, c)
 
@@ -118,7 +119,7 @@ func TestConsumer_ExistingQueueWithOtherArgumentsIsAClearError(t *testing.T) {
 	r := consumer.NewRouter()
 	opts := fastOpts()
 	opts.Queue.Type = consumer.Quorum
-	consumer.Register(r, b.queue, consumer.HandlerFunc[order](func(context.Context, *consumer.Message[order]) error { return nil }), opts)
+	consumer.Register(r, b.queue, inboxtype.HandlerFunc[order](func(context.Context, *inboxtype.Message[order]) error { return nil }), opts)
 	c := b.newConsumer(t, r, nil)
 	err = c.Start(t.Context())
 	require.Error(t, err)
@@ -136,7 +137,7 @@ func TestConsumer_QuorumCrashLoopEndsInDLQ(t *testing.T) {
 	r := consumer.NewRouter()
 	opts := fastOpts()
 	opts.Queue.Type, opts.Queue.DeliveryLimit = consumer.Quorum, 2
-	consumer.Register(r, b.queue, consumer.HandlerFunc[order](func(_ context.Context, m *consumer.Message[order]) error {
+	consumer.Register(r, b.queue, inboxtype.HandlerFunc[order](func(_ context.Context, m *inboxtype.Message[order]) error {
 		calls.Add(1)
 		ch, ok := m.Delivery.Raw.Acknowledger.(*amqp.Channel)
 		require.True(t, ok)
@@ -171,9 +172,9 @@ func TestReplayDLQ_MovesSelectedKeepsOthers(t *testing.T) {
 	}
 	require.NoError(t, ch.Close())
 	dead := func(id, xerr string, replays int) {
-		h := amqp.Table{consumer.HeaderError: xerr, consumer.HeaderIdempotencyKey: "order:" + id, consumer.HeaderAttempt: int32(5)}
+		h := amqp.Table{inboxtype.HeaderError: xerr, inboxtype.HeaderIdempotencyKey: "order:" + id, inboxtype.HeaderAttempt: int32(5)}
 		if replays > 0 {
-			h[consumer.HeaderReplayCount] = int32(replays)
+			h[inboxtype.HeaderReplayCount] = int32(replays)
 		}
 		b.pub.Publish(dlq, []byte(`{"id":"`+id+`"}`), amqp.Publishing{MessageId: id, Headers: h})
 	}
@@ -193,10 +194,10 @@ func TestReplayDLQ_MovesSelectedKeepsOthers(t *testing.T) {
 		byID[m.MessageId] = m
 	}
 	require.JSONEq(t, `{"id":"b"}`, string(byID["b"].Body), "the body (and key) never change")
-	require.Equal(t, 1, consumer.HeaderInt(byID["b"].Headers, consumer.HeaderAttempt))
-	require.Equal(t, 1, consumer.HeaderInt(byID["b"].Headers, consumer.HeaderReplayCount))
-	require.Equal(t, 2, consumer.HeaderInt(byID["d"].Headers, consumer.HeaderReplayCount))
-	require.NotContains(t, byID["b"].Headers, consumer.HeaderError)
+	require.Equal(t, 1, inboxtype.HeaderInt(byID["b"].Headers, inboxtype.HeaderAttempt))
+	require.Equal(t, 1, inboxtype.HeaderInt(byID["b"].Headers, inboxtype.HeaderReplayCount))
+	require.Equal(t, 2, inboxtype.HeaderInt(byID["d"].Headers, inboxtype.HeaderReplayCount))
+	require.NotContains(t, byID["b"].Headers, inboxtype.HeaderError)
 
 	left := amqptest.Drain(t, b.conn, dlq)
 	require.Len(t, left, 2)
@@ -204,7 +205,7 @@ func TestReplayDLQ_MovesSelectedKeepsOthers(t *testing.T) {
 	for _, m := range left {
 		kept[m.MessageId] = m.Headers
 	}
-	require.Equal(t, "decode: bad json", kept["a"][consumer.HeaderError])
+	require.Equal(t, "decode: bad json", kept["a"][inboxtype.HeaderError])
 	require.NotContains(t, kept["a"], consumer.HeaderReplayRefused)
 	require.Equal(t, true, kept["c"][consumer.HeaderReplayRefused])
 
@@ -228,7 +229,7 @@ func TestConsumer_PauseResumeAndConcurrency(t *testing.T) {
 	r := consumer.NewRouter()
 	opts := fastOpts()
 	opts.Queue.Concurrency = 3
-	consumer.Register(r, b.queue, consumer.HandlerFunc[order](func(_ context.Context, m *consumer.Message[order]) error {
+	consumer.Register(r, b.queue, inboxtype.HandlerFunc[order](func(_ context.Context, m *inboxtype.Message[order]) error {
 		started <- m.Body.ID
 		<-release
 		return nil
@@ -259,7 +260,7 @@ func TestConsumer_PauseResumeAndConcurrency(t *testing.T) {
 	require.True(t, c.Paused(b.queue))
 	close(release) // in-flight ones finish and settle normally while paused
 	for range 3 {
-		require.Equal(t, consumer.ActionAcked, b.rec.next(t).Outcome.Action)
+		require.Equal(t, inboxtype.ActionAcked, b.rec.next(t).Outcome.Action)
 	}
 	testenv.WaitFor(t, "basic.cancel", func() bool { return consumers(t, b.conn, b.queue) == 0 })
 	b.publish(t, b.queue, `{"id":"p1"}`)
@@ -270,7 +271,7 @@ func TestConsumer_PauseResumeAndConcurrency(t *testing.T) {
 	require.NoError(t, c.Resume(b.queue))
 	require.False(t, c.Paused(b.queue))
 	for range 2 {
-		require.Equal(t, consumer.ActionAcked, b.rec.next(t).Outcome.Action)
+		require.Equal(t, inboxtype.ActionAcked, b.rec.next(t).Outcome.Action)
 	}
 	b.stop(t, c)
 	require.Equal(t, 0, amqptest.Depth(t, b.conn, b.queue))
@@ -282,24 +283,24 @@ func TestConsumer_BrokerCancelRedeclaresAndResumes(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	r := consumer.NewRouter()
-	consumer.Register(r, b.queue, consumer.HandlerFunc[order](func(context.Context, *consumer.Message[order]) error {
+	consumer.Register(r, b.queue, inboxtype.HandlerFunc[order](func(context.Context, *inboxtype.Message[order]) error {
 		return nil
 	}), fastOpts())
 	c := b.start(t, r, nil)
-	b.rec.waitState(t, consumer.ConnConnected)
+	b.rec.waitState(t, inboxtype.ConnConnected)
 
 	ch, err := b.conn.Channel()
 	require.NoError(t, err)
 	_, err = ch.QueueDelete(b.queue, false, false, false)
 	require.NoError(t, err)
 	require.NoError(t, ch.Close())
-	b.rec.waitState(t, consumer.ConnDisconnected)
-	b.rec.waitState(t, consumer.ConnConnected)
+	b.rec.waitState(t, inboxtype.ConnDisconnected)
+	b.rec.waitState(t, inboxtype.ConnConnected)
 
 	testenv.WaitFor(t, "the queue re-declared and consumed", func() bool { return consumers(t, b.conn, b.queue) == 1 })
 	b.publish(t, b.queue, `{"id":"after-cancel"}`)
 	o := b.rec.next(t)
-	require.Equal(t, consumer.ActionAcked, o.Outcome.Action)
+	require.Equal(t, inboxtype.ActionAcked, o.Outcome.Action)
 	require.Equal(t, "after-cancel", o.ID)
 	b.stop(t, c)
 }
@@ -308,10 +309,10 @@ func TestConsumer_BrokerCancelRedeclaresAndResumes(t *testing.T) {
 // arguments of q) through a consumer that does not consume it: no worker
 // takes its messages until Resume. h nil handles every message with
 // success.
-func (b *testBundle) startPaused(t *testing.T, q consumer.QueueOpts, h consumer.Handler[order], mutate func(*consumer.Config)) *consumer.Consumer {
+func (b *testBundle) startPaused(t *testing.T, q consumer.QueueOpts, h inboxtype.Handler[order], mutate func(*consumer.Config)) *consumer.Consumer {
 	t.Helper()
 	if h == nil {
-		h = consumer.HandlerFunc[order](func(context.Context, *consumer.Message[order]) error { return nil })
+		h = inboxtype.HandlerFunc[order](func(context.Context, *inboxtype.Message[order]) error { return nil })
 	}
 	r := consumer.NewRouter()
 	opts := fastOpts()
@@ -442,7 +443,7 @@ func TestConsumer_LegacyQueueWithOtherArgumentsIsAClearError(t *testing.T) {
 	require.NoError(t, ch.Close())
 
 	r := consumer.NewRouter()
-	consumer.Register(r, b.queue, consumer.HandlerFunc[order](func(context.Context, *consumer.Message[order]) error { return nil }), fastOpts())
+	consumer.Register(r, b.queue, inboxtype.HandlerFunc[order](func(context.Context, *inboxtype.Message[order]) error { return nil }), fastOpts())
 	c := b.newConsumer(t, r, nil)
 	err = c.Start(t.Context())
 	require.ErrorContains(t, err, "different argument x-max-length than configured")

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/clip"
 	"github.com/inboxmq/inboxmq/retry"
 )
@@ -171,19 +172,19 @@ func (c *Consumer) work(r *route) {
 // process runs one delivery through the handler chain and settles it.
 func (c *Consumer) process(r *route, j *job) {
 	opts := &r.Opts
-	d := NewDelivery(r.Queue, opts.Consumer, c.cfg.Name, &j.raw, c.cfg.Observers...)
-	d.owned = true
+	d := inboxtype.NewDelivery(r.Queue, opts.Namespace, c.cfg.Name, &j.raw, c.cfg.Observers...)
+	settled := d.Own() // this consumer settles d and runs its hooks
 	if !c.holdBack(r, j, d) {
 		// Stop, or the end of the delivery's session, cut the wait short:
 		// the handler did not run; it is requeued (or redelivered).
-		d.transitionReceived() // keeps received and settled lines paired
-		c.settle(r, j, d, retry.Decision{Kind: retry.KindInterrupted, Reason: "stopped"}, 0)
+		d.Transition(inboxtype.StatusReceived, nil) // keeps received and settled lines paired
+		c.settle(r, j, d, settled, retry.Decision{Kind: retry.KindInterrupted, Reason: "stopped"}, 0)
 		return
 	}
 	ctx := c.baseCtx
 	tries := 1
 	err := c.call(ctx, r.Handler, d)
-	d.transitionReceived() // the decode adapter did unless decoding failed
+	d.Transition(inboxtype.StatusReceived, nil) // the decode adapter did unless decoding failed
 	// Each handler result is classified once, with the route's rules; the
 	// in-process check, the in-process loop and the settlement decision
 	// all read that classification.
@@ -192,9 +193,9 @@ func (c *Consumer) process(r *route, j *job) {
 		// A blip: retry in process. The fast path above keeps the
 		// backoff machinery off the path of deliveries that succeed;
 		// Do's first "call" replays the error we already have.
-		cls, err = c.retryInProcess(ctx, r, d, err, cls, &tries)
+		cls, err = c.retryInProcess(ctx, r, d, settled, err, cls, &tries)
 	}
-	c.settle(r, j, d, decide(ctx, err, cls), max(tries-1, 0))
+	c.settle(r, j, d, settled, decide(ctx, err, cls), max(tries-1, 0))
 }
 
 // holdBack makes a delivery whose settlement failed lately wait out its
@@ -204,7 +205,7 @@ func (c *Consumer) process(r *route, j *job) {
 // a delivery that can never be settled runs a few times a minute at most,
 // not in a hot loop. It returns false if Stop or the end of the delivery's
 // session cut the wait short.
-func (c *Consumer) holdBack(r *route, j *job, d *Delivery) bool {
+func (c *Consumer) holdBack(r *route, j *job, d *inboxtype.Delivery) bool {
 	wait, fails := c.settleFailures.hold(r.Queue, &j.raw, time.Now())
 	if wait <= 0 {
 		return true
@@ -230,7 +231,7 @@ func (c *Consumer) holdBack(r *route, j *job, d *Delivery) bool {
 // ActionRetriedInProcess) just before the next one. It returns the classification of the last result and the last error.
 // Each result is classified once: Do reads that classification through
 // the rule it is given instead of classifying the error again.
-func (c *Consumer) retryInProcess(ctx context.Context, r *route, d *Delivery, first error, firstCls retry.Decision, tries *int) (retry.Decision, error) {
+func (c *Consumer) retryInProcess(ctx context.Context, r *route, d *inboxtype.Delivery, settled func(inboxtype.Outcome), first error, firstCls retry.Decision, tries *int) (retry.Decision, error) {
 	opts := &r.Opts
 	maxTries := inProcessTries(opts.InProcess)
 	calls := 0
@@ -240,8 +241,8 @@ func (c *Consumer) retryInProcess(ctx context.Context, r *route, d *Delivery, fi
 		calls++
 		err := first
 		if calls > 1 {
-			d.runSettled(Outcome{
-				Decision: cls, Action: ActionRetriedInProcess, Delay: delay,
+			settled(inboxtype.Outcome{
+				Decision: cls, Action: inboxtype.ActionRetriedInProcess, Delay: delay,
 				Duration: time.Since(d.ReceivedAt), InProcessRetries: *tries - 1,
 			})
 			*tries++
@@ -275,14 +276,14 @@ func (c *Consumer) retryInProcess(ctx context.Context, r *route, d *Delivery, fi
 // Code that runs a handler on another goroutine (the inbox's group commit
 // and pipeline, a combining round) recovers there, since a panic there
 // cannot reach this guard.
-func (c *Consumer) call(ctx context.Context, h DeliveryHandler, d *Delivery) (err error) {
+func (c *Consumer) call(ctx context.Context, h inboxtype.DeliveryHandler, d *inboxtype.Delivery) (err error) {
 	defer func() {
 		p := recover()
 		if p == nil {
 			return
 		}
 		c.log.WithOptions(zap.AddStacktrace(zapcore.FatalLevel+1)).Error("consumer: handler panicked",
-			zap.String("queue", d.Queue), zap.String("consumer", d.Consumer),
+			zap.String("queue", d.Queue), zap.String("consumer", d.Namespace),
 			zap.String("message_id", d.MessageID), zap.String("idempotency_key", d.Key),
 			zap.String("panic", clip.Text(fmt.Sprint(p), clip.Limit)), zap.ByteString("stack", debug.Stack()))
 		if perr, ok := p.(error); ok {
@@ -335,19 +336,19 @@ func decide(ctx context.Context, err error, dec retry.Decision) retry.Decision {
 // settle turns the decision into broker actions and reports the outcome:
 // to the delivery's OnSettled hooks first, then to the observers. Nothing
 // is acked before it is committed or durably re-published.
-func (c *Consumer) settle(r *route, j *job, d *Delivery, dec retry.Decision, inProcess int) {
-	out := Outcome{Decision: dec, InProcessRetries: inProcess}
-	var status string
+func (c *Consumer) settle(r *route, j *job, d *inboxtype.Delivery, settled func(inboxtype.Outcome), dec retry.Decision, inProcess int) {
+	out := inboxtype.Outcome{Decision: dec, InProcessRetries: inProcess}
+	var status inboxtype.Status
 	switch {
 	case j.sess.gone():
-		out.Action, out.Err, status = ActionAbandoned, errChannelGone, StatusFailed
+		out.Action, out.Err, status = inboxtype.ActionAbandoned, errChannelGone, inboxtype.StatusFailed
 	case dec.Kind == retry.KindSucceeded || dec.Kind == retry.KindDuplicate:
 		c.hooks.Load().runBeforeAck(d)
-		status = StatusCompleted
+		status = inboxtype.StatusCompleted
 		if dec.Kind == retry.KindDuplicate {
-			status = StatusDuplicate
+			status = inboxtype.StatusDuplicate
 		}
-		out.Action = ActionAcked
+		out.Action = inboxtype.ActionAcked
 		status = c.settled(r, j, &out, j.ack(), status)
 	case dec.Kind == retry.KindRetry:
 		// A deferred retry (another worker holds the key) is not a failed
@@ -366,27 +367,27 @@ func (c *Consumer) settle(r *route, j *job, d *Delivery, dec retry.Decision, inP
 		}
 		tier := retry.Tier(r.Opts.Queue.RetryTiers, max(dec.Delay, delay))
 		h := failureHeaders(d.Headers, r.Queue, dec.Reason, dec.Err, time.Now())
-		h[HeaderAttempt] = int64(next)
+		h[inboxtype.HeaderAttempt] = int64(next)
 		if err := j.sess.pub.publish(c.baseCtx, RetryQueueName(r.Queue, tier), copyOf(&j.raw, h)); err != nil {
 			status = c.requeueAfter(r, j, &out, err)
 			break
 		}
 		c.hooks.Load().runAfterPublish(d)
 		r.copyFailures.Store(0)
-		out.Action, out.Delay = ActionRetried, tier
-		status = c.settled(r, j, &out, j.ack(), StatusRetry)
+		out.Action, out.Delay = inboxtype.ActionRetried, tier
+		status = c.settled(r, j, &out, j.ack(), inboxtype.StatusRetry)
 	case dec.Kind == retry.KindPermanent:
 		status = c.deadLetter(r, j, d, &out)
 	default: // interrupted
-		out.Action = ActionRequeued
-		status = c.settled(r, j, &out, j.requeue(), StatusRequeued)
+		out.Action = inboxtype.ActionRequeued
+		status = c.settled(r, j, &out, j.requeue(), inboxtype.StatusRequeued)
 	}
 	out.Duration = time.Since(d.ReceivedAt)
 	if out.Err != nil {
 		c.log.Warn("consumer: settlement failed", zap.String("queue", r.Queue), zap.String("message_id", d.MessageID),
 			zap.String("action", string(out.Action)), zap.Error(out.Err))
 	}
-	d.runSettled(out)
+	settled(out)
 	statusErr := dec.Err
 	if out.Err != nil {
 		statusErr = out.Err
@@ -398,42 +399,42 @@ func (c *Consumer) settle(r *route, j *job, d *Delivery, dec retry.Decision, inP
 }
 
 // deadLetter publishes a copy to the DLQ with confirm, then acks.
-func (c *Consumer) deadLetter(r *route, j *job, d *Delivery, out *Outcome) string {
+func (c *Consumer) deadLetter(r *route, j *job, d *inboxtype.Delivery, out *inboxtype.Outcome) inboxtype.Status {
 	h := failureHeaders(d.Headers, r.Queue, out.Decision.Reason, out.Decision.Err, time.Now())
-	h[HeaderAttempt] = int64(d.Attempt)
+	h[inboxtype.HeaderAttempt] = int64(d.Attempt)
 	if d.Key != "" {
-		h[HeaderIdempotencyKey] = d.Key
+		h[inboxtype.HeaderIdempotencyKey] = d.Key
 	}
 	if err := j.sess.pub.publish(c.baseCtx, r.Opts.Queue.DeadLetterQueue, copyOf(&j.raw, h)); err != nil {
 		return c.requeueAfter(r, j, out, err)
 	}
 	c.hooks.Load().runAfterPublish(d)
 	r.copyFailures.Store(0)
-	out.Action = ActionDeadLettered
-	return c.settled(r, j, out, j.ack(), StatusDeadLettered)
+	out.Action = inboxtype.ActionDeadLettered
+	return c.settled(r, j, out, j.ack(), inboxtype.StatusDeadLettered)
 }
 
 // settled records the result of the final ack or nack: if it failed, the
 // channel is gone, nothing was settled and the broker redelivers (after
 // the delivery's hold: the failure is remembered). A delivery acked is
 // done and forgotten.
-func (c *Consumer) settled(r *route, j *job, out *Outcome, err error, status string) string {
+func (c *Consumer) settled(r *route, j *job, out *inboxtype.Outcome, err error, status inboxtype.Status) inboxtype.Status {
 	if err == nil {
-		if out.Action != ActionRequeued {
+		if out.Action != inboxtype.ActionRequeued {
 			c.settleFailures.forget(r.Queue, &j.raw)
 		}
 		return status
 	}
 	c.settleFailures.record(identify(r.Queue, &j.raw), 0, time.Now())
-	out.Action, out.Err = ActionAbandoned, err
-	return StatusFailed
+	out.Action, out.Err = inboxtype.ActionAbandoned, err
+	return inboxtype.StatusFailed
 }
 
 // requeueAfter handles a failed, unconfirmed or returned copy: the
 // original is requeued, never acked. A returned copy means a queue of the
 // route's topology is missing: it is declared again first, so the next try
 // finds it.
-func (c *Consumer) requeueAfter(r *route, j *job, out *Outcome, pubErr error) string {
+func (c *Consumer) requeueAfter(r *route, j *job, out *inboxtype.Outcome, pubErr error) inboxtype.Status {
 	if errors.Is(pubErr, errReturned) {
 		if err := declareTopology(j.sess.conn, r.Route); err != nil {
 			pubErr = errors.Join(pubErr, err)
@@ -455,16 +456,16 @@ func (c *Consumer) requeueAfter(r *route, j *job, out *Outcome, pubErr error) st
 	case <-j.sess.failed:
 		t.Stop()
 	}
-	out.Action = ActionRequeued
+	out.Action = inboxtype.ActionRequeued
 	if err := j.requeue(); err != nil {
-		out.Action = ActionAbandoned
+		out.Action = inboxtype.ActionAbandoned
 		pubErr = errors.Join(pubErr, err)
 	}
 	out.Err = pubErr
-	if out.Action == ActionAbandoned {
-		return StatusFailed
+	if out.Action == inboxtype.ActionAbandoned {
+		return inboxtype.StatusFailed
 	}
-	return StatusRequeued
+	return inboxtype.StatusRequeued
 }
 
 // inProcessTries mirrors retry.InProcess's defaults: extra tries after the

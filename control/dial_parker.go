@@ -11,6 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 )
 
 // DialParkerOpts configure a [DialParker]. A nil *DialParkerOpts means
@@ -62,7 +63,7 @@ func NewDialParker(url string, opts *DialParkerOpts) *DialParker {
 // Park copies d to its parked queue like [Parker.Park], dialing first if
 // the parker has no live connection. When the connection dies during the
 // publish, it dials once more and tries again. ctx bounds the dial as well.
-func (p *DialParker) Park(ctx context.Context, d *consumer.Delivery, b Block) error {
+func (p *DialParker) Park(ctx context.Context, d *inboxtype.Delivery, b Block) error {
 	pk, err := p.current(ctx)
 	if err != nil {
 		return err

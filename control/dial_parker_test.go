@@ -8,8 +8,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/control"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 )
@@ -28,7 +28,7 @@ func TestDialParker_RedialsAfterTheConnectionIsClosed(t *testing.T) {
 	t.Cleanup(func() { _ = p.Close() })
 
 	park := func(id string) error {
-		d := consumer.NewDelivery(queue, queue, "w1", &amqp.Delivery{MessageId: id, Body: []byte(`{}`)})
+		d := inboxtype.NewDelivery(queue, queue, "w1", &amqp.Delivery{MessageId: id, Body: []byte(`{}`)})
 		d.Key = "k:" + id
 		return p.Park(ctx, d, control.Block{Consumer: queue, Pattern: "k:" + id, Reason: "test"})
 	}
@@ -39,7 +39,7 @@ func TestDialParker_RedialsAfterTheConnectionIsClosed(t *testing.T) {
 	require.NoError(t, park("2"), "the parker dials again after a lost connection")
 	parked := amqptest.Drain(t, conn, control.ParkedQueueName(queue))
 	require.Len(t, parked, 2)
-	require.Equal(t, "k:2", parked[1].Headers[consumer.HeaderIdempotencyKey])
+	require.Equal(t, "k:2", parked[1].Headers[inboxtype.HeaderIdempotencyKey])
 	require.Equal(t, "test", parked[1].Headers[control.HeaderParkedReason])
 
 	require.NoError(t, p.Close())

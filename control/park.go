@@ -12,6 +12,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 )
 
 // Headers set on a parked message (its other headers and properties are
@@ -50,7 +51,7 @@ func NewParker(conn *amqp.Connection) *Parker {
 // Park copies d to ParkedQueueName(d.Queue), with the parked headers and
 // the idempotency key header, and returns once the broker confirmed it. The
 // caller (the Block middleware) then lets the consumer ack the original.
-func (p *Parker) Park(ctx context.Context, d *consumer.Delivery, b Block) error {
+func (p *Parker) Park(ctx context.Context, d *inboxtype.Delivery, b Block) error {
 	if !consumer.ValidName(d.Queue) {
 		return fmt.Errorf("control: park: invalid queue name %q", d.Queue)
 	}
@@ -61,9 +62,9 @@ func (p *Parker) Park(ctx context.Context, d *consumer.Delivery, b Block) error 
 	headers[HeaderParkedReason] = cmp.Or(b.Reason, "blocked")
 	headers[HeaderParkedPattern] = b.Pattern
 	headers[HeaderParkedAt] = time.Now().UTC().Format(time.RFC3339)
-	headers[consumer.HeaderOriginalQueue] = d.Queue
+	headers[inboxtype.HeaderOriginalQueue] = d.Queue
 	if d.Key != "" {
-		headers[consumer.HeaderIdempotencyKey] = d.Key
+		headers[inboxtype.HeaderIdempotencyKey] = d.Key
 	}
 	msg := amqp.Publishing{Headers: headers, Body: d.Body, DeliveryMode: amqp.Persistent, MessageId: d.MessageID}
 	if raw := d.Raw; raw != nil {
@@ -194,7 +195,7 @@ func Release(ctx context.Context, conn *amqp.Connection, queue string, opts *Rel
 		if !ok {
 			break
 		}
-		key, _ := d.Headers[consumer.HeaderIdempotencyKey].(string)
+		key, _ := d.Headers[inboxtype.HeaderIdempotencyKey].(string)
 		if !opts.match(key) {
 			keep = append(keep, d.DeliveryTag)
 			continue

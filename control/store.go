@@ -28,7 +28,7 @@ type DB interface {
 
 // Control is the runtime control row of one consumer.
 type Control struct {
-	// Consumer is the inbox namespace (HandlerOpts.Consumer).
+	// Consumer is the inbox namespace (consumer.HandlerOpts.Namespace).
 	Consumer string `json:"consumer"`
 	// Paused stops the consumer's delivery loop while true.
 	Paused bool `json:"paused"`

@@ -57,7 +57,7 @@ type WatcherConfig struct {
 func QueuesOf(r *consumer.Router) map[string]string {
 	out := make(map[string]string)
 	for _, rt := range r.Routes() {
-		out[rt.Opts.Consumer] = rt.Queue
+		out[rt.Opts.Namespace] = rt.Queue
 	}
 	return out
 }

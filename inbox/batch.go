@@ -51,7 +51,9 @@ type unit struct {
 	fp        []byte
 	payload   []byte // nil unless the handler stores payloads
 	run       func(ctx context.Context, tx pgx.Tx) error
-	onClaim   func(fence int64)
+	// fence is the fence of the unit's claim, set by the claim step
+	// before run is called.
+	fence int64
 	// claim is set on the completion of a claim in claim mode's group
 	// commit (ClaimOpts.GroupCommit): the batch's claim step is then the
 	// fenced completion of its claims, and a unit whose claim was taken
@@ -229,9 +231,7 @@ func (s *Store) execDistinct(units []*unit, pipeline bool) {
 	savepoints := len(claimed) > 1
 	for _, cu := range serial {
 		u := cu.u
-		if u.onClaim != nil {
-			u.onClaim(cu.fence)
-		}
+		u.fence = cu.fence
 		if !savepoints {
 			// The batch of one: on failure roll the whole transaction back,
 			// then record the failed attempt on its own.
@@ -490,7 +490,7 @@ func verdict(u *unit, status string, fp []byte, lease time.Duration, found bool)
 	}
 	switch {
 	case found && status == RecordCompleted && fp != nil && u.fp != nil && !bytes.Equal(fp, u.fp):
-		return retry.Permanent(fmt.Errorf("inbox: key %q of consumer %q: %w", u.key, u.consumer, ErrKeyConflict))
+		return retry.Permanent(fmt.Errorf("inbox: key %q of consumer %q: %w", u.key, u.consumer, retry.ErrKeyConflict))
 	case found && status == RecordCompleted:
 		return retry.Duplicate(retry.SourceInbox, fmt.Errorf("inbox: key %q of consumer %q is completed", u.key, u.consumer))
 	case found && status == RecordProcessing:

@@ -13,8 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/inboxtype"
 )
 
 // countingTracer counts the round trips on a pool: each statement sent on
@@ -43,7 +43,7 @@ func benchSetup(b *testing.B) (*testBundle, *countingTracer) {
 
 var benchSeq atomic.Int64
 
-func benchMsg(b *testing.B) *consumer.Message[order] {
+func benchMsg(b *testing.B) *inboxtype.Message[order] {
 	return newMsg(b, "bench", order{OrderID: strconv.FormatInt(benchSeq.Add(1), 10), Amount: 1}, false)
 }
 
@@ -56,7 +56,7 @@ func report(b *testing.B, start time.Time, tr *countingTracer, before int64) {
 
 // handWritten is the same work as the inbox handler written directly with
 // pgx: one transaction per message.
-func handWritten(ctx context.Context, pool *pgxpool.Pool, msg *consumer.Message[order]) error {
+func handWritten(ctx context.Context, pool *pgxpool.Pool, msg *inboxtype.Message[order]) error {
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		return err
@@ -64,7 +64,7 @@ func handWritten(ctx context.Context, pool *pgxpool.Pool, msg *consumer.Message[
 	defer func() { _ = tx.Rollback(ctx) }()
 	var k string
 	err = tx.QueryRow(ctx, `INSERT INTO inboxmq_inbox (consumer, key, status, completed_at) VALUES ($1, $2, 'completed', now())
-		ON CONFLICT DO NOTHING RETURNING key`, msg.Consumer, msg.Key).Scan(&k)
+		ON CONFLICT DO NOTHING RETURNING key`, msg.Namespace, msg.Key).Scan(&k)
 	if err != nil {
 		return err
 	}
@@ -75,7 +75,7 @@ func handWritten(ctx context.Context, pool *pgxpool.Pool, msg *consumer.Message[
 }
 
 // parallel8 runs fn b.N times from 8 goroutines.
-func parallel(b *testing.B, goroutines int, fn func(msg *consumer.Message[order]) error) {
+func parallel(b *testing.B, goroutines int, fn func(msg *inboxtype.Message[order]) error) {
 	b.Helper()
 	b.SetParallelism(max(goroutines/runtime.GOMAXPROCS(0), 1))
 	b.RunParallel(func(pb *testing.PB) {
@@ -98,7 +98,7 @@ func BenchmarkPerMessage(b *testing.B) {
 		b.ReportAllocs()
 		b.ResetTimer()
 		before, start := tr.n.Load(), time.Now()
-		parallel(b, 8, func(msg *consumer.Message[order]) error { return h.Handle(b.Context(), msg) })
+		parallel(b, 8, func(msg *inboxtype.Message[order]) error { return h.Handle(b.Context(), msg) })
 		report(b, start, tr, before)
 	})
 	b.Run("handwritten", func(b *testing.B) {
@@ -106,7 +106,7 @@ func BenchmarkPerMessage(b *testing.B) {
 		b.ReportAllocs()
 		b.ResetTimer()
 		before, start := tr.n.Load(), time.Now()
-		parallel(b, 8, func(msg *consumer.Message[order]) error { return handWritten(b.Context(), tb.pool, msg) })
+		parallel(b, 8, func(msg *inboxtype.Message[order]) error { return handWritten(b.Context(), tb.pool, msg) })
 		report(b, start, tr, before)
 	})
 }
@@ -114,7 +114,7 @@ func BenchmarkPerMessage(b *testing.B) {
 // handWrittenBatch is a hand-written group commit: one transaction, one
 // multi-row inbox insert, the business inserts of every message, one
 // COMMIT (no savepoints: one failure would fail the batch).
-func handWrittenBatch(ctx context.Context, pool *pgxpool.Pool, msgs []*consumer.Message[order]) error {
+func handWrittenBatch(ctx context.Context, pool *pgxpool.Pool, msgs []*inboxtype.Message[order]) error {
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		return err
@@ -148,12 +148,12 @@ func BenchmarkGroupCommit(b *testing.B) {
 		b.ReportAllocs()
 		b.ResetTimer()
 		before, start := tr.n.Load(), time.Now()
-		parallel(b, 128, func(msg *consumer.Message[order]) error { return h.Handle(b.Context(), msg) })
+		parallel(b, 128, func(msg *inboxtype.Message[order]) error { return h.Handle(b.Context(), msg) })
 		report(b, start, tr, before)
 	})
 	b.Run("handwritten", func(b *testing.B) {
 		tb, tr := benchSetup(b)
-		msgs := make(chan *consumer.Message[order], 1024)
+		msgs := make(chan *inboxtype.Message[order], 1024)
 		go func() {
 			defer close(msgs)
 			for range b.N {
@@ -166,7 +166,7 @@ func BenchmarkGroupCommit(b *testing.B) {
 		var wg sync.WaitGroup
 		for range 2 {
 			wg.Go(func() {
-				batch := make([]*consumer.Message[order], 0, 64)
+				batch := make([]*inboxtype.Message[order], 0, 64)
 				flush := func() {
 					if len(batch) > 0 {
 						if err := handWrittenBatch(b.Context(), tb.pool, batch); err != nil {
@@ -202,7 +202,7 @@ func BenchmarkClaim(b *testing.B) {
 			b.ReportAllocs()
 			b.ResetTimer()
 			before, start := tr.n.Load(), time.Now()
-			parallel(b, workers, func(msg *consumer.Message[order]) error { return h.Handle(b.Context(), msg) })
+			parallel(b, workers, func(msg *inboxtype.Message[order]) error { return h.Handle(b.Context(), msg) })
 			report(b, start, tr, before)
 		})
 	}
@@ -221,7 +221,7 @@ func BenchmarkClaimGroupCommit(b *testing.B) {
 				b.ReportAllocs()
 				b.ResetTimer()
 				before, start := tr.n.Load(), time.Now()
-				parallel(b, workers, func(msg *consumer.Message[order]) error { return h.Handle(b.Context(), msg) })
+				parallel(b, workers, func(msg *inboxtype.Message[order]) error { return h.Handle(b.Context(), msg) })
 				report(b, start, tr, before)
 			})
 		}

@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
-	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
@@ -22,7 +22,7 @@ import (
 // downstream as the Idempotency-Key, wrap each outside call in c.Step, and
 // commit its business writes with c.Complete. Returning nil without calling
 // Complete completes the claim with no business writes.
-type ClaimFunc[T any] func(ctx context.Context, c *Claim, msg *consumer.Message[T]) error
+type ClaimFunc[T any] func(ctx context.Context, c *Claim, msg *inboxtype.Message[T]) error
 
 // ClaimOpts are per-handler settings of [ClaimHandler]. A nil *ClaimOpts
 // means defaults.
@@ -132,7 +132,7 @@ type Claim struct {
 // returned. Otherwise fn runs and its result (JSON-encoded; nil becomes
 // null; keep it small) is recorded on the claim, fenced. If the claim was
 // taken over meanwhile, Step returns the result with an error matching
-// ErrDuplicate (source fenced): the handler should return it.
+// retry.ErrDuplicate (source fenced): the handler should return it.
 func (c *Claim) Step(ctx context.Context, name string, fn func(ctx context.Context) (any, error)) (json.RawMessage, error) {
 	c.mu.Lock()
 	if r, ok := c.steps[name]; ok {
@@ -205,7 +205,7 @@ func (c *Claim) lostVerdict(status string) error {
 // Complete commits the claim: in one transaction it marks the row
 // completed — fenced on this claim's owner token and fence — and runs fn
 // (the business writes; nil for none). If the claim was taken over, nothing
-// is written and the error matches ErrDuplicate (source fenced). fn's
+// is written and the error matches retry.ErrDuplicate (source fenced). fn's
 // errors roll everything back and are mapped with MapError. Calling
 // Complete again after it succeeded returns nil without doing anything.
 // With ClaimOpts.GroupCommit the transaction is a batch's, shared with
@@ -288,7 +288,7 @@ func (c *Claim) completeAlone(ctx context.Context, fn func(ctx context.Context, 
 //     last_failed_at; owner cleared) so a retry can take it.
 //
 // ClaimHandler panics if s or h is nil or opts is invalid (a start-up bug).
-func ClaimHandler[T any](s *Store, h ClaimFunc[T], opts *ClaimOpts) consumer.Handler[T] {
+func ClaimHandler[T any](s *Store, h ClaimFunc[T], opts *ClaimOpts) inboxtype.Handler[T] {
 	if s == nil || h == nil {
 		panic("inbox: ClaimHandler needs a store and a handler")
 	}
@@ -300,8 +300,8 @@ func ClaimHandler[T any](s *Store, h ClaimFunc[T], opts *ClaimOpts) consumer.Han
 	if o.GroupCommit != nil {
 		b = newBatcher(s, o.GroupCommit.or(s.cfg.GroupCommit))
 	}
-	return consumer.HandlerFunc[T](func(ctx context.Context, msg *consumer.Message[T]) error {
-		u, err := s.newUnit(ctx, msg.Consumer, msg.Key, msg.ID, msg.Attempt, msg.Delivery, msg.Fingerprint(), o.StorePayload)
+	return inboxtype.HandlerFunc[T](func(ctx context.Context, msg *inboxtype.Message[T]) error {
+		u, err := s.newUnit(ctx, msg.Namespace, msg.Key, msg.ID, msg.Attempt, msg.Delivery, msg.Fingerprint(), o.StorePayload)
 		if err != nil {
 			return err
 		}
@@ -315,9 +315,7 @@ func ClaimHandler[T any](s *Store, h ClaimFunc[T], opts *ClaimOpts) consumer.Han
 			return err
 		}
 		c.batch = b
-		if u.onClaim != nil {
-			u.onClaim(c.Fence)
-		}
+		processing(msg.Delivery, c.Fence)
 		hctx, cancel := context.WithCancelCause(ctx)
 		defer cancel(nil)
 		stop := s.heartbeat(hctx, cancel, c, o, capAt, msg.Delivery)
@@ -329,7 +327,7 @@ func ClaimHandler[T any](s *Store, h ClaimFunc[T], opts *ClaimOpts) consumer.Han
 			// the key at once rather than after the lease.
 			if !returned && !c.Completed() {
 				stop()
-				s.release(ctx, c, retry.WithReason(ReasonPanic, errors.New("inbox: handler panicked")))
+				s.release(ctx, c, retry.WithReason(retry.ReasonPanic, errors.New("inbox: handler panicked")))
 			}
 		}()
 		herr := runClaimFunc(hctx, h, c, msg)
@@ -353,7 +351,7 @@ func ClaimHandler[T any](s *Store, h ClaimFunc[T], opts *ClaimOpts) consumer.Han
 	})
 }
 
-func runClaimFunc[T any](ctx context.Context, h ClaimFunc[T], c *Claim, msg *consumer.Message[T]) (err error) {
+func runClaimFunc[T any](ctx context.Context, h ClaimFunc[T], c *Claim, msg *inboxtype.Message[T]) (err error) {
 	ctx, span := startSpan(ctx, "inbox.handler")
 	defer func() { endSpan(span, err) }()
 	return h(ctx, c, msg)
@@ -405,12 +403,12 @@ func (s *Store) explainOne(ctx context.Context, u *unit) error {
 // heartbeat extends c's lease until the returned stop is called. When an
 // extension fails, or once the lease reached capAt and ran out, it cancels
 // the handler's context with ErrLeaseLost.
-func (s *Store) heartbeat(ctx context.Context, cancel context.CancelCauseFunc, c *Claim, o ClaimOpts, capAt time.Time, d *consumer.Delivery) (stop func()) {
+func (s *Store) heartbeat(ctx context.Context, cancel context.CancelCauseFunc, c *Claim, o ClaimOpts, capAt time.Time, d *inboxtype.Delivery) (stop func()) {
 	hbCtx, hbCancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	lost := func(err error) {
 		if d != nil {
-			d.Transition(consumer.StatusLockExpired, err)
+			d.Transition(inboxtype.StatusLockExpired, err)
 		}
 		cancel(err)
 	}

@@ -7,8 +7,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/pgtest"
 	"github.com/inboxmq/inboxmq/retry"
 )
@@ -34,7 +34,7 @@ func TestClaim_AsyncClaimDoesNotLeakToTheConnection(t *testing.T) {
 	require.NotEqual(t, "off", server, "the test needs a durable server setting")
 
 	var afterClaim, inCompletion string
-	h := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *consumer.Message[order]) error {
+	h := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[order]) error {
 		afterClaim = show(ctx, b.pool)
 		return c.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, `INSERT INTO effects (key, amount) VALUES ($1, $2)`, msg.Key, msg.Body.Amount); err != nil {
@@ -60,7 +60,7 @@ func TestClaim_LostClaimIsRetriedNotAcked(t *testing.T) {
 	for _, durable := range []bool{false, true} {
 		b := setup(t, nil)
 		opts := &inbox.ClaimOpts{DurableClaim: durable}
-		h := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *consumer.Message[order]) error {
+		h := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[order]) error {
 			// What a crash losing the claim's unflushed commit leaves behind.
 			_, err := b.pool.Exec(ctx, `DELETE FROM inboxmq_inbox WHERE key = $1`, c.Key)
 			require.NoError(t, err)
@@ -74,7 +74,7 @@ func TestClaim_LostClaimIsRetriedNotAcked(t *testing.T) {
 
 		ok := completingClaimHandler(b, opts)
 		require.NoError(t, ok.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "l", Amount: 1}, false)))
-		require.ErrorIs(t, ok.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "l", Amount: 1}, false)), inbox.ErrDuplicate)
+		require.ErrorIs(t, ok.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "l", Amount: 1}, false)), retry.ErrDuplicate)
 		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`))
 	}
 }

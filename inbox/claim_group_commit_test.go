@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
@@ -26,8 +26,8 @@ func fullClaimBatch(n int, pipeline bool) *inbox.ClaimOpts {
 
 // completeThen is a claim handler whose completion writes the effect row,
 // then runs then(ctx, tx, msg), whose error it returns.
-func completeThen(b *testBundle, opts *inbox.ClaimOpts, then func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[order]) error) consumer.Handler[order] {
-	return inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *consumer.Message[order]) error {
+func completeThen(b *testBundle, opts *inbox.ClaimOpts, then func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error) inboxtype.Handler[order] {
+	return inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[order]) error {
 		return c.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error {
 			if err := completeWithEffect(msg)(ctx, tx); err != nil {
 				return err
@@ -42,7 +42,7 @@ func TestClaimGroupCommit_CompletionsShareOneTransaction(t *testing.T) {
 	b := setup(t, nil)
 	var mu sync.Mutex
 	txids := map[int64]int{}
-	h := completeThen(b, fullClaimBatch(5, false), func(ctx context.Context, tx pgx.Tx, _ *consumer.Message[order]) error {
+	h := completeThen(b, fullClaimBatch(5, false), func(ctx context.Context, tx pgx.Tx, _ *inboxtype.Message[order]) error {
 		var txid int64
 		if err := tx.QueryRow(ctx, `SELECT txid_current()`).Scan(&txid); err != nil {
 			return err
@@ -65,7 +65,7 @@ func TestClaimGroupCommit_CompletionsShareOneTransaction(t *testing.T) {
 func TestClaimGroupCommit_FailureInTheMiddleReleasesOnlyItsClaim(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
-	h := completeThen(b, fullClaimBatch(5, false), func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[order]) error {
+	h := completeThen(b, fullClaimBatch(5, false), func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
 		if msg.Body.OrderID == "3" {
 			// A failed statement aborts the transaction: only its
 			// savepoint brings the batch back.
@@ -109,7 +109,7 @@ func TestClaimGroupCommit_FailureInTheMiddleReleasesOnlyItsClaim(t *testing.T) {
 func TestClaimGroupCommit_TakenOverClaimIsFencedOutAlone(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
-	h := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *consumer.Message[order]) error {
+	h := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[order]) error {
 		var takeOver string
 		switch msg.Body.OrderID {
 		case "1": // another worker took the claim over and completed
@@ -127,7 +127,7 @@ func TestClaimGroupCommit_TakenOverClaimIsFencedOutAlone(t *testing.T) {
 	}, fullClaimBatch(3, false))
 
 	errs := handleAll(t, h, orders(t, 3))
-	require.ErrorIs(t, errs[0], inbox.ErrDuplicate)
+	require.ErrorIs(t, errs[0], retry.ErrDuplicate)
 	require.Equal(t, retry.SourceFenced, retry.Classify(errs[0]).Source)
 	d := retry.Classify(errs[1])
 	require.Equal(t, retry.KindRetry, d.Kind, "%v", errs[1])
@@ -148,7 +148,7 @@ func TestClaimGroupCommit_TakenOverClaimIsFencedOutAlone(t *testing.T) {
 func TestClaimGroupCommit_CommitFailureFailsOnlyItsCompletion(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
-	h := completeThen(b, fullClaimBatch(4, false), func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[order]) error {
+	h := completeThen(b, fullClaimBatch(4, false), func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
 		if msg.Body.OrderID == "2" {
 			// A deferred foreign key: the statement succeeds, COMMIT fails.
 			_, err := tx.Exec(ctx, `INSERT INTO child (id) VALUES (42)`)
@@ -170,7 +170,7 @@ func TestClaimGroupCommit_PipelinedCompletionsRunOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
 	var calls atomic.Int64
-	h := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *consumer.Message[order]) error {
+	h := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[order]) error {
 		return c.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error {
 			calls.Add(1)
 			if _, err := tx.Exec(ctx, `INSERT INTO effects (key, amount) VALUES ($1, $2)`, msg.Key, msg.Body.Amount); err != nil {
@@ -193,7 +193,7 @@ func TestClaimGroupCommit_PipelinedCompletionsRunOnce(t *testing.T) {
 func TestClaimGroupCommit_PipelinedFailureRunsTheBatchAgainWithSavepoints(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
-	h := completeThen(b, fullClaimBatch(4, true), func(_ context.Context, _ pgx.Tx, msg *consumer.Message[order]) error {
+	h := completeThen(b, fullClaimBatch(4, true), func(_ context.Context, _ pgx.Tx, msg *inboxtype.Message[order]) error {
 		if msg.Body.OrderID == "2" {
 			return errors.New("the gateway's answer does not fit the order")
 		}
@@ -223,16 +223,16 @@ func TestClaimGroupCommit_TwoWorkersSameKeysOppositeOrder(t *testing.T) {
 	require.NoError(t, err)
 	const n = 24
 	var calls atomic.Int64
-	handler := func(s *inbox.Store) consumer.Handler[order] {
-		return inbox.ClaimHandler(s, func(ctx context.Context, c *inbox.Claim, msg *consumer.Message[order]) error {
+	handler := func(s *inbox.Store) inboxtype.Handler[order] {
+		return inbox.ClaimHandler(s, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[order]) error {
 			return c.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error { return effectHandler(&calls)(ctx, tx, msg) })
 		}, &inbox.ClaimOpts{GroupCommit: &inbox.GroupCommit{MaxBatch: n, MaxWait: 20 * time.Millisecond, MaxInFlight: 2}})
 	}
 	h1, h2 := handler(b.store), handler(other)
 
-	var deferred []*consumer.Message[order]
+	var deferred []*inboxtype.Message[order]
 	for round := range 3 {
-		msgs := make([]*consumer.Message[order], 2*n)
+		msgs := make([]*inboxtype.Message[order], 2*n)
 		errs := make([]error, 2*n)
 		var wg sync.WaitGroup
 		for i := range n {
@@ -243,7 +243,7 @@ func TestClaimGroupCommit_TwoWorkersSameKeysOppositeOrder(t *testing.T) {
 		}
 		wg.Wait()
 		for i, err := range errs {
-			if err == nil || errors.Is(err, inbox.ErrDuplicate) {
+			if err == nil || errors.Is(err, retry.ErrDuplicate) {
 				continue
 			}
 			require.Equal(t, inbox.ReasonClaimHeld, retry.Classify(err).Reason, "%v", err)
@@ -251,7 +251,7 @@ func TestClaimGroupCommit_TwoWorkersSameKeysOppositeOrder(t *testing.T) {
 		}
 	}
 	for _, m := range deferred {
-		require.ErrorIs(t, h1.Handle(t.Context(), m), inbox.ErrDuplicate, "key %s", m.Key)
+		require.ErrorIs(t, h1.Handle(t.Context(), m), retry.ErrDuplicate, "key %s", m.Key)
 	}
 	require.Equal(t, int64(3*n), calls.Load(), "each key's callback ran once")
 	require.Equal(t, 3*n, b.count(t, `SELECT count(DISTINCT key) FROM effects`))
@@ -268,7 +268,7 @@ func TestClaimGroupCommit_LoneCompletionCostsWhatPerMessageModeCosts(t *testing.
 	tr := &countingTracer{}
 	b := setupOn(t, tracedPool(t, tr), nil)
 	roundTrips := func(opts *inbox.ClaimOpts, id string) int64 {
-		h := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *consumer.Message[order]) error {
+		h := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[order]) error {
 			return c.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error { return effectHandler(nil)(ctx, tx, msg) })
 		}, opts)
 		before := tr.n.Load()

@@ -11,8 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 	"github.com/inboxmq/inboxmq/retry"
 )
@@ -27,14 +27,14 @@ func (g *gateway) charge(context.Context, string) (any, error) {
 
 // completingClaimHandler is a claim handler that only completes, writing
 // one effect row.
-func completingClaimHandler(b *testBundle, opts *inbox.ClaimOpts) consumer.Handler[order] {
-	return inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *consumer.Message[order]) error {
+func completingClaimHandler(b *testBundle, opts *inbox.ClaimOpts) inboxtype.Handler[order] {
+	return inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[order]) error {
 		return c.Complete(ctx, completeWithEffect(msg))
 	}, opts)
 }
 
 // completeWithEffect is a Complete callback writing one effect row.
-func completeWithEffect(msg *consumer.Message[order]) func(ctx context.Context, tx pgx.Tx) error {
+func completeWithEffect(msg *inboxtype.Message[order]) func(ctx context.Context, tx pgx.Tx) error {
 	return func(ctx context.Context, tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `INSERT INTO effects (key, amount) VALUES ($1, $2)`, msg.Key, msg.Body.Amount)
 		return err
@@ -48,7 +48,7 @@ func TestClaim_TwoWorkersOneOutsideCallOneEffect(t *testing.T) {
 	entered := make(chan struct{})
 	release := make(chan struct{})
 	var first atomic.Bool
-	h := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *consumer.Message[order]) error {
+	h := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[order]) error {
 		if first.CompareAndSwap(false, true) {
 			close(entered)
 			<-release
@@ -74,7 +74,7 @@ func TestClaim_TwoWorkersOneOutsideCallOneEffect(t *testing.T) {
 	require.NoError(t, testenv.WaitChan(t, done, "first worker finished"))
 
 	err = h.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "1", Amount: 10}, false))
-	require.ErrorIs(t, err, inbox.ErrDuplicate)
+	require.ErrorIs(t, err, retry.ErrDuplicate)
 	require.Equal(t, retry.SourceInbox, retry.Classify(err).Source)
 
 	require.Equal(t, int64(1), gw.calls.Load())
@@ -90,7 +90,7 @@ func TestClaim_ExpiredLeaseFencesOutTheLateWorker(t *testing.T) {
 	b := setup(t, nil)
 	claimed := make(chan *inbox.Claim, 1)
 	proceed := make(chan struct{})
-	late := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *consumer.Message[order]) error {
+	late := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[order]) error {
 		claimed <- c
 		<-proceed
 		return c.Complete(ctx, completeWithEffect(msg))
@@ -105,7 +105,7 @@ func TestClaim_ExpiredLeaseFencesOutTheLateWorker(t *testing.T) {
 	_, err := b.pool.Exec(t.Context(), `UPDATE inboxmq_inbox SET lease_until = now() - interval '1 second'`)
 	require.NoError(t, err)
 	var fence int64
-	winner := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *consumer.Message[order]) error {
+	winner := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[order]) error {
 		fence = c.Fence
 		return c.Complete(ctx, completeWithEffect(msg))
 	}, nil)
@@ -114,7 +114,7 @@ func TestClaim_ExpiredLeaseFencesOutTheLateWorker(t *testing.T) {
 
 	close(proceed)
 	err = testenv.WaitChan(t, lateErr, "late worker finished")
-	require.ErrorIs(t, err, inbox.ErrDuplicate)
+	require.ErrorIs(t, err, retry.ErrDuplicate)
 	require.Equal(t, retry.SourceFenced, retry.Classify(err).Source)
 
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`))
@@ -130,7 +130,7 @@ func TestClaim_HeartbeatExtendsUpToTheCap(t *testing.T) {
 	obs := &transitions{}
 	opts := &inbox.ClaimOpts{Lease: 300 * time.Millisecond, Heartbeat: 75 * time.Millisecond, MaxLease: 900 * time.Millisecond}
 	var initial, final time.Time
-	h := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *consumer.Message[order]) error {
+	h := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[order]) error {
 		q := `SELECT lease_until FROM inboxmq_inbox WHERE key = $1`
 		if err := b.pool.QueryRow(ctx, q, c.Key).Scan(&initial); err != nil {
 			return err
@@ -142,7 +142,7 @@ func TestClaim_HeartbeatExtendsUpToTheCap(t *testing.T) {
 		return context.Cause(ctx)
 	}, opts)
 	msg := newMsg(t, "payments", order{OrderID: "hb"}, false)
-	msg.Delivery = consumer.NewDelivery("q", "payments", "w1", msg.Delivery.Raw, obs)
+	msg.Delivery = inboxtype.NewDelivery("q", "payments", "w1", msg.Delivery.Raw, obs)
 	err := h.Handle(t.Context(), msg)
 	require.ErrorIs(t, err, inbox.ErrLeaseLost)
 	d := retry.Classify(err)
@@ -151,7 +151,7 @@ func TestClaim_HeartbeatExtendsUpToTheCap(t *testing.T) {
 	// Extended past the first lease, and never past the cap.
 	require.Greater(t, final.Sub(initial), 400*time.Millisecond)
 	require.LessOrEqual(t, final.Sub(initial), opts.MaxLease)
-	require.Contains(t, obs.statuses(), consumer.StatusLockExpired)
+	require.Contains(t, obs.statuses(), inboxtype.StatusLockExpired)
 
 	r := b.get(t, "payments", "order:hb")
 	require.Equal(t, inbox.RecordFailed, r.Status)
@@ -163,7 +163,7 @@ func TestClaim_TakenOverWhileRunningCancelsTheHandler(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
 	opts := &inbox.ClaimOpts{Lease: 3 * time.Second, Heartbeat: 50 * time.Millisecond}
-	h := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *consumer.Message[order]) error {
+	h := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[order]) error {
 		if _, err := b.pool.Exec(ctx, `UPDATE inboxmq_inbox SET owner = 'another-worker', fence = fence + 1`); err != nil {
 			return err
 		}
@@ -183,7 +183,7 @@ func TestClaim_RecoveryPointsSkipCompletedSteps(t *testing.T) {
 	charge, email := &gateway{}, &gateway{}
 	var attempt atomic.Int64
 	var results []json.RawMessage
-	h := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *consumer.Message[order]) error {
+	h := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[order]) error {
 		attempt.Add(1)
 		r, err := c.Step(ctx, "charge", func(ctx context.Context) (any, error) { return charge.charge(ctx, c.Key) })
 		if err != nil {
@@ -219,14 +219,14 @@ func TestClaim_NilWithoutCompleteCompletes(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
 	var calls atomic.Int64
-	h := inbox.ClaimHandler(b.store, func(context.Context, *inbox.Claim, *consumer.Message[order]) error {
+	h := inbox.ClaimHandler(b.store, func(context.Context, *inbox.Claim, *inboxtype.Message[order]) error {
 		calls.Add(1)
 		return nil
 	}, nil)
 	require.NoError(t, h.Handle(t.Context(), newMsg(t, "mailer", order{OrderID: "m"}, false)))
-	require.ErrorIs(t, h.Handle(t.Context(), newMsg(t, "mailer", order{OrderID: "m"}, false)), inbox.ErrDuplicate)
+	require.ErrorIs(t, h.Handle(t.Context(), newMsg(t, "mailer", order{OrderID: "m"}, false)), retry.ErrDuplicate)
 	err := h.Handle(t.Context(), newMsg(t, "mailer", order{OrderID: "m", Amount: 3}, false))
-	require.ErrorIs(t, err, inbox.ErrKeyConflict)
+	require.ErrorIs(t, err, retry.ErrKeyConflict)
 	require.Equal(t, int64(1), calls.Load())
 	require.Equal(t, inbox.RecordCompleted, b.get(t, "mailer", "order:m").Status)
 }
@@ -234,7 +234,7 @@ func TestClaim_NilWithoutCompleteCompletes(t *testing.T) {
 func TestClaim_FailedCompleteRollsBackAndReleases(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
-	h := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *consumer.Message[order]) error {
+	h := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[order]) error {
 		return c.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error {
 			if err := completeWithEffect(msg)(ctx, tx); err != nil {
 				return err
@@ -255,7 +255,7 @@ func TestClaimOpts_Invalid(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
 	require.Panics(t, func() {
-		inbox.ClaimHandler(b.store, func(context.Context, *inbox.Claim, *consumer.Message[order]) error { return nil },
+		inbox.ClaimHandler(b.store, func(context.Context, *inbox.Claim, *inboxtype.Message[order]) error { return nil },
 			&inbox.ClaimOpts{Lease: time.Minute, MaxLease: time.Second})
 	})
 }

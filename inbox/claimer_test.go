@@ -9,8 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 	"github.com/inboxmq/inboxmq/retry"
 )
@@ -49,7 +49,7 @@ func (tr *sqlTracer) matching(parts ...string) []string {
 
 // claimCall is one delivery of key id (order id) through h.
 type claimCall struct {
-	h  consumer.Handler[order]
+	h  inboxtype.Handler[order]
 	id string
 }
 
@@ -58,7 +58,7 @@ type claimCall struct {
 // (key "x", handled by h), then lets that statement go: calls[i]'s claim is
 // queued i-th, so the next round holds them all (each key once). It
 // returns the deliveries' errors.
-func sharedRound(t *testing.T, b *testBundle, tr *sqlTracer, h consumer.Handler[order], calls []claimCall) []error {
+func sharedRound(t *testing.T, b *testBundle, tr *sqlTracer, h inboxtype.Handler[order], calls []claimCall) []error {
 	t.Helper()
 	ctx := t.Context()
 	blocker, err := b.pool.Begin(ctx)

@@ -14,8 +14,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/pgtest"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 	"github.com/inboxmq/inboxmq/retry"
@@ -139,9 +139,9 @@ func TestGroupCommit_CommitAnswerLostIsADuplicateForEveryDelivery(t *testing.T) 
 			_, schema := pgtest.SchemaWith(t, 1)
 			b := setupOn(t, d.pool(t, schema), nil)
 			group := &inbox.GroupCommit{MaxBatch: n, MaxWait: time.Minute, MaxInFlight: 1}
-			var h consumer.Handler[order]
+			var h inboxtype.Handler[order]
 			if mode == "claim" {
-				h = inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *consumer.Message[order]) error {
+				h = inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[order]) error {
 					return c.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error { return effectHandler(nil)(ctx, tx, msg) })
 				}, &inbox.ClaimOpts{GroupCommit: group})
 			} else {
@@ -150,7 +150,7 @@ func TestGroupCommit_CommitAnswerLostIsADuplicateForEveryDelivery(t *testing.T) 
 
 			d.armed.Store(true)
 			for i, err := range handleAll(t, h, orders(t, n)) {
-				require.ErrorIs(t, err, inbox.ErrDuplicate, "delivery %d", i)
+				require.ErrorIs(t, err, retry.ErrDuplicate, "delivery %d", i)
 				require.Equal(t, retry.KindDuplicate, retry.Classify(err).Kind)
 			}
 			testenv.WaitChan(t, d.fired, "the batch's COMMIT answered and dropped")

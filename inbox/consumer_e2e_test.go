@@ -13,6 +13,7 @@ import (
 
 	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 	"github.com/inboxmq/inboxmq/retry"
@@ -23,20 +24,20 @@ import (
 
 // outcomes records the consumer's outcomes in order.
 type outcomes struct {
-	consumer.NopObserver
-	ch chan consumer.Outcome
+	inboxtype.NopObserver
+	ch chan inboxtype.Outcome
 }
 
-func (o *outcomes) OnOutcome(_ *consumer.Delivery, out consumer.Outcome) { o.ch <- out }
+func (o *outcomes) OnOutcome(_ *inboxtype.Delivery, out inboxtype.Outcome) { o.ch <- out }
 
-func (o *outcomes) next(t *testing.T) consumer.Outcome {
+func (o *outcomes) next(t *testing.T) inboxtype.Outcome {
 	t.Helper()
 	select {
 	case out := <-o.ch:
 		return out
 	case <-time.After(testenv.Timeout()):
 		t.Fatal("timed out waiting for an outcome")
-		return consumer.Outcome{}
+		return inboxtype.Outcome{}
 	}
 }
 
@@ -56,20 +57,20 @@ func setupE2E(t *testing.T) *e2e {
 		queue:      amqptest.QueueName(t),
 		conn:       conn,
 		pub:        amqptest.NewPublisher(t, conn),
-		obs:        &outcomes{ch: make(chan consumer.Outcome, 64)},
+		obs:        &outcomes{ch: make(chan inboxtype.Outcome, 64)},
 	}
 }
 
-func (b *e2e) start(t *testing.T, h consumer.Handler[order], policy retry.Policy) {
+func (b *e2e) start(t *testing.T, h inboxtype.Handler[order], policy retry.Policy) {
 	t.Helper()
 	r := consumer.NewRouter()
 	consumer.Register(r, b.queue, h, &consumer.HandlerOpts{
-		Consumer:  "payments",
+		Namespace: "payments",
 		Policy:    policy,
 		InProcess: retry.InProcess{Tries: -1}, // every retry goes through the broker here
 		Queue:     consumer.QueueOpts{Concurrency: 2, RetryTiers: []time.Duration{50 * time.Millisecond, time.Second}},
 	})
-	c, err := consumer.New(&consumer.Config{URL: testenv.AMQPURL(), Router: r, Observers: []consumer.Observer{b.obs}})
+	c, err := consumer.New(&consumer.Config{URL: testenv.AMQPURL(), Router: r, Observers: []inboxtype.Observer{b.obs}})
 	require.NoError(t, err)
 	require.NoError(t, c.Start(t.Context()))
 	t.Cleanup(func() {
@@ -88,7 +89,7 @@ func TestE2E_TransientDBErrorRetriedToOneEffect(t *testing.T) {
 	const injected = 2
 	var calls atomic.Int64
 	attempts := make(chan int, 8)
-	b.start(t, inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, m *consumer.Message[order]) error {
+	b.start(t, inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, m *inboxtype.Message[order]) error {
 		attempts <- m.Attempt
 		if calls.Add(1) <= injected {
 			_, err := tx.Exec(ctx, `DO $$ BEGIN RAISE EXCEPTION 'injected' USING ERRCODE = '40001'; END $$`)
@@ -100,11 +101,11 @@ func TestE2E_TransientDBErrorRetriedToOneEffect(t *testing.T) {
 
 	for i := 1; i <= injected; i++ {
 		out := b.obs.next(t)
-		require.Equal(t, consumer.ActionRetried, out.Action)
+		require.Equal(t, inboxtype.ActionRetried, out.Action)
 		require.Equal(t, inbox.ReasonDBSerialization, out.Decision.Reason)
 		require.Equal(t, i, <-attempts)
 	}
-	require.Equal(t, consumer.ActionAcked, b.obs.next(t).Action)
+	require.Equal(t, inboxtype.ActionAcked, b.obs.next(t).Action)
 	require.Equal(t, injected+1, <-attempts)
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects WHERE key = 'order:t1'`))
 	rec := b.get(t, "payments", "order:t1")
@@ -122,13 +123,13 @@ func TestE2E_RetryCopyAndRedeliveredOriginalAreAbsorbed(t *testing.T) {
 	body := []byte(`{"order_id":"w1","amount":5}`)
 	// What the broker holds after the crash: the retry copy (attempt 2, from
 	// the wait queue) and the un-acked original, redelivered.
-	b.pub.Publish(b.queue, body, amqp.Publishing{MessageId: "m1", Headers: amqp.Table{consumer.HeaderAttempt: int32(2)}})
+	b.pub.Publish(b.queue, body, amqp.Publishing{MessageId: "m1", Headers: amqp.Table{inboxtype.HeaderAttempt: int32(2)}})
 	b.pub.Publish(b.queue, body, amqp.Publishing{MessageId: "m1"})
 
 	got := map[retry.Kind]int{}
 	for range 2 {
 		out := b.obs.next(t)
-		require.Equal(t, consumer.ActionAcked, out.Action)
+		require.Equal(t, inboxtype.ActionAcked, out.Action)
 		got[out.Decision.Kind]++
 	}
 	require.Equal(t, map[retry.Kind]int{retry.KindSucceeded: 1, retry.KindDuplicate: 1}, got)
@@ -143,14 +144,14 @@ func TestE2E_ReplayFailedOnceAndCompletedAsDuplicate(t *testing.T) {
 	b := setupE2E(t)
 	var gatewayDown atomic.Bool
 	gatewayDown.Store(true)
-	b.start(t, inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, m *consumer.Message[order]) error {
+	b.start(t, inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, m *inboxtype.Message[order]) error {
 		if gatewayDown.Load() {
 			return retry.Permanent(errors.New("gateway refused"))
 		}
 		return effectHandler(nil)(ctx, tx, m)
 	}, nil), nil)
 	b.pub.Publish(b.queue, []byte(`{"order_id":"r1","amount":5}`), amqp.Publishing{MessageId: "m1"})
-	require.Equal(t, consumer.ActionDeadLettered, b.obs.next(t).Action)
+	require.Equal(t, inboxtype.ActionDeadLettered, b.obs.next(t).Action)
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM effects`))
 	require.Equal(t, inbox.RecordFailed, b.get(t, "payments", "order:r1").Status)
 
@@ -159,18 +160,18 @@ func TestE2E_ReplayFailedOnceAndCompletedAsDuplicate(t *testing.T) {
 	res, err := consumer.ReplayDLQ(t.Context(), b.conn, b.queue, nil)
 	require.NoError(t, err)
 	require.Equal(t, 1, res.Replayed)
-	require.Equal(t, consumer.ActionAcked, b.obs.next(t).Action)
+	require.Equal(t, inboxtype.ActionAcked, b.obs.next(t).Action)
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects WHERE key = 'order:r1'`))
 
 	// A copy of the completed message lands in the DLQ (say a producer resent
 	// it while a poison rule was active) and is replayed: a duplicate.
 	b.pub.Publish(b.queue+".dlq", []byte(`{"order_id":"r1","amount":5}`), amqp.Publishing{MessageId: "m2",
-		Headers: amqp.Table{consumer.HeaderError: "permanent: resent", consumer.HeaderIdempotencyKey: "order:r1"}})
+		Headers: amqp.Table{inboxtype.HeaderError: "permanent: resent", inboxtype.HeaderIdempotencyKey: "order:r1"}})
 	res, err = consumer.ReplayDLQ(t.Context(), b.conn, b.queue, &consumer.ReplayOpts{Key: "order:r1"})
 	require.NoError(t, err)
 	require.Equal(t, 1, res.Replayed)
 	out := b.obs.next(t)
-	require.Equal(t, consumer.ActionAcked, out.Action)
+	require.Equal(t, inboxtype.ActionAcked, out.Action)
 	require.Equal(t, retry.KindDuplicate, out.Decision.Kind)
 	require.Equal(t, retry.SourceInbox, out.Decision.Source)
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects WHERE key = 'order:r1'`), "no second effect")

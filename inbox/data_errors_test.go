@@ -7,8 +7,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
@@ -55,7 +55,7 @@ func TestHandler_DataAndIntegrityErrorsArePermanent(t *testing.T) {
 			b := setup(t, nil)
 			_, err := b.pool.Exec(t.Context(), `CREATE TABLE checked (n int CHECK (n > 0))`)
 			require.NoError(t, err)
-			h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[order]) error {
+			h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
 				if err := effectHandler(nil)(ctx, tx, msg); err != nil {
 					return err
 				}
@@ -77,26 +77,26 @@ func TestHandler_DataAndIntegrityErrorsArePermanent(t *testing.T) {
 // the deliveries claimed with it commit.
 func TestHandler_UnstorableKeyIsPermanentAndFailsAlone(t *testing.T) {
 	t.Parallel()
-	claimMode := func(s *inbox.Store, group bool) consumer.Handler[order] {
+	claimMode := func(s *inbox.Store, group bool) inboxtype.Handler[order] {
 		var opts *inbox.ClaimOpts
 		if group {
 			opts = &inbox.ClaimOpts{GroupCommit: &inbox.GroupCommit{}}
 		}
-		return inbox.ClaimHandler(s, func(ctx context.Context, c *inbox.Claim, msg *consumer.Message[order]) error {
+		return inbox.ClaimHandler(s, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[order]) error {
 			return c.Complete(ctx, completeWithEffect(msg))
 		}, opts)
 	}
 	for _, tc := range []struct {
 		name string
-		h    func(s *inbox.Store) consumer.Handler[order]
+		h    func(s *inbox.Store) inboxtype.Handler[order]
 		n    int // deliveries handled together, the first with the bad key
 	}{
-		{"per message", func(s *inbox.Store) consumer.Handler[order] { return inbox.Handler(s, effectHandler(nil), nil) }, 1},
-		{"group commit", func(s *inbox.Store) consumer.Handler[order] {
+		{"per message", func(s *inbox.Store) inboxtype.Handler[order] { return inbox.Handler(s, effectHandler(nil), nil) }, 1},
+		{"group commit", func(s *inbox.Store) inboxtype.Handler[order] {
 			return inbox.Handler(s, effectHandler(nil), fullBatch(4))
 		}, 4},
-		{"claim", func(s *inbox.Store) consumer.Handler[order] { return claimMode(s, false) }, 1},
-		{"claims of concurrent deliveries", func(s *inbox.Store) consumer.Handler[order] { return claimMode(s, true) }, 4},
+		{"claim", func(s *inbox.Store) inboxtype.Handler[order] { return claimMode(s, false) }, 1},
+		{"claims of concurrent deliveries", func(s *inbox.Store) inboxtype.Handler[order] { return claimMode(s, true) }, 4},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

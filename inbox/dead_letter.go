@@ -6,18 +6,18 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
-// DeadLetterObserver returns a consumer.Observer that records dead letters
+// DeadLetterObserver returns a inboxtype.Observer that records dead letters
 // on the inbox: once the consumer has dead-lettered a delivery of a key
 // (its copy confirmed in the DLQ and the original acked), the key's row
 // becomes [RecordDead], with the copy's x-error text (reason: error) as
 // last error and its attempt as attempts. Add it to
 // consumer.Config.Observers:
 //
-//	Observers: []consumer.Observer{store.DeadLetterObserver()},
+//	Observers: []inboxtype.Observer{store.DeadLetterObserver()},
 //
 // A completed row and a claim of claim mode still processing are left
 // alone, and so is a key without a row. A dead row is taken up again by a
@@ -25,25 +25,25 @@ import (
 // delivery is settled already, so a failed update (bounded by
 // StoreConfig.CleanupTimeout) is logged and leaves the row as it was.
 // Deliveries of handlers that do not use this store update nothing.
-func (s *Store) DeadLetterObserver() consumer.Observer {
+func (s *Store) DeadLetterObserver() inboxtype.Observer {
 	return deadLetterObserver{s: s}
 }
 
 type deadLetterObserver struct {
-	consumer.NopObserver
+	inboxtype.NopObserver
 	s *Store
 }
 
 // OnOutcome marks the row of a dead-lettered delivery's key dead.
-func (o deadLetterObserver) OnOutcome(d *consumer.Delivery, out consumer.Outcome) {
-	if out.Action != consumer.ActionDeadLettered || out.Err != nil || d == nil || d.Key == "" || d.Consumer == "" {
+func (o deadLetterObserver) OnOutcome(d *inboxtype.Delivery, out inboxtype.Outcome) {
+	if out.Action != inboxtype.ActionDeadLettered || out.Err != nil || d == nil || d.Key == "" || d.Namespace == "" {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), o.s.cfg.CleanupTimeout)
 	defer cancel()
 	attempt := int32(min(max(d.Attempt, 1), math.MaxInt32)) //nolint:gosec // bounded above
-	if _, err := o.s.pool.Exec(ctx, o.s.sql.markDead, d.Consumer, d.Key, deadLetterText(out.Decision), attempt); err != nil {
-		o.s.cfg.Logger.Warn("inbox: mark dead-lettered key dead", zap.String("consumer", d.Consumer),
+	if _, err := o.s.pool.Exec(ctx, o.s.sql.markDead, d.Namespace, d.Key, deadLetterText(out.Decision), attempt); err != nil {
+		o.s.cfg.Logger.Warn("inbox: mark dead-lettered key dead", zap.String("consumer", d.Namespace),
 			zap.String("key", d.Key), zap.Error(err))
 	}
 }

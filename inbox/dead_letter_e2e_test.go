@@ -13,6 +13,7 @@ import (
 
 	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 	"github.com/inboxmq/inboxmq/retry"
@@ -20,11 +21,11 @@ import (
 
 // startWith starts a consumer of b.queue with handler h, in-process tries
 // and the given observers before the test's own.
-func (b *e2e) startWith(t *testing.T, h consumer.Handler[order], policy retry.Policy, inProcess retry.InProcess, observers ...consumer.Observer) {
+func (b *e2e) startWith(t *testing.T, h inboxtype.Handler[order], policy retry.Policy, inProcess retry.InProcess, observers ...inboxtype.Observer) {
 	t.Helper()
 	r := consumer.NewRouter()
 	consumer.Register(r, b.queue, h, &consumer.HandlerOpts{
-		Consumer:  "payments",
+		Namespace: "payments",
 		Policy:    policy,
 		InProcess: inProcess,
 		Queue:     consumer.QueueOpts{Concurrency: 1, RetryTiers: []time.Duration{20 * time.Millisecond}},
@@ -45,10 +46,10 @@ func (b *e2e) waitDeadLetter(t *testing.T) amqp.Delivery {
 	t.Helper()
 	for {
 		out := b.obs.next(t)
-		if out.Action == consumer.ActionDeadLettered {
+		if out.Action == inboxtype.ActionDeadLettered {
 			break
 		}
-		require.Equal(t, consumer.ActionRetried, out.Action, "%+v", out)
+		require.Equal(t, inboxtype.ActionRetried, out.Action, "%+v", out)
 	}
 	dead, ok := amqptest.Get(t, b.conn, b.queue+".dlq")
 	require.True(t, ok, "the dead letter is in the DLQ")
@@ -74,18 +75,18 @@ func TestE2E_RowAttemptsMatchDeadLetterCopy(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name string
-		h    func(s *inbox.Store, g *gateway) consumer.Handler[order]
+		h    func(s *inbox.Store, g *gateway) inboxtype.Handler[order]
 	}{
-		{"transactional", func(s *inbox.Store, g *gateway) consumer.Handler[order] {
-			return inbox.Handler(s, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[order]) error {
+		{"transactional", func(s *inbox.Store, g *gateway) inboxtype.Handler[order] {
+			return inbox.Handler(s, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
 				if err := call(g); err != nil {
 					return err
 				}
 				return effectHandler(nil)(ctx, tx, msg)
 			}, nil)
 		}},
-		{"claim", func(s *inbox.Store, g *gateway) consumer.Handler[order] {
-			return inbox.ClaimHandler(s, func(ctx context.Context, c *inbox.Claim, msg *consumer.Message[order]) error {
+		{"claim", func(s *inbox.Store, g *gateway) inboxtype.Handler[order] {
+			return inbox.ClaimHandler(s, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[order]) error {
 				if err := call(g); err != nil {
 					return err
 				}
@@ -105,11 +106,11 @@ func TestE2E_RowAttemptsMatchDeadLetterCopy(t *testing.T) {
 
 			dead := b.waitDeadLetter(t)
 			require.Equal(t, int64(maxAttempts*(1+inProcessTries)), g.runs.Load(), "every broker attempt ran in process too")
-			require.Equal(t, maxAttempts, consumer.HeaderInt(dead.Headers, consumer.HeaderAttempt))
+			require.Equal(t, maxAttempts, inboxtype.HeaderInt(dead.Headers, inboxtype.HeaderAttempt))
 			r := b.get(t, "payments", "order:a1")
 			require.Equal(t, maxAttempts, r.Attempts, "the row says what the DLQ copy says")
 			require.Equal(t, inbox.RecordDead, r.Status, "dead-lettered, so dead")
-			require.Equal(t, dead.Headers[consumer.HeaderError], *r.LastError, "with the copy's x-error")
+			require.Equal(t, dead.Headers[inboxtype.HeaderError], *r.LastError, "with the copy's x-error")
 
 			// The gateway is back; the replay takes the dead key up again.
 			g.up.Store(1)
@@ -117,7 +118,7 @@ func TestE2E_RowAttemptsMatchDeadLetterCopy(t *testing.T) {
 			res, err := consumer.ReplayDLQ(t.Context(), b.conn, b.queue, nil)
 			require.NoError(t, err)
 			require.Equal(t, 1, res.Replayed)
-			require.Equal(t, consumer.ActionAcked, b.obs.next(t).Action)
+			require.Equal(t, inboxtype.ActionAcked, b.obs.next(t).Action)
 			r = b.get(t, "payments", "order:a1")
 			require.Equal(t, inbox.RecordCompleted, r.Status)
 			require.Equal(t, 1, r.Attempts, "a replay starts again at attempt 1")

@@ -9,16 +9,16 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
 // deadLettered reports to obs that the consumer dead-lettered msg's
 // delivery at attempt with err's decision.
-func deadLettered(obs consumer.Observer, msg *consumer.Message[order], attempt int, err error) {
+func deadLettered(obs inboxtype.Observer, msg *inboxtype.Message[order], attempt int, err error) {
 	msg.Delivery.Attempt = attempt
-	obs.OnOutcome(msg.Delivery, consumer.Outcome{Decision: retry.Classify(err), Action: consumer.ActionDeadLettered})
+	obs.OnOutcome(msg.Delivery, inboxtype.Outcome{Decision: retry.Classify(err), Action: inboxtype.ActionDeadLettered})
 }
 
 // A dead-lettered key's row becomes dead, with the dead letter's reason and
@@ -30,7 +30,7 @@ func TestDeadLetterObserver_MarksTheRowDead(t *testing.T) {
 	obs := b.store.DeadLetterObserver()
 	var down atomic.Bool
 	down.Store(true)
-	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[order]) error {
+	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
 		if down.Load() {
 			return retry.Permanent(errors.New("card declined"))
 		}
@@ -43,10 +43,10 @@ func TestDeadLetterObserver_MarksTheRowDead(t *testing.T) {
 	require.Equal(t, inbox.RecordFailed, b.get(t, "payments", "order:x").Status)
 
 	// Outcomes other than a settled dead letter change nothing.
-	for _, out := range []consumer.Outcome{
-		{Decision: retry.Classify(err), Action: consumer.ActionRetried},
-		{Decision: retry.Classify(err), Action: consumer.ActionRequeued},
-		{Decision: retry.Classify(err), Action: consumer.ActionDeadLettered, Err: errors.New("ack failed")},
+	for _, out := range []inboxtype.Outcome{
+		{Decision: retry.Classify(err), Action: inboxtype.ActionRetried},
+		{Decision: retry.Classify(err), Action: inboxtype.ActionRequeued},
+		{Decision: retry.Classify(err), Action: inboxtype.ActionDeadLettered, Err: errors.New("ack failed")},
 	} {
 		obs.OnOutcome(msg.Delivery, out)
 		require.Equal(t, inbox.RecordFailed, b.get(t, "payments", "order:x").Status, "%+v", out)
@@ -92,7 +92,7 @@ func TestDeadLetterObserver_CrashLoopBoundHolds(t *testing.T) {
 	const limit = 3
 	b := setup(t, &inbox.StoreConfig{CrashLimit: limit})
 	var calls atomic.Int64
-	h := inbox.Handler(b.store, func(context.Context, pgx.Tx, *consumer.Message[order]) error {
+	h := inbox.Handler(b.store, func(context.Context, pgx.Tx, *inboxtype.Message[order]) error {
 		calls.Add(1)
 		return errors.New("worker would have crashed here")
 	}, nil)

@@ -15,19 +15,19 @@
 // # Transactional mode
 //
 // For effects inside PostgreSQL. [Handler] adapts a [TxHandlerFunc] into a
-// consumer.Handler: BEGIN; claim the key (INSERT … ON CONFLICT DO UPDATE …
+// inboxtype.Handler: BEGIN; claim the key (INSERT … ON CONFLICT DO UPDATE …
 // WHERE status <> 'completed'); run the handler with the same pgx.Tx;
 // COMMIT. The consumer acks only after Handle returns nil, so after the
-// commit. A key that is already completed is a duplicate ([ErrDuplicate]),
+// commit. A key that is already completed is a duplicate ([retry.ErrDuplicate]),
 // and the same key with a different payload fingerprint (see
-// consumer.Fingerprinter) is a permanent [ErrKeyConflict]. A failed attempt
+// inboxtype.Fingerprinter) is a permanent [retry.ErrKeyConflict]. A failed attempt
 // rolls back and is recorded on the row (attempts, last_error,
 // last_failed_at).
 //
 // # Attempts and deliveries
 //
 // A row's attempts is the broker attempt (the x-attempt header,
-// consumer.Delivery.Attempt) of the last delivery that took the key up or
+// inboxtype.Delivery.Attempt) of the last delivery that took the key up or
 // failed on it, in both modes. In-process tries of one delivery and the
 // broker's redeliveries of it do not add to it, so it is the number a
 // dead-letter copy of the key carries in x-attempt, and a replay from the
@@ -44,7 +44,7 @@
 // again.
 //
 //	consumer.Register(router, "payments", inbox.Handler(store,
-//		func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[Payment]) error {
+//		func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[Payment]) error {
 //			_, err := tx.Exec(ctx, `INSERT INTO payments …`, …)
 //			return err
 //		}, nil), nil)

@@ -10,15 +10,6 @@ import (
 	"github.com/inboxmq/inboxmq/retry"
 )
 
-// ErrDuplicate is retry.ErrDuplicate, re-exported: the key's effect is
-// already committed. Every duplicate the inbox reports matches it with
-// errors.Is; the consumer acks such deliveries.
-var ErrDuplicate = retry.ErrDuplicate
-
-// ErrKeyConflict is retry.ErrKeyConflict, re-exported: a completed key was
-// reused with a different payload fingerprint. It is permanent.
-var ErrKeyConflict = retry.ErrKeyConflict
-
 // ErrLeaseLost is the cause with which a claim handler's context is
 // cancelled when its lease could not be extended (another worker took the
 // claim over, the database was unreachable) or reached ClaimOpts.MaxLease.
@@ -52,10 +43,9 @@ const (
 	// class 23: not null, foreign key, check, exclusion) other than a
 	// unique one, which is a duplicate.
 	ReasonDBIntegrityViolation = "db_integrity_violation"
-	ReasonClaimHeld            = "claim_held"      // another worker holds a live claim
-	ReasonLeaseLost            = "lease_lost"      // the claim's lease was lost or reached its cap
-	ReasonCrashLoop            = "crash_loop"      // redelivered more than StoreConfig.CrashLimit times
-	ReasonPanic                = retry.ReasonPanic // the handler panicked
+	ReasonClaimHeld            = "claim_held" // another worker holds a live claim
+	ReasonLeaseLost            = "lease_lost" // the claim's lease was lost or reached its cap
+	ReasonCrashLoop            = "crash_loop" // redelivered more than StoreConfig.CrashLimit times
 )
 
 // classified reports whether err already carries a decision of the retry

@@ -9,8 +9,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/inboxtype"
+	"github.com/inboxmq/inboxmq/retry"
 )
 
 func Example_claim() {
@@ -27,7 +28,7 @@ func Example_claim() {
 		charges++ // the outside effect; the gateway dedupes on idempotencyKey
 		return "ch_" + idempotencyKey, nil
 	}
-	h := inbox.ClaimHandler(store, func(ctx context.Context, c *inbox.Claim, msg *consumer.Message[Payment]) error {
+	h := inbox.ClaimHandler(store, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[Payment]) error {
 		// A recovery point: a retry after a crash past this line skips the
 		// call and gets the recorded result.
 		res, err := c.Step(ctx, "charge", func(ctx context.Context) (any, error) {
@@ -47,7 +48,7 @@ func Example_claim() {
 	p := Payment{OrderID: "7", Cents: 500}
 	fmt.Println("first delivery:", h.Handle(ctx, exampleMsg("charges", p)))
 	err = h.Handle(ctx, exampleMsg("charges", p))
-	fmt.Println("redelivery is a duplicate:", errors.Is(err, inbox.ErrDuplicate))
+	fmt.Println("redelivery is a duplicate:", errors.Is(err, retry.ErrDuplicate))
 	fmt.Println("gateway calls:", charges)
 	// Output:
 	// charged: "ch_payment:7"
@@ -70,7 +71,7 @@ func Example_claimGroupCommit() {
 
 	var mu sync.Mutex
 	txids := map[int64]bool{}
-	h := inbox.ClaimHandler(store, func(ctx context.Context, c *inbox.Claim, msg *consumer.Message[Payment]) error {
+	h := inbox.ClaimHandler(store, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[Payment]) error {
 		// (the gateway call with c.Key as Idempotency-Key goes here)
 		return c.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error {
 			var txid int64

@@ -10,10 +10,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 	"github.com/inboxmq/inboxmq/migrations"
+	"github.com/inboxmq/inboxmq/retry"
 )
 
 // Payment is a job whose business identity is its order.
@@ -61,8 +62,8 @@ func exampleDB(ctx context.Context, name string) (*pgxpool.Pool, func()) {
 }
 
 // exampleMsg builds the message the consumer would hand to the handler.
-func exampleMsg(consumerName string, p Payment) *consumer.Message[Payment] {
-	return &consumer.Message[Payment]{Key: p.IdempotencyKey(), Consumer: consumerName, Body: p, Attempt: 1}
+func exampleMsg(consumerName string, p Payment) *inboxtype.Message[Payment] {
+	return &inboxtype.Message[Payment]{Key: p.IdempotencyKey(), Namespace: consumerName, Body: p, Attempt: 1}
 }
 
 func Example_handler() {
@@ -76,7 +77,7 @@ func Example_handler() {
 	}
 	// The business write uses the inbox's transaction: both commit, or
 	// neither does.
-	h := inbox.Handler(store, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[Payment]) error {
+	h := inbox.Handler(store, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[Payment]) error {
 		_, err := tx.Exec(ctx, `INSERT INTO payments (order_id, cents) VALUES ($1, $2)`, msg.Body.OrderID, msg.Body.Cents)
 		return err
 	}, nil)
@@ -85,7 +86,7 @@ func Example_handler() {
 	p := Payment{OrderID: "42", Cents: 1999}
 	fmt.Println("first delivery:", h.Handle(ctx, exampleMsg("payments", p)))
 	err = h.Handle(ctx, exampleMsg("payments", p))
-	fmt.Println("redelivery is a duplicate:", errors.Is(err, inbox.ErrDuplicate))
+	fmt.Println("redelivery is a duplicate:", errors.Is(err, retry.ErrDuplicate))
 
 	var n int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM payments`).Scan(&n); err != nil {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/middleware"
 	"github.com/inboxmq/inboxmq/retry"
 )
@@ -99,7 +100,7 @@ func FuzzTraceHeaders(f *testing.F) {
 		r.Use(middleware.Tracing(tp, nil))
 		handled := false
 		var span trace.SpanContext
-		consumer.Register(r, "fuzz", consumer.HandlerFunc[tracedJob](func(ctx context.Context, _ *consumer.Message[tracedJob]) error {
+		consumer.Register(r, "fuzz", inboxtype.HandlerFunc[tracedJob](func(ctx context.Context, _ *inboxtype.Message[tracedJob]) error {
 			handled = true
 			span = trace.SpanContextFromContext(ctx)
 			return nil
@@ -114,7 +115,7 @@ func FuzzTraceHeaders(f *testing.F) {
 			h["traceparent"], h["tracestate"] = int32(len(parent)), amqp.Table{"x": state}
 		}
 		route := r.Routes()[0]
-		d := consumer.NewDelivery("fuzz", route.Opts.Consumer, "fuzz", &amqp.Delivery{Body: []byte(`{"id":"1"}`), Headers: h})
+		d := inboxtype.NewDelivery("fuzz", route.Opts.Namespace, "fuzz", &amqp.Delivery{Body: []byte(`{"id":"1"}`), Headers: h})
 		if err := route.Handler(context.Background(), d); err != nil {
 			t.Fatalf("headers %v: %v", h, err)
 		}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 	"github.com/inboxmq/inboxmq/retry"
@@ -36,7 +37,7 @@ func TestE2E_GroupCommitConnectionLostBetweenCommitAndAck(t *testing.T) {
 	t.Run("claim", func(t *testing.T) {
 		t.Parallel()
 		b := setupE2E(t)
-		h := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *consumer.Message[order]) error {
+		h := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[order]) error {
 			return c.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error { return effectHandler(nil)(ctx, tx, msg) })
 		}, &inbox.ClaimOpts{GroupCommit: group})
 		connectionLostBetweenCommitAndAck(t, b, n, h)
@@ -45,11 +46,11 @@ func TestE2E_GroupCommitConnectionLostBetweenCommitAndAck(t *testing.T) {
 
 // connectionLostBetweenCommitAndAck runs h, whose batches hold n
 // deliveries, through the crash between commit and ack.
-func connectionLostBetweenCommitAndAck(t *testing.T, b *e2e, n int, h consumer.Handler[order]) {
+func connectionLostBetweenCommitAndAck(t *testing.T, b *e2e, n int, h inboxtype.Handler[order]) {
 	name := "inboxmq-test-" + b.queue
 	var crash sync.Once
-	afterCommit := func(next consumer.DeliveryHandler) consumer.DeliveryHandler {
-		return func(ctx context.Context, d *consumer.Delivery) error {
+	afterCommit := func(next inboxtype.DeliveryHandler) inboxtype.DeliveryHandler {
+		return func(ctx context.Context, d *inboxtype.Delivery) error {
 			err := next(ctx, d)
 			if err == nil {
 				// The batch is committed; kill the connection before any of
@@ -61,14 +62,14 @@ func connectionLostBetweenCommitAndAck(t *testing.T, b *e2e, n int, h consumer.H
 	}
 	r := consumer.NewRouter()
 	consumer.Register(r, b.queue, h, &consumer.HandlerOpts{
-		Consumer:   "payments",
-		Middleware: []consumer.Middleware{afterCommit},
+		Namespace:  "payments",
+		Middleware: []inboxtype.Middleware{afterCommit},
 		InProcess:  retry.InProcess{Tries: -1},
 		Queue:      consumer.QueueOpts{Concurrency: 2 * n},
 	})
-	obs := &outcomes{ch: make(chan consumer.Outcome, 4*n)}
+	obs := &outcomes{ch: make(chan inboxtype.Outcome, 4*n)}
 	c, err := consumer.New(&consumer.Config{
-		URL: testenv.AMQPURL(), Name: name, Router: r, Observers: []consumer.Observer{obs},
+		URL: testenv.AMQPURL(), Name: name, Router: r, Observers: []inboxtype.Observer{obs},
 		ReconnectInitialInterval: 20 * time.Millisecond, ReconnectMaxInterval: 200 * time.Millisecond,
 	})
 	require.NoError(t, err)
@@ -88,9 +89,9 @@ func connectionLostBetweenCommitAndAck(t *testing.T, b *e2e, n int, h consumer.H
 	for abandoned < n || duplicates < n {
 		out := obs.next(t)
 		switch {
-		case out.Action == consumer.ActionAbandoned:
+		case out.Action == inboxtype.ActionAbandoned:
 			abandoned++
-		case out.Action == consumer.ActionAcked && out.Decision.Kind == retry.KindDuplicate:
+		case out.Action == inboxtype.ActionAcked && out.Decision.Kind == retry.KindDuplicate:
 			duplicates++
 		default:
 			t.Fatalf("unexpected outcome %+v", out)

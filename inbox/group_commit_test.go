@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
@@ -24,7 +24,7 @@ func fullBatch(n int) *inbox.HandlerOpts {
 }
 
 // handleAll runs h on msgs concurrently and returns their errors in order.
-func handleAll(t *testing.T, h consumer.Handler[order], msgs []*consumer.Message[order]) []error {
+func handleAll(t *testing.T, h inboxtype.Handler[order], msgs []*inboxtype.Message[order]) []error {
 	t.Helper()
 	errs := make([]error, len(msgs))
 	var wg sync.WaitGroup
@@ -57,7 +57,7 @@ func TestGroupCommit_FailureInTheMiddleRollsBackOnlyItsSavepoint(t *testing.T) {
 	b := setup(t, nil)
 	var mu sync.Mutex
 	txids := map[string]int64{}
-	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[order]) error {
+	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
 		var txid int64
 		if err := tx.QueryRow(ctx, `SELECT txid_current()`).Scan(&txid); err != nil {
 			return err
@@ -77,7 +77,7 @@ func TestGroupCommit_FailureInTheMiddleRollsBackOnlyItsSavepoint(t *testing.T) {
 		return nil
 	}, fullBatch(5))
 
-	msgs := make([]*consumer.Message[order], 5)
+	msgs := make([]*inboxtype.Message[order], 5)
 	for i := range msgs {
 		msgs[i] = newMsg(t, "payments", order{OrderID: strconv.Itoa(i + 1), Amount: i}, false)
 	}
@@ -112,7 +112,7 @@ func TestGroupCommit_DuplicatesInsideOneBatch(t *testing.T) {
 	b := setup(t, nil)
 	var calls atomic.Int64
 	h := inbox.Handler(b.store, effectHandler(&calls), fullBatch(6))
-	var msgs []*consumer.Message[order]
+	var msgs []*inboxtype.Message[order]
 	for _, id := range []string{"a", "b", "a", "c", "b", "a"} {
 		msgs = append(msgs, newMsg(t, "payments", order{OrderID: id}, false))
 	}
@@ -123,7 +123,7 @@ func TestGroupCommit_DuplicatesInsideOneBatch(t *testing.T) {
 			ok++
 			continue
 		}
-		require.ErrorIs(t, err, inbox.ErrDuplicate)
+		require.ErrorIs(t, err, retry.ErrDuplicate)
 		dup++
 	}
 	require.Equal(t, 3, ok)
@@ -136,13 +136,13 @@ func TestGroupCommit_DuplicateOfAFailedDeliveryInTheSameBatchProceeds(t *testing
 	t.Parallel()
 	b := setup(t, nil)
 	var calls atomic.Int64
-	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[order]) error {
+	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
 		if calls.Add(1) == 1 {
 			return errors.New("first copy fails")
 		}
 		return effectHandler(nil)(ctx, tx, msg)
 	}, fullBatch(2))
-	errs := handleAll(t, h, []*consumer.Message[order]{
+	errs := handleAll(t, h, []*inboxtype.Message[order]{
 		newMsg(t, "payments", order{OrderID: "x"}, false),
 		newMsg(t, "payments", order{OrderID: "x"}, false),
 	})
@@ -174,7 +174,7 @@ func TestGroupCommit_OverlappingBatchesInOppositeOrderDoNotDeadlock(t *testing.T
 		wg.Wait()
 		for _, err := range errs {
 			if err != nil {
-				require.ErrorIs(t, err, inbox.ErrDuplicate)
+				require.ErrorIs(t, err, retry.ErrDuplicate)
 			}
 		}
 	}
@@ -190,7 +190,7 @@ func TestGroupCommit_CommitFailureFailsOnlyItsDelivery(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
 	var calls atomic.Int64
-	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[order]) error {
+	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
 		if err := effectHandler(&calls)(ctx, tx, msg); err != nil {
 			return err
 		}
@@ -214,14 +214,14 @@ func TestGroupCommit_LoneDeliveryIsNotHeldBeyondMaxWait(t *testing.T) {
 	b := setup(t, nil)
 	h := inbox.Handler(b.store, effectHandler(nil), &inbox.HandlerOpts{GroupCommit: &inbox.GroupCommit{}})
 	require.NoError(t, h.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "lone"}, false)))
-	require.ErrorIs(t, h.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "lone"}, false)), inbox.ErrDuplicate)
+	require.ErrorIs(t, h.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "lone"}, false)), retry.ErrDuplicate)
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`))
 }
 
 func TestGroupCommit_HandlerShapesInsideSavepoints(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
-	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[order]) error {
+	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
 		switch msg.Body.OrderID {
 		case "a": // fails before any statement: its savepoint was never sent
 			return errors.New("a: rejected up front")
@@ -244,7 +244,7 @@ func TestGroupCommit_HandlerShapesInsideSavepoints(t *testing.T) {
 			return effectHandler(nil)(ctx, tx, msg)
 		}
 	}, fullBatch(4))
-	var msgs []*consumer.Message[order]
+	var msgs []*inboxtype.Message[order]
 	for _, id := range []string{"a", "b", "c", "d"} {
 		msgs = append(msgs, newMsg(t, "payments", order{OrderID: id}, false))
 	}
@@ -269,7 +269,7 @@ func TestGroupCommit_HandlerShapesInsideSavepoints(t *testing.T) {
 func TestGroupCommit_HandlerContextEndingMidStatementFailsOnlyItsDelivery(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
-	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[order]) error {
+	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
 		if err := effectHandler(nil)(ctx, tx, msg); err != nil {
 			return err
 		}

@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
@@ -16,7 +16,7 @@ import (
 // commits together with the inbox row or not at all. It must not commit or
 // roll back tx (it may open nested transactions with tx.Begin or
 // pgx.BeginFunc: they are savepoints).
-type TxHandlerFunc[T any] func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[T]) error
+type TxHandlerFunc[T any] func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[T]) error
 
 // HandlerOpts are per-handler settings of [Handler]. A nil *HandlerOpts
 // means defaults.
@@ -41,15 +41,15 @@ type HandlerOpts struct {
 //     quorum queues bound crash loops with their delivery limit), the row's
 //     delivery counter is incremented in its own statement; past
 //     StoreConfig.CrashLimit the delivery fails permanently (crash_loop);
-//  2. BEGIN, and the key (msg.Consumer, msg.Key) is claimed with INSERT …
+//  2. BEGIN, and the key (msg.Namespace, msg.Key) is claimed with INSERT …
 //     ON CONFLICT DO UPDATE … WHERE status <> 'completed' (a failed or
 //     received row is taken up again);
 //  3. no row came back: the key is completed, and the delivery is a
-//     duplicate (an error matching [ErrDuplicate]), or, if the message's
-//     fingerprint (consumer.Message.Fingerprint) differs from the one
+//     duplicate (an error matching [retry.ErrDuplicate]), or, if the message's
+//     fingerprint (inboxtype.Message.Fingerprint) differs from the one
 //     recorded, a key conflict (permanent); a live claim of claim mode asks
 //     for a retry after its lease;
-//  4. otherwise msg.Delivery.Fence is set, StatusProcessing reported, and h
+//  4. otherwise msg.Delivery.InboxFence is set, StatusProcessing reported, and h
 //     runs with the same transaction;
 //  5. h returned nil: COMMIT (the consumer acks after Handle returns nil);
 //     h failed: ROLLBACK, and the failed attempt (attempts, last_error,
@@ -76,7 +76,7 @@ type HandlerOpts struct {
 // handlers then run twice, the first run rolled back.
 //
 // Handler panics if s or h is nil (a start-up bug).
-func Handler[T any](s *Store, h TxHandlerFunc[T], opts *HandlerOpts) consumer.Handler[T] {
+func Handler[T any](s *Store, h TxHandlerFunc[T], opts *HandlerOpts) inboxtype.Handler[T] {
 	if s == nil || h == nil {
 		panic("inbox: Handler needs a store and a handler")
 	}
@@ -88,8 +88,8 @@ func Handler[T any](s *Store, h TxHandlerFunc[T], opts *HandlerOpts) consumer.Ha
 	if o.GroupCommit != nil {
 		b = newBatcher(s, o.GroupCommit.or(s.cfg.GroupCommit))
 	}
-	return consumer.HandlerFunc[T](func(ctx context.Context, msg *consumer.Message[T]) error {
-		u, err := s.newUnit(ctx, msg.Consumer, msg.Key, msg.ID, msg.Attempt, msg.Delivery, msg.Fingerprint(), o.StorePayload)
+	return inboxtype.HandlerFunc[T](func(ctx context.Context, msg *inboxtype.Message[T]) error {
+		u, err := s.newUnit(ctx, msg.Namespace, msg.Key, msg.ID, msg.Attempt, msg.Delivery, msg.Fingerprint(), o.StorePayload)
 		if err != nil {
 			return err
 		}
@@ -98,7 +98,10 @@ func Handler[T any](s *Store, h TxHandlerFunc[T], opts *HandlerOpts) consumer.Ha
 				return err
 			}
 		}
-		u.run = func(ctx context.Context, tx pgx.Tx) error { return h(ctx, tx, msg) }
+		u.run = func(ctx context.Context, tx pgx.Tx) error {
+			processing(msg.Delivery, u.fence)
+			return h(ctx, tx, msg)
+		}
 		if b != nil {
 			b.do(u)
 		} else {
@@ -108,7 +111,7 @@ func Handler[T any](s *Store, h TxHandlerFunc[T], opts *HandlerOpts) consumer.Ha
 	})
 }
 
-func (s *Store) newUnit(ctx context.Context, consumerName, key, messageID string, attempt int, d *consumer.Delivery, fp []byte, storePayload bool) (*unit, error) {
+func (s *Store) newUnit(ctx context.Context, consumerName, key, messageID string, attempt int, d *inboxtype.Delivery, fp []byte, storePayload bool) (*unit, error) {
 	if key == "" {
 		return nil, retry.Permanent(retry.WithReason(retry.ReasonInvalid, errors.New("inbox: empty idempotency key")))
 	}
@@ -116,22 +119,29 @@ func (s *Store) newUnit(ctx context.Context, consumerName, key, messageID string
 		return nil, retry.Permanent(retry.WithReason(retry.ReasonInvalid, errors.New("inbox: empty consumer name")))
 	}
 	u := &unit{ctx: ctx, consumer: consumerName, key: key, messageID: messageID, attempt: max(attempt, 1), fp: fp, done: make(chan struct{})}
-	if d != nil {
-		if storePayload {
-			u.payload = d.Body
-		}
-		u.onClaim = func(fence int64) {
-			d.Fence = fence
-			d.Transition(consumer.StatusProcessing, nil)
-		}
+	if d != nil && storePayload {
+		u.payload = d.Body
 	}
 	return u, nil
+}
+
+// processing records on d the fence of the key's claim and reports
+// StatusProcessing: the key is claimed and the handler is about to run. A
+// message built without a delivery (d nil) has nothing to record. The
+// handler adapters call it, so that the batch code never touches a
+// delivery.
+func processing(d *inboxtype.Delivery, fence int64) {
+	if d == nil {
+		return
+	}
+	d.InboxFence = fence
+	d.Transition(inboxtype.StatusProcessing, nil)
 }
 
 // crashCounted reports whether a delivery pays for the crash-loop counter:
 // only redelivered ones, and not those of quorum queues (x-delivery-count
 // set), whose delivery limit the broker enforces itself.
-func crashCounted(redelivered bool, d *consumer.Delivery) bool {
+func crashCounted(redelivered bool, d *inboxtype.Delivery) bool {
 	return redelivered && (d == nil || d.DeliveryCount == 0)
 }
 

@@ -11,15 +11,15 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
 // effectHandler writes one effect row and one ledger row per message.
 func effectHandler(calls *atomic.Int64) inbox.TxHandlerFunc[order] {
-	return func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[order]) error {
+	return func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
 		if calls != nil {
 			calls.Add(1)
 		}
@@ -50,7 +50,7 @@ func TestHandler_OneEffectUnderConcurrentDuplicates(t *testing.T) {
 		switch {
 		case err == nil:
 			ok++
-		case errors.Is(err, inbox.ErrDuplicate):
+		case errors.Is(err, retry.ErrDuplicate):
 			dup++
 			require.Equal(t, retry.KindDuplicate, retry.Classify(err).Kind)
 			require.Equal(t, retry.SourceInbox, retry.Classify(err).Source)
@@ -68,23 +68,73 @@ func TestHandler_OneEffectUnderConcurrentDuplicates(t *testing.T) {
 	require.NotNil(t, r.CompletedAt)
 }
 
+// Every mode records the claim's fence on the delivery (InboxFence) and
+// reports StatusProcessing once before the handler runs; the Redis lock's
+// fence (LockFence) is left alone.
 func TestHandler_SetsFenceAndProcessingTransition(t *testing.T) {
 	t.Parallel()
-	b := setup(t, nil)
-	obs := &transitions{}
-	msg := newMsg(t, "payments", order{OrderID: "f", Amount: 1}, false)
-	msg.Delivery = consumer.NewDelivery("q", "payments", "w1", msg.Delivery.Raw, obs)
-	h := inbox.Handler(b.store, effectHandler(nil), nil)
-	require.NoError(t, h.Handle(t.Context(), msg))
-	require.Equal(t, []string{consumer.StatusProcessing}, obs.statuses())
-	require.Equal(t, int64(1), msg.Delivery.Fence)
+	// seen records, per key, the fence the handler saw on its delivery.
+	type seen = *sync.Map
+	claim := func(s *inbox.Store, gc *inbox.GroupCommit, fences seen) inboxtype.Handler[order] {
+		return inbox.ClaimHandler(s, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[order]) error {
+			fences.Store(msg.Key, msg.Delivery.InboxFence)
+			return c.Complete(ctx, nil)
+		}, &inbox.ClaimOpts{GroupCommit: gc})
+	}
+	txh := func(s *inbox.Store, gc *inbox.GroupCommit, fences seen) inboxtype.Handler[order] {
+		return inbox.Handler(s, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
+			fences.Store(msg.Key, msg.Delivery.InboxFence)
+			return effectHandler(nil)(ctx, tx, msg)
+		}, &inbox.HandlerOpts{GroupCommit: gc})
+	}
+	for _, tc := range []struct {
+		name    string
+		handler func(*inbox.Store, *inbox.GroupCommit, seen) inboxtype.Handler[order]
+		gc      *inbox.GroupCommit
+	}{
+		{"PerMessage", txh, nil},
+		{"GroupCommit", txh, &inbox.GroupCommit{MaxBatch: 4}},
+		{"Pipeline", txh, &inbox.GroupCommit{MaxBatch: 4, Pipeline: true}},
+		{"Claim", claim, nil},
+		{"ClaimGroupCommit", claim, &inbox.GroupCommit{MaxBatch: 4}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, nil)
+			var fences sync.Map
+			h := tc.handler(b.store, tc.gc, &fences)
+			const n = 4
+			msgs := make([]*inboxtype.Message[order], n)
+			obs := make([]*transitions, n)
+			for i := range n {
+				obs[i] = &transitions{}
+				msgs[i] = newMsg(t, "payments", order{OrderID: "f" + strconv.Itoa(i), Amount: 1}, false)
+				msgs[i].Delivery = inboxtype.NewDelivery("q", "payments", "w1", msgs[i].Delivery.Raw, obs[i])
+				msgs[i].Delivery.LockFence = 42
+			}
+			errs := make([]error, n)
+			var wg sync.WaitGroup
+			for i := range n {
+				wg.Go(func() { errs[i] = h.Handle(t.Context(), msgs[i]) })
+			}
+			wg.Wait()
+			for i := range n {
+				require.NoError(t, errs[i])
+				require.Equal(t, []inboxtype.Status{inboxtype.StatusProcessing}, obs[i].statuses())
+				f, _ := fences.Load(msgs[i].Key)
+				require.Equal(t, int64(1), f, "the fence is set before the handler runs")
+				require.Equal(t, int64(1), msgs[i].Delivery.InboxFence)
+				require.Equal(t, int64(42), msgs[i].Delivery.LockFence, "the inbox leaves the lock's fence alone")
+			}
+		})
+	}
 }
 
 func TestHandler_FailureRollsBackAndIsRecorded(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
 	fail := true
-	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[order]) error {
+	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
 		if err := effectHandler(nil)(ctx, tx, msg); err != nil {
 			return err
 		}
@@ -116,7 +166,7 @@ func TestHandler_FailureRollsBackAndIsRecorded(t *testing.T) {
 	require.Equal(t, 2, r.Attempts, "the broker attempt that took the key up")
 
 	err = h.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "2", Amount: 7}, false))
-	require.ErrorIs(t, err, inbox.ErrDuplicate)
+	require.ErrorIs(t, err, retry.ErrDuplicate)
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`))
 }
 
@@ -126,7 +176,7 @@ func TestHandler_KeyConflictOnDifferentPayload(t *testing.T) {
 	h := inbox.Handler(b.store, effectHandler(nil), nil)
 	require.NoError(t, h.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "3", Amount: 1}, false)))
 	err := h.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "3", Amount: 999}, false))
-	require.ErrorIs(t, err, inbox.ErrKeyConflict)
+	require.ErrorIs(t, err, retry.ErrKeyConflict)
 	d := retry.Classify(err)
 	require.Equal(t, retry.KindPermanent, d.Kind)
 	require.Equal(t, retry.ReasonKeyConflict, d.Reason)
@@ -139,16 +189,16 @@ func TestHandler_ComparesTheDeliveryFingerprint(t *testing.T) {
 	h := inbox.Handler(b.store, effectHandler(nil), nil)
 	// The inbox records and compares Delivery.Fingerprint, the value the
 	// completed-cache compares too, not a fingerprint of its own.
-	withFP := func(o order, fp string) *consumer.Message[order] {
+	withFP := func(o order, fp string) *inboxtype.Message[order] {
 		msg := newMsg(t, "payments", o, false)
 		msg.Delivery.Fingerprint = []byte(fp)
 		return msg
 	}
 	require.NoError(t, h.Handle(t.Context(), withFP(order{OrderID: "fp", Amount: 1}, "A")))
 	require.Equal(t, []byte("A"), b.get(t, "payments", "order:fp").Fingerprint)
-	require.ErrorIs(t, h.Handle(t.Context(), withFP(order{OrderID: "fp", Amount: 2}, "A")), inbox.ErrDuplicate,
+	require.ErrorIs(t, h.Handle(t.Context(), withFP(order{OrderID: "fp", Amount: 2}, "A")), retry.ErrDuplicate,
 		"same fingerprint, other body: a duplicate")
-	require.ErrorIs(t, h.Handle(t.Context(), withFP(order{OrderID: "fp", Amount: 1}, "B")), inbox.ErrKeyConflict,
+	require.ErrorIs(t, h.Handle(t.Context(), withFP(order{OrderID: "fp", Amount: 1}, "B")), retry.ErrKeyConflict,
 		"other fingerprint, same body: a conflict")
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`))
 }
@@ -156,13 +206,13 @@ func TestHandler_ComparesTheDeliveryFingerprint(t *testing.T) {
 func TestHandler_BusinessUniqueViolationIsDuplicate(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
-	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[order]) error {
+	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
 		_, err := tx.Exec(ctx, `INSERT INTO orders (order_id) VALUES ('same-order')`)
 		return err
 	}, nil)
 	require.NoError(t, h.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "a"}, false)))
 	err := h.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "b"}, false))
-	require.ErrorIs(t, err, inbox.ErrDuplicate)
+	require.ErrorIs(t, err, retry.ErrDuplicate)
 	d := retry.Classify(err)
 	require.Equal(t, retry.KindDuplicate, d.Kind)
 	require.Equal(t, retry.SourceBusiness, d.Source)
@@ -174,14 +224,14 @@ func TestHandler_SerializationFailureIsRetryable(t *testing.T) {
 	b := setup(t, nil)
 	const injected = 3
 	var calls atomic.Int64
-	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[order]) error {
+	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
 		if calls.Add(1) <= injected {
 			_, err := tx.Exec(ctx, `DO $$ BEGIN RAISE EXCEPTION 'injected' USING ERRCODE = '40001'; END $$`)
 			return err
 		}
 		return effectHandler(nil)(ctx, tx, msg)
 	}, nil)
-	attempt := func(n int) *consumer.Message[order] {
+	attempt := func(n int) *inboxtype.Message[order] {
 		m := newMsg(t, "payments", order{OrderID: "s"}, false)
 		m.Attempt = n
 		return m
@@ -202,7 +252,7 @@ func TestHandler_CrashLoopBound(t *testing.T) {
 	t.Parallel()
 	b := setup(t, &inbox.StoreConfig{CrashLimit: 3})
 	var calls atomic.Int64
-	h := inbox.Handler(b.store, func(context.Context, pgx.Tx, *consumer.Message[order]) error {
+	h := inbox.Handler(b.store, func(context.Context, pgx.Tx, *inboxtype.Message[order]) error {
 		calls.Add(1)
 		return errors.New("worker would have crashed here")
 	}, nil)
@@ -230,7 +280,7 @@ func TestHandler_RedeliveredCompletedIsDuplicate(t *testing.T) {
 	h := inbox.Handler(b.store, effectHandler(nil), nil)
 	require.NoError(t, h.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "r"}, false)))
 	err := h.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "r"}, true))
-	require.ErrorIs(t, err, inbox.ErrDuplicate)
+	require.ErrorIs(t, err, retry.ErrDuplicate)
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`))
 }
 
@@ -246,7 +296,7 @@ func TestHandler_EmptyKeyIsPermanent(t *testing.T) {
 func TestHandler_PanicBecomesError(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
-	h := inbox.Handler(b.store, func(context.Context, pgx.Tx, *consumer.Message[order]) error { panic("boom") }, nil)
+	h := inbox.Handler(b.store, func(context.Context, pgx.Tx, *inboxtype.Message[order]) error { panic("boom") }, nil)
 	err := h.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "p"}, false))
 	require.Equal(t, retry.ReasonPanic, retry.Classify(err).Reason)
 	require.Equal(t, inbox.RecordFailed, b.get(t, "payments", "order:p").Status)
@@ -264,21 +314,21 @@ func TestHandler_ConsumersAreNamespaces(t *testing.T) {
 
 // transitions records the statuses a delivery went through.
 type transitions struct {
-	consumer.NopObserver
+	inboxtype.NopObserver
 	mu   sync.Mutex
-	seen []string
+	seen []inboxtype.Status
 }
 
-func (o *transitions) OnTransition(_ *consumer.Delivery, status string, _ error) {
+func (o *transitions) OnTransition(_ *inboxtype.Delivery, status inboxtype.Status, _ error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.seen = append(o.seen, status)
 }
 
-func (o *transitions) statuses() []string {
+func (o *transitions) statuses() []inboxtype.Status {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	return append([]string(nil), o.seen...)
+	return append([]inboxtype.Status(nil), o.seen...)
 }
 
 func TestHandler_ConcurrentDuplicateProceedsWhenTheFirstRollsBack(t *testing.T) {
@@ -287,7 +337,7 @@ func TestHandler_ConcurrentDuplicateProceedsWhenTheFirstRollsBack(t *testing.T) 
 	entered := make(chan struct{})
 	release := make(chan struct{})
 	var calls atomic.Int64
-	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[order]) error {
+	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
 		if calls.Add(1) == 1 {
 			close(entered)
 			<-release

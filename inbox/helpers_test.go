@@ -11,8 +11,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/pgtest"
 )
 
@@ -69,16 +69,16 @@ func tracedPool(t testing.TB, tracer pgx.QueryTracer) *pgxpool.Pool {
 var msgSeq atomic.Int64
 
 // newMsg builds a message as the consumer would hand it to a handler.
-func newMsg(t testing.TB, consumerName string, o order, redelivered bool) *consumer.Message[order] {
+func newMsg(t testing.TB, consumerName string, o order, redelivered bool) *inboxtype.Message[order] {
 	t.Helper()
 	body, err := json.Marshal(o)
 	require.NoError(t, err)
 	id := "m-" + strconv.FormatInt(msgSeq.Add(1), 10)
-	d := consumer.NewDelivery("q", consumerName, "w1", &amqp.Delivery{MessageId: id, Body: body, Redelivered: redelivered})
+	d := inboxtype.NewDelivery("q", consumerName, "w1", &amqp.Delivery{MessageId: id, Body: body, Redelivered: redelivered})
 	d.Key = o.IdempotencyKey()
 	d.Value = &o
-	return &consumer.Message[order]{
-		ID: id, Key: d.Key, Consumer: consumerName, Body: o, Headers: d.Headers,
+	return &inboxtype.Message[order]{
+		ID: id, Key: d.Key, Namespace: consumerName, Body: o, Headers: d.Headers,
 		Attempt: 1, Redelivered: redelivered, Delivery: d,
 	}
 }

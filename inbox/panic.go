@@ -22,5 +22,5 @@ func (s *Store) recovered(p any, u *unit, what string) error {
 		zap.String("consumer", u.consumer), zap.String("idempotency_key", u.key),
 		zap.String("message_id", u.messageID),
 		zap.String("panic", clip.Text(fmt.Sprint(p), clip.Limit)), zap.ByteString("stack", debug.Stack()))
-	return retry.WithReason(ReasonPanic, fmt.Errorf("inbox: %s panicked: %v", what, p))
+	return retry.WithReason(retry.ReasonPanic, fmt.Errorf("inbox: %s panicked: %v", what, p))
 }

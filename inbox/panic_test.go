@@ -12,8 +12,8 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
@@ -35,7 +35,7 @@ func TestHandler_PanicFailsOnlyItsDeliveryInEveryMode(t *testing.T) {
 			core, logs := observer.New(zapcore.ErrorLevel)
 			b := setup(t, &inbox.StoreConfig{Logger: zap.New(core, zap.AddStacktrace(zapcore.ErrorLevel))})
 			var panicked atomic.Int64
-			h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[order]) error {
+			h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
 				if msg.Body.OrderID == "2" {
 					panicked.Add(1)
 					panic("nil map write")
@@ -70,7 +70,7 @@ func TestHandler_PanicFailsOnlyItsDeliveryInEveryMode(t *testing.T) {
 func TestClaimHandler_PanicReleasesTheClaimAndGoesOn(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
-	h := inbox.ClaimHandler(b.store, func(context.Context, *inbox.Claim, *consumer.Message[order]) error {
+	h := inbox.ClaimHandler(b.store, func(context.Context, *inbox.Claim, *inboxtype.Message[order]) error {
 		panic("nil map write")
 	}, nil)
 	msg := newMsg(t, "payments", order{OrderID: "p"}, false)

@@ -59,9 +59,7 @@ func (s *Store) runPipelined(ctx context.Context, tx pgx.Tx, claimed []claimedUn
 	errs := make([]error, n)
 	for i, cu := range claimed {
 		u := cu.u
-		if u.onClaim != nil {
-			u.onClaim(cu.fence)
-		}
+		u.fence = cu.fence
 		go func() {
 			errs[i] = s.runHandler(u, &pipeTx{p: p})
 			p.done <- struct{}{}

@@ -11,8 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
@@ -20,9 +20,9 @@ func pipelinedBatch(n int) *inbox.HandlerOpts {
 	return &inbox.HandlerOpts{GroupCommit: &inbox.GroupCommit{MaxBatch: n, MaxWait: time.Minute, MaxInFlight: 1, Pipeline: true}}
 }
 
-func orders(t *testing.T, n int) []*consumer.Message[order] {
+func orders(t *testing.T, n int) []*inboxtype.Message[order] {
 	t.Helper()
-	msgs := make([]*consumer.Message[order], n)
+	msgs := make([]*inboxtype.Message[order], n)
 	for i := range msgs {
 		msgs[i] = newMsg(t, "payments", order{OrderID: strconv.Itoa(i + 1), Amount: i + 1}, false)
 	}
@@ -53,7 +53,7 @@ func TestPipeline_FailureFallsBackToSavepoints(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
 	var calls atomic.Int64
-	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[order]) error {
+	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
 		if err := effectHandler(&calls)(ctx, tx, msg); err != nil {
 			return err
 		}
@@ -83,7 +83,7 @@ func TestPipeline_FailedStatementFallsBack(t *testing.T) {
 	b := setup(t, nil)
 	_, err := b.pool.Exec(t.Context(), `INSERT INTO orders (order_id) VALUES ('2')`)
 	require.NoError(t, err)
-	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[order]) error {
+	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
 		if _, err := tx.Exec(ctx, `INSERT INTO orders (order_id) VALUES ($1)`, msg.Body.OrderID); err != nil {
 			return err
 		}
@@ -106,7 +106,7 @@ func TestPipeline_FailedStatementFallsBack(t *testing.T) {
 func TestPipeline_NonExecCallFallsBack(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
-	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[order]) error {
+	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
 		var one int
 		if err := tx.QueryRow(ctx, `SELECT 1`).Scan(&one); err != nil {
 			return err
@@ -125,14 +125,14 @@ func TestPipeline_DuplicatesInsideOneBatch(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
 	h := inbox.Handler(b.store, effectHandler(nil), pipelinedBatch(6))
-	var msgs []*consumer.Message[order]
+	var msgs []*inboxtype.Message[order]
 	for _, id := range []string{"a", "b", "a", "c", "b", "a"} {
 		msgs = append(msgs, newMsg(t, "payments", order{OrderID: id}, false))
 	}
 	var dup int
 	for _, err := range handleAll(t, h, msgs) {
 		if err != nil {
-			require.ErrorIs(t, err, inbox.ErrDuplicate)
+			require.ErrorIs(t, err, retry.ErrDuplicate)
 			dup++
 		}
 	}

@@ -14,8 +14,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"pgregory.net/rapid"
 
-	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
@@ -54,13 +54,13 @@ func TestProperty_AtMostOneEffectPerKey(t *testing.T) {
 			group = &inbox.GroupCommit{MaxBatch: 8, MaxWait: time.Millisecond, MaxInFlight: 2, Pipeline: true}
 		}
 		var behaviours sync.Map // message id -> behaviour
-		behaviourOf := func(msg *consumer.Message[order]) behaviour {
+		behaviourOf := func(msg *inboxtype.Message[order]) behaviour {
 			v, _ := behaviours.Load(msg.ID)
 			be, _ := v.(behaviour)
 			return be
 		}
 		// write is the business writes, failing after them as told.
-		write := func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[order]) error {
+		write := func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
 			if err := effectHandler(nil)(ctx, tx, msg); err != nil {
 				return err
 			}
@@ -76,16 +76,16 @@ func TestProperty_AtMostOneEffectPerKey(t *testing.T) {
 			}
 			return nil
 		}
-		var h consumer.Handler[order]
+		var h inboxtype.Handler[order]
 		if strings.HasPrefix(mode, "claim") {
-			h = inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *consumer.Message[order]) error {
+			h = inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[order]) error {
 				if behaviourOf(msg) == behaveFailBeforeWrite {
 					return errors.New("fails before completing")
 				}
 				return c.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error { return write(ctx, tx, msg) })
 			}, &inbox.ClaimOpts{GroupCommit: group})
 		} else {
-			h = inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[order]) error {
+			h = inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
 				if behaviourOf(msg) == behaveFailBeforeWrite {
 					return errors.New("fails before writing")
 				}
@@ -128,7 +128,7 @@ func TestProperty_AtMostOneEffectPerKey(t *testing.T) {
 				case err == nil:
 					require.Equal(rt, behaveOK, bes[i], "only a succeeding handler reports success")
 					done[ids[i]] = true
-				case errors.Is(err, inbox.ErrDuplicate):
+				case errors.Is(err, retry.ErrDuplicate):
 					done[ids[i]] = true
 				}
 			}
@@ -149,7 +149,7 @@ func TestProperty_AtMostOneEffectPerKey(t *testing.T) {
 		}
 		for i, err := range deliver(ids, bes) {
 			if err != nil {
-				require.ErrorIs(rt, err, inbox.ErrDuplicate, "key %s", ids[i])
+				require.ErrorIs(rt, err, retry.ErrDuplicate, "key %s", ids[i])
 			}
 		}
 		for _, id := range ids {

@@ -9,8 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
@@ -22,7 +22,7 @@ func TestClaim_ReleasedClaimIsRetriedNotAcked(t *testing.T) {
 	b := setup(t, nil)
 	rec, err := inbox.NewReconciler(b.store, nil)
 	require.NoError(t, err)
-	h := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *consumer.Message[order]) error {
+	h := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[order]) error {
 		// The worker stalls past its lease; the reconciler releases the claim.
 		_, err := b.pool.Exec(ctx, `UPDATE inboxmq_inbox SET lease_until = now() - interval '1 hour'`)
 		require.NoError(t, err)
@@ -50,7 +50,7 @@ func TestPipeline_InterdependentHandlersDoNotDeadlock(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
 	slot := make(chan struct{}, 1)
-	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[order]) error {
+	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
 		select {
 		case slot <- struct{}{}:
 		case <-ctx.Done():
@@ -72,7 +72,7 @@ func TestGroupCommit_HandlerCannotCommitTheBatch(t *testing.T) {
 	b := setup(t, nil)
 	var mu sync.Mutex
 	commitErrs := map[string]error{}
-	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[order]) error {
+	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
 		if err := effectHandler(nil)(ctx, tx, msg); err != nil {
 			return err
 		}
@@ -93,7 +93,7 @@ func TestGroupCommit_HandlerCannotCommitTheBatch(t *testing.T) {
 	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM effects`))
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM effects WHERE key = 'order:1'`))
 	require.Equal(t, inbox.RecordFailed, b.get(t, "payments", "order:1").Status)
-	require.False(t, errors.Is(errs[0], inbox.ErrDuplicate))
+	require.False(t, errors.Is(errs[0], retry.ErrDuplicate))
 }
 
 // A handler whose first statement fails before its savepoint exists (a
@@ -101,7 +101,7 @@ func TestGroupCommit_HandlerCannotCommitTheBatch(t *testing.T) {
 func TestGroupCommit_ParseErrorFailsOnlyItsDelivery(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
-	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[order]) error {
+	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
 		if msg.Body.OrderID == "2" {
 			_, err := tx.Exec(ctx, `INSERT INTO no_such_table (x) VALUES (1)`)
 			return err

@@ -208,7 +208,7 @@ func (s *Store) Table() string { return s.table }
 
 // Record is one inbox row. Pointer fields are nil when the column is NULL.
 type Record struct {
-	// Consumer is the inbox namespace (HandlerOpts.Consumer of the queue).
+	// Consumer is the inbox namespace (the handler's HandlerOpts.Namespace).
 	Consumer string
 	// Key is the idempotency key.
 	Key string
@@ -223,7 +223,7 @@ type Record struct {
 	// LeaseUntil is when a claim of claim mode expires.
 	LeaseUntil *time.Time
 	// Attempts is the broker attempt number (the x-attempt header,
-	// consumer.Delivery.Attempt) of the last delivery that took the key up
+	// inboxtype.Delivery.Attempt) of the last delivery that took the key up
 	// or failed on it. In-process tries and redeliveries of one broker
 	// attempt do not add to it, so a dead-lettered key's row shows the
 	// attempt its dead-letter copy carries; a replay starts again at 1.

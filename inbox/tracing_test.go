@@ -9,8 +9,8 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
-	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/inboxtype"
 )
 
 func TestHandler_ChildSpans(t *testing.T) {
@@ -21,7 +21,7 @@ func TestHandler_ChildSpans(t *testing.T) {
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 
 	ctx, parent := tp.Tracer("test").Start(t.Context(), "consume")
-	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[order]) error { return nil }, nil)
+	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error { return nil }, nil)
 	require.NoError(t, h.Handle(ctx, newMsg(t, "payments", order{OrderID: "span"}, false)))
 	parent.End()
 

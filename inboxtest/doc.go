@@ -8,7 +8,7 @@
 // Give [Run] (or [Check]) a [Subject]: the consumer.Router holding your
 // registered handler and its queue, a function producing fresh jobs, and a
 // function counting a job's committed effects. Each scenario delivers a job
-// through the route's complete middleware chain (decode, Dedupe, Lock,
+// through the route's complete middleware chain (decode, Cache, Lock,
 // inbox, your handler) the way the broker would, settles every copy (a
 // retry comes back with attempt+1, a crashed delivery comes back
 // redelivered), and then requires exactly one effect:

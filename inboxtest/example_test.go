@@ -12,6 +12,7 @@ import (
 	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
 	"github.com/inboxmq/inboxmq/inboxtest"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 	"github.com/inboxmq/inboxmq/migrations"
 )
@@ -22,11 +23,11 @@ type Order struct {
 	AmountCents int64  `json:"amount_cents"`
 }
 
-// IdempotencyKey implements consumer.Keyer.
+// IdempotencyKey implements inboxtype.Keyer.
 func (o Order) IdempotencyKey() string { return "payment:" + o.OrderID }
 
 // recordPayment books the payment in the inbox's transaction.
-func recordPayment(ctx context.Context, tx pgx.Tx, msg *consumer.Message[Order]) error {
+func recordPayment(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[Order]) error {
 	_, err := tx.Exec(ctx, `INSERT INTO ledger_entries (order_id, amount_cents) VALUES ($1, $2)`,
 		msg.Body.OrderID, msg.Body.AmountCents)
 	return err

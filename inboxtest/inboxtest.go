@@ -15,6 +15,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
@@ -38,7 +39,7 @@ var Scenarios = []string{SequentialDuplicates, ConcurrentDuplicates, CrashBefore
 // Subject is the handler under test and how to observe its effects.
 type Subject struct {
 	// Router holds the handler, registered with consumer.Register together
-	// with its middleware (Dedupe, Lock). Required.
+	// with its middleware (Cache, Lock). Required.
 	Router *consumer.Router
 	// Queue is the queue the handler is registered for. Nothing is sent to
 	// a broker: deliveries are built in memory and handed to the route's
@@ -196,16 +197,16 @@ func (h *harness) newCopy(body []byte) copyOf {
 // and reported as errors: the kit calls the chain without a consumer, so
 // this recover stands in for the consumer's last guard (permanent, so a
 // panicking handler under test fails at once).
-func (h *harness) deliverOnce(ctx context.Context, c copyOf, attempt int, redelivered bool) (d *consumer.Delivery, dec retry.Decision) {
+func (h *harness) deliverOnce(ctx context.Context, c copyOf, attempt int, redelivered bool) (d *inboxtype.Delivery, dec retry.Decision) {
 	raw := &amqp.Delivery{
 		MessageId:   c.id,
 		Body:        c.body,
 		ContentType: "application/json",
 		RoutingKey:  h.s.Queue,
 		Redelivered: redelivered,
-		Headers:     amqp.Table{consumer.HeaderAttempt: int32(attempt)},
+		Headers:     amqp.Table{inboxtype.HeaderAttempt: int32(attempt)},
 	}
-	d = consumer.NewDelivery(h.s.Queue, h.route.Opts.Consumer, "inboxtest", raw)
+	d = inboxtype.NewDelivery(h.s.Queue, h.route.Opts.Namespace, "inboxtest", raw)
 	var err error
 	func() {
 		defer func() {
@@ -216,23 +217,23 @@ func (h *harness) deliverOnce(ctx context.Context, c copyOf, attempt int, redeli
 		err = h.route.Handler(ctx, d)
 	}()
 	dec = consumer.Decide(ctx, err, h.route.Opts.Rules...)
-	d.Settle(consumer.Outcome{Decision: dec, Action: actionOf(dec), Delay: dec.Delay, Duration: time.Since(d.ReceivedAt)})
+	d.Settle(inboxtype.Outcome{Decision: dec, Action: actionOf(dec), Delay: dec.Delay, Duration: time.Since(d.ReceivedAt)})
 	return d, dec
 }
 
 // actionOf is what the harness does with a delivery decided as dec, in
 // the consumer's terms (it has no broker: a retry is delivered again at
 // once, a dead letter fails the scenario).
-func actionOf(dec retry.Decision) consumer.Action {
+func actionOf(dec retry.Decision) inboxtype.Action {
 	switch dec.Kind {
 	case retry.KindSucceeded, retry.KindDuplicate:
-		return consumer.ActionAcked
+		return inboxtype.ActionAcked
 	case retry.KindRetry:
-		return consumer.ActionRetried
+		return inboxtype.ActionRetried
 	case retry.KindPermanent:
-		return consumer.ActionDeadLettered
+		return inboxtype.ActionDeadLettered
 	default:
-		return consumer.ActionRequeued
+		return inboxtype.ActionRequeued
 	}
 }
 

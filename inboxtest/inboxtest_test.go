@@ -16,6 +16,7 @@ import (
 	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
 	"github.com/inboxmq/inboxmq/inboxtest"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/pgtest"
 	"github.com/inboxmq/inboxmq/internal/redistest"
 	"github.com/inboxmq/inboxmq/middleware"
@@ -27,7 +28,7 @@ type Payment struct {
 	AmountCents int64  `json:"amount_cents"`
 }
 
-// IdempotencyKey implements consumer.Keyer.
+// IdempotencyKey implements inboxtype.Keyer.
 func (p Payment) IdempotencyKey() string { return "payment:" + p.OrderID }
 
 type testBundle struct {
@@ -82,13 +83,13 @@ func (b *testBundle) del(ctx context.Context, keys ...string) error {
 
 // router registers h behind the completed-cache and the Redis lock, both
 // under the test's key prefix.
-func (b *testBundle) router(t *testing.T, h consumer.Handler[Payment]) *consumer.Router {
+func (b *testBundle) router(t *testing.T, h inboxtype.Handler[Payment]) *consumer.Router {
 	t.Helper()
 	r := consumer.NewRouter()
 	lck, err := middleware.Lock(b.rdb, &middleware.LockOpts{Prefix: b.prefix + "lock:"})
 	require.NoError(t, err)
-	consumer.Register(r, "payments", h, &consumer.HandlerOpts{Middleware: []consumer.Middleware{
-		middleware.Dedupe(b.rdb, &middleware.DedupeOpts{Prefix: b.prefix + "done:"}),
+	consumer.Register(r, "payments", h, &consumer.HandlerOpts{Middleware: []inboxtype.Middleware{
+		middleware.Cache(b.rdb, &middleware.CacheOpts{Prefix: b.prefix + "done:"}),
 		lck,
 	}})
 	return r
@@ -135,7 +136,7 @@ func runRecorded(s inboxtest.Subject) *recorder {
 func TestInboxHandlerPasses(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.subject.Router = b.router(t, inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[Payment]) error {
+	b.subject.Router = b.router(t, inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[Payment]) error {
 		_, err := tx.Exec(ctx, `INSERT INTO ledger_entries (order_id, amount_cents) VALUES ($1, $2)`, msg.Body.OrderID, msg.Body.AmountCents)
 		return err
 	}, nil))
@@ -161,7 +162,7 @@ func TestHandlerWithoutInboxFails(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	// Not behind the inbox: every copy writes again.
-	b.subject.Router = b.router(t, consumer.HandlerFunc[Payment](func(ctx context.Context, msg *consumer.Message[Payment]) error {
+	b.subject.Router = b.router(t, inboxtype.HandlerFunc[Payment](func(ctx context.Context, msg *inboxtype.Message[Payment]) error {
 		_, err := b.pool.Exec(ctx, `INSERT INTO ledger_entries (order_id, amount_cents) VALUES ($1, $2)`, msg.Body.OrderID, msg.Body.AmountCents)
 		return err
 	}))
@@ -180,7 +181,7 @@ func TestWritesOutsideTheInboxTransactionFail(t *testing.T) {
 	b := setup(t)
 	// Behind the inbox, but the write goes through the pool, not tx: it
 	// survives a failed COMMIT and is made again on redelivery.
-	b.subject.Router = b.router(t, inbox.Handler(b.store, func(ctx context.Context, _ pgx.Tx, msg *consumer.Message[Payment]) error {
+	b.subject.Router = b.router(t, inbox.Handler(b.store, func(ctx context.Context, _ pgx.Tx, msg *inboxtype.Message[Payment]) error {
 		_, err := b.pool.Exec(ctx, `INSERT INTO ledger_entries (order_id, amount_cents) VALUES ($1, $2)`, msg.Body.OrderID, msg.Body.AmountCents)
 		return err
 	}, nil))
@@ -204,7 +205,7 @@ func TestUninstrumentedPoolIsReported(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.subject.Faults = &inboxtest.Faults{} // armed, but on no pool
-	b.subject.Router = b.router(t, inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[Payment]) error {
+	b.subject.Router = b.router(t, inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[Payment]) error {
 		_, err := tx.Exec(ctx, `INSERT INTO ledger_entries (order_id, amount_cents) VALUES ($1, $2)`, msg.Body.OrderID, msg.Body.AmountCents)
 		return err
 	}, nil))
@@ -229,7 +230,7 @@ func TestSubjectValidation(t *testing.T) {
 func TestClaimHandlerPasses(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.subject.Router = b.router(t, inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *consumer.Message[Payment]) error {
+	b.subject.Router = b.router(t, inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[Payment]) error {
 		return c.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error {
 			_, err := tx.Exec(ctx, `INSERT INTO ledger_entries (order_id, amount_cents) VALUES ($1, $2)`, msg.Body.OrderID, msg.Body.AmountCents)
 			return err

@@ -15,6 +15,7 @@ import (
 	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
 	"github.com/inboxmq/inboxmq/inboxtest"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/middleware"
 	"github.com/inboxmq/inboxmq/retry"
 )
@@ -32,7 +33,7 @@ func TestHarnessSettlesAsTheConsumerDoes(t *testing.T) {
 
 	var mu sync.Mutex
 	seen := map[string][]int{} // the attempts each order's handler saw
-	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[Payment]) error {
+	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[Payment]) error {
 		mu.Lock()
 		seen[msg.Body.OrderID] = append(seen[msg.Body.OrderID], msg.Attempt)
 		first := len(seen[msg.Body.OrderID]) == 1
@@ -71,7 +72,7 @@ func TestHarnessSettlesAsTheConsumerDoes(t *testing.T) {
 			continue
 		}
 		for _, kv := range s.Attributes() {
-			if kv.Key == middleware.AttrAction {
+			if kv.Key == "inboxmq.action" {
 				ended[kv.Value.AsString()]++
 			}
 		}

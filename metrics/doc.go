@@ -5,13 +5,13 @@
 // spread over the packages that cause the events, gives one list of series
 // to document, alert on and chart, one place that pre-initialises every
 // label value, and no import of Prometheus in the packages that only need
-// to report (they call the [consumer.Observer] methods or a small hook).
+// to report (they call the [inboxtype.Observer] methods or a small hook).
 //
 // # Wiring
 //
 // Build the series once, register them with your registry, initialise each
 // route so that a quiet system shows zeros, and give the *Metrics to the
-// consumer as one of its observers (*Metrics implements [consumer.Observer]):
+// consumer as one of its observers (*Metrics implements [inboxtype.Observer]):
 //
 //	m, err := metrics.New(reg, &metrics.Config{Inbox: &metrics.InboxConfig{DB: pool}})
 //	if err != nil {

@@ -9,7 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/metrics"
 	"github.com/inboxmq/inboxmq/retry"
 )
@@ -25,11 +25,11 @@ func Example() {
 	}
 	m.Init("payments", "payments") // every series exists at zero
 
-	d := consumer.NewDelivery("payments", "payments", "worker-1", &amqp.Delivery{Redelivered: true})
-	m.OnTransition(d, consumer.StatusReceived, nil)
-	m.OnOutcome(d, consumer.Outcome{
+	d := inboxtype.NewDelivery("payments", "payments", "worker-1", &amqp.Delivery{Redelivered: true})
+	m.OnTransition(d, inboxtype.StatusReceived, nil)
+	m.OnOutcome(d, inboxtype.Outcome{
 		Decision: retry.Classify(retry.Duplicate(retry.SourceCache, nil)),
-		Action:   consumer.ActionAcked,
+		Action:   inboxtype.ActionAcked,
 		Duration: 2 * time.Millisecond,
 	})
 

@@ -10,7 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
@@ -63,9 +63,9 @@ var (
 	knownOutcomes = []string{
 		OutcomeCompleted, OutcomeDuplicate, OutcomeRetry, OutcomeDeadLettered, OutcomeRequeued, OutcomeAbandoned,
 	}
-	knownActions = []consumer.Action{
-		consumer.ActionAcked, consumer.ActionRetried, consumer.ActionDeadLettered,
-		consumer.ActionRequeued, consumer.ActionAbandoned,
+	knownActions = []inboxtype.Action{
+		inboxtype.ActionAcked, inboxtype.ActionRetried, inboxtype.ActionDeadLettered,
+		inboxtype.ActionRequeued, inboxtype.ActionAbandoned,
 	}
 )
 
@@ -119,12 +119,12 @@ func (c Config) validate() error {
 }
 
 // Metrics holds inboxmq's Prometheus series. It implements
-// [consumer.Observer], so the consumer reports every delivery to it, and has
+// [inboxtype.Observer], so the consumer reports every delivery to it, and has
 // methods the lock, cache and reconciler call ([Metrics.SetRedisDegraded],
 // [Metrics.StaleRecords]). It is safe for concurrent use. The zero value is
 // not usable: build one with [New].
 type Metrics struct {
-	consumer.NopObserver
+	inboxtype.NopObserver
 
 	extraReasons []string
 
@@ -329,21 +329,21 @@ func (m *Metrics) route(queue, consumerName string) *routeSeries {
 // (deliveries_received_total, in_flight, redelivered_total), locked,
 // lock_failed and lock_expired. Duplicates, retries and dead letters are
 // counted once per delivery in [Metrics.OnOutcome].
-func (m *Metrics) OnTransition(d *consumer.Delivery, status string, _ error) {
+func (m *Metrics) OnTransition(d *inboxtype.Delivery, status inboxtype.Status, _ error) {
 	switch status {
-	case consumer.StatusReceived:
-		rs := m.route(d.Queue, d.Consumer)
+	case inboxtype.StatusReceived:
+		rs := m.route(d.Queue, d.Namespace)
 		rs.received.Inc()
 		rs.inFlight.Inc()
 		if d.Redelivered {
 			rs.redelivered.Inc()
 		}
-	case consumer.StatusLocked:
-		m.route(d.Queue, d.Consumer).lockOK.Inc()
-	case consumer.StatusLockFailed:
-		m.route(d.Queue, d.Consumer).lockFailed.Inc()
-	case consumer.StatusLockExpired:
-		m.route(d.Queue, d.Consumer).lockExpired.Inc()
+	case inboxtype.StatusLocked:
+		m.route(d.Queue, d.Namespace).lockOK.Inc()
+	case inboxtype.StatusLockFailed:
+		m.route(d.Queue, d.Namespace).lockFailed.Inc()
+	case inboxtype.StatusLockExpired:
+		m.route(d.Queue, d.Namespace).lockExpired.Inc()
 	}
 }
 
@@ -352,8 +352,8 @@ func (m *Metrics) OnTransition(d *consumer.Delivery, status string, _ error) {
 // job_retry_total{reason} (broker-side retries), dead_lettered_total{reason},
 // idempotency_conflict_total{kind} and settle_errors_total; it also takes
 // the delivery out of in_flight.
-func (m *Metrics) OnOutcome(d *consumer.Delivery, o consumer.Outcome) {
-	q, c := d.Queue, d.Consumer
+func (m *Metrics) OnOutcome(d *inboxtype.Delivery, o inboxtype.Outcome) {
+	q, c := d.Queue, d.Namespace
 	m.route(q, c).inFlight.Dec()
 	m.settled.WithLabelValues(q, c, string(o.Action)).Inc()
 	if o.Err != nil {
@@ -376,31 +376,31 @@ func (m *Metrics) OnOutcome(d *consumer.Delivery, o consumer.Outcome) {
 		m.conflicts.WithLabelValues(q, c, ConflictKeyConflict).Inc()
 	}
 	switch o.Action {
-	case consumer.ActionRetried:
+	case inboxtype.ActionRetried:
 		m.retries.WithLabelValues(q, c, reasonOf(dec)).Inc()
-	case consumer.ActionDeadLettered:
+	case inboxtype.ActionDeadLettered:
 		m.deadLettered.WithLabelValues(q, c, reasonOf(dec)).Inc()
 	}
 }
 
 // OnInProcessRetry counts an in-process retry in job_retry_total and
 // in_process_retry_total.
-func (m *Metrics) OnInProcessRetry(d *consumer.Delivery, dec retry.Decision, _ time.Duration) {
+func (m *Metrics) OnInProcessRetry(d *inboxtype.Delivery, dec retry.Decision, _ time.Duration) {
 	r := reasonOf(dec)
-	m.retries.WithLabelValues(d.Queue, d.Consumer, r).Inc()
-	m.inProcess.WithLabelValues(d.Queue, d.Consumer, r).Inc()
+	m.retries.WithLabelValues(d.Queue, d.Namespace, r).Inc()
+	m.inProcess.WithLabelValues(d.Queue, d.Namespace, r).Inc()
 }
 
 // OnConnState sets broker_connected and counts broker_reconnects_total on
 // every connection after the first.
-func (m *Metrics) OnConnState(state consumer.ConnState, _ error) {
+func (m *Metrics) OnConnState(state inboxtype.ConnState, _ error) {
 	switch state {
-	case consumer.ConnConnected:
+	case inboxtype.ConnConnected:
 		m.connected.Set(1)
 		if m.everConnected.Swap(true) {
 			m.reconnects.Inc()
 		}
-	case consumer.ConnDisconnected, consumer.ConnStopped:
+	case inboxtype.ConnDisconnected, inboxtype.ConnStopped:
 		m.connected.Set(0)
 	}
 }
@@ -468,18 +468,18 @@ func (m *Metrics) ObserveHandler(queue, consumerName string, kind retry.Kind, d 
 	obs.Observe(d.Seconds())
 }
 
-func outcomeOf(o consumer.Outcome) string {
+func outcomeOf(o inboxtype.Outcome) string {
 	switch o.Action {
-	case consumer.ActionAcked:
+	case inboxtype.ActionAcked:
 		if o.Decision.Kind == retry.KindDuplicate {
 			return OutcomeDuplicate
 		}
 		return OutcomeCompleted
-	case consumer.ActionRetried:
+	case inboxtype.ActionRetried:
 		return OutcomeRetry
-	case consumer.ActionDeadLettered:
+	case inboxtype.ActionDeadLettered:
 		return OutcomeDeadLettered
-	case consumer.ActionRequeued:
+	case inboxtype.ActionRequeued:
 		return OutcomeRequeued
 	default:
 		return OutcomeAbandoned

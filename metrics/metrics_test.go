@@ -14,7 +14,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/pgtest"
 	"github.com/inboxmq/inboxmq/metrics"
 	"github.com/inboxmq/inboxmq/retry"
@@ -33,8 +33,8 @@ func setup(t *testing.T, cfg *metrics.Config) *testBundle {
 	return &testBundle{reg: reg, m: m}
 }
 
-func delivery(queue, consumerName string, redelivered bool) *consumer.Delivery {
-	return consumer.NewDelivery(queue, consumerName, "w1", &amqp.Delivery{MessageId: "m1", Redelivered: redelivered})
+func delivery(queue, consumerName string, redelivered bool) *inboxtype.Delivery {
+	return inboxtype.NewDelivery(queue, consumerName, "w1", &amqp.Delivery{MessageId: "m1", Redelivered: redelivered})
 }
 
 // value reads one series from the registry: name without the namespace and
@@ -165,22 +165,22 @@ func TestObserver_Transitions(t *testing.T) {
 	b.m.Init("payments", "payments-svc")
 
 	d := delivery("payments", "payments-svc", true)
-	b.m.OnTransition(d, consumer.StatusReceived, nil)
+	b.m.OnTransition(d, inboxtype.StatusReceived, nil)
 	require.InDelta(t, 1, value(t, b.reg, "deliveries_received_total", qc()), 0)
 	require.InDelta(t, 1, value(t, b.reg, "redelivered_total", qc()), 0)
 	require.InDelta(t, 1, value(t, b.reg, "in_flight", qc()), 0)
 
-	b.m.OnTransition(d, consumer.StatusLocked, nil)
-	b.m.OnTransition(d, consumer.StatusLockFailed, errors.New("held"))
-	b.m.OnTransition(d, consumer.StatusLockFailed, errors.New("held"))
-	b.m.OnTransition(d, consumer.StatusLockExpired, errors.New("lost"))
-	b.m.OnTransition(d, consumer.StatusProcessing, nil)
+	b.m.OnTransition(d, inboxtype.StatusLocked, nil)
+	b.m.OnTransition(d, inboxtype.StatusLockFailed, errors.New("held"))
+	b.m.OnTransition(d, inboxtype.StatusLockFailed, errors.New("held"))
+	b.m.OnTransition(d, inboxtype.StatusLockExpired, errors.New("lost"))
+	b.m.OnTransition(d, inboxtype.StatusProcessing, nil)
 	require.InDelta(t, 1, value(t, b.reg, "lock_acquire_success_total", qc()), 0)
 	require.InDelta(t, 2, value(t, b.reg, "lock_acquire_failed_total", qc()), 0)
 	require.InDelta(t, 1, value(t, b.reg, "lock_expired_before_completion_total", qc()), 0)
 
 	// A fresh delivery, not redelivered: redelivered_total stays.
-	b.m.OnTransition(delivery("payments", "payments-svc", false), consumer.StatusReceived, nil)
+	b.m.OnTransition(delivery("payments", "payments-svc", false), inboxtype.StatusReceived, nil)
 	require.InDelta(t, 2, value(t, b.reg, "deliveries_received_total", qc()), 0)
 	require.InDelta(t, 1, value(t, b.reg, "redelivered_total", qc()), 0)
 	require.InDelta(t, 2, value(t, b.reg, "in_flight", qc()), 0)
@@ -191,12 +191,12 @@ func TestObserver_Outcomes(t *testing.T) {
 
 	for _, tt := range []struct {
 		name    string
-		outcome consumer.Outcome
+		outcome inboxtype.Outcome
 		want    map[string]map[string]string // series -> labels that must read 1
 	}{
 		{
 			name:    "completed",
-			outcome: consumer.Outcome{Decision: retry.Classify(nil), Action: consumer.ActionAcked, Duration: 20 * time.Millisecond},
+			outcome: inboxtype.Outcome{Decision: retry.Classify(nil), Action: inboxtype.ActionAcked, Duration: 20 * time.Millisecond},
 			want: map[string]map[string]string{
 				"deliveries_settled_total":        qc("action", "acked"),
 				"job_processing_duration_seconds": qc("outcome", "completed"),
@@ -204,7 +204,7 @@ func TestObserver_Outcomes(t *testing.T) {
 		},
 		{
 			name:    "duplicate from the cache",
-			outcome: consumer.Outcome{Decision: retry.Classify(retry.Duplicate(retry.SourceCache, nil)), Action: consumer.ActionAcked},
+			outcome: inboxtype.Outcome{Decision: retry.Classify(retry.Duplicate(retry.SourceCache, nil)), Action: inboxtype.ActionAcked},
 			want: map[string]map[string]string{
 				"duplicate_detected_total":        qc("source", "cache"),
 				"job_processing_duration_seconds": qc("outcome", "duplicate"),
@@ -212,7 +212,7 @@ func TestObserver_Outcomes(t *testing.T) {
 		},
 		{
 			name:    "duplicate from a business constraint",
-			outcome: consumer.Outcome{Decision: retry.Classify(retry.Duplicate(retry.SourceBusiness, nil)), Action: consumer.ActionAcked},
+			outcome: inboxtype.Outcome{Decision: retry.Classify(retry.Duplicate(retry.SourceBusiness, nil)), Action: inboxtype.ActionAcked},
 			want: map[string]map[string]string{
 				"duplicate_detected_total":   qc("source", "business_constraint"),
 				"idempotency_conflict_total": qc("kind", "business_constraint"),
@@ -220,12 +220,12 @@ func TestObserver_Outcomes(t *testing.T) {
 		},
 		{
 			name:    "plain ErrDuplicate counts as inbox",
-			outcome: consumer.Outcome{Decision: retry.Decision{Kind: retry.KindDuplicate, Err: retry.ErrDuplicate}, Action: consumer.ActionAcked},
+			outcome: inboxtype.Outcome{Decision: retry.Decision{Kind: retry.KindDuplicate, Err: retry.ErrDuplicate}, Action: inboxtype.ActionAcked},
 			want:    map[string]map[string]string{"duplicate_detected_total": qc("source", "inbox")},
 		},
 		{
 			name:    "key conflict",
-			outcome: consumer.Outcome{Decision: retry.Classify(retry.ErrKeyConflict), Action: consumer.ActionDeadLettered},
+			outcome: inboxtype.Outcome{Decision: retry.Classify(retry.ErrKeyConflict), Action: inboxtype.ActionDeadLettered},
 			want: map[string]map[string]string{
 				"idempotency_conflict_total":      qc("kind", "key_conflict"),
 				"dead_lettered_total":             qc("reason", "key_conflict"),
@@ -234,7 +234,7 @@ func TestObserver_Outcomes(t *testing.T) {
 		},
 		{
 			name:    "broker retry",
-			outcome: consumer.Outcome{Decision: retry.Classify(retry.WithReason("lock_unavailable", errors.New("held"))), Action: consumer.ActionRetried, Delay: time.Second},
+			outcome: inboxtype.Outcome{Decision: retry.Classify(retry.WithReason("lock_unavailable", errors.New("held"))), Action: inboxtype.ActionRetried, Delay: time.Second},
 			want: map[string]map[string]string{
 				"job_retry_total":                 qc("reason", "lock_unavailable"),
 				"deliveries_settled_total":        qc("action", "retried"),
@@ -243,12 +243,12 @@ func TestObserver_Outcomes(t *testing.T) {
 		},
 		{
 			name:    "requeued",
-			outcome: consumer.Outcome{Decision: retry.Classify(retry.Interrupted(errors.New("stop"))), Action: consumer.ActionRequeued},
+			outcome: inboxtype.Outcome{Decision: retry.Classify(retry.Interrupted(errors.New("stop"))), Action: inboxtype.ActionRequeued},
 			want:    map[string]map[string]string{"job_processing_duration_seconds": qc("outcome", "requeued")},
 		},
 		{
 			name:    "abandoned with a settle error",
-			outcome: consumer.Outcome{Decision: retry.Classify(nil), Action: consumer.ActionAbandoned, Err: errors.New("channel closed")},
+			outcome: inboxtype.Outcome{Decision: retry.Classify(nil), Action: inboxtype.ActionAbandoned, Err: errors.New("channel closed")},
 			want: map[string]map[string]string{
 				"settle_errors_total":             qc("action", "abandoned"),
 				"job_processing_duration_seconds": qc("outcome", "abandoned"),
@@ -260,7 +260,7 @@ func TestObserver_Outcomes(t *testing.T) {
 			b := setup(t, nil)
 			b.m.Init("payments", "payments-svc")
 			d := delivery("payments", "payments-svc", false)
-			b.m.OnTransition(d, consumer.StatusReceived, nil)
+			b.m.OnTransition(d, inboxtype.StatusReceived, nil)
 			b.m.OnOutcome(d, tt.outcome)
 			require.Zero(t, value(t, b.reg, "in_flight", qc()))
 			require.InDelta(t, 1, value(t, b.reg, "deliveries_settled_total", qc("action", string(tt.outcome.Action))), 0)
@@ -275,7 +275,7 @@ func TestObserver_DurationObserved(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
 	d := delivery("payments", "payments-svc", false)
-	b.m.OnOutcome(d, consumer.Outcome{Action: consumer.ActionAcked, Duration: 1500 * time.Millisecond})
+	b.m.OnOutcome(d, inboxtype.Outcome{Action: inboxtype.ActionAcked, Duration: 1500 * time.Millisecond})
 	mfs, err := b.reg.Gather()
 	require.NoError(t, err)
 	for _, mf := range mfs {
@@ -304,15 +304,15 @@ func TestObserver_InProcessRetry(t *testing.T) {
 func TestObserver_ConnState(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
-	b.m.OnConnState(consumer.ConnConnected, nil)
+	b.m.OnConnState(inboxtype.ConnConnected, nil)
 	require.InDelta(t, 1, value(t, b.reg, "broker_connected", nil), 0)
 	require.Zero(t, value(t, b.reg, "broker_reconnects_total", nil), "the first connection is not a reconnect")
-	b.m.OnConnState(consumer.ConnDisconnected, errors.New("EOF"))
+	b.m.OnConnState(inboxtype.ConnDisconnected, errors.New("EOF"))
 	require.Zero(t, value(t, b.reg, "broker_connected", nil))
-	b.m.OnConnState(consumer.ConnConnected, nil)
+	b.m.OnConnState(inboxtype.ConnConnected, nil)
 	require.InDelta(t, 1, value(t, b.reg, "broker_connected", nil), 0)
 	require.InDelta(t, 1, value(t, b.reg, "broker_reconnects_total", nil), 0)
-	b.m.OnConnState(consumer.ConnStopped, nil)
+	b.m.OnConnState(inboxtype.ConnStopped, nil)
 	require.Zero(t, value(t, b.reg, "broker_connected", nil))
 }
 
@@ -412,13 +412,13 @@ func BenchmarkMetrics_Delivery(b *testing.B) {
 	require.NoError(b, err)
 	m.Init("payments", "payments-svc")
 	d := delivery("payments", "payments-svc", false)
-	o := consumer.Outcome{Decision: retry.Classify(nil), Action: consumer.ActionAcked, Duration: 3 * time.Millisecond}
+	o := inboxtype.Outcome{Decision: retry.Classify(nil), Action: inboxtype.ActionAcked, Duration: 3 * time.Millisecond}
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			m.OnTransition(d, consumer.StatusReceived, nil)
-			m.OnTransition(d, consumer.StatusProcessing, nil)
-			m.OnTransition(d, consumer.StatusCompleted, nil)
+			m.OnTransition(d, inboxtype.StatusReceived, nil)
+			m.OnTransition(d, inboxtype.StatusProcessing, nil)
+			m.OnTransition(d, inboxtype.StatusCompleted, nil)
 			m.OnOutcome(d, o)
 		}
 	})

@@ -6,25 +6,16 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/control"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/retry"
 )
-
-// SourceParked is the duplicate source (Decision.Source, the
-// duplicate_detected_total{source} label) of a delivery that [Block]
-// parked: the consumer acks it like a duplicate because its copy is safe in
-// the parked queue.
-const SourceParked = retry.SourceParked
-
-// StatusParked is the transition [Block] reports when it parks a delivery.
-const StatusParked = consumer.StatusParked
 
 // Parker parks a delivery: it makes a durable copy in the delivery's
 // parked queue and returns only once the broker confirmed it.
 // *control.Parker implements it.
 type Parker interface {
-	Park(ctx context.Context, d *consumer.Delivery, b control.Block) error
+	Park(ctx context.Context, d *inboxtype.Delivery, b control.Block) error
 }
 
 // BlockOpts configure [Block]. A nil *BlockOpts means the defaults.
@@ -51,7 +42,7 @@ type BlockOpts struct {
 // is durable (invariant 1). If parking fails, Block returns a retryable
 // error (reason "park") and the handler is not run. inboxctl unblock (or
 // [control.Release]) moves parked messages back to the work queue.
-func Block(w *control.Watcher, p Parker, opts *BlockOpts) (consumer.Middleware, error) {
+func Block(w *control.Watcher, p Parker, opts *BlockOpts) (inboxtype.Middleware, error) {
 	if w == nil {
 		return nil, fmt.Errorf("middleware: Block needs a *control.Watcher")
 	}
@@ -62,16 +53,16 @@ func Block(w *control.Watcher, p Parker, opts *BlockOpts) (consumer.Middleware, 
 	if opts != nil && opts.Logger != nil {
 		log = opts.Logger
 	}
-	return func(next consumer.DeliveryHandler) consumer.DeliveryHandler {
-		return func(ctx context.Context, d *consumer.Delivery) error {
+	return func(next inboxtype.DeliveryHandler) inboxtype.DeliveryHandler {
+		return func(ctx context.Context, d *inboxtype.Delivery) error {
 			if d.Key == "" {
 				return next(ctx, d)
 			}
-			b, ok := w.BlockedBy(d.Consumer, d.Key)
+			b, ok := w.BlockedBy(d.Namespace, d.Key)
 			if !ok {
 				return next(ctx, d)
 			}
-			if fresh, still, err := w.Confirm(ctx, d.Consumer, d.Key); err == nil {
+			if fresh, still, err := w.Confirm(ctx, d.Namespace, d.Key); err == nil {
 				if !still {
 					return next(ctx, d)
 				}
@@ -80,11 +71,11 @@ func Block(w *control.Watcher, p Parker, opts *BlockOpts) (consumer.Middleware, 
 			if err := p.Park(ctx, d, b); err != nil {
 				return retry.WithReason("park", retry.Retryable(fmt.Errorf("middleware: park blocked key %q: %w", d.Key, err)))
 			}
-			d.Transition(StatusParked, nil)
+			d.Transition(inboxtype.StatusParked, nil)
 			log.Info("middleware: blocked delivery parked",
-				zap.String("queue", d.Queue), zap.String("consumer", d.Consumer), zap.String("key", d.Key),
+				zap.String("queue", d.Queue), zap.String("consumer", d.Namespace), zap.String("key", d.Key),
 				zap.String("pattern", b.Pattern), zap.String("reason", b.Reason))
-			return retry.Duplicate(SourceParked, fmt.Errorf("middleware: key %q blocked (%s), parked in %s",
+			return retry.Duplicate(retry.SourceParked, fmt.Errorf("middleware: key %q blocked (%s), parked in %s",
 				d.Key, b.Pattern, control.ParkedQueueName(d.Queue)))
 		}
 	}, nil

@@ -17,6 +17,7 @@ import (
 
 	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/control"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
 	"github.com/inboxmq/inboxmq/internal/pgtest"
 	"github.com/inboxmq/inboxmq/internal/testenv"
@@ -36,7 +37,7 @@ type blockBundle struct {
 	queue   string
 	store   *control.Store
 	watcher *control.Watcher
-	handler consumer.DeliveryHandler
+	handler inboxtype.DeliveryHandler
 	pub     *amqptest.Publisher
 
 	mu      sync.Mutex
@@ -74,12 +75,12 @@ func setupBlock(t *testing.T, parker middleware.Parker) *blockBundle {
 
 	b := &blockBundle{conn: conn, queue: queue, store: control.NewStore(pool), watcher: w, pub: amqptest.NewPublisher(t, conn), handled: map[string]int{}}
 	r := consumer.NewRouter()
-	consumer.Register(r, queue, consumer.HandlerFunc[blockOrder](func(_ context.Context, m *consumer.Message[blockOrder]) error {
+	consumer.Register(r, queue, inboxtype.HandlerFunc[blockOrder](func(_ context.Context, m *inboxtype.Message[blockOrder]) error {
 		b.mu.Lock()
 		defer b.mu.Unlock()
 		b.handled[m.Key]++
 		return nil
-	}), &consumer.HandlerOpts{Middleware: []consumer.Middleware{mw}})
+	}), &consumer.HandlerOpts{Middleware: []inboxtype.Middleware{mw}})
 	b.handler = r.Routes()[0].Handler
 	return b
 }
@@ -106,7 +107,7 @@ func (b *blockBundle) drive(t *testing.T) []retry.Decision {
 		if !ok {
 			return out
 		}
-		d := consumer.NewDelivery(b.queue, b.queue, "test", &raw)
+		d := inboxtype.NewDelivery(b.queue, b.queue, "test", &raw)
 		dec := retry.Classify(b.handler(t.Context(), d))
 		out = append(out, dec)
 		if dec.Kind == retry.KindSucceeded || dec.Kind == retry.KindDuplicate {
@@ -129,7 +130,7 @@ func TestBlock_ParksBlockedKeyAndReleasesOnUnblock(t *testing.T) {
 	decs := b.drive(t)
 	require.Len(t, decs, 3)
 	require.Equal(t, retry.KindDuplicate, decs[1].Kind)
-	require.Equal(t, middleware.SourceParked, decs[1].Source)
+	require.Equal(t, retry.SourceParked, decs[1].Source)
 	require.Equal(t, map[string]int{"order:1": 1, "order:3": 1}, b.handled)
 	require.Zero(t, amqptest.Depth(t, b.conn, b.queue))
 	require.Equal(t, 1, amqptest.Depth(t, b.conn, control.ParkedQueueName(b.queue)))
@@ -166,10 +167,10 @@ func TestBlock_PrefixAndParkedHeaders(t *testing.T) {
 
 	parked := amqptest.Drain(t, b.conn, control.ParkedQueueName(b.queue))
 	require.Len(t, parked, 2)
-	require.Equal(t, "order:91", parked[0].Headers[consumer.HeaderIdempotencyKey])
+	require.Equal(t, "order:91", parked[0].Headers[inboxtype.HeaderIdempotencyKey])
 	require.Equal(t, "blocked", parked[0].Headers[control.HeaderParkedReason])
 	require.Equal(t, "order:9", parked[0].Headers[control.HeaderParkedPattern])
-	require.Equal(t, b.queue, parked[0].Headers[consumer.HeaderOriginalQueue])
+	require.Equal(t, b.queue, parked[0].Headers[inboxtype.HeaderOriginalQueue])
 	require.Equal(t, "m-91", parked[0].MessageId)
 	require.JSONEq(t, `{"id":"91"}`, string(parked[0].Body))
 }
@@ -199,7 +200,7 @@ func TestRelease_SelectsByKey(t *testing.T) {
 
 type failingParker struct{}
 
-func (failingParker) Park(context.Context, *consumer.Delivery, control.Block) error {
+func (failingParker) Park(context.Context, *inboxtype.Delivery, control.Block) error {
 	return errors.New("broker unreachable")
 }
 
@@ -235,7 +236,7 @@ func TestBlock_InvalidArguments(t *testing.T) {
 // "<queue>.parked" with confirms).
 type printParker struct{}
 
-func (printParker) Park(_ context.Context, d *consumer.Delivery, b control.Block) error {
+func (printParker) Park(_ context.Context, d *inboxtype.Delivery, b control.Block) error {
 	fmt.Printf("parked %s in %s (%s)\n", d.Key, control.ParkedQueueName(d.Queue), b.Reason)
 	return nil
 }
@@ -259,15 +260,15 @@ func ExampleBlock() {
 		panic(err)
 	}
 	r := consumer.NewRouter()
-	consumer.Register(r, "orders", consumer.HandlerFunc[blockOrder](func(_ context.Context, m *consumer.Message[blockOrder]) error {
+	consumer.Register(r, "orders", inboxtype.HandlerFunc[blockOrder](func(_ context.Context, m *inboxtype.Message[blockOrder]) error {
 		fmt.Println("handled", m.Key)
 		return nil
-	}), &consumer.HandlerOpts{Middleware: []consumer.Middleware{block}})
+	}), &consumer.HandlerOpts{Middleware: []inboxtype.Middleware{block}})
 	h := r.Routes()[0].Handler
 
 	for _, id := range []string{"1", "2"} {
 		raw := &amqp.Delivery{Body: fmt.Appendf(nil, `{"id":%q}`, id)}
-		err := h(ctx, consumer.NewDelivery("orders", "orders", "worker-1", raw))
+		err := h(ctx, inboxtype.NewDelivery("orders", "orders", "worker-1", raw))
 		fmt.Println(retry.Classify(err).Kind) // the consumer acks both
 	}
 	// Output:

@@ -1,5 +1,5 @@
 // Package middleware holds inboxmq's delivery middleware: decorators of
-// [consumer.DeliveryHandler] that run around the decode and handler step,
+// [inboxtype.DeliveryHandler] that run around the decode and handler step,
 // and the observers that turn delivery events into logs, metrics and traces.
 //
 // Middleware never acks or nacks. It returns an error (or nil), and the
@@ -11,14 +11,14 @@
 // middleware (HandlerOpts.Middleware) runs after it, so it sees
 // Delivery.Key. Outermost first:
 //
-//	Tracing -> Metrics -> Timeout -> [decode] -> Dedupe -> Lock -> inbox handler
+//	Tracing -> Metrics -> Timeout -> [decode] -> Cache -> Lock -> inbox handler
 //
 //	r.Use(middleware.Tracing(nil, nil), middleware.Metrics(m),
 //		middleware.Timeout(2*time.Minute))
 //	lck, err := middleware.Lock(rdb, nil)
 //	consumer.Register(r, "payments", h, &consumer.HandlerOpts{
-//		Middleware: []consumer.Middleware{
-//			middleware.Dedupe(rdb, nil),
+//		Middleware: []inboxtype.Middleware{
+//			middleware.Cache(rdb, nil),
 //			lck,
 //		},
 //	})
@@ -33,20 +33,25 @@
 //
 // # Redis: an accelerator, never the judge
 //
-// [Dedupe] (the completed-cache) and [Lock] use Redis to save work, never
+// [Cache] (the completed-cache) and [Lock] use Redis to save work, never
 // to decide correctness: the PostgreSQL inbox keeps every effect single
 // with Redis absent, flushed, slow or partitioned.
 //
-//   - Dedupe stores positive entries only: the fingerprint of the job that
+//   - Cache stores positive entries only: the fingerprint of the job that
 //     completed. A copy with that fingerprint is acked as a duplicate from
 //     source "cache"; a miss, an error or another fingerprint (another job
 //     reusing the key) falls through to the inbox, which has the final
 //     word. Entries are written only after a commit.
-//   - Lock holds a lock per (consumer, key) with a keep-alive, so two
+//   - Lock holds a lock per (namespace, key) with a keep-alive, so two
 //     workers do not both run a handler for the same key; the other one is
 //     retried later with reason "lock_unavailable". Its fencing token is
-//     set on Delivery.Fence. Its primitives live in package lock, usable on
-//     their own.
+//     set on Delivery.LockFence. A lock that is lost before the handler
+//     returns cancels the handler's context with cause [ErrLockLost] or
+//     [ErrMaxHoldReached].
+//
+// Lock and Cache need the idempotency key: a delivery without one (the
+// middleware mounted router-wide, or on a route whose payload is no Keyer)
+// fails permanently with an error naming the misconfiguration.
 //
 // Each Redis call has a short timeout (150ms by default). When Redis errors
 // or times out, the delivery proceeds without it, and the change is reported
@@ -63,7 +68,7 @@
 // context in the AMQP headers ([InjectHeaders] writes it on the publishing
 // side), and [Metrics] times the chain into the metrics package's
 // handler_duration_seconds with trace-id exemplars. Both report the
-// outcome the consumer settled the delivery on (consumer.Delivery's
+// outcome the consumer settled the delivery on (inboxtype.Delivery's
 // OnSettled hooks), never a classification of their own; the
 // per-delivery counters come from metrics.Metrics as an observer. Lock starts a
 // "lock.acquire" span under the span in the context. Recommended order:

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/middleware"
 	"github.com/inboxmq/inboxmq/retry"
 )
@@ -29,9 +30,9 @@ func ExampleNewLogObserver() {
 	logger := zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(enc), zapcore.AddSync(os.Stdout), zapcore.InfoLevel))
 	obs := middleware.NewLogObserver(logger, nil)
 
-	d := consumer.NewDelivery("payments", "payments", "worker-1", &amqp.Delivery{MessageId: "m-1", Redelivered: true})
+	d := inboxtype.NewDelivery("payments", "payments", "worker-1", &amqp.Delivery{MessageId: "m-1", Redelivered: true})
 	d.Key = "payment:order-42"
-	obs.OnOutcome(d, consumer.Outcome{Action: consumer.ActionAcked, Decision: retry.Classify(retry.Duplicate(retry.SourceInbox, nil))})
+	obs.OnOutcome(d, inboxtype.Outcome{Action: inboxtype.ActionAcked, Decision: retry.Classify(retry.Duplicate(retry.SourceInbox, nil))})
 	// Output:
 	// {"level":"info","msg":"delivery duplicate","status":"duplicate","message_id":"m-1","idempotency_key":"payment:order-42","consumer":"payments","queue":"payments","worker_id":"worker-1","attempt":1,"redelivered":true,"duration":"0s","duplicate_source":"inbox","error":"retry: duplicate message (inbox)"}
 }
@@ -49,14 +50,14 @@ func ExampleTracing() {
 	send.End()
 
 	// Consumer side.
-	handler := middleware.Tracing(tp, nil)(func(context.Context, *consumer.Delivery) error {
+	handler := middleware.Tracing(tp, nil)(func(context.Context, *inboxtype.Delivery) error {
 		return retry.Permanent(errors.New("card declined"))
 	})
-	d := consumer.NewDelivery("payments", "payments", "worker-1", &amqp.Delivery{Headers: headers})
+	d := inboxtype.NewDelivery("payments", "payments", "worker-1", &amqp.Delivery{Headers: headers})
 	err := handler(context.Background(), d)
 	// The consumer settles the delivery, which ends the span with the
 	// outcome; here it is settled by hand.
-	d.Settle(consumer.Outcome{Decision: consumer.Decide(context.Background(), err), Action: consumer.ActionDeadLettered})
+	d.Settle(inboxtype.Outcome{Decision: consumer.Decide(context.Background(), err), Action: inboxtype.ActionDeadLettered})
 
 	spans := rec.Ended()
 	process := spans[len(spans)-1]

@@ -10,9 +10,9 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
+	"github.com/inboxmq/inboxmq/internal/lock"
 	"github.com/inboxmq/inboxmq/internal/testenv"
-	"github.com/inboxmq/inboxmq/lock"
 	"github.com/inboxmq/inboxmq/middleware"
 	"github.com/inboxmq/inboxmq/retry"
 )
@@ -30,16 +30,16 @@ func exampleRedis() (*redis.Client, string) {
 
 // exampleDelivery is a decoded delivery of consumer "payments" with key,
 // whose fingerprint is that of the job {"order_id": key, "amount_cents": 100}.
-func exampleDelivery(key string) *consumer.Delivery {
+func exampleDelivery(key string) *inboxtype.Delivery {
 	return exampleJob(key, 100)
 }
 
 // exampleJob is a decoded delivery of the job {"order_id": key,
 // "amount_cents": amount}, its Key and Fingerprint set as Register sets
 // them.
-func exampleJob(key string, amount int) *consumer.Delivery {
+func exampleJob(key string, amount int) *inboxtype.Delivery {
 	body := fmt.Appendf(nil, `{"order_id":%q,"amount_cents":%d}`, key, amount)
-	d := consumer.NewDelivery("payments", "payments", "worker-1", &amqp.Delivery{Body: body})
+	d := inboxtype.NewDelivery("payments", "payments", "worker-1", &amqp.Delivery{Body: body})
 	d.Key = key
 	sum := sha256.Sum256(body)
 	d.Fingerprint = sum[:]
@@ -51,7 +51,7 @@ func ExampleLock() {
 	rdb, prefix := exampleRedis()
 	defer rdb.Close()
 
-	// In a real worker: HandlerOpts{Middleware: []consumer.Middleware{lockMW}}.
+	// In a real worker: HandlerOpts{Middleware: []inboxtype.Middleware{lockMW}}.
 	lockKey, fenceKey := lock.RedisKeys(prefix + "payments:order-42")
 	defer rdb.Del(ctx, lockKey, fenceKey)
 
@@ -64,8 +64,8 @@ func ExampleLock() {
 	finish := make(chan struct{})
 	done := make(chan error)
 	go func() {
-		done <- lockMW(func(ctx context.Context, d *consumer.Delivery) error {
-			fmt.Println("first worker:", d.LockResult, "fence", d.Fence)
+		done <- lockMW(func(ctx context.Context, d *inboxtype.Delivery) error {
+			fmt.Println("first worker:", d.LockResult, "fence", d.LockFence)
 			close(inHandler)
 			<-finish // the first worker is busy with order-42
 			return nil
@@ -75,7 +75,7 @@ func ExampleLock() {
 
 	// A copy of the same message reaches a second worker meanwhile.
 	d := exampleDelivery("order-42")
-	err = lockMW(func(context.Context, *consumer.Delivery) error {
+	err = lockMW(func(context.Context, *inboxtype.Delivery) error {
 		fmt.Println("never runs")
 		return nil
 	})(ctx, d)
@@ -91,14 +91,14 @@ func ExampleLock() {
 	// first worker returned: <nil>
 }
 
-func ExampleDedupe() {
+func ExampleCache() {
 	ctx := context.Background()
 	rdb, prefix := exampleRedis()
 	defer rdb.Close()
 	defer rdb.Del(ctx, prefix+"payments:order-42")
 
-	dedupe := middleware.Dedupe(rdb, &middleware.DedupeOpts{Prefix: prefix, TTL: time.Minute})
-	handler := dedupe(func(_ context.Context, d *consumer.Delivery) error {
+	cache := middleware.Cache(rdb, &middleware.CacheOpts{Prefix: prefix, TTL: time.Minute})
+	handler := cache(func(_ context.Context, d *inboxtype.Delivery) error {
 		fmt.Printf("inbox handler: %s\n", d.Body) // in a real worker: the inbox handler
 		return nil
 	})
@@ -118,7 +118,7 @@ func ExampleDedupe() {
 }
 
 func ExampleTimeout() {
-	handler := middleware.Timeout(10 * time.Millisecond)(func(ctx context.Context, _ *consumer.Delivery) error {
+	handler := middleware.Timeout(10 * time.Millisecond)(func(ctx context.Context, _ *inboxtype.Delivery) error {
 		<-ctx.Done() // a call that honours ctx
 		return ctx.Err()
 	})

@@ -15,12 +15,27 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 
-	"github.com/inboxmq/inboxmq/consumer"
-	"github.com/inboxmq/inboxmq/lock"
+	"github.com/inboxmq/inboxmq/inboxtype"
+	"github.com/inboxmq/inboxmq/internal/lock"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
-// Values of consumer.Delivery.LockResult set by [Lock].
+// Errors of [Lock] that a handler or an observer can see.
+var (
+	// ErrLockLost is the cause with which Lock cancels the handler's
+	// context when a refresh finds the lock gone, or when Redis did not
+	// answer before the lock's TTL ran out: test it with
+	// errors.Is(context.Cause(ctx), ErrLockLost).
+	ErrLockLost = lock.ErrLockLost
+	// ErrMaxHoldReached is the cause with which Lock cancels the handler's
+	// context when the lock has been held for LockOpts.MaxHold.
+	ErrMaxHoldReached = lock.ErrMaxHoldReached
+	// ErrLockNotObtained is matched (errors.Is) by the error Lock returns
+	// when another worker holds the lock.
+	ErrLockNotObtained = lock.ErrNotObtained
+)
+
+// Values of inboxtype.Delivery.LockResult set by [Lock].
 const (
 	// LockAcquired: this worker holds the lock while the handler runs.
 	LockAcquired = "acquired"
@@ -59,7 +74,7 @@ const (
 )
 
 // lockLease caps the TTL an obtain sets; the keep-alive's first refresh
-// extends the lock to LockOpts.TTL (see lock.Config.Lease).
+// extends the lock to LockOpts.TTL.
 const lockLease = 5 * time.Second
 
 // LockOpts configure [Lock]. A nil *LockOpts means defaults; a value out of
@@ -80,7 +95,7 @@ type LockOpts struct {
 	// handler's context is cancelled and the delivery retried (reason
 	// lock_expired). Keep it below RabbitMQ's consumer ack timeout. Where
 	// TTL bounds how long a dead holder blocks a key, MaxHold bounds a live
-	// one. Defaults to lock.DefaultMaxHold (25m); -1 means no cap.
+	// one. Defaults to 25 minutes; -1 means no cap.
 	MaxHold time.Duration
 	// RetryDelay is the first delay asked for when another worker holds the
 	// lock (retry.Defer: not counted as an attempt, so a contended key is
@@ -164,13 +179,16 @@ func (o LockOpts) validate() error {
 
 // Lock returns a handler middleware that holds a Redis lock on the
 // delivery's idempotency key while the rest of the chain runs. It belongs
-// in HandlerOpts.Middleware (after decoding, so Delivery.Key is set); a
-// delivery without a key passes through unlocked.
+// in HandlerOpts.Middleware (after decoding, so Delivery.Key is set). A
+// delivery without a key means the lock is mounted where no key is set
+// (router-wide, or on a route whose payload does not implement
+// inboxtype.Keyer): it fails permanently, with an error that says so, and
+// next is not called.
 //
 // The lock only saves work: the inbox in PostgreSQL keeps the effect single
 // whatever Redis does. So:
 //
-//   - acquired: Delivery.LockKey, LockResult "acquired" and Fence are set,
+//   - acquired: Delivery.LockKey, LockResult "acquired" and LockFence are set,
 //     StatusLocked is reported, and next runs with a context that a
 //     keep-alive cancels if the lock is lost; the lock is released
 //     (compare-and-delete) when next returns;
@@ -181,21 +199,21 @@ func (o LockOpts) validate() error {
 //     (see LockOpts.RetryDelay); StatusLockFailed is reported;
 //   - lost before completion (deleted, expired while Redis was silent, or
 //     MaxHold reached): next's context is cancelled with the cause
-//     (lock.ErrLockLost or lock.ErrMaxHoldReached), StatusLockExpired is
+//     ([ErrLockLost] or [ErrMaxHoldReached]), StatusLockExpired is
 //     reported, and an error from next becomes retryable with reason
 //     "lock_expired" (nil and duplicates pass unchanged);
 //   - Redis error or timeout: next runs without the lock (LockResult
 //     "degraded"), reported through OnDegraded and the logger once per
 //     change; the middleware recovers by itself when Redis answers again,
 //     and then releases the locks that the calls it gave up on may have
-//     set (see lock.Batcher).
+//     set.
 //
 // The obtains and releases of concurrent deliveries that coincide share
-// one Redis round trip (a [lock.Batcher]).
+// one Redis round trip.
 //
 // A "lock.acquire" span is started as a child of the span in ctx (none
 // without one). A nil client or options out of range are an error.
-func Lock(client redis.UniversalClient, opts *LockOpts) (consumer.Middleware, error) {
+func Lock(client redis.UniversalClient, opts *LockOpts) (inboxtype.Middleware, error) {
 	if client == nil {
 		return nil, errors.New("middleware: Lock: nil redis client")
 	}
@@ -227,12 +245,12 @@ type lockMiddleware struct {
 	health  *health
 }
 
-func (m *lockMiddleware) wrap(next consumer.DeliveryHandler) consumer.DeliveryHandler {
-	return func(ctx context.Context, d *consumer.Delivery) error {
+func (m *lockMiddleware) wrap(next inboxtype.DeliveryHandler) inboxtype.DeliveryHandler {
+	return func(ctx context.Context, d *inboxtype.Delivery) error {
 		if d.Key == "" {
-			return next(ctx, d)
+			return errNoKey("Lock")
 		}
-		key := m.opts.Prefix + d.Consumer + ":" + d.Key
+		key := m.opts.Prefix + d.Namespace + ":" + d.Key
 		d.LockKey = key
 		if !m.health.allow() {
 			d.LockResult = LockDegraded
@@ -249,10 +267,10 @@ func (m *lockMiddleware) wrap(next consumer.DeliveryHandler) consumer.DeliveryHa
 		case err == nil:
 			m.health.set(false, nil)
 			d.LockResult = LockAcquired
-			d.Fence = l.Fence()
+			d.LockFence = l.Fence()
 			span.SetAttributes(attribute.String("inboxmq.lock.result", LockAcquired), attribute.Int64("inboxmq.lock.fence", l.Fence()))
 			span.End()
-			d.Transition(consumer.StatusLocked, nil)
+			d.Transition(inboxtype.StatusLocked, nil)
 			return m.runLocked(ctx, d, l, next)
 
 		case errors.Is(err, lock.ErrNotObtained):
@@ -262,7 +280,7 @@ func (m *lockMiddleware) wrap(next consumer.DeliveryHandler) consumer.DeliveryHa
 			span.End()
 			herr := retry.WithReason(ReasonLockUnavailable, retry.Defer(m.deferral(d, err, time.Now()),
 				fmt.Errorf("middleware: lock %q is held by another worker: %w", key, err)))
-			d.Transition(consumer.StatusLockFailed, herr)
+			d.Transition(inboxtype.StatusLockFailed, herr)
 			return herr
 
 		case ctx.Err() != nil:
@@ -292,10 +310,10 @@ func (m *lockMiddleware) wrap(next consumer.DeliveryHandler) consumer.DeliveryHa
 // into x-last-failed-at, so a delivery that was last deferred by this
 // middleware carries both. Their values come from the message, so the
 // result is kept within RetryDelay and MaxRetryDelay whatever they say.
-func (m *lockMiddleware) deferral(d *consumer.Delivery, err error, now time.Time) time.Duration {
+func (m *lockMiddleware) deferral(d *inboxtype.Delivery, err error, now time.Time) time.Duration {
 	delay := m.opts.RetryDelay
-	if text, ok := d.Headers[consumer.HeaderError].(string); ok && strings.HasPrefix(text, ReasonLockUnavailable+":") {
-		if last, ok := d.Headers[consumer.HeaderLastFailedAt].(string); ok {
+	if text, ok := d.Headers[inboxtype.HeaderError].(string); ok && strings.HasPrefix(text, ReasonLockUnavailable+":") {
+		if last, ok := d.Headers[inboxtype.HeaderLastFailedAt].(string); ok {
 			if at, perr := time.Parse(time.RFC3339Nano, last); perr == nil && now.After(at) {
 				delay = max(delay, min(2*now.Sub(at), m.opts.MaxRetryDelay))
 			}
@@ -307,7 +325,7 @@ func (m *lockMiddleware) deferral(d *consumer.Delivery, err error, now time.Time
 	return delay
 }
 
-func (m *lockMiddleware) runLocked(ctx context.Context, d *consumer.Delivery, l *lock.Lock, next consumer.DeliveryHandler) error {
+func (m *lockMiddleware) runLocked(ctx context.Context, d *inboxtype.Delivery, l *lock.Lock, next inboxtype.DeliveryHandler) error {
 	kctx, stop := l.KeepAlive(ctx, &lock.KeepAliveOpts{
 		TTL:         m.opts.TTL,
 		MaxHold:     m.opts.MaxHold,
@@ -330,7 +348,7 @@ func (m *lockMiddleware) runLocked(ctx context.Context, d *consumer.Delivery, l 
 	if !errors.Is(cause, lock.ErrLockLost) && !errors.Is(cause, lock.ErrMaxHoldReached) {
 		return err
 	}
-	d.Transition(consumer.StatusLockExpired, cause)
+	d.Transition(inboxtype.StatusLockExpired, cause)
 	if err == nil || errors.Is(err, retry.ErrDuplicate) {
 		// Committed (or already done) before the loss mattered.
 		return err
@@ -393,4 +411,12 @@ func (h *health) set(degraded bool, err error) {
 	if h.hook != nil {
 		h.hook(degraded)
 	}
+}
+
+// errNoKey is the permanent error of a keyed middleware (Lock, Cache) that
+// got a delivery without an idempotency key: a misconfiguration, which
+// must not silently do nothing. The consumer dead-letters the delivery.
+func errNoKey(name string) error {
+	return retry.Permanent(fmt.Errorf(
+		"middleware: %s got a delivery without an idempotency key: mount it in HandlerOpts.Middleware of a route whose payload implements inboxtype.Keyer", name))
 }

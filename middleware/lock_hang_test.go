@@ -10,7 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/redistest"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 	"github.com/inboxmq/inboxmq/middleware"
@@ -44,9 +44,9 @@ func TestLock_RedisHangLeavesNoOrphanLock(t *testing.T) {
 		ProbeInterval: 100 * time.Millisecond,
 	})
 	require.NoError(t, err)
-	deliver := func(key string) *consumer.Delivery {
+	deliver := func(key string) *inboxtype.Delivery {
 		d := keyedDelivery(key)
-		_ = mw(func(context.Context, *consumer.Delivery) error { return nil })(ctx, d)
+		_ = mw(func(context.Context, *inboxtype.Delivery) error { return nil })(ctx, d)
 		return d
 	}
 	require.Equal(t, middleware.LockAcquired, deliver("warm").LockResult)
@@ -93,7 +93,7 @@ func TestLock_LongHandlerKeepsLockPastLease(t *testing.T) {
 	ctx := t.Context()
 	b := setupRedis(t)
 	mw := mustLock(t, b.flaky, &middleware.LockOpts{Prefix: b.prefix, TTL: 30 * time.Second})
-	err := mw(func(ctx context.Context, d *consumer.Delivery) error {
+	err := mw(func(ctx context.Context, d *inboxtype.Delivery) error {
 		testenv.WaitFor(t, "the keep-alive to extend the lease to the TTL", func() bool {
 			return b.rdb.PTTL(ctx, redisLockKey(b.prefix, "long")).Val() > 25*time.Second
 		})

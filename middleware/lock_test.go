@@ -15,15 +15,15 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
+	"github.com/inboxmq/inboxmq/internal/lock"
 	"github.com/inboxmq/inboxmq/internal/testenv"
-	"github.com/inboxmq/inboxmq/lock"
 	"github.com/inboxmq/inboxmq/middleware"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
 // mustLock is middleware.Lock for options that are valid.
-func mustLock(tb testing.TB, client redis.UniversalClient, opts *middleware.LockOpts) consumer.Middleware {
+func mustLock(tb testing.TB, client redis.UniversalClient, opts *middleware.LockOpts) inboxtype.Middleware {
 	tb.Helper()
 	mw, err := middleware.Lock(client, opts)
 	require.NoError(tb, err)
@@ -46,11 +46,11 @@ func TestLock_AcquiredRunsNextAndReleases(t *testing.T) {
 	mw := mustLock(t, b.flaky, &middleware.LockOpts{Prefix: b.prefix})
 
 	calls := 0
-	err := mw(func(ctx context.Context, d *consumer.Delivery) error {
+	err := mw(func(ctx context.Context, d *inboxtype.Delivery) error {
 		calls++
 		require.Equal(t, middleware.LockAcquired, d.LockResult)
 		require.Equal(t, b.prefix+"svc:order-1", d.LockKey)
-		require.Positive(t, d.Fence)
+		require.Positive(t, d.LockFence)
 		ttl, err := b.rdb.PTTL(ctx, redisLockKey(b.prefix, "order-1")).Result()
 		require.NoError(t, err)
 		require.Greater(t, ttl, 4*time.Second, "the obtain sets a 5s lease")
@@ -60,15 +60,15 @@ func TestLock_AcquiredRunsNextAndReleases(t *testing.T) {
 	})(ctx, d)
 	require.NoError(t, err)
 	require.Equal(t, 1, calls)
-	require.Equal(t, []string{consumer.StatusLocked}, rec.statuses())
+	require.Equal(t, []inboxtype.Status{inboxtype.StatusLocked}, rec.statuses())
 	require.Equal(t, int64(0), b.rdb.Exists(ctx, redisLockKey(b.prefix, "order-1")).Val(), "released")
 	require.Equal(t, int64(2), b.flaky.Calls.Load(), "two round trips: obtain and release")
 
 	// The next holder gets a larger fence.
-	first := d.Fence
+	first := d.LockFence
 	d2 := keyedDelivery("order-1")
-	require.NoError(t, mw(func(context.Context, *consumer.Delivery) error { return nil })(ctx, d2))
-	require.Greater(t, d2.Fence, first)
+	require.NoError(t, mw(func(context.Context, *inboxtype.Delivery) error { return nil })(ctx, d2))
+	require.Greater(t, d2.LockFence, first)
 }
 
 func TestLock_HandlerErrorPassesThrough(t *testing.T) {
@@ -78,7 +78,7 @@ func TestLock_HandlerErrorPassesThrough(t *testing.T) {
 	mw := mustLock(t, b.flaky, &middleware.LockOpts{Prefix: b.prefix})
 
 	boom := retry.Permanent(errors.New("boom"))
-	err := mw(func(context.Context, *consumer.Delivery) error { return boom })(ctx, keyedDelivery("k"))
+	err := mw(func(context.Context, *inboxtype.Delivery) error { return boom })(ctx, keyedDelivery("k"))
 	require.ErrorIs(t, err, boom)
 	require.Equal(t, int64(0), b.rdb.Exists(ctx, redisLockKey(b.prefix, "k")).Val(), "released after a failure too")
 }
@@ -93,7 +93,7 @@ func TestLock_ConcurrentSameKey(t *testing.T) {
 	release := make(chan struct{})
 	firstDone := make(chan error, 1)
 	go func() {
-		firstDone <- mw(func(context.Context, *consumer.Delivery) error {
+		firstDone <- mw(func(context.Context, *inboxtype.Delivery) error {
 			close(entered)
 			<-release
 			return nil
@@ -104,7 +104,7 @@ func TestLock_ConcurrentSameKey(t *testing.T) {
 	rec := &transitionRecorder{}
 	d := keyedDelivery("order-2", rec)
 	called := false
-	err := mw(func(context.Context, *consumer.Delivery) error {
+	err := mw(func(context.Context, *inboxtype.Delivery) error {
 		called = true
 		return nil
 	})(ctx, d)
@@ -118,8 +118,8 @@ func TestLock_ConcurrentSameKey(t *testing.T) {
 	require.Equal(t, 3*time.Second, dec.Delay, "no hot requeue loop")
 	require.Equal(t, middleware.ReasonLockUnavailable, dec.Reason)
 	require.True(t, dec.Uncounted, "waiting for another holder is not a failed attempt")
-	require.ErrorIs(t, err, lock.ErrNotObtained)
-	require.Equal(t, []string{consumer.StatusLockFailed}, rec.statuses())
+	require.ErrorIs(t, err, middleware.ErrLockNotObtained)
+	require.Equal(t, []inboxtype.Status{inboxtype.StatusLockFailed}, rec.statuses())
 }
 
 // A delivery that finds its key held waits no longer than the holder's
@@ -135,7 +135,7 @@ func TestLock_DeferralFollowsHolderTTL(t *testing.T) {
 	require.NoError(t, err)
 
 	d := keyedDelivery("dead-holder")
-	err = mw(func(context.Context, *consumer.Delivery) error { return nil })(ctx, d)
+	err = mw(func(context.Context, *inboxtype.Delivery) error { return nil })(ctx, d)
 	require.Equal(t, middleware.LockHeld, d.LockResult)
 	dec := retry.Classify(err)
 	require.True(t, dec.Uncounted)
@@ -160,8 +160,8 @@ func TestLock_RepeatedDeferralGrows(t *testing.T) {
 	deferred := func(ago time.Duration) func() amqp.Table {
 		return func() amqp.Table {
 			return amqp.Table{
-				consumer.HeaderError:        middleware.ReasonLockUnavailable + `: middleware: lock "x" is held by another worker`,
-				consumer.HeaderLastFailedAt: time.Now().Add(-ago).UTC().Format(time.RFC3339Nano),
+				inboxtype.HeaderError:        middleware.ReasonLockUnavailable + `: middleware: lock "x" is held by another worker`,
+				inboxtype.HeaderLastFailedAt: time.Now().Add(-ago).UTC().Format(time.RFC3339Nano),
 			}
 		}
 	}
@@ -178,13 +178,13 @@ func TestLock_RepeatedDeferralGrows(t *testing.T) {
 		{name: "Capped", holder: time.Minute, headers: deferred(time.Hour), min: 20 * time.Second, max: 20 * time.Second},
 		{name: "HolderExpiresFirst", holder: 3 * time.Second, headers: deferred(5 * time.Second), min: 1500 * time.Millisecond, max: 3 * time.Second},
 		{name: "AfterAnotherFailure", holder: time.Minute, headers: table(amqp.Table{
-			consumer.HeaderError:        "db_connection: conn refused",
-			consumer.HeaderLastFailedAt: time.Now().Add(-time.Minute).UTC().Format(time.RFC3339Nano),
+			inboxtype.HeaderError:        "db_connection: conn refused",
+			inboxtype.HeaderLastFailedAt: time.Now().Add(-time.Minute).UTC().Format(time.RFC3339Nano),
 		}), min: time.Second, max: time.Second},
 		{name: "FutureTime", holder: time.Minute, headers: deferred(-time.Hour), min: time.Second, max: time.Second},
 		{name: "Garbage", holder: time.Minute, headers: table(amqp.Table{
-			consumer.HeaderError:        middleware.ReasonLockUnavailable + ": x",
-			consumer.HeaderLastFailedAt: int32(7),
+			inboxtype.HeaderError:        middleware.ReasonLockUnavailable + ": x",
+			inboxtype.HeaderLastFailedAt: int32(7),
 		}), min: time.Second, max: time.Second},
 	}
 	for _, tt := range tests {
@@ -195,7 +195,7 @@ func TestLock_RepeatedDeferralGrows(t *testing.T) {
 			require.NoError(t, err)
 			d := keyedDelivery(tt.name)
 			d.Headers = tt.headers()
-			err = mw(func(context.Context, *consumer.Delivery) error { return nil })(ctx, d)
+			err = mw(func(context.Context, *inboxtype.Delivery) error { return nil })(ctx, d)
 			require.Equal(t, middleware.LockHeld, d.LockResult)
 			delay := retry.Classify(err).Delay
 			require.GreaterOrEqual(t, delay, tt.min)
@@ -252,41 +252,41 @@ func TestLock_LostBeforeCompletion(t *testing.T) {
 	t.Run("HandlerFails", func(t *testing.T) {
 		t.Parallel()
 		rec := &transitionRecorder{}
-		err := mw(func(ctx context.Context, d *consumer.Delivery) error {
+		err := mw(func(ctx context.Context, d *inboxtype.Delivery) error {
 			require.NoError(t, b.rdb.Del(ctx, redisLockKey(b.prefix, "lost-1")).Err())
 			testenv.WaitChan(t, ctx.Done(), "handler context to be cancelled")
-			require.ErrorIs(t, context.Cause(ctx), lock.ErrLockLost)
+			require.ErrorIs(t, context.Cause(ctx), middleware.ErrLockLost)
 			return ctx.Err()
 		})(ctx, keyedDelivery("lost-1", rec))
 		dec := retry.Classify(err)
 		require.Equal(t, retry.KindRetry, dec.Kind)
 		require.Equal(t, middleware.ReasonLockExpired, dec.Reason)
-		require.ErrorIs(t, err, lock.ErrLockLost)
-		require.Equal(t, []string{consumer.StatusLocked, consumer.StatusLockExpired}, rec.statuses())
-		require.ErrorIs(t, rec.got[1].err, lock.ErrLockLost)
+		require.ErrorIs(t, err, middleware.ErrLockLost)
+		require.Equal(t, []inboxtype.Status{inboxtype.StatusLocked, inboxtype.StatusLockExpired}, rec.statuses())
+		require.ErrorIs(t, rec.got[1].err, middleware.ErrLockLost)
 	})
 	t.Run("HandlerCommittedAnyway", func(t *testing.T) {
 		t.Parallel()
 		rec := &transitionRecorder{}
-		err := mw(func(ctx context.Context, d *consumer.Delivery) error {
+		err := mw(func(ctx context.Context, d *inboxtype.Delivery) error {
 			require.NoError(t, b.rdb.Del(ctx, redisLockKey(b.prefix, "lost-2")).Err())
 			testenv.WaitChan(t, ctx.Done(), "handler context to be cancelled")
 			return nil // the commit won the race: the effect is done
 		})(ctx, keyedDelivery("lost-2", rec))
 		require.NoError(t, err)
-		require.Equal(t, []string{consumer.StatusLocked, consumer.StatusLockExpired}, rec.statuses())
+		require.Equal(t, []inboxtype.Status{inboxtype.StatusLocked, inboxtype.StatusLockExpired}, rec.statuses())
 	})
 	t.Run("ThiefKeepsItsLock", func(t *testing.T) {
 		t.Parallel()
 		locker, err := lock.New(b.rdb, nil)
 		require.NoError(t, err)
 		var thief *lock.Lock
-		err = mw(func(ctx context.Context, d *consumer.Delivery) error {
+		err = mw(func(ctx context.Context, d *inboxtype.Delivery) error {
 			require.NoError(t, b.rdb.Del(ctx, redisLockKey(b.prefix, "lost-3")).Err())
 			var oerr error
 			thief, oerr = locker.Obtain(ctx, b.prefix+"svc:lost-3", time.Minute, nil)
 			require.NoError(t, oerr)
-			require.Greater(t, thief.Fence(), d.Fence)
+			require.Greater(t, thief.Fence(), d.LockFence)
 			testenv.WaitChan(t, ctx.Done(), "handler context to be cancelled")
 			return ctx.Err()
 		})(ctx, keyedDelivery("lost-3"))
@@ -306,13 +306,13 @@ func TestLock_MaxHold(t *testing.T) {
 	mw := mustLock(t, b.flaky, &middleware.LockOpts{Prefix: b.prefix, TTL: time.Second, MaxHold: 200 * time.Millisecond})
 
 	rec := &transitionRecorder{}
-	err := mw(func(ctx context.Context, d *consumer.Delivery) error {
+	err := mw(func(ctx context.Context, d *inboxtype.Delivery) error {
 		testenv.WaitChan(t, ctx.Done(), "handler context to be cancelled at MaxHold")
 		return ctx.Err()
 	})(ctx, keyedDelivery("slow", rec))
-	require.ErrorIs(t, err, lock.ErrMaxHoldReached)
+	require.ErrorIs(t, err, middleware.ErrMaxHoldReached)
 	require.Equal(t, middleware.ReasonLockExpired, retry.Classify(err).Reason)
-	require.Equal(t, []string{consumer.StatusLocked, consumer.StatusLockExpired}, rec.statuses())
+	require.Equal(t, []inboxtype.Status{inboxtype.StatusLocked, inboxtype.StatusLockExpired}, rec.statuses())
 	require.Equal(t, int64(0), b.rdb.Exists(ctx, redisLockKey(b.prefix, "slow")).Val(), "released at the cap")
 }
 
@@ -329,10 +329,10 @@ func TestLock_DegradedProceedsAndRecovers(t *testing.T) {
 		Logger:        zap.New(core),
 		OnDegraded:    hook,
 	})
-	run := func(key string) (*consumer.Delivery, int, error) {
+	run := func(key string) (*inboxtype.Delivery, int, error) {
 		d := keyedDelivery(key)
 		calls := 0
-		err := mw(func(context.Context, *consumer.Delivery) error {
+		err := mw(func(context.Context, *inboxtype.Delivery) error {
 			calls++
 			return nil
 		})(ctx, d)
@@ -347,7 +347,7 @@ func TestLock_DegradedProceedsAndRecovers(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, 1, calls)
 		require.Equal(t, middleware.LockDegraded, d.LockResult)
-		require.Zero(t, d.Fence)
+		require.Zero(t, d.LockFence)
 	}
 	// Redis hangs: the call timeout ends the wait.
 	b.flaky.Fail.Store(false)
@@ -383,7 +383,7 @@ func TestLock_DegradedProbesOncePerInterval(t *testing.T) {
 	b.flaky.Fail.Store(true)
 	for range 5 {
 		d := keyedDelivery("k")
-		require.NoError(t, mw(func(context.Context, *consumer.Delivery) error { return nil })(ctx, d))
+		require.NoError(t, mw(func(context.Context, *inboxtype.Delivery) error { return nil })(ctx, d))
 		require.Equal(t, middleware.LockDegraded, d.LockResult)
 	}
 	require.Equal(t, int64(1), b.flaky.Calls.Load(), "while degraded, deliveries skip Redis until the next probe")
@@ -398,7 +398,7 @@ func TestLock_ContextEndedIsNotDegraded(t *testing.T) {
 	cctx, cancel := context.WithCancel(t.Context())
 	cancel()
 	called := false
-	err := mw(func(context.Context, *consumer.Delivery) error {
+	err := mw(func(context.Context, *inboxtype.Delivery) error {
 		called = true
 		return nil
 	})(cctx, keyedDelivery("k"))
@@ -407,15 +407,23 @@ func TestLock_ContextEndedIsNotDegraded(t *testing.T) {
 	require.Empty(t, events)
 }
 
-func TestLock_NoKeyPassesThrough(t *testing.T) {
+// A lock mounted where no key is set must not silently lock nothing: the
+// delivery fails permanently, naming the misconfiguration.
+func TestLock_NoKeyIsAPermanentMisconfiguration(t *testing.T) {
 	t.Parallel()
 	b := setupRedis(t)
 	mw := mustLock(t, b.flaky, nil)
 	d := keyedDelivery("")
-	require.NoError(t, mw(func(context.Context, *consumer.Delivery) error { return nil })(t.Context(), d))
+	called := false
+	err := mw(func(context.Context, *inboxtype.Delivery) error { called = true; return nil })(t.Context(), d)
+	require.Error(t, err)
+	require.Equal(t, retry.KindPermanent, retry.Classify(err).Kind)
+	require.ErrorContains(t, err, "Lock got a delivery without an idempotency key")
+	require.ErrorContains(t, err, "HandlerOpts.Middleware")
+	require.False(t, called, "next does not run")
 	require.Empty(t, d.LockResult)
 	require.Zero(t, b.flaky.Calls.Load())
-	_, err := middleware.Lock(nil, nil)
+	_, err = middleware.Lock(nil, nil)
 	require.ErrorContains(t, err, "nil redis client")
 }
 
@@ -428,7 +436,7 @@ func TestLock_Span(t *testing.T) {
 	mw := mustLock(t, b.flaky, &middleware.LockOpts{Prefix: b.prefix})
 
 	ctx, parent := tp.Tracer("test").Start(t.Context(), "deliver")
-	require.NoError(t, mw(func(context.Context, *consumer.Delivery) error { return nil })(ctx, keyedDelivery("k")))
+	require.NoError(t, mw(func(context.Context, *inboxtype.Delivery) error { return nil })(ctx, keyedDelivery("k")))
 	parent.End()
 
 	spans := sr.Ended()
@@ -449,9 +457,9 @@ func TestLock_Span(t *testing.T) {
 // (distinct keys, 8 goroutines, as a consumer with Concurrency 8 sees them)
 // with the bare handler.
 func BenchmarkLockMiddleware(b *testing.B) {
-	noop := func(context.Context, *consumer.Delivery) error { return nil }
+	noop := func(context.Context, *inboxtype.Delivery) error { return nil }
 	b.Run("None", func(b *testing.B) {
-		h := consumer.DeliveryHandler(noop)
+		h := inboxtype.DeliveryHandler(noop)
 		runParallel8(b, func(i int64) error { return h(b.Context(), keyedDelivery("k")) })
 	})
 	b.Run("Lock", func(b *testing.B) {

@@ -7,32 +7,34 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
-	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/clip"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
 // Log field names written by [NewLogObserver]. They are stable: the runbook's
-// jq queries and log-based dashboards select on them.
+// jq queries and log-based dashboards select on them. docs/observability.md
+// lists them; that list is the contract.
 const (
-	LogFieldStatus         = "status"
-	LogFieldMessageID      = "message_id"
-	LogFieldIdempotencyKey = "idempotency_key"
-	LogFieldConsumer       = "consumer"
-	LogFieldQueue          = "queue"
-	LogFieldWorkerID       = "worker_id"
-	LogFieldAttempt        = "attempt"
-	LogFieldRedelivered    = "redelivered"
-	LogFieldDeliveryCount  = "delivery_count"
-	LogFieldLockKey        = "lock_key"
-	LogFieldLockResult     = "lock_result"
-	LogFieldFence          = "fence"
-	LogFieldDuration       = "duration"
-	LogFieldSource         = "duplicate_source"
-	LogFieldReason         = "reason"
-	LogFieldAction         = "action"
-	LogFieldDelay          = "delay"
-	LogFieldError          = "error"
+	logFieldStatus         = "status"
+	logFieldMessageID      = "message_id"
+	logFieldIdempotencyKey = "idempotency_key"
+	logFieldConsumer       = "consumer"
+	logFieldQueue          = "queue"
+	logFieldWorkerID       = "worker_id"
+	logFieldAttempt        = "attempt"
+	logFieldRedelivered    = "redelivered"
+	logFieldDeliveryCount  = "delivery_count"
+	logFieldLockKey        = "lock_key"
+	logFieldLockResult     = "lock_result"
+	logFieldLockFence      = "lock_fence"
+	logFieldFence          = "fence"
+	logFieldDuration       = "duration"
+	logFieldSource         = "duplicate_source"
+	logFieldReason         = "reason"
+	logFieldAction         = "action"
+	logFieldDelay          = "delay"
+	logFieldError          = "error"
 )
 
 // LogOpts configures [NewLogObserver]. A nil *LogOpts means all defaults.
@@ -78,9 +80,10 @@ type logObserver struct {
 
 // NewLogObserver returns an observer that writes one log line per status
 // transition of every delivery, with the fields operators select on
-// (LogField* constants): status, message_id, idempotency_key, consumer,
+// (listed in docs/observability.md): status, message_id, idempotency_key, consumer,
 // queue, worker_id, attempt, redelivered, delivery_count, lock_key,
-// lock_result and fence (when the lock set them), duration since receipt,
+// lock_result and lock_fence (when the Redis lock set them), fence (the
+// inbox claim's fence, once the inbox set it), duration since receipt,
 // and error.
 //
 // Every text that may come from a payload (the error, which for a decode
@@ -110,7 +113,7 @@ type logObserver struct {
 // Give it to the consumer as one of its observers. Use a JSON encoder
 // (zap.NewProduction) so the lines are queryable with jq, as the runbook
 // does.
-func NewLogObserver(logger *zap.Logger, opts *LogOpts) consumer.Observer {
+func NewLogObserver(logger *zap.Logger, opts *LogOpts) inboxtype.Observer {
 	o := opts.withDefaults()
 	if logger == nil {
 		logger = zap.NewNop()
@@ -125,7 +128,7 @@ func NewLogObserver(logger *zap.Logger, opts *LogOpts) consumer.Observer {
 	return &logObserver{all: logger, success: success, level: o.SuccessLevel}
 }
 
-var _ consumer.Observer = (*logObserver)(nil)
+var _ inboxtype.Observer = (*logObserver)(nil)
 
 // noStacktrace enables stack traces at no level.
 var noStacktrace = zap.LevelEnablerFunc(func(zapcore.Level) bool { return false })
@@ -133,10 +136,10 @@ var noStacktrace = zap.LevelEnablerFunc(func(zapcore.Level) bool { return false 
 // OnTransition writes the line of one transition, except the settlement
 // statuses: OnOutcome writes those, with the decision the consumer settled
 // on.
-func (l *logObserver) OnTransition(d *consumer.Delivery, status string, err error) {
+func (l *logObserver) OnTransition(d *inboxtype.Delivery, status inboxtype.Status, err error) {
 	switch status {
-	case consumer.StatusCompleted, consumer.StatusDuplicate, consumer.StatusRetry,
-		consumer.StatusFailed, consumer.StatusDeadLettered, consumer.StatusRequeued:
+	case inboxtype.StatusCompleted, inboxtype.StatusDuplicate, inboxtype.StatusRetry,
+		inboxtype.StatusFailed, inboxtype.StatusDeadLettered, inboxtype.StatusRequeued:
 		return
 	}
 	ce := l.check(status)
@@ -144,35 +147,35 @@ func (l *logObserver) OnTransition(d *consumer.Delivery, status string, err erro
 		return
 	}
 	fields := make([]zap.Field, 0, 16)
-	fields = append(fields, zap.String(LogFieldStatus, status))
+	fields = append(fields, zap.String(logFieldStatus, string(status)))
 	fields = deliveryFields(fields, d)
-	fields = append(fields, zap.Duration(LogFieldDuration, time.Since(d.ReceivedAt)), errorField(err))
+	fields = append(fields, zap.Duration(logFieldDuration, time.Since(d.ReceivedAt)), errorField(err))
 	ce.Write(fields...)
 }
 
-// OnOutcome writes the settlement line (status from [consumer.Outcome.Status])
+// OnOutcome writes the settlement line (status from [inboxtype.Outcome.Status])
 // with the reason of the decision the consumer settled on, never a
 // classification of its own: a route's Rules, and the policy that turns a
 // last failed attempt into reason exhausted, decide. A broker retry's line
 // names its delay tier. When settling failed (the ack or republish returned
 // an error, or the delivery was abandoned) a "delivery settle failed" line
 // follows.
-func (l *logObserver) OnOutcome(d *consumer.Delivery, o consumer.Outcome) {
+func (l *logObserver) OnOutcome(d *inboxtype.Delivery, o inboxtype.Outcome) {
 	status := o.Status()
 	if ce := l.check(status); ce != nil {
 		fields := make([]zap.Field, 0, 18)
-		fields = append(fields, zap.String(LogFieldStatus, status))
+		fields = append(fields, zap.String(logFieldStatus, string(status)))
 		fields = deliveryFields(fields, d)
-		fields = append(fields, zap.Duration(LogFieldDuration, o.Duration))
+		fields = append(fields, zap.Duration(logFieldDuration, o.Duration))
 		switch o.Decision.Kind {
 		case retry.KindSucceeded:
 		case retry.KindDuplicate:
-			fields = append(fields, zap.String(LogFieldSource, duplicateSource(o.Decision)))
+			fields = append(fields, zap.String(logFieldSource, duplicateSource(o.Decision)))
 		default:
-			fields = append(fields, zap.String(LogFieldReason, o.Decision.Reason))
+			fields = append(fields, zap.String(logFieldReason, o.Decision.Reason))
 		}
-		if o.Action == consumer.ActionRetried {
-			fields = append(fields, zap.Duration(LogFieldDelay, o.Delay))
+		if o.Action == inboxtype.ActionRetried {
+			fields = append(fields, zap.Duration(logFieldDelay, o.Delay))
 		}
 		err := o.Decision.Err
 		if o.Err != nil {
@@ -180,7 +183,7 @@ func (l *logObserver) OnOutcome(d *consumer.Delivery, o consumer.Outcome) {
 		}
 		ce.Write(append(fields, errorField(err))...)
 	}
-	if o.Err == nil && o.Action != consumer.ActionAbandoned {
+	if o.Err == nil && o.Action != inboxtype.ActionAbandoned {
 		return
 	}
 	ce := l.all.Check(zapcore.ErrorLevel, "delivery settle failed")
@@ -188,28 +191,28 @@ func (l *logObserver) OnOutcome(d *consumer.Delivery, o consumer.Outcome) {
 		return
 	}
 	fields := make([]zap.Field, 0, 16)
-	fields = append(fields, zap.String(LogFieldAction, string(o.Action)))
+	fields = append(fields, zap.String(logFieldAction, string(o.Action)))
 	fields = deliveryFields(fields, d)
 	fields = append(fields,
-		zap.Duration(LogFieldDuration, o.Duration),
-		zap.String(LogFieldReason, o.Decision.Reason),
+		zap.Duration(logFieldDuration, o.Duration),
+		zap.String(logFieldReason, o.Decision.Reason),
 		errorField(o.Err))
 	ce.Write(fields...)
 }
 
 // OnInProcessRetry writes a warn line per in-process retry (status
 // retry_in_process, never sampled).
-func (l *logObserver) OnInProcessRetry(d *consumer.Delivery, dec retry.Decision, delay time.Duration) {
-	ce := l.check(consumer.StatusRetryInProcess)
+func (l *logObserver) OnInProcessRetry(d *inboxtype.Delivery, dec retry.Decision, delay time.Duration) {
+	ce := l.check(inboxtype.StatusRetryInProcess)
 	if ce == nil {
 		return
 	}
 	fields := make([]zap.Field, 0, 16)
-	fields = append(fields, zap.String(LogFieldStatus, consumer.StatusRetryInProcess))
+	fields = append(fields, zap.String(logFieldStatus, string(inboxtype.StatusRetryInProcess)))
 	fields = deliveryFields(fields, d)
 	fields = append(fields,
-		zap.String(LogFieldReason, dec.Reason),
-		zap.Duration(LogFieldDelay, delay),
+		zap.String(logFieldReason, dec.Reason),
+		zap.Duration(logFieldDelay, delay),
 		errorField(dec.Err))
 	ce.Write(fields...)
 }
@@ -217,24 +220,24 @@ func (l *logObserver) OnInProcessRetry(d *consumer.Delivery, dec retry.Decision,
 // check returns the entry of a "delivery <status>" line at the status's
 // level, through the sampled logger for success statuses; nil when that
 // level is disabled or the line is sampled away.
-func (l *logObserver) check(status string) *zapcore.CheckedEntry {
+func (l *logObserver) check(status inboxtype.Status) *zapcore.CheckedEntry {
 	logger, lvl := l.all, zapcore.InfoLevel
 	switch status {
-	case consumer.StatusReceived, consumer.StatusLocked, consumer.StatusProcessing, consumer.StatusCompleted:
+	case inboxtype.StatusReceived, inboxtype.StatusLocked, inboxtype.StatusProcessing, inboxtype.StatusCompleted:
 		logger, lvl = l.success, l.level
-	case consumer.StatusRetry, consumer.StatusRetryInProcess, consumer.StatusLockFailed, consumer.StatusRequeued:
+	case inboxtype.StatusRetry, inboxtype.StatusRetryInProcess, inboxtype.StatusLockFailed, inboxtype.StatusRequeued:
 		lvl = zapcore.WarnLevel
-	case consumer.StatusFailed, consumer.StatusDeadLettered, consumer.StatusLockExpired:
+	case inboxtype.StatusFailed, inboxtype.StatusDeadLettered, inboxtype.StatusLockExpired:
 		lvl = zapcore.ErrorLevel
 	}
-	return logger.Check(lvl, "delivery "+status)
+	return logger.Check(lvl, "delivery "+string(status))
 }
 
 // OnConnState logs broker connection changes: connected and stopped at
 // info, disconnected at warn with the cause.
-func (l *logObserver) OnConnState(state consumer.ConnState, err error) {
+func (l *logObserver) OnConnState(state inboxtype.ConnState, err error) {
 	lvl := zapcore.InfoLevel
-	if state == consumer.ConnDisconnected {
+	if state == inboxtype.ConnDisconnected {
 		lvl = zapcore.WarnLevel
 	}
 	ce := l.all.Check(lvl, "broker "+string(state))
@@ -248,27 +251,30 @@ func (l *logObserver) OnConnState(state consumer.ConnState, err error) {
 	ce.Write(zap.String("state", string(state)))
 }
 
-func deliveryFields(fields []zap.Field, d *consumer.Delivery) []zap.Field {
+func deliveryFields(fields []zap.Field, d *inboxtype.Delivery) []zap.Field {
 	fields = append(fields,
-		zap.String(LogFieldMessageID, d.MessageID),
-		zap.String(LogFieldIdempotencyKey, clip.Text(d.Key, clip.Limit)),
-		zap.String(LogFieldConsumer, d.Consumer),
-		zap.String(LogFieldQueue, d.Queue),
-		zap.String(LogFieldWorkerID, d.WorkerID),
-		zap.Int(LogFieldAttempt, d.Attempt),
-		zap.Bool(LogFieldRedelivered, d.Redelivered),
+		zap.String(logFieldMessageID, d.MessageID),
+		zap.String(logFieldIdempotencyKey, clip.Text(d.Key, clip.Limit)),
+		zap.String(logFieldConsumer, d.Namespace),
+		zap.String(logFieldQueue, d.Queue),
+		zap.String(logFieldWorkerID, d.WorkerID),
+		zap.Int(logFieldAttempt, d.Attempt),
+		zap.Bool(logFieldRedelivered, d.Redelivered),
 	)
 	if d.DeliveryCount > 0 {
-		fields = append(fields, zap.Int(LogFieldDeliveryCount, d.DeliveryCount))
+		fields = append(fields, zap.Int(logFieldDeliveryCount, d.DeliveryCount))
 	}
 	if d.LockKey != "" {
-		fields = append(fields, zap.String(LogFieldLockKey, clip.Text(d.LockKey, clip.Limit)))
+		fields = append(fields, zap.String(logFieldLockKey, clip.Text(d.LockKey, clip.Limit)))
 	}
 	if d.LockResult != "" {
-		fields = append(fields, zap.String(LogFieldLockResult, d.LockResult))
+		fields = append(fields, zap.String(logFieldLockResult, d.LockResult))
 	}
-	if d.Fence != 0 {
-		fields = append(fields, zap.Int64(LogFieldFence, d.Fence))
+	if d.LockFence != 0 {
+		fields = append(fields, zap.Int64(logFieldLockFence, d.LockFence))
+	}
+	if d.InboxFence != 0 {
+		fields = append(fields, zap.Int64(logFieldFence, d.InboxFence))
 	}
 	return fields
 }
@@ -278,7 +284,7 @@ func errorField(err error) zap.Field {
 	if err == nil {
 		return zap.Skip()
 	}
-	return zap.String(LogFieldError, clip.Text(err.Error(), clip.Limit))
+	return zap.String(logFieldError, clip.Text(err.Error(), clip.Limit))
 }
 
 // duplicateSource names where a duplicate was caught: the decision's

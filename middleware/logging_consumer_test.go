@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
 	"github.com/inboxmq/inboxmq/internal/clip"
 	"github.com/inboxmq/inboxmq/internal/testenv"
@@ -63,11 +64,11 @@ func (b *lockedBuffer) lines(t *testing.T) (raw []string, parsed []map[string]an
 // outcomes hands each settled outcome to the test; it is the last observer,
 // so the other observers have written their lines by then.
 type outcomes struct {
-	consumer.NopObserver
-	ch chan consumer.Outcome
+	inboxtype.NopObserver
+	ch chan inboxtype.Outcome
 }
 
-func (o *outcomes) OnOutcome(_ *consumer.Delivery, out consumer.Outcome) { o.ch <- out }
+func (o *outcomes) OnOutcome(_ *inboxtype.Delivery, out inboxtype.Outcome) { o.ch <- out }
 
 // consumerLogBundle is one consumer-level test: a route on its own queue, a
 // consumer whose observers are the metrics, the log observer (writing
@@ -79,17 +80,17 @@ type consumerLogBundle struct {
 	pub      *amqptest.Publisher
 	logs     *lockedBuffer
 	reg      *prometheus.Registry
-	outcomes chan consumer.Outcome
+	outcomes chan inboxtype.Outcome
 }
 
-func setupConsumerLog(t *testing.T, h consumer.Handler[loggedPayment], opts *consumer.HandlerOpts) *consumerLogBundle {
+func setupConsumerLog(t *testing.T, h inboxtype.Handler[loggedPayment], opts *consumer.HandlerOpts) *consumerLogBundle {
 	t.Helper()
 	b := &consumerLogBundle{
 		queue:    amqptest.QueueName(t),
 		conn:     amqptest.Dial(t),
 		logs:     &lockedBuffer{},
 		reg:      prometheus.NewRegistry(),
-		outcomes: make(chan consumer.Outcome, 16),
+		outcomes: make(chan inboxtype.Outcome, 16),
 	}
 	b.pub = amqptest.NewPublisher(t, b.conn)
 	zcfg := zap.NewProductionConfig()
@@ -107,7 +108,7 @@ func setupConsumerLog(t *testing.T, h consumer.Handler[loggedPayment], opts *con
 		URL:       testenv.AMQPURL(),
 		Router:    r,
 		Logger:    logger,
-		Observers: []consumer.Observer{m, middleware.NewLogObserver(logger, &middleware.LogOpts{SampleFirst: -1}), &outcomes{ch: b.outcomes}},
+		Observers: []inboxtype.Observer{m, middleware.NewLogObserver(logger, &middleware.LogOpts{SampleFirst: -1}), &outcomes{ch: b.outcomes}},
 	})
 	require.NoError(t, err)
 	require.NoError(t, c.Start(t.Context()))
@@ -143,17 +144,17 @@ func (b *consumerLogBundle) counter(t *testing.T, name, label, value string) flo
 }
 
 // linesWith returns the parsed lines whose status is status.
-func linesWith(parsed []map[string]any, status string) []map[string]any {
+func linesWith(parsed []map[string]any, status inboxtype.Status) []map[string]any {
 	var out []map[string]any
 	for _, m := range parsed {
-		if m["status"] == status {
+		if m["status"] == string(status) {
 			out = append(out, m)
 		}
 	}
 	return out
 }
 
-func waitAction(t *testing.T, ch <-chan consumer.Outcome, want consumer.Action) consumer.Outcome {
+func waitAction(t *testing.T, ch <-chan inboxtype.Outcome, want inboxtype.Action) inboxtype.Outcome {
 	t.Helper()
 	for {
 		o := testenv.WaitChan(t, ch, "outcome "+string(want))
@@ -169,19 +170,19 @@ func waitAction(t *testing.T, ch <-chan consumer.Outcome, want consumer.Action) 
 // trace even under zap's production configuration.
 func TestLogObserver_HugeDecodeErrorIsBoundedWithoutStack(t *testing.T) {
 	t.Parallel()
-	b := setupConsumerLog(t, consumer.HandlerFunc[loggedPayment](func(context.Context, *consumer.Message[loggedPayment]) error {
+	b := setupConsumerLog(t, inboxtype.HandlerFunc[loggedPayment](func(context.Context, *inboxtype.Message[loggedPayment]) error {
 		return nil
 	}), nil)
 	body := []byte(`{"order_id":"huge","amount_cents":` + strings.Repeat("9", 10<<20) + `}`)
 	b.pub.Publish(b.queue, body, amqp.Publishing{MessageId: "huge-1"})
-	waitAction(t, b.outcomes, consumer.ActionDeadLettered)
+	waitAction(t, b.outcomes, inboxtype.ActionDeadLettered)
 
 	raw, parsed := b.logs.lines(t)
 	for i, line := range raw {
 		require.Less(t, len(line), 4<<10, "log line %d is bounded: %.300s", i, line)
 		require.NotContains(t, parsed[i], "stacktrace", "no stack on %.300s", line)
 	}
-	dead := linesWith(parsed, consumer.StatusDeadLettered)
+	dead := linesWith(parsed, inboxtype.StatusDeadLettered)
 	require.Len(t, dead, 1)
 	require.Equal(t, retry.ReasonDecode, dead[0]["reason"])
 	text, _ := dead[0]["error"].(string)
@@ -194,7 +195,7 @@ func TestLogObserver_HugeDecodeErrorIsBoundedWithoutStack(t *testing.T) {
 // in-process retries and the broker retry have statuses of their own.
 func TestLogObserver_ExhaustedDeadLetterLogsTheSettledReason(t *testing.T) {
 	t.Parallel()
-	b := setupConsumerLog(t, consumer.HandlerFunc[loggedPayment](func(context.Context, *consumer.Message[loggedPayment]) error {
+	b := setupConsumerLog(t, inboxtype.HandlerFunc[loggedPayment](func(context.Context, *inboxtype.Message[loggedPayment]) error {
 		return errors.New("gateway down")
 	}), &consumer.HandlerOpts{
 		Policy:    retry.Exponential{InitialInterval: 10 * time.Millisecond, MaxAttempts: 2},
@@ -202,26 +203,26 @@ func TestLogObserver_ExhaustedDeadLetterLogsTheSettledReason(t *testing.T) {
 		Queue:     consumer.QueueOpts{Concurrency: 1, RetryTiers: []time.Duration{20 * time.Millisecond}},
 	})
 	b.pub.Publish(b.queue, []byte(`{"order_id":"ex","amount_cents":1}`), amqp.Publishing{MessageId: "ex-1"})
-	o := waitAction(t, b.outcomes, consumer.ActionDeadLettered)
+	o := waitAction(t, b.outcomes, inboxtype.ActionDeadLettered)
 	require.Equal(t, retry.ReasonExhausted, o.Decision.Reason)
 
 	dead := amqptest.Drain(t, b.conn, b.queue+".dlq")
 	require.Len(t, dead, 1)
-	xerr, _ := dead[0].Headers[consumer.HeaderError].(string)
+	xerr, _ := dead[0].Headers[inboxtype.HeaderError].(string)
 	require.True(t, strings.HasPrefix(xerr, retry.ReasonExhausted+": "), "x-error %q", xerr)
 	require.InDelta(t, 1, b.counter(t, "dead_lettered_total", "reason", retry.ReasonExhausted), 0)
 
 	_, parsed := b.logs.lines(t)
-	lines := linesWith(parsed, consumer.StatusDeadLettered)
+	lines := linesWith(parsed, inboxtype.StatusDeadLettered)
 	require.Len(t, lines, 1)
 	require.Equal(t, retry.ReasonExhausted, lines[0]["reason"], "the log says what x-error and the metric say")
 	require.Equal(t, "payment:ex", lines[0]["idempotency_key"])
 
-	broker := linesWith(parsed, consumer.StatusRetry)
+	broker := linesWith(parsed, inboxtype.StatusRetry)
 	require.Len(t, broker, 1, "one broker retry (attempt 1 to 2)")
 	require.Equal(t, "error", broker[0]["reason"])
 	require.InDelta(t, 0.02, broker[0]["delay"], 1e-9, "the broker retry names its delay tier (seconds)")
-	require.Len(t, linesWith(parsed, consumer.StatusRetryInProcess), 2, "one in-process retry per attempt")
+	require.Len(t, linesWith(parsed, inboxtype.StatusRetryInProcess), 2, "one in-process retry per attempt")
 }
 
 var errDeclined = errors.New("card declined")
@@ -236,14 +237,14 @@ func TestLogObserver_CustomRuleIsLoggedAsSettled(t *testing.T) {
 		}
 		return retry.Decision{}, false
 	}
-	b := setupConsumerLog(t, consumer.HandlerFunc[loggedPayment](func(context.Context, *consumer.Message[loggedPayment]) error {
+	b := setupConsumerLog(t, inboxtype.HandlerFunc[loggedPayment](func(context.Context, *inboxtype.Message[loggedPayment]) error {
 		return errDeclined
 	}), &consumer.HandlerOpts{Rules: []retry.Rule{declined}})
 	b.pub.Publish(b.queue, []byte(`{"order_id":"rule","amount_cents":1}`), amqp.Publishing{MessageId: "rule-1"})
-	waitAction(t, b.outcomes, consumer.ActionDeadLettered)
+	waitAction(t, b.outcomes, inboxtype.ActionDeadLettered)
 
 	_, parsed := b.logs.lines(t)
-	lines := linesWith(parsed, consumer.StatusDeadLettered)
+	lines := linesWith(parsed, inboxtype.StatusDeadLettered)
 	require.Len(t, lines, 1)
 	require.Equal(t, "card_declined", lines[0]["reason"])
 	require.Equal(t, "card declined", lines[0]["error"])
@@ -255,16 +256,16 @@ func TestLogObserver_CustomRuleIsLoggedAsSettled(t *testing.T) {
 // key) and a dead_lettered line. Each delivery is received once.
 func TestLogObserver_ReceivedCarriesTheKey(t *testing.T) {
 	t.Parallel()
-	b := setupConsumerLog(t, consumer.HandlerFunc[loggedPayment](func(context.Context, *consumer.Message[loggedPayment]) error {
+	b := setupConsumerLog(t, inboxtype.HandlerFunc[loggedPayment](func(context.Context, *inboxtype.Message[loggedPayment]) error {
 		return nil
 	}), &consumer.HandlerOpts{Queue: consumer.QueueOpts{Concurrency: 1}})
 	b.pub.Publish(b.queue, []byte(`{"order_id":"r1","amount_cents":1}`), amqp.Publishing{MessageId: "good"})
 	b.pub.Publish(b.queue, []byte(`{not json`), amqp.Publishing{MessageId: "bad"})
-	waitAction(t, b.outcomes, consumer.ActionAcked)
-	waitAction(t, b.outcomes, consumer.ActionDeadLettered)
+	waitAction(t, b.outcomes, inboxtype.ActionAcked)
+	waitAction(t, b.outcomes, inboxtype.ActionDeadLettered)
 
 	_, parsed := b.logs.lines(t)
-	byID := map[string][]string{}
+	byID := map[string][]inboxtype.Status{}
 	keys := map[string]any{}
 	for _, m := range parsed {
 		id, _ := m["message_id"].(string)
@@ -272,14 +273,14 @@ func TestLogObserver_ReceivedCarriesTheKey(t *testing.T) {
 		if id == "" || status == "" {
 			continue
 		}
-		byID[id] = append(byID[id], status)
-		if status == consumer.StatusReceived {
+		byID[id] = append(byID[id], inboxtype.Status(status))
+		if inboxtype.Status(status) == inboxtype.StatusReceived {
 			keys[id] = m["idempotency_key"]
 		}
 	}
-	require.Equal(t, []string{consumer.StatusReceived, consumer.StatusCompleted}, byID["good"])
+	require.Equal(t, []inboxtype.Status{inboxtype.StatusReceived, inboxtype.StatusCompleted}, byID["good"])
 	require.Equal(t, "payment:r1", keys["good"])
-	require.Equal(t, []string{consumer.StatusReceived, consumer.StatusDeadLettered}, byID["bad"])
+	require.Equal(t, []inboxtype.Status{inboxtype.StatusReceived, inboxtype.StatusDeadLettered}, byID["bad"])
 	require.Empty(t, keys["bad"])
 	require.InDelta(t, 2, b.counter(t, "deliveries_received_total", "queue", b.queue), 0)
 	require.InDelta(t, 0, b.counter(t, "in_flight", "queue", b.queue), 0)

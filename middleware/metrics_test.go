@@ -9,7 +9,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/metrics"
 	"github.com/inboxmq/inboxmq/middleware"
 	"github.com/inboxmq/inboxmq/retry"
@@ -22,12 +22,12 @@ func TestMetrics_HandlerDurationWithExemplar(t *testing.T) {
 	require.NoError(t, err)
 	tb := setupTrace(t)
 
-	chain := consumer.Chain(middleware.Tracing(tb.tp, nil), middleware.Metrics(m))
-	d := consumer.NewDelivery("payments", "payments-svc", "w1", &amqp.Delivery{})
+	chain := inboxtype.Chain(middleware.Tracing(tb.tp, nil), middleware.Metrics(m))
+	d := inboxtype.NewDelivery("payments", "payments-svc", "w1", &amqp.Delivery{})
 	// Outside a consumer the delivery is settled by hand after each run.
-	require.NoError(t, runAndSettle(chain(func(context.Context, *consumer.Delivery) error { return nil }), d))
-	require.Error(t, runAndSettle(chain(func(context.Context, *consumer.Delivery) error { return errors.New("x") }), d))
-	require.ErrorIs(t, runAndSettle(chain(func(context.Context, *consumer.Delivery) error {
+	require.NoError(t, runAndSettle(chain(func(context.Context, *inboxtype.Delivery) error { return nil }), d))
+	require.Error(t, runAndSettle(chain(func(context.Context, *inboxtype.Delivery) error { return errors.New("x") }), d))
+	require.ErrorIs(t, runAndSettle(chain(func(context.Context, *inboxtype.Delivery) error {
 		return retry.Duplicate(retry.SourceInbox, nil)
 	}), d), retry.ErrDuplicate)
 
@@ -57,5 +57,5 @@ func TestMetrics_HandlerDurationWithExemplar(t *testing.T) {
 	require.Equal(t, 3, exemplars, "each observation links to its trace")
 
 	// nil Metrics is a pass-through.
-	require.NoError(t, middleware.Metrics(nil)(func(context.Context, *consumer.Delivery) error { return nil })(context.Background(), d))
+	require.NoError(t, middleware.Metrics(nil)(func(context.Context, *inboxtype.Delivery) error { return nil })(context.Background(), d))
 }

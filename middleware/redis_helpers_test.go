@@ -11,11 +11,11 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/redistest"
 )
 
-// redisBundle is the per-test Redis state of the lock and dedupe tests.
+// redisBundle is the per-test Redis state of the lock and cache tests.
 type redisBundle struct {
 	rdb    redis.UniversalClient // the real client, for assertions
 	flaky  *redistest.Flaky      // what the middleware gets
@@ -30,27 +30,27 @@ func setupRedis(t testing.TB) *redisBundle {
 
 // transition is one recorded Delivery.Transition call.
 type transition struct {
-	status string
+	status inboxtype.Status
 	err    error
 }
 
 // transitionRecorder is an observer that records transitions.
 type transitionRecorder struct {
-	consumer.NopObserver
+	inboxtype.NopObserver
 	mu  sync.Mutex
 	got []transition
 }
 
-func (r *transitionRecorder) OnTransition(_ *consumer.Delivery, status string, err error) {
+func (r *transitionRecorder) OnTransition(_ *inboxtype.Delivery, status inboxtype.Status, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.got = append(r.got, transition{status: status, err: err})
 }
 
-func (r *transitionRecorder) statuses() []string {
+func (r *transitionRecorder) statuses() []inboxtype.Status {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := make([]string, 0, len(r.got))
+	out := make([]inboxtype.Status, 0, len(r.got))
 	for _, tr := range r.got {
 		out = append(out, tr.status)
 	}
@@ -59,15 +59,15 @@ func (r *transitionRecorder) statuses() []string {
 
 // keyedDelivery returns a decoded delivery of consumer "svc" with key, and
 // a fingerprint of its own ("fp:" + key).
-func keyedDelivery(key string, obs ...consumer.Observer) *consumer.Delivery {
-	d := consumer.NewDelivery("payments", "svc", "worker-1", &amqp.Delivery{MessageId: "m-" + key}, obs...)
+func keyedDelivery(key string, obs ...inboxtype.Observer) *inboxtype.Delivery {
+	d := inboxtype.NewDelivery("payments", "svc", "worker-1", &amqp.Delivery{MessageId: "m-" + key}, obs...)
 	d.Key = key
 	d.Fingerprint = []byte("fp:" + key)
 	return d
 }
 
-// cacheValue is the completed-cache entry Dedupe writes for d.
-func cacheValue(d *consumer.Delivery) string { return hex.EncodeToString(d.Fingerprint) }
+// cacheValue is the completed-cache entry Cache writes for d.
+func cacheValue(d *inboxtype.Delivery) string { return hex.EncodeToString(d.Fingerprint) }
 
 // degradedHook returns an OnDegraded hook that records every call on a
 // buffered channel.

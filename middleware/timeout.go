@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
@@ -22,12 +22,12 @@ var ErrTimeout = errors.New("middleware: delivery timed out")
 // retry.ReasonTimeout and classifies as retryable unless it says
 // otherwise (a permanent error stays permanent). A d of zero or less
 // disables the deadline.
-func Timeout(d time.Duration) consumer.Middleware {
-	return func(next consumer.DeliveryHandler) consumer.DeliveryHandler {
+func Timeout(d time.Duration) inboxtype.Middleware {
+	return func(next inboxtype.DeliveryHandler) inboxtype.DeliveryHandler {
 		if d <= 0 {
 			return next
 		}
-		return func(ctx context.Context, del *consumer.Delivery) error {
+		return func(ctx context.Context, del *inboxtype.Delivery) error {
 			tctx, cancel := context.WithTimeoutCause(ctx, d, ErrTimeout)
 			defer cancel()
 			err := next(tctx, del)

@@ -8,7 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 	"github.com/inboxmq/inboxmq/middleware"
 	"github.com/inboxmq/inboxmq/retry"
@@ -17,7 +17,7 @@ import (
 func TestTimeout_DeadlineCancelsHandler(t *testing.T) {
 	t.Parallel()
 	mw := middleware.Timeout(50 * time.Millisecond)
-	err := mw(func(ctx context.Context, d *consumer.Delivery) error {
+	err := mw(func(ctx context.Context, d *inboxtype.Delivery) error {
 		deadline, ok := ctx.Deadline()
 		require.True(t, ok)
 		require.WithinDuration(t, time.Now().Add(50*time.Millisecond), deadline, 50*time.Millisecond)
@@ -36,19 +36,19 @@ func TestTimeout_ResultsKeepTheirKind(t *testing.T) {
 	t.Parallel()
 	mw := middleware.Timeout(time.Minute)
 	boom := errors.New("boom")
-	require.NoError(t, mw(func(context.Context, *consumer.Delivery) error { return nil })(t.Context(), keyedDelivery("k")))
-	err := mw(func(context.Context, *consumer.Delivery) error { return boom })(t.Context(), keyedDelivery("k"))
+	require.NoError(t, mw(func(context.Context, *inboxtype.Delivery) error { return nil })(t.Context(), keyedDelivery("k")))
+	err := mw(func(context.Context, *inboxtype.Delivery) error { return boom })(t.Context(), keyedDelivery("k"))
 	require.Equal(t, boom, err, "returned unchanged before the deadline")
 
 	// After the deadline a permanent error stays permanent and a duplicate
 	// stays a duplicate.
 	short := middleware.Timeout(time.Millisecond)
-	err = short(func(ctx context.Context, d *consumer.Delivery) error {
+	err = short(func(ctx context.Context, d *inboxtype.Delivery) error {
 		<-ctx.Done()
 		return retry.Permanent(errors.New("invalid"))
 	})(t.Context(), keyedDelivery("k"))
 	require.Equal(t, retry.KindPermanent, retry.Classify(err).Kind)
-	err = short(func(ctx context.Context, d *consumer.Delivery) error {
+	err = short(func(ctx context.Context, d *inboxtype.Delivery) error {
 		<-ctx.Done()
 		return retry.Duplicate(retry.SourceInbox, nil)
 	})(t.Context(), keyedDelivery("k"))
@@ -59,7 +59,7 @@ func TestTimeout_ResultsKeepTheirKind(t *testing.T) {
 func TestTimeout_Disabled(t *testing.T) {
 	t.Parallel()
 	for _, d := range []time.Duration{0, -time.Second} {
-		err := middleware.Timeout(d)(func(ctx context.Context, _ *consumer.Delivery) error {
+		err := middleware.Timeout(d)(func(ctx context.Context, _ *inboxtype.Delivery) error {
 			_, ok := ctx.Deadline()
 			require.False(t, ok)
 			return nil

@@ -10,7 +10,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
@@ -19,29 +19,31 @@ const TracerName = "github.com/inboxmq/inboxmq"
 
 // Span attribute keys. The messaging.* keys follow the OpenTelemetry
 // messaging semantic conventions; inboxmq.* are this project's own.
+// docs/observability.md lists them; that list is the contract.
 const (
-	AttrMessagingSystem      = attribute.Key("messaging.system")
-	AttrMessagingOperation   = attribute.Key("messaging.operation")
-	AttrMessagingOpType      = attribute.Key("messaging.operation.type")
-	AttrMessagingOpName      = attribute.Key("messaging.operation.name")
-	AttrMessagingDestination = attribute.Key("messaging.destination.name")
-	AttrMessagingMessageID   = attribute.Key("messaging.message.id")
-	AttrMessagingBodySize    = attribute.Key("messaging.message.body.size")
-	AttrMessagingGroup       = attribute.Key("messaging.consumer.group.name")
-	AttrRabbitRoutingKey     = attribute.Key("messaging.rabbitmq.destination.routing_key")
-	AttrRabbitDeliveryTag    = attribute.Key("messaging.rabbitmq.message.delivery_tag")
-	AttrIdempotencyKey       = attribute.Key("inboxmq.idempotency_key")
-	AttrAttempt              = attribute.Key("inboxmq.attempt")
-	AttrRedelivered          = attribute.Key("inboxmq.redelivered")
-	AttrOutcome              = attribute.Key("inboxmq.outcome")
-	AttrAction               = attribute.Key("inboxmq.action")
-	AttrDelay                = attribute.Key("inboxmq.delay_seconds")
-	AttrInProcessRetries     = attribute.Key("inboxmq.in_process_retries")
-	AttrReason               = attribute.Key("inboxmq.reason")
-	AttrDuplicateSource      = attribute.Key("inboxmq.duplicate_source")
-	AttrLockKey              = attribute.Key("inboxmq.lock_key")
-	AttrLockResult           = attribute.Key("inboxmq.lock_result")
-	AttrFence                = attribute.Key("inboxmq.fence")
+	attrMessagingSystem      = attribute.Key("messaging.system")
+	attrMessagingOperation   = attribute.Key("messaging.operation")
+	attrMessagingOpType      = attribute.Key("messaging.operation.type")
+	attrMessagingOpName      = attribute.Key("messaging.operation.name")
+	attrMessagingDestination = attribute.Key("messaging.destination.name")
+	attrMessagingMessageID   = attribute.Key("messaging.message.id")
+	attrMessagingBodySize    = attribute.Key("messaging.message.body.size")
+	attrMessagingGroup       = attribute.Key("messaging.consumer.group.name")
+	attrRabbitRoutingKey     = attribute.Key("messaging.rabbitmq.destination.routing_key")
+	attrRabbitDeliveryTag    = attribute.Key("messaging.rabbitmq.message.delivery_tag")
+	attrIdempotencyKey       = attribute.Key("inboxmq.idempotency_key")
+	attrAttempt              = attribute.Key("inboxmq.attempt")
+	attrRedelivered          = attribute.Key("inboxmq.redelivered")
+	attrOutcome              = attribute.Key("inboxmq.outcome")
+	attrAction               = attribute.Key("inboxmq.action")
+	attrDelay                = attribute.Key("inboxmq.delay_seconds")
+	attrInProcessRetries     = attribute.Key("inboxmq.in_process_retries")
+	attrReason               = attribute.Key("inboxmq.reason")
+	attrDuplicateSource      = attribute.Key("inboxmq.duplicate_source")
+	attrLockKey              = attribute.Key("inboxmq.lock_key")
+	attrLockResult           = attribute.Key("inboxmq.lock_result")
+	attrLockFence            = attribute.Key("inboxmq.lock_fence")
+	attrFence                = attribute.Key("inboxmq.fence")
 )
 
 // TracingOpts configures [Tracing]. A nil *TracingOpts means all defaults.
@@ -75,12 +77,13 @@ func (o *TracingOpts) keyAttribute() bool {
 // convention attributes (messaging.system=rabbitmq,
 // messaging.destination.name, messaging.message.id,
 // messaging.operation=process) and inboxmq's own (idempotency key, attempt,
-// redelivered, lock key and fence, and the outcome below).
+// redelivered, lock key, lock result, the Redis lock's fence, the inbox
+// claim's fence, and the outcome below).
 //
 // The handler's ctx carries the span, so database and HTTP instrumentation
 // below it nests under the delivery. The span ends when the consumer has
-// settled the delivery ([consumer.Delivery.OnSettled]), so it covers the
-// settlement, and it reports the settled [consumer.Outcome], the decision
+// settled the delivery ([inboxtype.Delivery.OnSettled]), so it covers the
+// settlement, and it reports the settled [inboxtype.Outcome], the decision
 // the consumer acted on with the route's Rules and retry policy applied:
 // inboxmq.outcome (the decision's kind), inboxmq.action (acked, retried,
 // dead_lettered, requeued, abandoned), inboxmq.reason (a Rule's reason,
@@ -93,48 +96,48 @@ func (o *TracingOpts) keyAttribute() bool {
 // A span covers one run of the chain: each in-process try has its own,
 // which ends when the next try starts, with action retried_in_process.
 // A delivery handled outside a consumer (a test, a tool) ends its span
-// when it is settled by hand ([consumer.Delivery.Settle]). Put Tracing near
+// when it is settled by hand ([inboxtype.Delivery.Settle]). Put Tracing near
 // the outside of the chain so that the span covers the lock and the inbox.
 //
 // A nil tp means otel.GetTracerProvider(), read when Tracing is called, which
 // is a no-op until the program installs an SDK: inboxmq forces no exporter.
 // The consumer copies headers onto retries and dead letters, so a retried
 // delivery stays in the publisher's trace.
-func Tracing(tp trace.TracerProvider, opts *TracingOpts) consumer.Middleware {
+func Tracing(tp trace.TracerProvider, opts *TracingOpts) inboxtype.Middleware {
 	if tp == nil {
 		tp = otel.GetTracerProvider()
 	}
 	tracer := tp.Tracer(TracerName)
 	prop := opts.propagator()
 	withKey := opts.keyAttribute()
-	return func(next consumer.DeliveryHandler) consumer.DeliveryHandler {
-		return func(ctx context.Context, d *consumer.Delivery) error {
+	return func(next inboxtype.DeliveryHandler) inboxtype.DeliveryHandler {
+		return func(ctx context.Context, d *inboxtype.Delivery) error {
 			ctx = prop.Extract(ctx, HeaderCarrier(d.Headers))
 			attrs := []attribute.KeyValue{
-				AttrMessagingSystem.String("rabbitmq"),
-				AttrMessagingOperation.String("process"),
-				AttrMessagingOpType.String("process"),
-				AttrMessagingOpName.String("process"),
-				AttrMessagingDestination.String(d.Queue),
-				AttrMessagingGroup.String(d.Consumer),
-				AttrMessagingBodySize.Int(len(d.Body)),
-				AttrAttempt.Int(d.Attempt),
-				AttrRedelivered.Bool(d.Redelivered),
+				attrMessagingSystem.String("rabbitmq"),
+				attrMessagingOperation.String("process"),
+				attrMessagingOpType.String("process"),
+				attrMessagingOpName.String("process"),
+				attrMessagingDestination.String(d.Queue),
+				attrMessagingGroup.String(d.Namespace),
+				attrMessagingBodySize.Int(len(d.Body)),
+				attrAttempt.Int(d.Attempt),
+				attrRedelivered.Bool(d.Redelivered),
 			}
 			if d.MessageID != "" {
-				attrs = append(attrs, AttrMessagingMessageID.String(d.MessageID))
+				attrs = append(attrs, attrMessagingMessageID.String(d.MessageID))
 			}
 			if d.Raw != nil {
 				if d.Raw.RoutingKey != "" {
-					attrs = append(attrs, AttrRabbitRoutingKey.String(d.Raw.RoutingKey))
+					attrs = append(attrs, attrRabbitRoutingKey.String(d.Raw.RoutingKey))
 				}
-				attrs = append(attrs, AttrRabbitDeliveryTag.Int64(int64(d.Raw.DeliveryTag))) //nolint:gosec // tags fit
+				attrs = append(attrs, attrRabbitDeliveryTag.Int64(int64(d.Raw.DeliveryTag))) //nolint:gosec // tags fit
 			}
 			ctx, span := tracer.Start(ctx, "process "+d.Queue,
 				trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
 			// Registered before next runs, so the span ends even if the
 			// chain below panics (the consumer's last guard settles it).
-			d.OnSettled(func(o consumer.Outcome) { endSpan(span, d, o, withKey) })
+			d.OnSettled(func(o inboxtype.Outcome) { endSpan(span, d, o, withKey) })
 			return next(ctx, d)
 		}
 	}
@@ -142,34 +145,37 @@ func Tracing(tp trace.TracerProvider, opts *TracingOpts) consumer.Middleware {
 
 // endSpan sets the annotations the chain made on d and the settled
 // outcome o on span, and ends it.
-func endSpan(span trace.Span, d *consumer.Delivery, o consumer.Outcome, withKey bool) {
+func endSpan(span trace.Span, d *inboxtype.Delivery, o inboxtype.Outcome, withKey bool) {
 	defer span.End()
 	if withKey && d.Key != "" {
-		span.SetAttributes(AttrIdempotencyKey.String(d.Key))
+		span.SetAttributes(attrIdempotencyKey.String(d.Key))
 	}
 	if d.LockKey != "" {
-		span.SetAttributes(AttrLockKey.String(d.LockKey))
+		span.SetAttributes(attrLockKey.String(d.LockKey))
 	}
 	if d.LockResult != "" {
-		span.SetAttributes(AttrLockResult.String(d.LockResult))
+		span.SetAttributes(attrLockResult.String(d.LockResult))
 	}
-	if d.Fence != 0 {
-		span.SetAttributes(AttrFence.Int64(d.Fence))
+	if d.LockFence != 0 {
+		span.SetAttributes(attrLockFence.Int64(d.LockFence))
+	}
+	if d.InboxFence != 0 {
+		span.SetAttributes(attrFence.Int64(d.InboxFence))
 	}
 	dec := o.Decision
-	span.SetAttributes(AttrOutcome.String(dec.Kind.String()), AttrInProcessRetries.Int(o.InProcessRetries))
+	span.SetAttributes(attrOutcome.String(dec.Kind.String()), attrInProcessRetries.Int(o.InProcessRetries))
 	if o.Action != "" {
-		span.SetAttributes(AttrAction.String(string(o.Action)))
+		span.SetAttributes(attrAction.String(string(o.Action)))
 	}
 	if o.Delay > 0 {
-		span.SetAttributes(AttrDelay.Float64(o.Delay.Seconds()))
+		span.SetAttributes(attrDelay.Float64(o.Delay.Seconds()))
 	}
 	switch dec.Kind {
 	case retry.KindSucceeded:
 	case retry.KindDuplicate:
-		span.SetAttributes(AttrDuplicateSource.String(dec.Source))
+		span.SetAttributes(attrDuplicateSource.String(dec.Source))
 	default:
-		span.SetAttributes(AttrReason.String(dec.Reason))
+		span.SetAttributes(attrReason.String(dec.Reason))
 		if dec.Err != nil {
 			span.RecordError(dec.Err)
 			span.SetStatus(codes.Error, dec.Err.Error())

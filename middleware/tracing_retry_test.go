@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 	"github.com/inboxmq/inboxmq/middleware"
@@ -29,14 +30,14 @@ func TestTracing_ContextSurvivesABrokerRetry(t *testing.T) {
 	t.Parallel()
 	b := setupTrace(t)
 	headers, parent := publish(t, b.tp)
-	delete(headers, consumer.HeaderAttempt)
+	delete(headers, inboxtype.HeaderAttempt)
 
 	conn := amqptest.Dial(t)
 	queue := amqptest.QueueName(t)
 	attempts := make(chan int, 4)
 	r := consumer.NewRouter()
 	r.Use(middleware.Tracing(b.tp, nil))
-	consumer.Register(r, queue, consumer.HandlerFunc[tracedOrder](func(_ context.Context, m *consumer.Message[tracedOrder]) error {
+	consumer.Register(r, queue, inboxtype.HandlerFunc[tracedOrder](func(_ context.Context, m *inboxtype.Message[tracedOrder]) error {
 		attempts <- m.Attempt
 		if m.Attempt == 1 {
 			return errors.New("gateway timeout")

@@ -14,6 +14,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 	"github.com/inboxmq/inboxmq/metrics"
@@ -28,23 +29,23 @@ type settledBundle struct {
 	queue      string
 	trace      *traceBundle
 	reg        *prometheus.Registry
-	outcomes   chan consumer.Outcome
+	outcomes   chan inboxtype.Outcome
 	runs       atomic.Int32
 	endedEarly atomic.Int32
 }
 
-func setupSettled(t *testing.T, h consumer.Handler[tracedOrder], opts *consumer.HandlerOpts) *settledBundle {
+func setupSettled(t *testing.T, h inboxtype.Handler[tracedOrder], opts *consumer.HandlerOpts) *settledBundle {
 	t.Helper()
 	b := &settledBundle{
 		queue:    amqptest.QueueName(t),
 		trace:    setupTrace(t),
 		reg:      prometheus.NewPedanticRegistry(),
-		outcomes: make(chan consumer.Outcome, 16),
+		outcomes: make(chan inboxtype.Outcome, 16),
 	}
 	m, err := metrics.New(b.reg, nil)
 	require.NoError(t, err)
-	probe := func(next consumer.DeliveryHandler) consumer.DeliveryHandler {
-		return func(ctx context.Context, d *consumer.Delivery) error {
+	probe := func(next inboxtype.DeliveryHandler) inboxtype.DeliveryHandler {
+		return func(ctx context.Context, d *inboxtype.Delivery) error {
 			err := next(ctx, d)
 			// Only the spans of earlier runs may have ended.
 			if n := b.runs.Add(1); len(b.spans()) >= int(n) {
@@ -59,7 +60,7 @@ func setupSettled(t *testing.T, h consumer.Handler[tracedOrder], opts *consumer.
 	c, err := consumer.New(&consumer.Config{
 		URL:       testenv.AMQPURL(),
 		Router:    r,
-		Observers: []consumer.Observer{&outcomes{ch: b.outcomes}},
+		Observers: []inboxtype.Observer{&outcomes{ch: b.outcomes}},
 	})
 	require.NoError(t, err)
 	require.NoError(t, c.Start(t.Context()))
@@ -120,11 +121,11 @@ func TestTracing_CustomRuleIsTracedAndCountedAsSettled(t *testing.T) {
 		}},
 		InProcess: retry.InProcess{Tries: -1},
 	}
-	b := setupSettled(t, consumer.HandlerFunc[tracedOrder](func(context.Context, *consumer.Message[tracedOrder]) error {
+	b := setupSettled(t, inboxtype.HandlerFunc[tracedOrder](func(context.Context, *inboxtype.Message[tracedOrder]) error {
 		return errCardDeclined
 	}), opts)
 
-	out := waitAction(t, b.outcomes, consumer.ActionDeadLettered)
+	out := waitAction(t, b.outcomes, inboxtype.ActionDeadLettered)
 	require.Equal(t, "card_declined", out.Decision.Reason)
 	spans := b.spans()
 	require.Len(t, spans, 1)
@@ -146,11 +147,11 @@ func TestTracing_ExhaustedDeadLetterIsTracedAsSettled(t *testing.T) {
 		Policy:    retry.Exponential{InitialInterval: 10 * time.Millisecond, MaxAttempts: 1},
 		InProcess: retry.InProcess{Tries: -1},
 	}
-	b := setupSettled(t, consumer.HandlerFunc[tracedOrder](func(context.Context, *consumer.Message[tracedOrder]) error {
+	b := setupSettled(t, inboxtype.HandlerFunc[tracedOrder](func(context.Context, *inboxtype.Message[tracedOrder]) error {
 		return errors.New("gateway timeout")
 	}), opts)
 
-	waitAction(t, b.outcomes, consumer.ActionDeadLettered)
+	waitAction(t, b.outcomes, inboxtype.ActionDeadLettered)
 	spans := b.spans()
 	require.Len(t, spans, 1)
 	a := attrs(spans[0])
@@ -170,14 +171,14 @@ func TestTracing_EachRunEndsOnceAtItsDecision(t *testing.T) {
 	opts := &consumer.HandlerOpts{
 		InProcess: retry.InProcess{Tries: 2, InitialInterval: time.Millisecond, MaxInterval: 5 * time.Millisecond},
 	}
-	b := setupSettled(t, consumer.HandlerFunc[tracedOrder](func(context.Context, *consumer.Message[tracedOrder]) error {
+	b := setupSettled(t, inboxtype.HandlerFunc[tracedOrder](func(context.Context, *inboxtype.Message[tracedOrder]) error {
 		if calls.Add(1) == 1 {
 			return retry.WithReason("blip", errors.New("serialization failure"))
 		}
 		return nil
 	}), opts)
 
-	out := waitAction(t, b.outcomes, consumer.ActionAcked)
+	out := waitAction(t, b.outcomes, inboxtype.ActionAcked)
 	require.Equal(t, 1, out.InProcessRetries)
 	spans := b.spans()
 	require.Len(t, spans, 2, "one span per run")

@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/middleware"
 	"github.com/inboxmq/inboxmq/retry"
 )
@@ -42,10 +43,10 @@ func attrs(s sdktrace.ReadOnlySpan) map[attribute.Key]attribute.Value {
 // runAndSettle runs h on d outside a consumer and then settles d by hand,
 // with the decision a consumer would settle on, as the consumer does once
 // the chain has returned: that ends the span and makes the observations.
-func runAndSettle(h consumer.DeliveryHandler, d *consumer.Delivery) error {
+func runAndSettle(h inboxtype.DeliveryHandler, d *inboxtype.Delivery) error {
 	ctx := context.Background()
 	err := h(ctx, d)
-	d.Settle(consumer.Outcome{Decision: consumer.Decide(ctx, err)})
+	d.Settle(inboxtype.Outcome{Decision: consumer.Decide(ctx, err)})
 	return err
 }
 
@@ -55,7 +56,7 @@ func publish(t *testing.T, tp trace.TracerProvider) (amqp.Table, trace.SpanConte
 	t.Helper()
 	ctx, span := tp.Tracer("producer").Start(context.Background(), "send payments")
 	defer span.End()
-	h := middleware.InjectHeaders(ctx, amqp.Table{consumer.HeaderAttempt: int32(2)})
+	h := middleware.InjectHeaders(ctx, amqp.Table{inboxtype.HeaderAttempt: int32(2)})
 	require.Contains(t, h, "traceparent")
 	return h, span.SpanContext()
 }
@@ -65,20 +66,21 @@ func TestTracing_ParentFromHeaders(t *testing.T) {
 	b := setupTrace(t)
 	headers, parent := publish(t, b.tp)
 
-	d := consumer.NewDelivery("payments", "payments-svc", "w1", &amqp.Delivery{
+	d := inboxtype.NewDelivery("payments", "payments-svc", "w1", &amqp.Delivery{
 		MessageId: "msg-1", Headers: headers, Body: []byte(`{"order":"42"}`), RoutingKey: "payments", DeliveryTag: 9,
 	})
 	var handlerSpan trace.SpanContext
-	h := middleware.Tracing(b.tp, nil)(func(ctx context.Context, d *consumer.Delivery) error {
+	h := middleware.Tracing(b.tp, nil)(func(ctx context.Context, d *inboxtype.Delivery) error {
 		handlerSpan = trace.SpanContextFromContext(ctx)
 		d.Key = "payment:42"
 		d.LockKey = "lock:payment:42"
-		d.Fence = 3
+		d.LockFence = 2
+		d.InboxFence = 3
 		return nil
 	})
 	require.NoError(t, h(context.Background(), d))
 	require.Len(t, b.rec.Ended(), 1, "only the producer's: the span ends when the delivery is settled")
-	d.Settle(consumer.Outcome{Decision: consumer.Decide(context.Background(), nil), Action: consumer.ActionAcked})
+	d.Settle(inboxtype.Outcome{Decision: consumer.Decide(context.Background(), nil), Action: inboxtype.ActionAcked})
 
 	spans := b.rec.Ended()
 	var got sdktrace.ReadOnlySpan
@@ -106,7 +108,8 @@ func TestTracing_ParentFromHeaders(t *testing.T) {
 	require.Equal(t, "payment:42", a["inboxmq.idempotency_key"].AsString())
 	require.Equal(t, int64(2), a["inboxmq.attempt"].AsInt64())
 	require.Equal(t, "lock:payment:42", a["inboxmq.lock_key"].AsString())
-	require.Equal(t, int64(3), a["inboxmq.fence"].AsInt64())
+	require.Equal(t, int64(2), a["inboxmq.lock_fence"].AsInt64())
+	require.Equal(t, int64(3), a["inboxmq.fence"].AsInt64(), "inboxmq.fence is the inbox fence")
 	require.Equal(t, "succeeded", a["inboxmq.outcome"].AsString())
 	require.Equal(t, "acked", a["inboxmq.action"].AsString())
 }
@@ -114,9 +117,9 @@ func TestTracing_ParentFromHeaders(t *testing.T) {
 func TestTracing_ErrorRecorded(t *testing.T) {
 	t.Parallel()
 	b := setupTrace(t)
-	d := consumer.NewDelivery("payments", "payments-svc", "w1", &amqp.Delivery{MessageId: "m"})
+	d := inboxtype.NewDelivery("payments", "payments-svc", "w1", &amqp.Delivery{MessageId: "m"})
 	boom := retry.WithReason("db_deadlock", errors.New("deadlock detected"))
-	err := runAndSettle(middleware.Tracing(b.tp, nil)(func(context.Context, *consumer.Delivery) error { return boom }), d)
+	err := runAndSettle(middleware.Tracing(b.tp, nil)(func(context.Context, *inboxtype.Delivery) error { return boom }), d)
 	require.ErrorIs(t, err, boom)
 
 	spans := b.rec.Ended()
@@ -135,10 +138,10 @@ func TestTracing_ErrorRecorded(t *testing.T) {
 func TestTracing_DuplicateIsNotAnError(t *testing.T) {
 	t.Parallel()
 	b := setupTrace(t)
-	d := consumer.NewDelivery("payments", "payments-svc", "w1", &amqp.Delivery{})
+	d := inboxtype.NewDelivery("payments", "payments-svc", "w1", &amqp.Delivery{})
 	off := false
 	mw := middleware.Tracing(b.tp, &middleware.TracingOpts{IdempotencyKeyAttribute: &off})
-	err := runAndSettle(mw(func(_ context.Context, d *consumer.Delivery) error {
+	err := runAndSettle(mw(func(_ context.Context, d *inboxtype.Delivery) error {
 		d.Key = "secret:42"
 		return retry.Duplicate(retry.SourceCache, nil)
 	}), d)
@@ -165,12 +168,12 @@ func TestHeaderCarrier(t *testing.T) {
 }
 
 func BenchmarkTracing_NoopProvider(b *testing.B) {
-	mw := middleware.Tracing(nil, nil)(func(context.Context, *consumer.Delivery) error { return nil })
-	d := consumer.NewDelivery("payments", "payments-svc", "w1", &amqp.Delivery{MessageId: "m"})
+	mw := middleware.Tracing(nil, nil)(func(context.Context, *inboxtype.Delivery) error { return nil })
+	d := inboxtype.NewDelivery("payments", "payments-svc", "w1", &amqp.Delivery{MessageId: "m"})
 	ctx := context.Background()
 	b.ReportAllocs()
 	for b.Loop() {
 		_ = mw(ctx, d)
-		d.Settle(consumer.Outcome{})
+		d.Settle(inboxtype.Outcome{})
 	}
 }

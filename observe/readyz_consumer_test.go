@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 	"github.com/inboxmq/inboxmq/metrics"
@@ -29,24 +30,24 @@ func (j job) IdempotencyKey() string { return "job:" + j.ID }
 // gateObserver holds the consumer's supervisor on a disconnection until the
 // test has looked at /readyz, so the reconnect cannot race the check.
 type gateObserver struct {
-	consumer.NopObserver
+	inboxtype.NopObserver
 	disconnected chan struct{}
 	connected    chan struct{}
 	gate         chan struct{}
-	settled      chan consumer.Action
+	settled      chan inboxtype.Action
 }
 
-func (g *gateObserver) OnConnState(s consumer.ConnState, _ error) {
+func (g *gateObserver) OnConnState(s inboxtype.ConnState, _ error) {
 	switch s {
-	case consumer.ConnDisconnected:
+	case inboxtype.ConnDisconnected:
 		g.disconnected <- struct{}{}
 		<-g.gate
-	case consumer.ConnConnected:
+	case inboxtype.ConnConnected:
 		g.connected <- struct{}{}
 	}
 }
 
-func (g *gateObserver) OnOutcome(_ *consumer.Delivery, o consumer.Outcome) { g.settled <- o.Action }
+func (g *gateObserver) OnOutcome(_ *inboxtype.Delivery, o inboxtype.Outcome) { g.settled <- o.Action }
 
 // closeConnection closes, from the server side, the connection named name.
 func closeConnection(t *testing.T, name string) {
@@ -79,17 +80,17 @@ func TestReadyz_RealConsumerLosesBroker(t *testing.T) {
 	m.Init(queue, queue)
 	gate := &gateObserver{
 		disconnected: make(chan struct{}, 1), connected: make(chan struct{}, 4),
-		gate: make(chan struct{}), settled: make(chan consumer.Action, 4),
+		gate: make(chan struct{}), settled: make(chan inboxtype.Action, 4),
 	}
 
 	r := consumer.NewRouter()
-	consumer.Register(r, queue, consumer.HandlerFunc[job](func(context.Context, *consumer.Message[job]) error {
+	consumer.Register(r, queue, inboxtype.HandlerFunc[job](func(context.Context, *inboxtype.Message[job]) error {
 		return nil
 	}), nil)
 	name := "inboxmq-test-observe-" + queue
 	c, err := consumer.New(&consumer.Config{
 		URL: testenv.AMQPURL(), Name: name, Router: r,
-		Observers:                []consumer.Observer{m, gate},
+		Observers:                []inboxtype.Observer{m, gate},
 		ReconnectInitialInterval: 20 * time.Millisecond,
 	})
 	require.NoError(t, err)
@@ -118,7 +119,7 @@ func TestReadyz_RealConsumerLosesBroker(t *testing.T) {
 
 	// One delivery moves the real consumer's metrics.
 	amqptest.NewPublisher(t, conn).Publish(queue, []byte(`{"id":"1"}`), amqp.Publishing{MessageId: "m-1"})
-	require.Equal(t, consumer.ActionAcked, testenv.WaitChan(t, gate.settled, "the delivery settles"))
+	require.Equal(t, inboxtype.ActionAcked, testenv.WaitChan(t, gate.settled, "the delivery settles"))
 	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
 # HELP inboxmq_deliveries_received_total Deliveries received from the broker.
 # TYPE inboxmq_deliveries_received_total counter

@@ -11,7 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/propagation"
 
-	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 )
 
 // NotifyChannel is the PostgreSQL NOTIFY channel on which Enqueue wakes the
@@ -35,7 +35,7 @@ type Message struct {
 	// random.
 	ID string
 	// IdempotencyKey is the business identity of the message. It is sent in
-	// the header x-idempotency-key ([consumer.HeaderIdempotencyKey]) and,
+	// the header x-idempotency-key ([inboxtype.HeaderIdempotencyKey]) and,
 	// when ID is empty, the message id is derived from it. Empty means no
 	// such header (ID must then be set).
 	IdempotencyKey string
@@ -94,7 +94,7 @@ func prepare(ctx context.Context, m Message) (row, error) {
 		h = amqp.Table{}
 	}
 	if m.IdempotencyKey != "" {
-		h[consumer.HeaderIdempotencyKey] = m.IdempotencyKey
+		h[inboxtype.HeaderIdempotencyKey] = m.IdempotencyKey
 	}
 	if _, ok := h["traceparent"]; !ok {
 		propagation.TraceContext{}.Inject(ctx, tableCarrier(h))

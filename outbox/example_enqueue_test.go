@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 	"github.com/inboxmq/inboxmq/outbox"
 )
@@ -70,7 +70,7 @@ func Example_enqueue() {
 	select {
 	case d := <-deliveries:
 		fmt.Println("body:", string(d.Body))
-		fmt.Println("idempotency key:", d.Headers[consumer.HeaderIdempotencyKey])
+		fmt.Println("idempotency key:", d.Headers[inboxtype.HeaderIdempotencyKey])
 		fmt.Println("stable message id:", d.MessageId == outbox.DeriveID("", queue, "payment-42/captured"))
 	case <-ctx.Done():
 		fmt.Println("timed out")

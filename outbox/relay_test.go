@@ -18,11 +18,12 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
 	"github.com/inboxmq/inboxmq/internal/startstop"
 	"github.com/inboxmq/inboxmq/internal/testenv"
+	"github.com/inboxmq/inboxmq/retry"
 )
 
 func TestRolledBackTransactionPublishesNothing(t *testing.T) {
@@ -78,7 +79,7 @@ func TestCommittedMessagePublishedOnce(t *testing.T) {
 	require.Equal(t, `{"id":42}`, string(d.Body))
 	require.Equal(t, "application/json", d.ContentType)
 	require.Equal(t, amqp.Persistent, d.DeliveryMode)
-	require.Equal(t, "payment-42", d.Headers[consumer.HeaderIdempotencyKey])
+	require.Equal(t, "payment-42", d.Headers[inboxtype.HeaderIdempotencyKey])
 	require.Equal(t, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", d.Headers["traceparent"])
 	require.Equal(t, "acme", d.Headers["x-tenant"])
 	require.Equal(t, int32(3), d.Headers["x-version"])
@@ -126,8 +127,8 @@ func TestCrashBetweenConfirmAndMarkRepublishesSameID(t *testing.T) {
 	for id, ds := range byID {
 		require.Contains(t, ids, id)
 		require.Len(t, ds, 2)
-		require.Equal(t, ds[0].Headers[consumer.HeaderIdempotencyKey], ds[1].Headers[consumer.HeaderIdempotencyKey])
-		require.Equal(t, DeriveID("", b.queue, ds[0].Headers[consumer.HeaderIdempotencyKey].(string)), id)
+		require.Equal(t, ds[0].Headers[inboxtype.HeaderIdempotencyKey], ds[1].Headers[inboxtype.HeaderIdempotencyKey])
+		require.Equal(t, DeriveID("", b.queue, ds[0].Headers[inboxtype.HeaderIdempotencyKey].(string)), id)
 	}
 
 	// End to end: the receiver's inbox absorbs the duplicates, so each
@@ -136,22 +137,22 @@ func TestCrashBetweenConfirmAndMarkRepublishesSameID(t *testing.T) {
 	require.NoError(t, err)
 	_, err = b.pool.Exec(t.Context(), `CREATE TABLE effects (key text PRIMARY KEY)`)
 	require.NoError(t, err)
-	h := inbox.Handler(store, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[string]) error {
+	h := inbox.Handler(store, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[string]) error {
 		_, err := tx.Exec(ctx, `INSERT INTO effects (key) VALUES ($1)`, msg.Key)
 		return err
 	}, nil)
 	var handled, duplicates int
 	for i := range got {
 		d := &got[i]
-		key, _ := d.Headers[consumer.HeaderIdempotencyKey].(string)
-		msg := &consumer.Message[string]{
-			ID: d.MessageId, Key: key, Consumer: "receiver", Body: string(d.Body), Headers: d.Headers, Attempt: 1,
-			Delivery: consumer.NewDelivery(b.queue, "receiver", "test", d),
+		key, _ := d.Headers[inboxtype.HeaderIdempotencyKey].(string)
+		msg := &inboxtype.Message[string]{
+			ID: d.MessageId, Key: key, Namespace: "receiver", Body: string(d.Body), Headers: d.Headers, Attempt: 1,
+			Delivery: inboxtype.NewDelivery(b.queue, "receiver", "test", d),
 		}
 		switch err := h.Handle(t.Context(), msg); {
 		case err == nil:
 			handled++
-		case errors.Is(err, inbox.ErrDuplicate):
+		case errors.Is(err, retry.ErrDuplicate):
 			duplicates++
 		default:
 			require.NoError(t, err)

@@ -8,7 +8,7 @@ import (
 
 // ErrDuplicate reports that the delivery's effect has already been committed
 // (or is being committed by another worker that holds the claim). The consumer
-// acks it and counts it. Inbox re-exports it as inbox.ErrDuplicate.
+// acks it and counts it.
 var ErrDuplicate = errors.New("retry: duplicate message")
 
 // ErrKeyConflict reports that an idempotency key was reused for a different

@@ -11,13 +11,14 @@ import (
 
 	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/middleware"
 )
 
-// IdempotencyKey makes payment a consumer.Keyer: the business identity.
+// IdempotencyKey makes payment a inboxtype.Keyer: the business identity.
 func (p payment) IdempotencyKey() string { return "payment:" + p.OrderID }
 
-// Validate makes payment a consumer.Validator.
+// Validate makes payment a inboxtype.Validator.
 func (p payment) Validate() error {
 	if p.OrderID == "" || p.AmountCents <= 0 {
 		return errors.New("invalid payment")
@@ -37,12 +38,12 @@ func writePayment(ctx context.Context, tx pgx.Tx, p payment) error {
 
 // doneObserver reports every acked delivery to the benchmark.
 type doneObserver struct {
-	consumer.NopObserver
+	inboxtype.NopObserver
 	done func(time.Time)
 }
 
-func (o doneObserver) OnOutcome(d *consumer.Delivery, out consumer.Outcome) {
-	if out.Action == consumer.ActionAcked {
+func (o doneObserver) OnOutcome(d *inboxtype.Delivery, out inboxtype.Outcome) {
+	if out.Action == inboxtype.ActionAcked {
 		o.done(publishedAt(d.Headers))
 	}
 }
@@ -55,12 +56,12 @@ func claimCase(e *env, opts *inbox.ClaimOpts, q consumer.QueueOpts) runner {
 		if err != nil {
 			panic(err) // fixed, valid options: a programming error, like Register's
 		}
-		consumer.Register(r, queue, inbox.ClaimHandler(store, func(ctx context.Context, c *inbox.Claim, m *consumer.Message[payment]) error {
+		consumer.Register(r, queue, inbox.ClaimHandler(store, func(ctx context.Context, c *inbox.Claim, m *inboxtype.Message[payment]) error {
 			// the outside call would carry c.Key as Idempotency-Key here
 			return c.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error { return writePayment(ctx, tx, m.Body) })
 		}, opts), &consumer.HandlerOpts{
-			Consumer:   benchConsumer,
-			Middleware: []consumer.Middleware{lck},
+			Namespace:  benchConsumer,
+			Middleware: []inboxtype.Middleware{lck},
 			Queue:      q,
 		})
 	})
@@ -81,15 +82,15 @@ func (e *env) groupQueue() consumer.QueueOpts {
 func frameworkCases(e *env) []benchCase {
 	return []benchCase{
 		{"d", fmt.Sprintf("inboxmq per-message transactional mode, %d handlers", e.workers), inboxmqCase(e, func(store *inbox.Store, r *consumer.Router, q string) {
-			consumer.Register(r, q, inbox.Handler(store, func(ctx context.Context, tx pgx.Tx, m *consumer.Message[payment]) error {
+			consumer.Register(r, q, inbox.Handler(store, func(ctx context.Context, tx pgx.Tx, m *inboxtype.Message[payment]) error {
 				return writePayment(ctx, tx, m.Body)
-			}, nil), &consumer.HandlerOpts{Consumer: benchConsumer, Queue: consumer.QueueOpts{Concurrency: e.workers}})
+			}, nil), &consumer.HandlerOpts{Namespace: benchConsumer, Queue: consumer.QueueOpts{Concurrency: e.workers}})
 		})},
 		{"e", fmt.Sprintf("inboxmq group commit (%d per tx, %d in flight, pipeline %v)", e.batch, e.inflight, e.pipeline), inboxmqCase(e, func(store *inbox.Store, r *consumer.Router, q string) {
-			consumer.Register(r, q, inbox.Handler(store, func(ctx context.Context, tx pgx.Tx, m *consumer.Message[payment]) error {
+			consumer.Register(r, q, inbox.Handler(store, func(ctx context.Context, tx pgx.Tx, m *inboxtype.Message[payment]) error {
 				return writePayment(ctx, tx, m.Body)
 			}, &inbox.HandlerOpts{GroupCommit: e.groupCommit()}),
-				&consumer.HandlerOpts{Consumer: benchConsumer, Queue: e.groupQueue()})
+				&consumer.HandlerOpts{Namespace: benchConsumer, Queue: e.groupQueue()})
 		})},
 		{"f", fmt.Sprintf("inboxmq Redis lock + claim mode, %d handlers", e.workers),
 			claimCase(e, nil, consumer.QueueOpts{Concurrency: e.workers})},
@@ -111,7 +112,7 @@ func inboxmqCase(e *env, register func(store *inbox.Store, r *consumer.Router, q
 			Name:      "inboxbench",
 			Router:    r,
 			Logger:    zap.NewNop(),
-			Observers: []consumer.Observer{doneObserver{done: done}},
+			Observers: []inboxtype.Observer{doneObserver{done: done}},
 		})
 		if err != nil {
 			return nil, err

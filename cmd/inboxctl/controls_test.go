@@ -12,6 +12,7 @@ import (
 
 	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/control"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 )
@@ -83,7 +84,7 @@ func TestUnblockReleasesParkedMessages(t *testing.T) {
 	pub := amqptest.NewPublisher(t, conn)
 	for _, k := range []string{"order:1", "order:2", "order:1"} {
 		pub.Publish(parked, fmt.Appendf(nil, `{"k":%q}`, k), amqp.Publishing{Headers: amqp.Table{
-			consumer.HeaderIdempotencyKey: k, control.HeaderParkedReason: "blocked",
+			inboxtype.HeaderIdempotencyKey: k, control.HeaderParkedReason: "blocked",
 		}})
 	}
 	require.Equal(t, exitOK, b.run(t, "block", "order:1", "--consumer", "orders").code)
@@ -95,7 +96,7 @@ func TestUnblockReleasesParkedMessages(t *testing.T) {
 	got := amqptest.Drain(t, conn, queue)
 	require.Len(t, got, 2)
 	require.NotContains(t, got[0].Headers, control.HeaderParkedReason)
-	require.Equal(t, "order:1", got[0].Headers[consumer.HeaderIdempotencyKey])
+	require.Equal(t, "order:1", got[0].Headers[inboxtype.HeaderIdempotencyKey])
 }
 
 type pauseOrder struct {
@@ -130,7 +131,7 @@ func TestPauseAndResumeDriveARunningConsumer(t *testing.T) {
 	var handled atomic.Int64
 	processed := make(chan string, 16)
 	router := consumer.NewRouter()
-	consumer.Register(router, queue, consumer.HandlerFunc[pauseOrder](func(_ context.Context, m *consumer.Message[pauseOrder]) error {
+	consumer.Register(router, queue, inboxtype.HandlerFunc[pauseOrder](func(_ context.Context, m *inboxtype.Message[pauseOrder]) error {
 		handled.Add(1)
 		processed <- m.Key
 		return nil

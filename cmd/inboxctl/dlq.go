@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 )
 
 func (c *cli) dlqCmd() *cobra.Command {
@@ -117,10 +118,10 @@ without acknowledgement and returned to the DLQ when list ends.`,
 					break
 				}
 				views = append(views, deadLetterView{
-					MessageID: d.MessageId, Key: headerString(d.Headers, consumer.HeaderIdempotencyKey),
-					Error: consumer.DeadLetterReason(d.Headers), Attempt: consumer.HeaderInt(d.Headers, consumer.HeaderAttempt),
-					ReplayCount: consumer.HeaderInt(d.Headers, consumer.HeaderReplayCount), OriginalQueue: consumer.DeadLetterOrigin(d.Headers),
-					FirstFailedAt: headerString(d.Headers, consumer.HeaderFirstFailedAt), LastFailedAt: headerString(d.Headers, consumer.HeaderLastFailedAt),
+					MessageID: d.MessageId, Key: headerString(d.Headers, inboxtype.HeaderIdempotencyKey),
+					Error: consumer.DeadLetterReason(d.Headers), Attempt: inboxtype.HeaderInt(d.Headers, inboxtype.HeaderAttempt),
+					ReplayCount: inboxtype.HeaderInt(d.Headers, inboxtype.HeaderReplayCount), OriginalQueue: consumer.DeadLetterOrigin(d.Headers),
+					FirstFailedAt: headerString(d.Headers, inboxtype.HeaderFirstFailedAt), LastFailedAt: headerString(d.Headers, inboxtype.HeaderLastFailedAt),
 					Bytes: len(d.Body),
 				})
 			}

@@ -6,7 +6,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 )
@@ -50,6 +50,6 @@ func TestDLQCommands_BrokerDeadLetter(t *testing.T) {
 	require.True(t, ok)
 	require.Equal(t, "late", m.MessageId)
 	require.Empty(t, m.Expiration)
-	require.Equal(t, 1, consumer.HeaderInt(m.Headers, consumer.HeaderReplayCount))
+	require.Equal(t, 1, inboxtype.HeaderInt(m.Headers, inboxtype.HeaderReplayCount))
 	require.Zero(t, amqptest.Depth(t, conn, dlq))
 }

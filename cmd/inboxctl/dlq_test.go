@@ -7,7 +7,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
 )
 
@@ -27,10 +27,10 @@ func TestDLQCommands(t *testing.T) {
 	pub := amqptest.NewPublisher(t, conn)
 	for i, reason := range []string{"exhausted", "decode", "exhausted"} {
 		pub.Publish(dlq, fmt.Appendf(nil, `{"id":"%d"}`, i), amqp.Publishing{MessageId: fmt.Sprintf("m-%d", i), Headers: amqp.Table{
-			consumer.HeaderIdempotencyKey: fmt.Sprintf("order:%d", i),
-			consumer.HeaderError:          reason + ": boom",
-			consumer.HeaderAttempt:        int32(5),
-			consumer.HeaderOriginalQueue:  queue,
+			inboxtype.HeaderIdempotencyKey: fmt.Sprintf("order:%d", i),
+			inboxtype.HeaderError:          reason + ": boom",
+			inboxtype.HeaderAttempt:        int32(5),
+			inboxtype.HeaderOriginalQueue:  queue,
 		}})
 	}
 

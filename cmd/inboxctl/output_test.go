@@ -10,7 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
 )
 
@@ -37,7 +37,7 @@ func TestJSONKeysAreSnakeCase(t *testing.T) {
 	}
 	require.NoError(t, ch.Close())
 	amqptest.NewPublisher(t, conn).Publish(queue+".dlq", []byte(`{}`), amqp.Publishing{MessageId: "m-1",
-		Headers: amqp.Table{consumer.HeaderError: "exhausted: boom", consumer.HeaderIdempotencyKey: "order:1"}})
+		Headers: amqp.Table{inboxtype.HeaderError: "exhausted: boom", inboxtype.HeaderIdempotencyKey: "order:1"}})
 
 	r := b.run(t, "dlq", "replay", queue, "-o", "json")
 	require.Equal(t, exitOK, r.code, r.errOut)

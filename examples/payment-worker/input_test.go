@@ -13,7 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 )
@@ -53,7 +53,7 @@ func (b *testBundle) cacheRedis(t testing.TB) *redis.Client {
 	return rdb
 }
 
-// cacheKey is the worker's completed-cache entry for an order (Dedupe's
+// cacheKey is the worker's completed-cache entry for an order (Cache's
 // default prefix, the queue as consumer name).
 func (b *testBundle) cacheKey(orderID string) string {
 	return "inboxmq:done:" + b.queue + ":payment:" + orderID
@@ -77,7 +77,7 @@ func (b *testBundle) deadLetters(t *testing.T, reason string) map[string][]Payme
 	t.Helper()
 	out := map[string][]Payment{}
 	for _, d := range amqptest.Drain(t, b.conn, b.queue+".dlq") {
-		xerr, _ := d.Headers[consumer.HeaderError].(string)
+		xerr, _ := d.Headers[inboxtype.HeaderError].(string)
 		require.True(t, strings.HasPrefix(xerr, reason+": "), "dead letter %s: x-error %q, want reason %s", d.Body, xerr, reason)
 		var p Payment
 		require.NoError(t, json.Unmarshal(d.Body, &p))
@@ -259,10 +259,10 @@ func TestWorkerInvalidInputIsDeadLetteredAtOnce(t *testing.T) {
 			require.Len(t, dead, len(invalidBodies))
 			bodies := map[string]bool{}
 			for _, d := range dead {
-				xerr, _ := d.Headers[consumer.HeaderError].(string)
+				xerr, _ := d.Headers[inboxtype.HeaderError].(string)
 				require.True(t, strings.HasPrefix(xerr, "decode: ") || strings.HasPrefix(xerr, "invalid: "),
 					"dead letter %q: x-error %q", d.Body, xerr)
-				require.LessOrEqual(t, consumer.HeaderInt(d.Headers, consumer.HeaderAttempt), 1, "dead-lettered at the first attempt")
+				require.LessOrEqual(t, inboxtype.HeaderInt(d.Headers, inboxtype.HeaderAttempt), 1, "dead-lettered at the first attempt")
 				bodies[string(d.Body)] = true
 			}
 			for _, in := range invalidBodies {

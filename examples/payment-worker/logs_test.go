@@ -8,7 +8,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 )
@@ -41,9 +41,9 @@ func TestWorkerLogLinesAreBounded(t *testing.T) {
 		}
 		require.NotContains(t, entry, "stacktrace", "no stack trace: %.300s", line)
 		switch entry["status"] {
-		case consumer.StatusDeadLettered:
+		case string(inboxtype.StatusDeadLettered):
 			dead = append(dead, entry)
-		case consumer.StatusReceived:
+		case string(inboxtype.StatusReceived):
 			received = append(received, entry)
 		}
 	}

@@ -23,7 +23,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
 	"github.com/inboxmq/inboxmq/internal/pgtest"
 	"github.com/inboxmq/inboxmq/internal/testenv"
@@ -290,7 +290,7 @@ func TestWorkerEndToEnd(t *testing.T) {
 	dead := amqptest.Drain(t, b.conn, b.queue+".dlq")
 	require.Len(t, dead, len(invalid))
 	for _, d := range dead {
-		reason, ok := d.Headers[consumer.HeaderError].(string)
+		reason, ok := d.Headers[inboxtype.HeaderError].(string)
 		require.True(t, ok, "dead letter %s has an x-error header", d.Body)
 		require.NotEmpty(t, reason)
 	}
@@ -307,7 +307,7 @@ func TestWorkerEndToEnd(t *testing.T) {
 				var ev completedEvent
 				require.NoError(t, json.Unmarshal(d.Body, &ev))
 				require.True(t, strings.HasPrefix(ev.OrderID, "e2e-"), "event for %s", ev.OrderID)
-				require.Equal(t, "payment:"+ev.OrderID, d.Headers[consumer.HeaderIdempotencyKey])
+				require.Equal(t, "payment:"+ev.OrderID, d.Headers[inboxtype.HeaderIdempotencyKey])
 				seen[d.MessageId] = true
 			default:
 				return len(seen) == orders
@@ -324,7 +324,7 @@ func TestWorkerEndToEnd(t *testing.T) {
 // received to completed.
 func requireTransitionLogs(t *testing.T, logs, key string) {
 	t.Helper()
-	statuses := map[string]bool{}
+	statuses := map[inboxtype.Status]bool{}
 	for line := range strings.Lines(logs) {
 		var entry map[string]any
 		if json.Unmarshal([]byte(line), &entry) != nil || entry["idempotency_key"] != key {
@@ -334,10 +334,10 @@ func requireTransitionLogs(t *testing.T, logs, key string) {
 			require.Contains(t, entry, field, "log line %s", line)
 		}
 		status, _ := entry["status"].(string)
-		statuses[status] = true
+		statuses[inboxtype.Status(status)] = true
 	}
-	require.True(t, statuses[consumer.StatusCompleted], "a completed transition is logged for %s: %v", key, statuses)
-	require.True(t, statuses[consumer.StatusProcessing], "a processing transition is logged for %s: %v", key, statuses)
+	require.True(t, statuses[inboxtype.StatusCompleted], "a completed transition is logged for %s: %v", key, statuses)
+	require.True(t, statuses[inboxtype.StatusProcessing], "a processing transition is logged for %s: %v", key, statuses)
 }
 
 func TestTwoWorkersOneEffectPerOrder(t *testing.T) {
@@ -521,7 +521,7 @@ func TestWorkerGatewayClaimMode(t *testing.T) {
 	dead := amqptest.Drain(t, b.conn, b.queue+".dlq")
 	require.Len(t, dead, 2)
 	for _, d := range dead {
-		require.Contains(t, d.Headers[consumer.HeaderError], "gateway_4xx")
+		require.Contains(t, d.Headers[inboxtype.HeaderError], "gateway_4xx")
 	}
 	require.Positive(t, w.metricSum(t, "job_retry_total"), "the 503s were counted as retries")
 	w.stop(t)

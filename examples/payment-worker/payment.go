@@ -17,11 +17,11 @@ type Payment struct {
 	Currency    string `json:"currency"`
 }
 
-// IdempotencyKey implements consumer.Keyer: "payment:" + OrderID. The same
+// IdempotencyKey implements inboxtype.Keyer: "payment:" + OrderID. The same
 // key goes to the payment gateway as the Idempotency-Key header.
 func (p Payment) IdempotencyKey() string { return "payment:" + p.OrderID }
 
-// Fingerprint implements consumer.Fingerprinter: the hash of the payment's
+// Fingerprint implements inboxtype.Fingerprinter: the hash of the payment's
 // fields rather than of the raw body, so a producer that re-encodes the same
 // order (other field order, other whitespace, an extra field) sends a
 // duplicate, while the same order_id with another amount or currency is a
@@ -34,7 +34,7 @@ func (p Payment) Fingerprint() []byte {
 // maxOrderIDLen is the longest order_id accepted, in bytes.
 const maxOrderIDLen = 200
 
-// Validate implements consumer.Validator. An invalid payment fails
+// Validate implements inboxtype.Validator. An invalid payment fails
 // permanently: it is dead-lettered with the reason and writes nothing.
 // order_id is 1–200 bytes of UTF-8 with no control character (U+0000 to
 // U+001F, U+007F) and not only whitespace, taken exactly as sent (never

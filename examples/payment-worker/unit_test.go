@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
@@ -103,7 +104,7 @@ func TestPaymentInput(t *testing.T) {
 				err = p.Validate()
 			}
 			if err == nil {
-				err = consumer.ValidKey(p.IdempotencyKey())
+				err = inboxtype.ValidKey(p.IdempotencyKey())
 			}
 			if tt.want == "" {
 				require.NoError(t, err)

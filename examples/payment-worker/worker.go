@@ -17,6 +17,7 @@ import (
 	"github.com/inboxmq/inboxmq"
 	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/metrics"
 	"github.com/inboxmq/inboxmq/middleware"
 	"github.com/inboxmq/inboxmq/outbox"
@@ -150,7 +151,7 @@ func newRoutes(cfg config) *inboxmq.Routes {
 // entry and its payment.completed event are written in the transaction that
 // records the inbox row, so they commit together or not at all.
 func recordPayment(events string) inbox.TxHandlerFunc[Payment] {
-	return func(ctx context.Context, tx pgx.Tx, msg *consumer.Message[Payment]) error {
+	return func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[Payment]) error {
 		return writePayment(ctx, tx, events, msg.Body)
 	}
 }
@@ -160,7 +161,7 @@ func recordPayment(events string) inbox.TxHandlerFunc[Payment] {
 // claim's key, and the completion commits the business writes only if the
 // claim still holds.
 func chargeAndRecord(gw *Gateway, events string) inbox.ClaimFunc[Payment] {
-	return func(ctx context.Context, claim *inbox.Claim, msg *consumer.Message[Payment]) error {
+	return func(ctx context.Context, claim *inbox.Claim, msg *inboxtype.Message[Payment]) error {
 		// A recorded step is skipped on a later attempt: a crash between the
 		// charge and the completion does not even repeat the call (and if
 		// it did, the gateway would see the same Idempotency-Key).

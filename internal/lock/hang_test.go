@@ -10,9 +10,9 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inboxmq/inboxmq/internal/lock"
 	"github.com/inboxmq/inboxmq/internal/redistest"
 	"github.com/inboxmq/inboxmq/internal/testenv"
-	"github.com/inboxmq/inboxmq/lock"
 )
 
 // hangBundle is a Batcher whose Redis connections go through a proxy that

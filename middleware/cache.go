@@ -9,12 +9,12 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
-	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
-// DedupeOpts configure [Dedupe]. A nil *DedupeOpts means defaults.
-type DedupeOpts struct {
+// CacheOpts configure [Cache]. A nil *CacheOpts means defaults.
+type CacheOpts struct {
 	// Prefix starts every cache key: "<Prefix><consumer>:<idempotency key>".
 	// Defaults to "inboxmq:done:".
 	Prefix string
@@ -39,8 +39,8 @@ type DedupeOpts struct {
 	OnDegraded func(degraded bool)
 }
 
-func (o *DedupeOpts) withDefaults() DedupeOpts {
-	var out DedupeOpts
+func (o *CacheOpts) withDefaults() CacheOpts {
+	var out CacheOpts
 	if o != nil {
 		out = *o
 	}
@@ -59,10 +59,13 @@ func (o *DedupeOpts) withDefaults() DedupeOpts {
 	return out
 }
 
-// Dedupe returns a handler middleware that keeps a cache of completed
+// Cache returns a handler middleware that keeps a cache of completed
 // idempotency keys in Redis: a fast path in front of the inbox. It belongs
 // in HandlerOpts.Middleware (after decoding, so Delivery.Key and
-// Delivery.Fingerprint are set); a delivery without a key or without a
+// Delivery.Fingerprint are set). A delivery without a key means the cache
+// is mounted where no key is set (router-wide, or on a route whose payload
+// does not implement inboxtype.Keyer): it fails permanently, with an error
+// that says so, and next is not called. A delivery with a key but no
 // fingerprint passes through.
 //
 // The cache holds positive entries only, each the fingerprint of the job
@@ -84,33 +87,36 @@ func (o *DedupeOpts) withDefaults() DedupeOpts {
 //     a completion).
 //
 // Redis errors and timeouts are reported through OnDegraded and the logger
-// once per change; the middleware recovers by itself. Dedupe panics if
+// once per change; the middleware recovers by itself. Cache panics if
 // client is nil.
-func Dedupe(client redis.UniversalClient, opts *DedupeOpts) consumer.Middleware {
+func Cache(client redis.UniversalClient, opts *CacheOpts) inboxtype.Middleware {
 	if client == nil {
-		panic("middleware: Dedupe: nil redis client")
+		panic("middleware: Cache: nil redis client")
 	}
 	o := opts.withDefaults()
-	m := &dedupeMiddleware{
+	m := &cacheMiddleware{
 		opts:   o,
 		client: client,
-		health: newHealth("dedupe", o.ProbeInterval, o.Logger, o.OnDegraded),
+		health: newHealth("cache", o.ProbeInterval, o.Logger, o.OnDegraded),
 	}
 	return m.wrap
 }
 
-type dedupeMiddleware struct {
-	opts   DedupeOpts
+type cacheMiddleware struct {
+	opts   CacheOpts
 	client redis.UniversalClient
 	health *health
 }
 
-func (m *dedupeMiddleware) wrap(next consumer.DeliveryHandler) consumer.DeliveryHandler {
-	return func(ctx context.Context, d *consumer.Delivery) error {
-		if d.Key == "" || len(d.Fingerprint) == 0 {
+func (m *cacheMiddleware) wrap(next inboxtype.DeliveryHandler) inboxtype.DeliveryHandler {
+	return func(ctx context.Context, d *inboxtype.Delivery) error {
+		if d.Key == "" {
+			return errNoKey("Cache")
+		}
+		if len(d.Fingerprint) == 0 {
 			return next(ctx, d)
 		}
-		key := m.opts.Prefix + d.Consumer + ":" + d.Key
+		key := m.opts.Prefix + d.Namespace + ":" + d.Key
 		fp := hex.EncodeToString(d.Fingerprint)
 		if m.health.allow() {
 			cctx, cancel := context.WithTimeout(ctx, m.opts.CallTimeout)

@@ -1,4 +1,4 @@
-package consumer
+package inboxtype
 
 import (
 	"time"
@@ -60,7 +60,7 @@ type Outcome struct {
 // ActionRetriedInProcess (a hook's outcome, never reported as a
 // transition), and StatusFailed when nothing could be settled
 // (ActionAbandoned).
-func (o Outcome) Status() string {
+func (o Outcome) Status() Status {
 	switch o.Action {
 	case ActionAcked:
 		if o.Decision.Kind == retry.KindDuplicate {
@@ -99,7 +99,7 @@ type Observer interface {
 	// OnTransition reports a status transition of one delivery (Status*
 	// constants); err is the error that caused it, if any. For the
 	// settlement statuses, OnOutcome follows with the decision.
-	OnTransition(d *Delivery, status string, err error)
+	OnTransition(d *Delivery, status Status, err error)
 	// OnOutcome reports how a delivery ended.
 	OnOutcome(d *Delivery, o Outcome)
 	// OnInProcessRetry reports an in-process retry (StatusRetryInProcess)
@@ -115,7 +115,7 @@ type Observer interface {
 type NopObserver struct{}
 
 // OnTransition does nothing.
-func (NopObserver) OnTransition(*Delivery, string, error) {}
+func (NopObserver) OnTransition(*Delivery, Status, error) {}
 
 // OnOutcome does nothing.
 func (NopObserver) OnOutcome(*Delivery, Outcome) {}

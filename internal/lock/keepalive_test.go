@@ -7,8 +7,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/inboxmq/inboxmq/internal/lock"
 	"github.com/inboxmq/inboxmq/internal/testenv"
-	"github.com/inboxmq/inboxmq/lock"
 )
 
 func TestKeepAliveExtendsPastTTL(t *testing.T) {

@@ -1,46 +1,16 @@
-package consumer
+package inboxtype
 
 import (
-	"crypto/sha256"
-	"encoding/json"
-	"strconv"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
-// Header names that inboxmq reads and writes on AMQP messages.
-const (
-	// HeaderAttempt carries the 1-based attempt number across broker-side
-	// retries. A message without it is attempt 1.
-	HeaderAttempt = "x-attempt"
-	// HeaderError carries the reason a message was dead-lettered or retried:
-	// "<reason>: <error text>", at most 1 KiB. A copy whose headers had to
-	// be trimmed to fit the connection's frame ends it with "; original
-	// headers trimmed: N dropped".
-	HeaderError = "x-error"
-	// HeaderFirstFailedAt and HeaderLastFailedAt carry RFC 3339 times. A
-	// copy keeps an incoming first failure time only from one of its own
-	// earlier copies (HeaderOriginalQueue names the same queue) and only if
-	// it is a valid time not in the future; otherwise it is the time of
-	// this failure.
-	HeaderFirstFailedAt = "x-first-failed-at"
-	HeaderLastFailedAt  = "x-last-failed-at"
-	// HeaderOriginalQueue names the work queue a retried or dead-lettered
-	// message came from.
-	HeaderOriginalQueue = "x-original-queue"
-	// HeaderIdempotencyKey carries the idempotency key on dead letters and
-	// outbox messages, so operators can select by key.
-	HeaderIdempotencyKey = "x-idempotency-key"
-	// HeaderReplayCount counts how often a message was replayed from the DLQ.
-	HeaderReplayCount = "x-replay-count"
-	// HeaderDeliveryCount is set by quorum queues: how often the broker has
-	// delivered (and got back) the message.
-	HeaderDeliveryCount = "x-delivery-count"
-)
+// Status is a step in the life of one delivery, as reported to
+// [Observer.OnTransition] (and so written as one structured log line).
+type Status string
 
-// Status transitions of a delivery. Each one is reported to the observers
-// (and so becomes one structured log line).
+// Status transitions of a delivery.
 //
 // StatusReceived is reported once per delivery, after its payload was
 // decoded, so it carries the idempotency key; a delivery that could not be
@@ -53,41 +23,42 @@ const (
 // consumer has settled it, just before [Observer.OnOutcome];
 // [Outcome.Status] names the same one.
 const (
-	StatusReceived   = "received"
-	StatusLocked     = "locked"
-	StatusProcessing = "processing"
-	StatusCompleted  = "completed"
-	StatusDuplicate  = "duplicate"
+	StatusReceived   Status = "received"
+	StatusLocked     Status = "locked"
+	StatusProcessing Status = "processing"
+	StatusCompleted  Status = "completed"
+	StatusDuplicate  Status = "duplicate"
 	// StatusRetry: a broker retry. A copy with the next attempt number was
 	// published to a delay tier (Outcome.Delay) and the original acked.
-	StatusRetry = "retry"
+	StatusRetry Status = "retry"
 	// StatusRetryInProcess: an in-process retry. The handler runs again in
 	// this worker after a short pause, with the same attempt number; it is
 	// reported through [Observer.OnInProcessRetry], never as a transition.
-	StatusRetryInProcess = "retry_in_process"
-	StatusFailed         = "failed"
-	StatusDeadLettered   = "dead_lettered"
-	StatusRequeued       = "requeued"
+	StatusRetryInProcess Status = "retry_in_process"
+	StatusFailed         Status = "failed"
+	StatusDeadLettered   Status = "dead_lettered"
+	StatusRequeued       Status = "requeued"
 	// StatusLockFailed: the Redis lock is held by another worker (the
 	// delivery is retried later). StatusLockExpired: the lock or lease was
 	// lost before completion (the handler's context is cancelled).
-	StatusLockFailed  = "lock_failed"
-	StatusLockExpired = "lock_expired"
+	StatusLockFailed  Status = "lock_failed"
+	StatusLockExpired Status = "lock_expired"
 	// StatusParked: the key is blocked at ingress; a copy of the delivery
 	// was parked in "<queue>.parked" until an operator unblocks it.
-	StatusParked = "parked"
+	StatusParked Status = "parked"
 )
 
 // Delivery is one AMQP delivery on its way through the middleware chain. It
 // is untyped: middleware sees bytes and headers, never the decoded payload's
 // type. The consumer owns it; middleware may read every field and set the
-// annotation fields (Key, Lock*, Fence) but must not ack or nack Raw.
+// annotation fields (Key, Lock*, InboxFence) but must not ack or nack Raw.
 type Delivery struct {
 	// Queue is the queue the delivery came from.
 	Queue string
-	// Consumer is the inbox namespace of the handler (HandlerOpts.Consumer,
-	// which defaults to the queue name).
-	Consumer string
+	// Namespace is the inbox namespace of the handler (the consumer's
+	// HandlerOpts.Namespace, which defaults to the queue name): idempotency
+	// keys are unique per namespace.
+	Namespace string
 	// WorkerID identifies this worker process (Config.Name).
 	WorkerID string
 	// MessageID is the broker message id (may be empty; never used as the
@@ -121,11 +92,17 @@ type Delivery struct {
 	// the completed-cache compares it.
 	Fingerprint []byte
 
-	// LockKey, LockResult and Fence are annotations set by the lock and
-	// inbox layers for logs and traces.
+	// LockKey, LockResult and LockFence are set by the Redis lock
+	// middleware: the key it locked, how the attempt went (acquired, held,
+	// degraded) and the lock's fencing token (0 without a lock). They are
+	// annotations for logs and traces.
 	LockKey    string
 	LockResult string
-	Fence      int64
+	LockFence  int64
+	// InboxFence is the fence of the inbox row's claim, set by the inbox
+	// before the handler runs (0 before that, and without an inbox): it
+	// grows by one each time the key is taken up.
+	InboxFence int64
 
 	// Raw is the underlying delivery. Never ack, nack or reject it: only the
 	// consumer settles deliveries.
@@ -138,12 +115,12 @@ type Delivery struct {
 }
 
 // NewDelivery builds a Delivery from a raw AMQP delivery, reading the
-// attempt and delivery-count headers. The consumer uses it; tests and tools
-// may too.
-func NewDelivery(queue, consumerName, workerID string, raw *amqp.Delivery, observers ...Observer) *Delivery {
+// attempt and delivery-count headers; its transitions go to observers. The
+// consumer uses it; tests and tools may too.
+func NewDelivery(queue, namespace, workerID string, raw *amqp.Delivery, observers ...Observer) *Delivery {
 	d := &Delivery{
 		Queue:       queue,
-		Consumer:    consumerName,
+		Namespace:   namespace,
 		WorkerID:    workerID,
 		MessageID:   raw.MessageId,
 		Body:        raw.Body,
@@ -158,10 +135,20 @@ func NewDelivery(queue, consumerName, workerID string, raw *amqp.Delivery, obser
 	return d
 }
 
-// Transition reports a status transition (one of the Status constants) to
-// the consumer's observers. Layers call it as the delivery moves on: the
-// lock middleware reports StatusLocked, the inbox StatusProcessing.
-func (d *Delivery) Transition(status string, err error) {
+// Transition reports a status transition to the observers given to
+// [NewDelivery]. Layers call it as the delivery moves on: the lock
+// middleware reports StatusLocked, the inbox StatusProcessing.
+// StatusReceived is reported at most once per delivery: later calls with
+// it do nothing, so the consumer may report it both once the key is known
+// and, for a delivery that never got that far, when its handler chain
+// returns.
+func (d *Delivery) Transition(status Status, err error) {
+	if status == StatusReceived {
+		if d.received {
+			return
+		}
+		d.received = true
+	}
 	for _, o := range d.observers {
 		o.OnTransition(d, status, err)
 	}
@@ -197,13 +184,23 @@ func (d *Delivery) OnSettled(f func(Outcome)) {
 // settlement with o, as the consumer does when it settles a delivery. It
 // is for code that runs a handler chain outside a consumer, such as a test
 // or inboxtest: call it once the chain has returned, with the outcome the
-// delivery had (see [Decide]), so that the middleware's spans end and its
-// observations are made. On a delivery a consumer is handling it does
-// nothing: the consumer settles those.
+// delivery had (see consumer.Decide), so that the middleware's spans end
+// and its observations are made. On a delivery a consumer is handling it
+// does nothing: the consumer settles those.
 func (d *Delivery) Settle(o Outcome) {
 	if !d.owned {
 		d.runSettled(o)
 	}
+}
+
+// Own is for the consumer: it marks d as settled by its caller, so that
+// [Delivery.Settle] does nothing on it from then on, and returns the
+// function with which the caller runs the [Delivery.OnSettled] hooks of
+// the current run when it has acted on that run's result. Code that runs
+// a handler chain outside a consumer calls Settle instead.
+func (d *Delivery) Own() (settled func(Outcome)) {
+	d.owned = true
+	return d.runSettled
 }
 
 // runSettled runs and forgets the hooks of the current run, last
@@ -214,104 +211,4 @@ func (d *Delivery) runSettled(o Outcome) {
 	for i := len(hooks) - 1; i >= 0; i-- {
 		hooks[i](o)
 	}
-}
-
-// transitionReceived reports StatusReceived the first time it is called.
-// The decode adapter calls it once the key is known; the consumer calls it
-// when the handler chain returns, for a delivery that never got that far.
-func (d *Delivery) transitionReceived() {
-	if d.received {
-		return
-	}
-	d.received = true
-	d.Transition(StatusReceived, nil)
-}
-
-// HeaderInt reads an integer header of any AMQP integer type (or a decimal
-// string); a missing or malformed header reads as 0.
-func HeaderInt(h amqp.Table, name string) int {
-	switch v := h[name].(type) {
-	case int:
-		return v
-	case int8:
-		return int(v)
-	case int16:
-		return int(v)
-	case int32:
-		return int(v)
-	case int64:
-		return int(v)
-	case uint8:
-		return int(v)
-	case uint16:
-		return int(v)
-	case uint32:
-		return int(v)
-	case string:
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			return 0
-		}
-		return n
-	default:
-		return 0
-	}
-}
-
-// Message is a decoded delivery handed to a typed [Handler].
-type Message[T any] struct {
-	// ID is the broker message id (informational only).
-	ID string
-	// Key is the idempotency key (from the payload's IdempotencyKey method).
-	Key string
-	// Consumer is the inbox namespace of the handler.
-	Consumer string
-	// Body is the decoded payload.
-	Body T
-	// Headers are the AMQP headers.
-	Headers amqp.Table
-	// Attempt is the 1-based attempt number.
-	Attempt int
-	// Redelivered is the broker's redelivered flag.
-	Redelivered bool
-	// Delivery is the untyped delivery this message was decoded from.
-	Delivery *Delivery
-}
-
-// Fingerprint returns the message's fingerprint: Delivery.Fingerprint when
-// set (Register sets it on every delivery it decodes), else computed as
-// Register would, from Body and the delivery's raw body (the JSON encoding
-// of Body when the message has no delivery). The inbox records this value.
-func (m *Message[T]) Fingerprint() []byte {
-	if d := m.Delivery; d != nil {
-		if d.Fingerprint != nil {
-			return d.Fingerprint
-		}
-		return fingerprint(&m.Body, d.Body)
-	}
-	if f := fingerprinter(&m.Body); f != nil {
-		return f.Fingerprint()
-	}
-	raw, err := json.Marshal(m.Body)
-	if err != nil {
-		return nil
-	}
-	return fingerprint(&m.Body, raw)
-}
-
-// fingerprint is the one fingerprint function: v's own Fingerprint when T
-// or *T implements [Fingerprinter], else the SHA-256 of raw.
-func fingerprint[T any](v *T, raw []byte) []byte {
-	if f := fingerprinter(v); f != nil {
-		return f.Fingerprint()
-	}
-	sum := sha256.Sum256(raw)
-	return sum[:]
-}
-
-// fingerprinter returns v as a Fingerprinter (through a value or pointer
-// method), or nil.
-func fingerprinter[T any](v *T) Fingerprinter {
-	f, _ := any(v).(Fingerprinter)
-	return f
 }

@@ -1,45 +1,11 @@
-package consumer
+package inboxtype
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"strings"
 	"unicode/utf8"
 )
-
-// DeliveryHandler processes one untyped delivery. It only returns an error;
-// the consumer classifies it (package retry) and settles the delivery.
-type DeliveryHandler func(ctx context.Context, d *Delivery) error
-
-// Middleware decorates a DeliveryHandler. Middleware never acks or nacks:
-// it returns an error (or nil) and the consumer turns the final error into an
-// AMQP outcome.
-type Middleware func(next DeliveryHandler) DeliveryHandler
-
-// Chain composes middleware, outermost first: Chain(a, b)(h) runs a, then b,
-// then h.
-func Chain(mw ...Middleware) Middleware {
-	return func(next DeliveryHandler) DeliveryHandler {
-		for i := len(mw) - 1; i >= 0; i-- {
-			if mw[i] != nil {
-				next = mw[i](next)
-			}
-		}
-		return next
-	}
-}
-
-// Handler handles decoded messages of type T.
-type Handler[T any] interface {
-	Handle(ctx context.Context, msg *Message[T]) error
-}
-
-// HandlerFunc adapts a function to [Handler].
-type HandlerFunc[T any] func(ctx context.Context, msg *Message[T]) error
-
-// Handle calls f.
-func (f HandlerFunc[T]) Handle(ctx context.Context, msg *Message[T]) error { return f(ctx, msg) }
 
 // Keyer is implemented by payloads that carry a business identity. The
 // returned key (such as "payment:" + OrderID) is the idempotency key; it must
@@ -65,16 +31,16 @@ const MaxKeyLen = 512
 func ValidKey(key string) error {
 	switch {
 	case key == "":
-		return errors.New("consumer: the idempotency key is empty")
+		return errors.New("inboxtype: the idempotency key is empty")
 	case len(key) > MaxKeyLen:
-		return fmt.Errorf("consumer: the idempotency key is %d bytes, longer than %d", len(key), MaxKeyLen)
+		return fmt.Errorf("inboxtype: the idempotency key is %d bytes, longer than %d", len(key), MaxKeyLen)
 	case !utf8.ValidString(key):
-		return errors.New("consumer: the idempotency key is not valid UTF-8")
+		return errors.New("inboxtype: the idempotency key is not valid UTF-8")
 	case strings.TrimSpace(key) == "":
-		return errors.New("consumer: the idempotency key is only whitespace")
+		return errors.New("inboxtype: the idempotency key is only whitespace")
 	}
 	if i := strings.IndexFunc(key, isControl); i >= 0 {
-		return fmt.Errorf("consumer: the idempotency key has a control character (%U) at byte %d", key[i], i)
+		return fmt.Errorf("inboxtype: the idempotency key has a control character (%U) at byte %d", key[i], i)
 	}
 	return nil
 }

@@ -10,8 +10,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inboxmq/inboxmq/internal/lock"
 	"github.com/inboxmq/inboxmq/internal/redistest"
-	"github.com/inboxmq/inboxmq/lock"
 )
 
 type testBundle struct {

@@ -13,9 +13,9 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inboxmq/inboxmq/internal/lock"
 	"github.com/inboxmq/inboxmq/internal/redistest"
 	"github.com/inboxmq/inboxmq/internal/testenv"
-	"github.com/inboxmq/inboxmq/lock"
 )
 
 // gatedClient holds the first script call until gate closes, and counts

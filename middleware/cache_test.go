@@ -11,25 +11,25 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 	"github.com/inboxmq/inboxmq/middleware"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
 // countingHandler returns a handler that counts its calls and returns err.
-func countingHandler(calls *int, err error) consumer.DeliveryHandler {
-	return func(context.Context, *consumer.Delivery) error {
+func countingHandler(calls *int, err error) inboxtype.DeliveryHandler {
+	return func(context.Context, *inboxtype.Delivery) error {
 		*calls++
 		return err
 	}
 }
 
-func TestDedupe_HitShortCircuits(t *testing.T) {
+func TestCache_HitShortCircuits(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	b := setupRedis(t)
-	mw := middleware.Dedupe(b.flaky, &middleware.DedupeOpts{Prefix: b.prefix})
+	mw := middleware.Cache(b.flaky, &middleware.CacheOpts{Prefix: b.prefix})
 	require.NoError(t, b.rdb.Set(ctx, b.prefix+"svc:order-1", cacheValue(keyedDelivery("order-1")), time.Minute).Err())
 
 	calls := 0
@@ -41,11 +41,11 @@ func TestDedupe_HitShortCircuits(t *testing.T) {
 	require.Equal(t, int64(1), b.flaky.Calls.Load(), "one GET, no write")
 }
 
-func TestDedupe_MissRunsAndRecordsSuccess(t *testing.T) {
+func TestCache_MissRunsAndRecordsSuccess(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	b := setupRedis(t)
-	mw := middleware.Dedupe(b.flaky, &middleware.DedupeOpts{Prefix: b.prefix})
+	mw := middleware.Cache(b.flaky, &middleware.CacheOpts{Prefix: b.prefix})
 	key := b.prefix + "svc:order-2"
 
 	calls := 0
@@ -63,11 +63,11 @@ func TestDedupe_MissRunsAndRecordsSuccess(t *testing.T) {
 	require.ErrorIs(t, err, retry.ErrDuplicate)
 }
 
-func TestDedupe_WritesOnlyAfterCompletion(t *testing.T) {
+func TestCache_WritesOnlyAfterCompletion(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	b := setupRedis(t)
-	mw := middleware.Dedupe(b.flaky, &middleware.DedupeOpts{Prefix: b.prefix, TTL: time.Minute})
+	mw := middleware.Cache(b.flaky, &middleware.CacheOpts{Prefix: b.prefix, TTL: time.Minute})
 
 	tests := []struct {
 		name   string
@@ -107,11 +107,11 @@ func TestDedupe_WritesOnlyAfterCompletion(t *testing.T) {
 	}
 }
 
-func TestDedupe_WrongOrDeletedEntryNeverBlocks(t *testing.T) {
+func TestCache_WrongOrDeletedEntryNeverBlocks(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	b := setupRedis(t)
-	mw := middleware.Dedupe(b.flaky, &middleware.DedupeOpts{Prefix: b.prefix})
+	mw := middleware.Cache(b.flaky, &middleware.CacheOpts{Prefix: b.prefix})
 	key := b.prefix + "svc:order-3"
 
 	// A foreign value is a miss; success overwrites it.
@@ -131,12 +131,12 @@ func TestDedupe_WrongOrDeletedEntryNeverBlocks(t *testing.T) {
 	require.Equal(t, cacheValue(keyedDelivery("order-3")), b.rdb.Get(ctx, key).Val(), "re-cached from the inbox's answer")
 }
 
-func TestDedupe_HitOnlyForTheSameFingerprint(t *testing.T) {
+func TestCache_HitOnlyForTheSameFingerprint(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	b := setupRedis(t)
-	mw := middleware.Dedupe(b.flaky, &middleware.DedupeOpts{Prefix: b.prefix})
-	job := func(fp string) *consumer.Delivery {
+	mw := middleware.Cache(b.flaky, &middleware.CacheOpts{Prefix: b.prefix})
+	job := func(fp string) *inboxtype.Delivery {
 		d := keyedDelivery("order-x")
 		d.Fingerprint = []byte(fp)
 		return d
@@ -160,11 +160,11 @@ func TestDedupe_HitOnlyForTheSameFingerprint(t *testing.T) {
 	require.Equal(t, retry.SourceCache, retry.Classify(err).Source)
 }
 
-func TestDedupe_OldOrForeignValueFallsThrough(t *testing.T) {
+func TestCache_OldOrForeignValueFallsThrough(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	b := setupRedis(t)
-	mw := middleware.Dedupe(b.flaky, &middleware.DedupeOpts{Prefix: b.prefix})
+	mw := middleware.Cache(b.flaky, &middleware.CacheOpts{Prefix: b.prefix})
 	key := b.prefix + "svc:order-old"
 	for _, v := range []string{"completed", "", "zz"} {
 		// "completed" is what earlier versions wrote: it says nothing about
@@ -178,10 +178,10 @@ func TestDedupe_OldOrForeignValueFallsThrough(t *testing.T) {
 	}
 }
 
-func TestDedupe_NoFingerprintPassesThrough(t *testing.T) {
+func TestCache_NoFingerprintPassesThrough(t *testing.T) {
 	t.Parallel()
 	b := setupRedis(t)
-	mw := middleware.Dedupe(b.flaky, &middleware.DedupeOpts{Prefix: b.prefix})
+	mw := middleware.Cache(b.flaky, &middleware.CacheOpts{Prefix: b.prefix})
 	d := keyedDelivery("order-nofp")
 	d.Fingerprint = nil // a delivery that did not come through Register
 	calls := 0
@@ -190,13 +190,13 @@ func TestDedupe_NoFingerprintPassesThrough(t *testing.T) {
 	require.Zero(t, b.flaky.Calls.Load(), "the cache can neither answer nor be written without a fingerprint")
 }
 
-func TestDedupe_DegradedFallsThroughAndRecovers(t *testing.T) {
+func TestCache_DegradedFallsThroughAndRecovers(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	b := setupRedis(t)
 	hook, events := degradedHook()
 	core, logs := observer.New(zapcore.InfoLevel)
-	mw := middleware.Dedupe(b.flaky, &middleware.DedupeOpts{
+	mw := middleware.Cache(b.flaky, &middleware.CacheOpts{
 		Prefix:        b.prefix,
 		CallTimeout:   50 * time.Millisecond,
 		ProbeInterval: -1,
@@ -227,12 +227,12 @@ func TestDedupe_DegradedFallsThroughAndRecovers(t *testing.T) {
 	require.Equal(t, 1, logs.FilterMessage("redis answers again").Len())
 }
 
-func TestDedupe_WritesAfterContextEnded(t *testing.T) {
+func TestCache_WritesAfterContextEnded(t *testing.T) {
 	t.Parallel()
 	b := setupRedis(t)
-	mw := middleware.Dedupe(b.flaky, &middleware.DedupeOpts{Prefix: b.prefix})
+	mw := middleware.Cache(b.flaky, &middleware.CacheOpts{Prefix: b.prefix})
 	cctx, cancel := context.WithCancel(t.Context())
-	err := mw(func(context.Context, *consumer.Delivery) error {
+	err := mw(func(context.Context, *inboxtype.Delivery) error {
 		cancel() // the worker is stopping, but this delivery committed
 		return nil
 	})(cctx, keyedDelivery("k"))
@@ -240,23 +240,28 @@ func TestDedupe_WritesAfterContextEnded(t *testing.T) {
 	require.Equal(t, cacheValue(keyedDelivery("k")), b.rdb.Get(t.Context(), b.prefix+"svc:k").Val())
 }
 
-func TestDedupe_NoKeyPassesThrough(t *testing.T) {
+// A cache mounted where no key is set must not silently cache nothing:
+// the delivery fails permanently, naming the misconfiguration.
+func TestCache_NoKeyIsAPermanentMisconfiguration(t *testing.T) {
 	t.Parallel()
 	b := setupRedis(t)
-	mw := middleware.Dedupe(b.flaky, nil)
+	mw := middleware.Cache(b.flaky, nil)
 	calls := 0
-	require.NoError(t, mw(countingHandler(&calls, nil))(t.Context(), keyedDelivery("")))
-	require.Equal(t, 1, calls)
+	err := mw(countingHandler(&calls, nil))(t.Context(), keyedDelivery(""))
+	require.Error(t, err)
+	require.Equal(t, retry.KindPermanent, retry.Classify(err).Kind)
+	require.ErrorContains(t, err, "Cache got a delivery without an idempotency key")
+	require.Zero(t, calls, "next does not run")
 	require.Zero(t, b.flaky.Calls.Load())
-	require.Panics(t, func() { middleware.Dedupe(nil, nil) })
+	require.Panics(t, func() { middleware.Cache(nil, nil) })
 }
 
-// BenchmarkDedupeMiddleware measures a first delivery through the cache
+// BenchmarkCacheMiddleware measures a first delivery through the cache
 // (GET miss, handler, SET): two round trips.
-func BenchmarkDedupeMiddleware(b *testing.B) {
+func BenchmarkCacheMiddleware(b *testing.B) {
 	rb := setupRedis(b)
-	h := middleware.Dedupe(rb.flaky, &middleware.DedupeOpts{Prefix: rb.prefix, TTL: time.Minute})(
-		func(context.Context, *consumer.Delivery) error { return nil })
+	h := middleware.Cache(rb.flaky, &middleware.CacheOpts{Prefix: rb.prefix, TTL: time.Minute})(
+		func(context.Context, *inboxtype.Delivery) error { return nil })
 	runParallel8(b, func(i int64) error { return h(b.Context(), keyedDelivery("k"+itoa(i))) })
 	b.ReportMetric(float64(rb.flaky.Calls.Load())/float64(b.N), "roundtrips/delivery")
 }

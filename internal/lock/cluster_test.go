@@ -6,7 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/inboxmq/inboxmq/lock"
+	"github.com/inboxmq/inboxmq/internal/lock"
 )
 
 // hashTag returns the part of key Redis Cluster hashes: the content of the

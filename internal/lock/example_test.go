@@ -9,8 +9,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/inboxmq/inboxmq/internal/lock"
 	"github.com/inboxmq/inboxmq/internal/testenv"
-	"github.com/inboxmq/inboxmq/lock"
 )
 
 // exampleClient connects to the local test Redis.

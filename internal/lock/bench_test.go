@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inboxmq/inboxmq/internal/lock"
 	"github.com/inboxmq/inboxmq/internal/redistest"
-	"github.com/inboxmq/inboxmq/lock"
 )
 
 // BenchmarkObtainRelease measures Obtain+Release pairs from 8 goroutines on

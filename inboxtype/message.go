@@ -1,0 +1,68 @@
+package inboxtype
+
+import (
+	"crypto/sha256"
+	"encoding/json"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Message is a decoded delivery handed to a typed [Handler].
+type Message[T any] struct {
+	// ID is the broker message id (informational only).
+	ID string
+	// Key is the idempotency key (from the payload's IdempotencyKey method).
+	Key string
+	// Namespace is the inbox namespace of the handler.
+	Namespace string
+	// Body is the decoded payload.
+	Body T
+	// Headers are the AMQP headers.
+	Headers amqp.Table
+	// Attempt is the 1-based attempt number.
+	Attempt int
+	// Redelivered is the broker's redelivered flag.
+	Redelivered bool
+	// Delivery is the untyped delivery this message was decoded from.
+	Delivery *Delivery
+}
+
+// Fingerprint returns the message's fingerprint: Delivery.Fingerprint when
+// set (Register sets it on every delivery it decodes), else computed as
+// Register would, from Body and the delivery's raw body (the JSON encoding
+// of Body when the message has no delivery). The inbox records this value.
+func (m *Message[T]) Fingerprint() []byte {
+	if d := m.Delivery; d != nil {
+		if d.Fingerprint != nil {
+			return d.Fingerprint
+		}
+		return FingerprintOf(&m.Body, d.Body)
+	}
+	if f := fingerprinter(&m.Body); f != nil {
+		return f.Fingerprint()
+	}
+	raw, err := json.Marshal(m.Body)
+	if err != nil {
+		return nil
+	}
+	return FingerprintOf(&m.Body, raw)
+}
+
+// FingerprintOf is the one fingerprint function: the fingerprint of the
+// decoded payload v whose encoding is raw. It is v's own Fingerprint when T
+// or *T implements [Fingerprinter], else the SHA-256 of raw. Register sets
+// Delivery.Fingerprint with it.
+func FingerprintOf[T any](v *T, raw []byte) []byte {
+	if f := fingerprinter(v); f != nil {
+		return f.Fingerprint()
+	}
+	sum := sha256.Sum256(raw)
+	return sum[:]
+}
+
+// fingerprinter returns v as a Fingerprinter (through a value or pointer
+// method), or nil.
+func fingerprinter[T any](v *T) Fingerprinter {
+	f, _ := any(v).(Fingerprinter)
+	return f
+}
