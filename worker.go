@@ -64,7 +64,7 @@ const (
 
 // The worker's parts in the order Stop stops them: the consumer first
 // (in-flight deliveries finish, the rest are requeued), then the relay (so
-// the events of the last commits go out), then the rest.
+// it can still publish what the last commits enqueued), then the rest.
 var stopOrder = []string{"consumer", "relay", "controls", "reconciler", "retention", "health"}
 
 // NewWorker validates cfg and builds a worker ready to start. It does no
@@ -451,9 +451,11 @@ func (w *Worker) declareExchanges(ctx context.Context) error {
 
 // Stop stops the worker gracefully: the consumer first (no new
 // deliveries; in-flight ones finish, or are requeued un-acked once the
-// consumer's soft stop ends), then the relay (the events of the last
-// commits go out), then the controls, the reconciler, the retention job
-// and the health listener. The whole stop is bounded by
+// consumer's soft stop ends), then the relay (which may still publish
+// what the last commits enqueued; a row it has not published by then
+// stays in the outbox table and goes out with the next relay that runs),
+// then the controls, the reconciler, the retention job and the health
+// listener. The whole stop is bounded by
 // Config.StopTimeout, or by ctx if it ends first; whatever has not
 // committed by then is redelivered by the broker.
 //

@@ -179,8 +179,9 @@ func (r *Relay) runLane(ctx context.Context, l *lane) error {
 }
 
 // Start runs the relay in the background until [Relay.Stop]; ctx's
-// cancellation does not stop it, so the events of the last commits still
-// go out while the rest of the process stops. The relay keeps going through
+// cancellation does not stop it, so it can still publish what the last
+// commits enqueued while the rest of the process stops (a row it has not
+// published when it stops stays in the table for the next relay). The relay keeps going through
 // broker and database outages (rows wait in the table and go out after the
 // reconnect). A Start while the relay runs returns an error.
 func (r *Relay) Start(ctx context.Context) error {
