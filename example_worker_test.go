@@ -1,30 +1,89 @@
 package inboxmq_test
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/inboxmq/inboxmq"
 	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inboxtype"
-	"github.com/inboxmq/inboxmq/internal/testenv"
+	"github.com/inboxmq/inboxmq/migrations"
 	"github.com/inboxmq/inboxmq/retry"
 )
+
+// Payment is a job whose business identity is its order.
+type Payment struct {
+	OrderID string `json:"order_id"`
+	Cents   int    `json:"cents"`
+}
+
+// IdempotencyKey implements inboxtype.Keyer: every copy of the job has
+// the same key.
+func (p Payment) IdempotencyKey() string { return "payment:" + p.OrderID }
 
 // A worker with one transactional route: the same payment delivered twice
 // is charged once.
 func Example_worker() {
-	ctx := context.Background()
-	pool, dropSchema := exampleDB(ctx, "worker") // the migrations applied, a payments table
-	defer dropSchema()
-	queue, deleteQueue := exampleQueue("payments")
-	defer deleteQueue()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 
-	// settled reports what each delivery's handling returned (a
-	// middleware of the route sees the inbox's answer).
+	// PostgreSQL: a schema of this example's own, with the inbox tables
+	// (package migrations) and a payments table.
+	cfg, err := pgxpool.ParseConfig(cmp.Or(os.Getenv("TEST_DATABASE_URL"), "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"))
+	if err != nil {
+		panic(err)
+	}
+	schema := fmt.Sprintf("example_worker_%d", time.Now().UnixNano())
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		panic(err)
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		panic(err)
+	}
+	defer pool.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE")
+	if err := migrations.Up(ctx, pool); err != nil {
+		panic(err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE payments (order_id text PRIMARY KEY, cents int NOT NULL)`); err != nil {
+		panic(err)
+	}
+
+	// RabbitMQ: a queue name of this example's own; the worker declares
+	// the queue, its DLQ and its delay queues, deleted at the end.
+	amqpURL := cmp.Or(os.Getenv("TEST_AMQP_URL"), "amqp://guest:guest@127.0.0.1:5672/")
+	queue := fmt.Sprintf("example.payments.%d", time.Now().UnixNano())
+	conn, err := amqp.Dial(amqpURL)
+	if err != nil {
+		panic(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		panic(err)
+	}
+	defer func() {
+		queues := []string{queue, queue + ".dlq"}
+		for _, tier := range consumer.DefaultRetryTiers {
+			queues = append(queues, consumer.RetryQueueName(queue, tier))
+		}
+		for _, q := range queues {
+			_, _ = ch.QueueDelete(q, false, false, false)
+		}
+	}()
+
+	// settled reports what each delivery's handling returned: a route's
+	// middleware sees the inbox's answer.
 	settled := make(chan error, 2)
 	report := func(next inboxtype.DeliveryHandler) inboxtype.DeliveryHandler {
 		return func(ctx context.Context, d *inboxtype.Delivery) error {
@@ -44,41 +103,59 @@ func Example_worker() {
 		Middleware: []inboxtype.Middleware{report},
 	})
 
-	w, err := inboxmq.NewWorker(&inboxmq.Config{
-		URL:    testenv.AMQPURL(),
-		DB:     pool,
-		Routes: routes,
-	})
+	w, err := inboxmq.NewWorker(&inboxmq.Config{URL: amqpURL, DB: pool, Routes: routes})
 	if err != nil {
-		fmt.Println(err)
-		return
+		panic(err)
 	}
 	if err := w.Start(ctx); err != nil { // the inbox table is checked, the topology declared
-		fmt.Println(err)
-		return
+		panic(err)
+	}
+
+	// The same payment, published twice with a publisher confirm.
+	if err := ch.Confirm(false); err != nil {
+		panic(err)
 	}
 	for range 2 {
-		if err := examplePublish(queue, `{"order_id":"42","cents":1999}`); err != nil {
-			fmt.Println(err)
+		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, false, false, amqp.Publishing{
+			ContentType:  "application/json",
+			DeliveryMode: amqp.Persistent,
+			Body:         []byte(`{"order_id":"42","cents":1999}`),
+		})
+		if err != nil {
+			panic(err)
+		}
+		if _, err := dc.WaitContext(ctx); err != nil {
+			panic(err)
 		}
 	}
-	first, _ := wait(settled)
-	second, _ := wait(settled)
-	fmt.Println("first delivery:", first)
-	fmt.Println("second delivery is a duplicate:", errors.Is(second, retry.ErrDuplicate))
+	for range 2 {
+		select {
+		case err := <-settled:
+			switch {
+			case err == nil:
+				fmt.Println("handled, then acked")
+			case errors.Is(err, retry.ErrDuplicate):
+				fmt.Println("duplicate: acked, the handler did not run")
+			default:
+				fmt.Println("failed:", err)
+			}
+		case <-ctx.Done():
+			fmt.Println("timed out")
+		}
+	}
+
 	// Graceful: in-flight deliveries finish and are acked, then the
 	// background services stop.
 	if err := w.Stop(ctx); err != nil {
 		fmt.Println(err)
 	}
-
 	var n int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM payments`).Scan(&n); err != nil {
-		fmt.Println(err)
+		panic(err)
 	}
 	fmt.Println("payments:", n)
 	// Output:
-	// first delivery: <nil>
-	// second delivery is a duplicate: true
+	// handled, then acked
+	// duplicate: acked, the handler did not run
 	// payments: 1
 }

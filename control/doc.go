@@ -37,8 +37,8 @@
 //
 // # Blocked keys and the parked queue
 //
-// [Watcher.Blocked] answers from memory, so checking each delivery costs no
-// database round trip. middleware.Block parks a blocked delivery: a
+// [Watcher.Blocked] answers from memory, so checking each delivery does not
+// query the database. middleware.Block parks a blocked delivery: a
 // [Parker] republishes it, with confirm, to "<queue>.parked"
 // ([ParkedQueueName]), and the consumer then acks the original. [Release]
 // (inboxctl unblock) moves parked messages back to the work queue, where

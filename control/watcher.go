@@ -70,7 +70,7 @@ type applied struct {
 // Watcher keeps an in-memory snapshot of the runtime controls, reloaded on
 // every NOTIFY on [Channel] and at least every PollInterval, applies
 // pause/resume and concurrency changes to its [Target], and answers
-// [Watcher.Blocked] from memory (no database round trip per delivery).
+// [Watcher.Blocked] from memory (no database query per delivery).
 //
 // The pickup time of a change is one notification's latency with LISTEN
 // (milliseconds), and at most PollInterval plus one reload without it

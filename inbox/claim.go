@@ -41,31 +41,30 @@ type ClaimOpts struct {
 	// StorePayload stores the raw body in the inbox row, for replay by
 	// operators. Defaults to false.
 	StorePayload bool
-	// DurableClaim commits the claim with the server's synchronous_commit,
-	// waiting for its WAL flush. Defaults to false: the claim is committed
-	// asynchronously (synchronous_commit off for its statement alone),
-	// which saves a flush per delivery. That is safe because nothing is
-	// acked on the strength of a claim: a claim lost in a database crash
-	// makes the fenced completion find no row, and the delivery is retried
-	// (reason lease_lost), never acked; the outside call then repeats with
-	// the same idempotency key, as after a worker crash. The completion,
-	// which is what an ack stands on, is always durable, and its flush
-	// covers the claim's WAL record too. One thing a lost claim does take
-	// back is its fence: the next claim of the key may get the same
-	// Claim.Fence again. Set DurableClaim if an outside system fences its
-	// writes on Claim.Fence.
+	// DurableClaim makes the claim durable before the handler runs.
+	// Defaults to false: the claim is committed without waiting for its
+	// disk flush, which saves a flush per delivery. That is safe because
+	// nothing is acked on the strength of a claim: a claim lost in a
+	// database crash makes the fenced completion find no claim, and the
+	// delivery is retried (reason lease_lost), never acked; the outside
+	// call then repeats with the same idempotency key, as after a worker
+	// crash. The completion, which is what an ack stands on, is always
+	// durable, and makes the claim durable with it. One thing a lost claim
+	// does take back is its fence: the next claim of the key may get the
+	// same Claim.Fence again. Set DurableClaim if an outside system fences
+	// its writes on Claim.Fence.
 	DurableClaim bool
 	// GroupCommit, when non-nil, lets the completions of deliveries handled
 	// concurrently share one transaction: Claim.Complete hands its
-	// completion to a batch, whose fenced completions go out in one
-	// statement pipelined with BEGIN; each Complete callback then runs in
-	// its own SAVEPOINT (or, with Pipeline, all of them concurrently), and
-	// one COMMIT makes the batch durable. A callback that fails is rolled
-	// back to its savepoint and its claim released in the same transaction;
-	// a claim taken over is fenced out as in per-message mode, alone. Its
-	// zero fields take StoreConfig.GroupCommit's values; size the handler's
-	// concurrency as for HandlerOpts.GroupCommit. Defaults to nil: one
-	// transaction per completion.
+	// completion to a batch; each Complete callback runs in its own
+	// savepoint (or, with Pipeline, all of them concurrently), and one
+	// commit makes the batch durable before any Complete returns. A callback
+	// that fails is rolled back to its savepoint and its claim released in
+	// the same transaction; a claim taken over is fenced out as in
+	// per-message mode, alone, and nothing of it is written. Its zero fields
+	// take StoreConfig.GroupCommit's values; size the handler's concurrency
+	// as for HandlerOpts.GroupCommit. Defaults to nil: one transaction per
+	// completion.
 	//
 	// What a callback may assume changes: it runs on the batch's
 	// transaction, in the goroutine of whichever delivery leads the batch,
@@ -268,16 +267,16 @@ func (c *Claim) completeAlone(ctx context.Context, fn func(ctx context.Context, 
 // ClaimHandler adapts h into a consumer handler for effects outside
 // PostgreSQL. Per delivery:
 //
-//  1. the key is claimed in one short statement: status processing, a
-//     random owner token, fence+1, lease_until = now()+Lease, attempts set
-//     to the delivery's broker attempt,
-//     committed asynchronously unless opts.DurableClaim (see there).
-//     Claims of concurrent deliveries that coincide share one statement
-//     (one round trip, one transaction), each keeping its own verdict.
-//     Only a free (received, failed, dead) row or an expired claim is taken;
-//     a live claim of another worker asks for a retry after its lease
-//     (reason claim_held: the other may still fail), and a completed key is
-//     a duplicate (or a key conflict if the fingerprint differs);
+//  1. the key is claimed before h runs: status processing, a random owner
+//     token, fence+1, lease_until = now()+Lease, attempts set to the
+//     delivery's broker attempt; the claim is committed without waiting for
+//     its disk flush unless opts.DurableClaim (see there). Each delivery's
+//     claim keeps its own verdict, also when the claims of concurrent
+//     deliveries are sent together. Only a free (received, failed, dead)
+//     row or an expired claim is taken; a live claim of another worker
+//     asks for a retry after its lease (reason claim_held: the other may
+//     still fail), and a completed key is a duplicate (or a key conflict if
+//     the fingerprint differs);
 //  2. a heartbeat extends the lease every Heartbeat, up to MaxLease; if an
 //     extension fails or the cap is reached, h's context is cancelled with
 //     cause ErrLeaseLost and StatusLockExpired reported;

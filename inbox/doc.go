@@ -14,15 +14,30 @@
 //
 // # Transactional mode
 //
-// For effects inside PostgreSQL. [Handler] adapts a [TxHandlerFunc] into a
-// inboxtype.Handler: BEGIN; claim the key (INSERT … ON CONFLICT DO UPDATE …
-// WHERE status <> 'completed'); run the handler with the same pgx.Tx;
-// COMMIT. The consumer acks only after Handle returns nil, so after the
-// commit. A key that is already completed is a duplicate ([retry.ErrDuplicate]),
-// and the same key with a different payload fingerprint (see
-// inboxtype.Fingerprinter) is a permanent [retry.ErrKeyConflict]. A failed attempt
-// rolls back and is recorded on the row (attempts, last_error,
-// last_failed_at).
+// For effects inside PostgreSQL. [Handler] adapts a [TxHandlerFunc] into
+// an inboxtype.Handler that claims the key and runs the handler in one
+// transaction, on the same pgx.Tx: the inbox row and the business writes
+// commit together or not at all, and the consumer acks only after the
+// commit.
+//
+//	consumer.Register(router, "payments", inbox.Handler(store,
+//		func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[Payment]) error {
+//			_, err := tx.Exec(ctx, `INSERT INTO payments …`, …)
+//			return err
+//		}, nil), nil)
+//
+// A key that is already completed is a duplicate ([retry.ErrDuplicate]):
+// the handler does not run and the delivery is acked. The same key with a
+// different payload fingerprint (see inboxtype.Fingerprinter) is a
+// permanent [retry.ErrKeyConflict]: the delivery is dead-lettered. A failed
+// attempt rolls back everything the handler wrote and is recorded on the
+// row (attempts, last_error, last_failed_at). Two copies of a key handled
+// at once, on one worker or two, are serialised by the inbox row's primary
+// key: the second waits until the first commits (then it is a duplicate)
+// or rolls back (then it runs).
+//
+// The statements each mode sends, and which of them travel together, are
+// in docs/internals.md; measured figures in docs/performance.md.
 //
 // # Attempts and deliveries
 //
@@ -31,9 +46,9 @@
 // failed on it, in both modes. In-process tries of one delivery and the
 // broker's redeliveries of it do not add to it, so it is the number a
 // dead-letter copy of the key carries in x-attempt, and a replay from the
-// DLQ starts again at 1. The deliveries column is the crash-loop counter only: it counts the broker's
-// redeliveries of the key on classic queues (see StoreConfig.CrashLimit),
-// not every delivery.
+// DLQ starts again at 1. The deliveries column is the crash-loop counter
+// only: it counts the broker's redeliveries of the key on classic queues
+// (see StoreConfig.CrashLimit), not every delivery.
 //
 // # Dead letters
 //
@@ -43,78 +58,59 @@
 // attempts is the copy's x-attempt; a replay from the DLQ takes it up
 // again.
 //
-//	consumer.Register(router, "payments", inbox.Handler(store,
-//		func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[Payment]) error {
-//			_, err := tx.Exec(ctx, `INSERT INTO payments …`, …)
-//			return err
-//		}, nil), nil)
-//
-// Round trips per delivery: BEGIN and the claim in one pipeline (pgx's
-// Batch.BeginTx), the handler's own statements, COMMIT — 4 with two
-// business inserts, where a hand-written pgx loop needs 5. A duplicate adds
-// one look-up; a failure one ROLLBACK and one statement recording it. A
-// redelivered delivery on a classic queue first pays one statement for the
-// crash-loop counter (StoreConfig.CrashLimit).
-//
 // # Group commit
 //
-// The commit (fsync) is the bottleneck of one transaction per delivery.
-// With HandlerOpts.GroupCommit, deliveries handled concurrently are
-// collected into one transaction: their keys are claimed in one statement
-// in (consumer, key) order (two batches sharing keys never deadlock), each
-// handler runs inside its own SAVEPOINT (a failure rolls back only its
-// writes and is recorded on its row in the same transaction), and one
-// COMMIT makes them durable; then every caller gets its own result.
-// Per-message mode is the batch of one of the same code path, without
-// savepoints. Two deliveries of one key in a batch are run one after the
-// other, so the second meets the first's outcome. Round trips per
-// delivery: the handler's statements only — its SAVEPOINT travels in one
-// pipeline with its first Exec — plus BEGIN with the claim and COMMIT,
-// shared by the batch (with two business inserts and batches of 64: 2.03).
+// One commit per delivery is what limits per-message throughput. With
+// HandlerOpts.GroupCommit, deliveries handled concurrently share one
+// transaction and one commit, and each keeps its own outcome: its handler
+// runs in its own savepoint, so a failure rolls back only that delivery's
+// writes and is recorded on its row, and every caller gets its own result,
+// after the commit. Batches that share keys never deadlock, and two
+// deliveries of one key in a batch run one after the other, so the second
+// meets the first's outcome. Per-message mode is the batch of one of the
+// same code path.
+//
+// What a handler may assume changes: its transaction is the batch's,
+// shared with the other deliveries' handlers (it still must not commit or
+// roll it back), and a handler can run twice, the first run rolled back:
+// when the batch's COMMIT fails (its deliveries then run again one by one,
+// each in a transaction of its own, so that only the one whose writes fail
+// at commit fails), and when a statement that broke the batch's connection
+// makes the rest of the batch run again.
 //
 // GroupCommit.Pipeline goes further for handlers that only Exec: the
-// batch's handlers run concurrently on its transaction and each round trip
-// carries the next statement of every handler still running, so a batch
-// of 64 handlers with two inserts each costs four round trips in all
-// (BEGIN with the claim, two, COMMIT). It is optimistic: any handler error,
+// batch's handlers run concurrently on its transaction and their
+// statements are sent together. It is optimistic: any handler error,
 // failed statement or call other than Exec rolls the attempt back and the
-// batch runs again serially with savepoints (so the handlers of such a
-// batch run twice).
+// batch runs again one handler after the other, with savepoints, so the
+// handlers of such a batch run twice.
 //
 // # Claim/lease mode
 //
 // For effects outside PostgreSQL (a payment gateway, an e-mail),
-// [ClaimHandler] claims the key in a short statement (status processing, an
-// owner token, a fence, a lease), keeps the lease alive with a heartbeat,
-// and hands the handler a [Claim]: pass Claim.Key downstream as the
-// Idempotency-Key, wrap outside calls in [Claim.Step] (recovery points a
-// retry skips), and commit the business writes with [Claim.Complete],
-// fenced on the owner token, so that a worker whose lease expired and was
-// taken over cannot commit over the new owner. A lost lease cancels the
-// handler's context with cause [ErrLeaseLost].
+// [ClaimHandler] claims the key before the handler runs (status
+// processing, an owner token, a fence, a lease), keeps the lease alive
+// with a heartbeat, and hands the handler a [Claim]: pass Claim.Key
+// downstream as the Idempotency-Key, wrap outside calls in [Claim.Step]
+// (recovery points a retry skips), and commit the business writes with
+// [Claim.Complete], fenced on the owner token, so that a worker whose lease
+// expired and was taken over cannot commit over the new owner. A lost
+// lease cancels the handler's context with cause [ErrLeaseLost].
 //
-// The claim is committed asynchronously (synchronous_commit off for its one
-// statement; ClaimOpts.DurableClaim opts out), which saves a WAL flush per
-// delivery: nothing is acked on the strength of a claim. A claim lost in a
-// database crash makes the completion find no row, and the delivery is
-// retried, never acked; the completion itself is always durable. Claims of
-// concurrent deliveries that coincide share one statement, in key order:
-// about 0.6 claim statements per delivery with 8 handlers, so claim mode
-// sends 3.6 round trips per delivery to PostgreSQL (the claim, then BEGIN
-// with the fenced completion and the first business statement, the
-// second, COMMIT).
+// Nothing is acked on the strength of a claim, so a claim is committed
+// without waiting for its disk flush (ClaimOpts.DurableClaim opts out): a
+// claim lost in a database crash makes the completion find no claim, and
+// the delivery is retried, never acked. The completion, on which the ack
+// rests, is always durable.
 //
-// ClaimOpts.GroupCommit group-commits the completions: Claim.Complete hands
-// its completion to a batch of the handler's concurrent completions, whose
-// fenced completions go out in one statement with BEGIN (a claim taken over
-// drops out alone, with its own verdict); each callback then runs in its
-// own SAVEPOINT, or with GroupCommit.Pipeline all of them concurrently, and
-// one COMMIT makes the batch durable. A callback that fails is rolled back
-// to its savepoint and its claim released in the same transaction. A
-// completion alone in its batch takes the per-message path above. With 128
-// handlers, one business insert and pipelined batches of 64, claim mode then
-// sends 0.1 round trips per message to PostgreSQL for its completions
-// (BenchmarkClaimGroupCommit), besides the shared claims.
+// ClaimOpts.GroupCommit group-commits the completions: the Complete calls
+// of concurrent deliveries share one transaction, each callback in its own
+// savepoint (or, with GroupCommit.Pipeline, all of them concurrently), and
+// one commit makes the batch durable before any of them returns. A claim
+// taken over drops out alone, with its own verdict, and nothing of it is
+// written; a callback that fails is rolled back alone and its claim
+// released in the same transaction. A callback can run twice, the first
+// run rolled back (see ClaimOpts.GroupCommit).
 //
 // # Reconciler
 //

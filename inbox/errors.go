@@ -76,7 +76,7 @@ func classified(err error) bool {
 //     error passes through so the consumer can read the cause);
 //   - 25006 read_only_sql_transaction → retryable, reason db_read_only;
 //   - 23505 unique_violation → duplicate with source business_constraint (the
-//     inbox's own key never raises it: the claim uses ON CONFLICT);
+//     inbox's own key never raises it);
 //   - class 22 (data exception: a NUL byte or invalid text in a text
 //     column, a value out of range) → permanent, reason db_data_exception;
 //   - the rest of class 23 (integrity constraint violation: not null,

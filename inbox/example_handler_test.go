@@ -1,18 +1,18 @@
 package inbox_test
 
 import (
+	"cmp"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
+	"os"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxmq/inboxmq/inbox"
 	"github.com/inboxmq/inboxmq/inboxtype"
-	"github.com/inboxmq/inboxmq/internal/testenv"
 	"github.com/inboxmq/inboxmq/migrations"
 	"github.com/inboxmq/inboxmq/retry"
 )
@@ -26,50 +26,35 @@ type Payment struct {
 // IdempotencyKey is the key the inbox dedupes on.
 func (p Payment) IdempotencyKey() string { return "payment:" + p.OrderID }
 
-// exampleDB opens a pool on a fresh schema with the inbox migrated and a
-// payments table, and returns it with a function dropping the schema.
-func exampleDB(ctx context.Context, name string) (*pgxpool.Pool, func()) {
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	schema := "example_" + name + "_" + hex.EncodeToString(b[:])
-	admin, err := pgxpool.New(ctx, testenv.DatabaseURL())
+// A transactional handler: the business write and the inbox row commit in
+// one transaction, so a redelivery finds the key completed and the write is
+// not made twice.
+func Example_handler() {
+	ctx := context.Background()
+
+	// A schema of this example's own, with the inbox tables (package
+	// migrations) and a payments table.
+	cfg, err := pgxpool.ParseConfig(cmp.Or(os.Getenv("TEST_DATABASE_URL"), "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"))
 	if err != nil {
 		panic(err)
 	}
-	drop := func() {
-		_, _ = admin.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
-	}
-	drop()
-	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
-		panic(err)
-	}
-	cfg, err := pgxpool.ParseConfig(testenv.DatabaseURL())
-	if err != nil {
-		panic(err)
-	}
+	schema := fmt.Sprintf("example_handler_%d", time.Now().UnixNano())
 	cfg.ConnConfig.RuntimeParams["search_path"] = schema
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		panic(err)
 	}
+	defer pool.Close()
+	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		panic(err)
+	}
+	defer pool.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE")
 	if err := migrations.Up(ctx, pool); err != nil {
 		panic(err)
 	}
 	if _, err := pool.Exec(ctx, `CREATE TABLE payments (order_id text PRIMARY KEY, cents int NOT NULL)`); err != nil {
 		panic(err)
 	}
-	return pool, func() { pool.Close(); drop(); admin.Close() }
-}
-
-// exampleMsg builds the message the consumer would hand to the handler.
-func exampleMsg(consumerName string, p Payment) *inboxtype.Message[Payment] {
-	return &inboxtype.Message[Payment]{Key: p.IdempotencyKey(), Namespace: consumerName, Body: p, Attempt: 1}
-}
-
-func Example_handler() {
-	ctx := context.Background()
-	pool, cleanup := exampleDB(ctx, "handler")
-	defer cleanup()
 
 	store, err := inbox.NewStore(ctx, pool, nil)
 	if err != nil {
@@ -81,11 +66,13 @@ func Example_handler() {
 		_, err := tx.Exec(ctx, `INSERT INTO payments (order_id, cents) VALUES ($1, $2)`, msg.Body.OrderID, msg.Body.Cents)
 		return err
 	}, nil)
-	// In a worker: consumer.Register(router, "payments", h, nil).
-
+	// In a worker: consumer.Register(router, "payments", h, nil), which
+	// builds each message from a delivery. Here two copies are handed over
+	// directly.
 	p := Payment{OrderID: "42", Cents: 1999}
-	fmt.Println("first delivery:", h.Handle(ctx, exampleMsg("payments", p)))
-	err = h.Handle(ctx, exampleMsg("payments", p))
+	msg := &inboxtype.Message[Payment]{Namespace: "payments", Key: p.IdempotencyKey(), Body: p, Attempt: 1}
+	fmt.Println("first delivery:", h.Handle(ctx, msg))
+	err = h.Handle(ctx, msg)
 	fmt.Println("redelivery is a duplicate:", errors.Is(err, retry.ErrDuplicate))
 
 	var n int

@@ -22,12 +22,13 @@ type TxHandlerFunc[T any] func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Me
 // means defaults.
 type HandlerOpts struct {
 	// GroupCommit, when non-nil, collects deliveries handled concurrently
-	// into one transaction (each in its own savepoint) with one COMMIT. Its
-	// zero fields take StoreConfig.GroupCommit's values. Defaults to nil:
-	// one transaction per delivery (the batch of one). Handlers share the
-	// batch's connection: one whose context ends in the middle of a
+	// into one transaction, each in its own savepoint, committed together.
+	// Its zero fields take StoreConfig.GroupCommit's values. Defaults to
+	// nil: one transaction per delivery (the batch of one). Handlers share
+	// the batch's connection: one whose context ends in the middle of a
 	// statement fails alone, and if that broke the connection the rest of
-	// the batch runs again (its handlers twice).
+	// the batch runs again (its handlers twice). See the package
+	// documentation's Group commit for what a handler may assume.
 	GroupCommit *GroupCommit
 	// StorePayload stores the raw body in the inbox row, for replay by
 	// operators. Defaults to false.
@@ -35,30 +36,33 @@ type HandlerOpts struct {
 }
 
 // Handler adapts h into a consumer handler that runs it exactly once per
-// idempotency key. Per delivery:
+// idempotency key (msg.Namespace, msg.Key): h's writes through tx commit
+// together with the key's inbox row, or not at all. Per delivery:
 //
-//  1. on a redelivered delivery of a classic queue (no x-delivery-count:
-//     quorum queues bound crash loops with their delivery limit), the row's
-//     delivery counter is incremented in its own statement; past
-//     StoreConfig.CrashLimit the delivery fails permanently (crash_loop);
-//  2. BEGIN, and the key (msg.Namespace, msg.Key) is claimed with INSERT …
-//     ON CONFLICT DO UPDATE … WHERE status <> 'completed' (a failed or
-//     received row is taken up again);
-//  3. no row came back: the key is completed, and the delivery is a
-//     duplicate (an error matching [retry.ErrDuplicate]), or, if the message's
+//  1. a delivery that a classic queue redelivered (the previous worker
+//     died or lost its connection before settling it) is counted on the
+//     row first; past StoreConfig.CrashLimit such redeliveries it fails
+//     permanently (reason crash_loop). Quorum queues (x-delivery-count
+//     set) bound crash loops with their own delivery limit instead;
+//  2. a transaction begins and claims the key; a row that is not completed
+//     (received, failed or dead, or an expired claim of claim mode) is
+//     taken up again;
+//  3. the key is completed: h does not run, and the delivery is a duplicate
+//     (an error matching [retry.ErrDuplicate]), or, if the message's
 //     fingerprint (inboxtype.Message.Fingerprint) differs from the one
 //     recorded, a key conflict (permanent); a live claim of claim mode asks
 //     for a retry after its lease;
-//  4. otherwise msg.Delivery.InboxFence is set, StatusProcessing reported, and h
-//     runs with the same transaction;
-//  5. h returned nil: COMMIT (the consumer acks after Handle returns nil);
-//     h failed: ROLLBACK, and the failed attempt (attempts, last_error,
+//  4. otherwise msg.Delivery.InboxFence is set, StatusProcessing reported,
+//     and h runs with the transaction;
+//  5. h returned nil: the transaction commits, and Handle returns nil only
+//     once it has (the consumer acks after that); h failed: everything
+//     rolls back, and the failed attempt (attempts, last_error,
 //     last_failed_at) is recorded on the row. The row's attempts is the
 //     delivery's broker attempt (msg.Attempt), not a count of handler runs:
 //     see Record.Attempts.
 //
-// A concurrent duplicate blocks on the primary key until the first
-// transaction commits (then it is a duplicate) or rolls back (then it
+// A concurrent duplicate waits on the inbox row's primary key until the
+// first transaction commits (then it is a duplicate) or rolls back (then it
 // proceeds). h's errors are mapped with [MapError]: transient database
 // errors become retryable with a reason, a value or constraint PostgreSQL
 // refuses (classes 22 and 23) permanent, a unique violation on a business
@@ -67,13 +71,13 @@ type HandlerOpts struct {
 // batch, such a key fails alone.
 //
 // With opts.GroupCommit set, deliveries handled concurrently share one
-// transaction: one claim statement for all keys in key order, a savepoint
-// per delivery (a failure rolls back only its own writes), one COMMIT. A
-// failed COMMIT (a deferred constraint, a serialization failure) runs the
-// batch's deliveries again one by one, each in its own transaction, so that
-// only the delivery whose writes fail at COMMIT fails (classified by
-// MapError: a deferred foreign key is permanent); their
-// handlers then run twice, the first run rolled back.
+// transaction: each in its own savepoint (a failure rolls back only its
+// own writes), all committed together. A failed COMMIT (a deferred
+// constraint, a serialization failure) runs the batch's deliveries again
+// one by one, each in its own transaction, so that only the delivery whose
+// writes fail at COMMIT fails (classified by MapError: a deferred foreign
+// key is permanent); their handlers then run twice, the first run rolled
+// back. The statements are described in docs/internals.md.
 //
 // Handler panics if s or h is nil (a start-up bug).
 func Handler[T any](s *Store, h TxHandlerFunc[T], opts *HandlerOpts) inboxtype.Handler[T] {

@@ -91,8 +91,7 @@ type ReconcileReport struct {
 // lease_until + Grace), reports them, and decides from evidence: an
 // EffectCheck that finds the effect completes the claim; otherwise the
 // claim is released for retry, or marked dead after MaxAttempts. Several
-// reconcilers may run at once: each claim is locked with FOR UPDATE SKIP
-// LOCKED, so only one acts on it.
+// reconcilers may run at once: only one acts on each claim.
 type Reconciler struct {
 	s   *Store
 	cfg ReconcilerConfig

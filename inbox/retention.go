@@ -89,10 +89,9 @@ type RetentionRun struct {
 // oid) for its duration and skips when another process holds it, so every
 // worker may start the job.
 //
-// Each batch is one statement that selects the oldest expired rows through
-// the partial index on completed_at (WHERE status = 'completed') with FOR
-// UPDATE SKIP LOCKED and deletes them by ctid: no full scan, no long lock,
-// and rows that workers are touching are skipped rather than waited for.
+// Each batch deletes the oldest expired rows in one short statement that
+// uses an index (no full scan, no long lock), and rows that workers are
+// touching are skipped rather than waited for (see docs/internals.md).
 type Retention struct {
 	store *Store
 	cfg   RetentionConfig

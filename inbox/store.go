@@ -73,12 +73,12 @@ type GroupCommit struct {
 	// (each holds a pool connection). Defaults to 2.
 	MaxInFlight int
 	// Pipeline runs a batch's handlers concurrently on its transaction and
-	// sends their statements together: each round trip carries the next
-	// Exec of every handler still running, so a batch costs about as many
-	// round trips as one handler makes, not as all of them together. It is
+	// sends their statements together, so a batch waits on the database
+	// about as long as one handler would (see docs/performance.md). It is
 	// optimistic (no savepoints): a handler that returns an error, a
-	// statement that fails, or any call other than Exec on the transaction
-	// rolls the attempt back, and the batch runs again one handler after
+	// statement that fails, any call other than Exec on the transaction, or
+	// a handler that pauses between its statements (waiting on something
+	// else) rolls the attempt back, and the batch runs again one handler after
 	// the other with a savepoint each, where every delivery is classified
 	// alone. A handler of such a batch therefore runs twice: use it for
 	// handlers that are pure database work through Exec (as transactional

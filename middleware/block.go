@@ -31,7 +31,7 @@ type BlockOpts struct {
 // Install it in HandlerOpts.Middleware, which runs after decoding: the key
 // (Delivery.Key) is empty in router-wide middleware, and a delivery without
 // a key passes through. The check is in memory ([control.Watcher.Blocked]);
-// only a hit costs a database round trip ([control.Watcher.Confirm]), so a
+// only a hit is confirmed in the database ([control.Watcher.Confirm]), so a
 // delivery that an unblock released is processed even by a worker whose
 // snapshot is a moment old. If that re-check fails, the snapshot decides.
 //

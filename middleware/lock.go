@@ -109,9 +109,10 @@ type LockOpts struct {
 	// again. At least RetryDelay. Defaults to 1m.
 	MaxRetryDelay time.Duration
 	// CallTimeout bounds each Redis call (obtain, refresh, release). Past it
-	// the handler proceeds without the lock. An obtain or release that
-	// waits for a shared round trip waits at most CallTimeout for it, then
-	// at most CallTimeout for the round trip itself. Build the client with
+	// the handler proceeds without the lock. The obtains and releases of
+	// concurrent deliveries are sent together, so one may wait at most
+	// CallTimeout for its turn, then at most CallTimeout for Redis's
+	// answer. Build the client with
 	// ContextTimeoutEnabled so the bound covers socket reads. Less than a
 	// third of TTL (refreshes come every TTL/3). Defaults to 150ms.
 	CallTimeout time.Duration
@@ -190,8 +191,8 @@ func (o LockOpts) validate() error {
 //
 //   - acquired: Delivery.LockKey, LockResult "acquired" and LockFence are set,
 //     StatusLocked is reported, and next runs with a context that a
-//     keep-alive cancels if the lock is lost; the lock is released
-//     (compare-and-delete) when next returns;
+//     keep-alive cancels if the lock is lost; the lock is released when
+//     next returns, never touching a lock another worker took since;
 //   - held by another worker: next is not called; the result is
 //     retry.Defer (not counted as an attempt) with reason
 //     "lock_unavailable", after RetryDelay, growing for a delivery
@@ -208,8 +209,7 @@ func (o LockOpts) validate() error {
 //     and then releases the locks that the calls it gave up on may have
 //     set.
 //
-// The obtains and releases of concurrent deliveries that coincide share
-// one Redis round trip.
+// The Redis keys and scripts are described in docs/internals.md.
 //
 // A "lock.acquire" span is started as a child of the span in ctx (none
 // without one). A nil client or options out of range are an error.

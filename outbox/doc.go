@@ -38,13 +38,14 @@
 //
 // # Relay
 //
-// A [Relay] ([NewRelay], [RelayConfig]) claims pending rows in batches with
-// FOR UPDATE SKIP LOCKED, publishes them persistent and mandatory on a
-// confirm channel, and marks them sent in the same transaction only after
-// the broker's confirm. Several relays may run at once, and each relay runs
+// A [Relay] ([NewRelay], [RelayConfig]) claims pending rows in batches,
+// publishes them persistent and mandatory on a confirm channel, and marks
+// them sent in the same transaction only after the broker's confirm.
+// Several relays may run at once, and each relay runs
 // RelayConfig.Concurrency batches at once (one publishes while another
-// commits); in normal operation each row goes out once. It wakes on LISTEN/NOTIFY and polls as a
-// fallback. A broker or database outage only delays rows: the relay
+// commits); a row is claimed by one batch at a time, so in normal
+// operation each row goes out once. It wakes on LISTEN/NOTIFY and polls as
+// a fallback (the statements are in docs/internals.md). A broker or database outage only delays rows: the relay
 // reconnects with exponential backoff (cenkalti/backoff) and the rows go
 // out after it. A nacked or unroutable row backs off on its own
 // (RetryMinDelay·2ⁿ) and keeps its place in its ordering key.

@@ -134,8 +134,9 @@ func Enqueue(ctx context.Context, tx pgx.Tx, msg Message) error {
 	return EnqueueBatch(ctx, tx, []Message{msg})
 }
 
-// EnqueueBatch is Enqueue for several messages in one round trip. It
-// validates every message before writing any; an empty batch does nothing.
+// EnqueueBatch is Enqueue for several messages at once, cheaper than one
+// Enqueue each. It validates every message before writing any; an empty
+// batch does nothing.
 func EnqueueBatch(ctx context.Context, tx pgx.Tx, msgs []Message) error {
 	if len(msgs) == 0 {
 		return nil

@@ -1,15 +1,19 @@
 package outbox_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/inboxmq/inboxmq/inboxtype"
-	"github.com/inboxmq/inboxmq/internal/testenv"
+	"github.com/inboxmq/inboxmq/migrations"
 	"github.com/inboxmq/inboxmq/outbox"
 )
 
@@ -18,12 +22,44 @@ import (
 func Example_enqueue() {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	pool, conn, queue, cleanup, err := exampleEnv(ctx)
+
+	// PostgreSQL: a schema of this example's own, with the outbox table
+	// (package migrations).
+	cfg, err := pgxpool.ParseConfig(cmp.Or(os.Getenv("TEST_DATABASE_URL"), "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"))
 	if err != nil {
-		fmt.Println("setup:", err)
-		return
+		panic(err)
 	}
-	defer cleanup()
+	schema := fmt.Sprintf("example_outbox_%d", time.Now().UnixNano())
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		panic(err)
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		panic(err)
+	}
+	defer pool.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE")
+	if err := migrations.Up(ctx, pool); err != nil {
+		panic(err)
+	}
+
+	// RabbitMQ: a queue of this example's own, deleted at the end.
+	amqpURL := cmp.Or(os.Getenv("TEST_AMQP_URL"), "amqp://guest:guest@127.0.0.1:5672/")
+	queue := fmt.Sprintf("example.outbox.%d", time.Now().UnixNano())
+	conn, err := amqp.Dial(amqpURL)
+	if err != nil {
+		panic(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		panic(err)
+	}
+	if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
+		panic(err)
+	}
+	defer ch.QueueDelete(queue, false, false, false)
 
 	// In the handler: the business writes and the outgoing message commit
 	// together, or neither does.
@@ -38,34 +74,25 @@ func Example_enqueue() {
 		return outbox.Enqueue(ctx, tx, msg)
 	})
 	if err != nil {
-		fmt.Println("enqueue:", err)
-		return
+		panic(err)
 	}
 
 	// In the worker: the relay publishes with confirms, then marks sent.
 	relay, err := outbox.NewRelay(pool, &outbox.RelayConfig{
-		URL:        testenv.AMQPURL(),
+		URL:        amqpURL,
 		Registerer: prometheus.NewRegistry(),
 	})
 	if err != nil {
-		fmt.Println("relay:", err)
-		return
+		panic(err)
 	}
 	if err := relay.Start(ctx); err != nil {
-		fmt.Println("start:", err)
-		return
+		panic(err)
 	}
-	defer func() { _ = relay.Stop(ctx) }()
+	defer func() { _ = relay.Stop(context.Background()) }()
 
-	ch, err := conn.Channel()
-	if err != nil {
-		fmt.Println("channel:", err)
-		return
-	}
 	deliveries, err := ch.ConsumeWithContext(ctx, queue, "", true, false, false, false, nil)
 	if err != nil {
-		fmt.Println("consume:", err)
-		return
+		panic(err)
 	}
 	select {
 	case d := <-deliveries:

@@ -19,9 +19,9 @@ import (
 
 // Relay publishes the outbox's pending rows to RabbitMQ with publisher
 // confirms and marks them sent after the confirm. Several relays (in one
-// process or many) may run against the same table: each claims its batch
-// with FOR UPDATE SKIP LOCKED, so in normal operation every row is
-// published once. A relay that dies between the confirm and the mark leaves
+// process or many) may run against the same table: a row is claimed by one
+// relay at a time and the others skip it, so in normal operation every row
+// is published once. A relay that dies between the confirm and the mark leaves
 // its rows pending; they are published again with the same message id, a
 // duplicate that the receiver's inbox absorbs.
 //

@@ -10,8 +10,8 @@
 //
 // [New] wraps any redis.UniversalClient (single, Sentinel or Cluster); it
 // needs only script evaluation ([Client]). [Locker.Obtain] sets the key to a
-// random token if it is absent (SET NX PX) and returns [ErrNotObtained]
-// when another holder has it. [Lock.Release] and [Lock.Refresh] compare the
+// random token if it is absent and returns [ErrNotObtained] when another
+// holder has it. [Lock.Release] and [Lock.Refresh] compare the
 // token before they delete or extend, so an expired holder never touches its
 // successor's lock ([ErrNotHeld]).
 //
@@ -26,8 +26,7 @@
 //
 // A lock in Redis is a lease: a holder that pauses past its TTL still runs
 // but no longer holds it. [Lock.Fence] returns a counter that strictly
-// increases with every Obtain of the key (INCR in the same script as the
-// SET, so obtain and fence are atomic). Systems that accept writes from lock
+// increases with every Obtain of the key, taken atomically with the lock. Systems that accept writes from lock
 // holders keep the largest fence seen and refuse smaller ones. Both keys of
 // a lock share the hash tag "{key}" ([RedisKeys]), so they sit in one Redis
 // Cluster slot.
@@ -45,15 +44,13 @@
 //	stop()
 //	if errors.Is(context.Cause(ctx), lock.ErrLockLost) { … }
 //
-// # Shared round trips
+// # Shared calls
 //
-// A worker pool that takes a lock per job spends two round trips on each:
-// the obtain and the release. A [Batcher] sends the obtains and releases
-// that arrive while one round trip is under way together in the next, as
-// one pipeline (it needs a client with pipelines, [PipelineClient]); each
-// keeps its own semantics (a single obtain attempt with its fence;
-// compare-and-delete) and its own answer, and an operation that finds no
-// round trip under way goes out at once:
+// A [Batcher] sends the obtains and releases of concurrent callers together
+// (it needs a client with pipelines, [PipelineClient]); each keeps its own
+// semantics (a single obtain attempt with its fence; a release that never
+// touches a successor's lock) and its own answer, and none waits for
+// others to arrive:
 //
 //	b, err := lock.NewBatcher(locker, nil)
 //	l, err := b.Obtain(ctx, "payment:42", 30*time.Second) // or ErrNotObtained
@@ -66,12 +63,14 @@
 // commands already sent wait in buffers, and Redis runs them when it comes
 // back, after the caller gave up. An obtain run that late sets a lock that
 // nobody releases. Two things bound it. A [Batcher] remembers the token of
-// every obtain and release that got no answer and releases those locks by
-// compare-and-delete in its next round trips, once Redis answers
-// ([Batcher.Unsettled] counts them). And with Config.Lease an obtain first
+// every obtain and release that got no answer and releases those locks
+// once Redis answers again ([Batcher.Unsettled] counts them). And with Config.Lease an obtain first
 // sets a short time to live, which the keep-alive's first refresh extends
 // to the full TTL: a late lock whose release is lost too (or runs before
 // it) is gone after the lease.
+//
+// The keys, the scripts and the round trips are described in
+// docs/internals.md.
 //
 // # Errors
 //

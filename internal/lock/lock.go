@@ -161,11 +161,11 @@ func validKey(key string) error {
 }
 
 // Obtain tries to take the lock named key for ttl (at least 1ms; see
-// Config.Lease). It sets the key only if it does not exist (SET NX PX) to
-// a random token, and in the same script increments the key's fencing
-// counter. When another holder has the lock it retries within opts.Wait,
-// then returns a [*HeldError] (errors.Is [ErrNotObtained]). A Redis error
-// is returned wrapped; if ctx ended, its error is joined.
+// Config.Lease). It sets the key only if it does not exist to a random
+// token, and atomically with it increments the key's fencing counter. When
+// another holder has the lock it retries within opts.Wait, then returns a
+// [*HeldError] (errors.Is [ErrNotObtained]). A Redis error is returned
+// wrapped; if ctx ended, its error is joined.
 //
 // An obtain that got no answer (a timeout) may still run in Redis later;
 // nobody releases the lock it then sets, which lives for its lease
