@@ -363,7 +363,7 @@ func (w *Worker) start(ctx context.Context) error {
 			rc.OnStale = w.metrics.StaleRecords
 		}
 		if rc.Logger == nil {
-			rc.Logger = w.logger
+			rc.Logger = slogOf(w.logger)
 		}
 		rec, err := inbox.NewReconciler(w.store(), &rc)
 		if err != nil {
@@ -408,7 +408,7 @@ func (w *Worker) openStore(ctx context.Context) error {
 		sc = *w.s.Inbox
 	}
 	if sc.Logger == nil {
-		sc.Logger = w.logger
+		sc.Logger = slogOf(w.logger)
 	}
 	s, err := inbox.NewStore(ctx, w.s.DB, &sc)
 	if err != nil {
