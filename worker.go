@@ -124,7 +124,7 @@ func NewWorker(cfg *Config) (*Worker, error) {
 		URL:         s.URL,
 		Name:        s.Name,
 		Router:      router,
-		Logger:      s.Logger,
+		Logger:      slogOf(s.Logger),
 		Observers:   observers,
 		DialTimeout: s.ConnectTimeout,
 	})

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
+	"go.uber.org/zap/exp/zapslog"
 	"go.uber.org/zap/zapcore"
 
 	"github.com/inboxmq/inboxmq/consumer"
@@ -107,7 +109,7 @@ func setupConsumerLog(t *testing.T, h inboxtype.Handler[loggedPayment], opts *co
 	c, err := consumer.New(&consumer.Config{
 		URL:       testenv.AMQPURL(),
 		Router:    r,
-		Logger:    logger,
+		Logger:    slog.New(zapslog.NewHandler(logger.Core())),
 		Observers: []inboxtype.Observer{m, middleware.NewLogObserver(logger, &middleware.LogOpts{SampleFirst: -1}), &outcomes{ch: b.outcomes}},
 	})
 	require.NoError(t, err)
