@@ -116,7 +116,7 @@ func NewWorker(cfg *Config) (*Worker, error) {
 	if err != nil {
 		return nil, w.unregister(err)
 	}
-	observers := []inboxtype.Observer{middleware.NewLogObserver(s.Logger, nil), &w.dead}
+	observers := []inboxtype.Observer{middleware.NewLogObserver(slogOf(s.Logger), nil), &w.dead}
 	if w.metrics != nil {
 		observers = append([]inboxtype.Observer{w.metrics}, observers...)
 	}
@@ -209,7 +209,7 @@ func (w *Worker) buildRouter() (*consumer.Router, error) {
 	var block inboxtype.Middleware
 	if w.watcher != nil {
 		var err error
-		if block, err = middleware.Block(w.watcher, w.parker, &middleware.BlockOpts{Logger: w.logger}); err != nil {
+		if block, err = middleware.Block(w.watcher, w.parker, &middleware.BlockOpts{Logger: slogOf(w.logger)}); err != nil {
 			return nil, err
 		}
 	}
@@ -252,7 +252,7 @@ func (w *Worker) routeMiddleware(rt *route, block inboxtype.Middleware) ([]inbox
 			if rt.opts.Cache != nil {
 				o = *rt.opts.Cache
 			}
-			o.Logger, o.OnDegraded = w.logger, w.degradedHook("cache", &w.cacheDown)
+			o.Logger, o.OnDegraded = slogOf(w.logger), w.degradedHook("cache", &w.cacheDown)
 			mw = append(mw, middleware.Cache(rdb, &o))
 		}
 		if !rt.opts.NoLock {
@@ -260,7 +260,7 @@ func (w *Worker) routeMiddleware(rt *route, block inboxtype.Middleware) ([]inbox
 			if rt.opts.Lock != nil {
 				o = *rt.opts.Lock
 			}
-			o.Logger, o.OnDegraded = w.logger, w.degradedHook("lock", &w.lockDown)
+			o.Logger, o.OnDegraded = slogOf(w.logger), w.degradedHook("lock", &w.lockDown)
 			lck, err := middleware.Lock(rdb, &o)
 			if err != nil {
 				return nil, err
