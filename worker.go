@@ -135,7 +135,7 @@ func NewWorker(cfg *Config) (*Worker, error) {
 		rc := o.Relay
 		rc.URL = cmp.Or(rc.URL, s.URL)
 		if rc.Logger == nil {
-			rc.Logger = s.Logger
+			rc.Logger = slogOf(s.Logger)
 		}
 		if rc.Registerer == nil {
 			rc.Registerer = reg
