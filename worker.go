@@ -180,7 +180,7 @@ func (w *Worker) buildControls() error {
 		Queues:       queues,
 		PollInterval: c.PollInterval,
 		NoListen:     c.NoListen,
-		Logger:       w.logger,
+		Logger:       slogOf(w.logger),
 	})
 	if err != nil {
 		return err
