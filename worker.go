@@ -5,13 +5,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
-	"go.uber.org/zap"
 
 	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/control"
@@ -32,7 +32,7 @@ import (
 // safe for concurrent use.
 type Worker struct {
 	s       *settings
-	logger  *zap.Logger
+	logger  *slog.Logger
 	st      *startup
 	routes  []*route
 	binds   []func(*inbox.Store)
@@ -116,7 +116,7 @@ func NewWorker(cfg *Config) (*Worker, error) {
 	if err != nil {
 		return nil, w.unregister(err)
 	}
-	observers := []inboxtype.Observer{middleware.NewLogObserver(slogOf(s.Logger), nil), &w.dead}
+	observers := []inboxtype.Observer{middleware.NewLogObserver(s.Logger, nil), &w.dead}
 	if w.metrics != nil {
 		observers = append([]inboxtype.Observer{w.metrics}, observers...)
 	}
@@ -124,7 +124,7 @@ func NewWorker(cfg *Config) (*Worker, error) {
 		URL:         s.URL,
 		Name:        s.Name,
 		Router:      router,
-		Logger:      slogOf(s.Logger),
+		Logger:      s.Logger,
 		Observers:   observers,
 		DialTimeout: s.ConnectTimeout,
 	})
@@ -135,7 +135,7 @@ func NewWorker(cfg *Config) (*Worker, error) {
 		rc := o.Relay
 		rc.URL = cmp.Or(rc.URL, s.URL)
 		if rc.Logger == nil {
-			rc.Logger = slogOf(s.Logger)
+			rc.Logger = s.Logger
 		}
 		if rc.Registerer == nil {
 			rc.Registerer = reg
@@ -180,7 +180,7 @@ func (w *Worker) buildControls() error {
 		Queues:       queues,
 		PollInterval: c.PollInterval,
 		NoListen:     c.NoListen,
-		Logger:       slogOf(w.logger),
+		Logger:       w.logger,
 	})
 	if err != nil {
 		return err
@@ -209,7 +209,7 @@ func (w *Worker) buildRouter() (*consumer.Router, error) {
 	var block inboxtype.Middleware
 	if w.watcher != nil {
 		var err error
-		if block, err = middleware.Block(w.watcher, w.parker, &middleware.BlockOpts{Logger: slogOf(w.logger)}); err != nil {
+		if block, err = middleware.Block(w.watcher, w.parker, &middleware.BlockOpts{Logger: w.logger}); err != nil {
 			return nil, err
 		}
 	}
@@ -252,7 +252,7 @@ func (w *Worker) routeMiddleware(rt *route, block inboxtype.Middleware) ([]inbox
 			if rt.opts.Cache != nil {
 				o = *rt.opts.Cache
 			}
-			o.Logger, o.OnDegraded = slogOf(w.logger), w.degradedHook("cache", &w.cacheDown)
+			o.Logger, o.OnDegraded = w.logger, w.degradedHook("cache", &w.cacheDown)
 			mw = append(mw, middleware.Cache(rdb, &o))
 		}
 		if !rt.opts.NoLock {
@@ -260,7 +260,7 @@ func (w *Worker) routeMiddleware(rt *route, block inboxtype.Middleware) ([]inbox
 			if rt.opts.Lock != nil {
 				o = *rt.opts.Lock
 			}
-			o.Logger, o.OnDegraded = slogOf(w.logger), w.degradedHook("lock", &w.lockDown)
+			o.Logger, o.OnDegraded = w.logger, w.degradedHook("lock", &w.lockDown)
 			lck, err := middleware.Lock(rdb, &o)
 			if err != nil {
 				return nil, err
@@ -325,7 +325,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	}
 	w.state = stateStarted
 	w.st.done()
-	w.logger.Info("inboxmq worker started", zap.Int("routes", len(w.routes)))
+	w.logger.LogAttrs(ctx, slog.LevelInfo, "inboxmq worker started", slog.Int("routes", len(w.routes)))
 	return nil
 }
 
@@ -363,7 +363,7 @@ func (w *Worker) start(ctx context.Context) error {
 			rc.OnStale = w.metrics.StaleRecords
 		}
 		if rc.Logger == nil {
-			rc.Logger = slogOf(w.logger)
+			rc.Logger = w.logger
 		}
 		rec, err := inbox.NewReconciler(w.store(), &rc)
 		if err != nil {
@@ -408,7 +408,7 @@ func (w *Worker) openStore(ctx context.Context) error {
 		sc = *w.s.Inbox
 	}
 	if sc.Logger == nil {
-		sc.Logger = slogOf(w.logger)
+		sc.Logger = w.logger
 	}
 	s, err := inbox.NewStore(ctx, w.s.DB, &sc)
 	if err != nil {
@@ -472,9 +472,13 @@ func (w *Worker) Stop(ctx context.Context) error {
 		close(w.stopped)
 		return nil
 	}
-	w.logger.Info("inboxmq worker stopping")
+	w.logger.LogAttrs(ctx, slog.LevelInfo, "inboxmq worker stopping")
 	err := w.stopLocked(ctx)
-	w.logger.Info("inboxmq worker stopped", zap.Error(err))
+	if err != nil {
+		w.logger.LogAttrs(ctx, slog.LevelInfo, "inboxmq worker stopped", slog.Any("error", err))
+	} else {
+		w.logger.LogAttrs(ctx, slog.LevelInfo, "inboxmq worker stopped")
+	}
 	return err
 }
 
