@@ -222,7 +222,7 @@ func TestLogObserver_NilLogger(t *testing.T) {
 }
 
 // jsonLogger writes JSON lines to nowhere, the cost of a real handler.
-func jsonLogger() *slog.Logger { return slog.New(slog.NewJSONHandler(io.Discard, nil)) }
+func jsonLogger() *slog.Logger { return slog.New(slog.NewJSONHandler(io.Discard, nil)) } //nolint:sloglint // the cost of a real handler is the point
 
 // The delivery path: sampled success lines (after the first 100 of each
 // status per second, the observer only counts).
