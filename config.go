@@ -4,13 +4,13 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
-	"go.uber.org/zap"
 
 	"github.com/inboxmq/inboxmq/inbox"
 	"github.com/inboxmq/inboxmq/metrics"
@@ -61,8 +61,9 @@ type Config struct {
 
 	// Logger receives the worker's logs: start-up waits, connection events,
 	// one line per delivery transition, the background services' findings.
-	// Defaults to nil, which means no logging.
-	Logger *zap.Logger
+	// Any slog handler works (slog's own, or zap's or zerolog's through
+	// their slog adapters). Defaults to nil, which means no logging.
+	Logger *slog.Logger
 
 	// ConnectTimeout bounds each wait for a service in Start (PostgreSQL
 	// for the inbox and the controls, RabbitMQ for the exchanges and the
@@ -209,7 +210,7 @@ func withDefaults(cfg *Config) (*settings, error) {
 		return nil, errors.New("inboxmq: Config.Routes needs at least one route")
 	}
 	if s.Logger == nil {
-		s.Logger = zap.NewNop()
+		s.Logger = slog.New(slog.DiscardHandler)
 	}
 	for _, d := range []struct {
 		name string

@@ -4,10 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync/atomic"
 	"time"
-
-	"go.uber.org/zap"
 
 	"github.com/inboxmq/inboxmq/consumer"
 )
@@ -38,12 +37,12 @@ func (e *StartTimeoutError) Unwrap() error { return e.Err }
 // starts: each wait is logged, bounded by the connect timeout and named by
 // the "startup" readiness check until the worker consumes.
 type startup struct {
-	logger  *zap.Logger
+	logger  *slog.Logger
 	timeout time.Duration
 	state   atomic.Pointer[string] // what the worker is doing; nil while it consumes
 }
 
-func newStartup(logger *zap.Logger, timeout time.Duration) *startup {
+func newStartup(logger *slog.Logger, timeout time.Duration) *startup {
 	s := &startup{logger: logger, timeout: timeout}
 	s.set("starting")
 	return s
@@ -70,7 +69,7 @@ func (s *startup) wait(ctx context.Context, service, rawURL, purpose string, con
 	what := service + " at " + addr
 	s.set("waiting for " + what)
 	defer s.set("starting")
-	s.logger.Info("waiting for "+what, zap.String("for", purpose), zap.Duration("timeout", s.timeout))
+	s.logger.LogAttrs(ctx, slog.LevelInfo, "waiting for "+what, slog.String("for", purpose), slog.Duration("timeout", s.timeout))
 	start := time.Now()
 	deadline := start.Add(s.timeout)
 	cctx, cancel := context.WithDeadline(ctx, deadline)
@@ -78,7 +77,7 @@ func (s *startup) wait(ctx context.Context, service, rawURL, purpose string, con
 	err := connect(cctx)
 	switch {
 	case err == nil:
-		s.logger.Info(service+" answered", zap.String("for", purpose), zap.Duration("after", time.Since(start)))
+		s.logger.LogAttrs(ctx, slog.LevelInfo, service+" answered", slog.String("for", purpose), slog.Duration("after", time.Since(start)))
 		return nil
 	case ctx.Err() == nil && !time.Now().Before(deadline):
 		// Past the deadline, whether ctx or a socket deadline set from it

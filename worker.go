@@ -5,13 +5,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
-	"go.uber.org/zap"
 
 	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/control"
@@ -32,7 +32,7 @@ import (
 // safe for concurrent use.
 type Worker struct {
 	s       *settings
-	logger  *zap.Logger
+	logger  *slog.Logger
 	st      *startup
 	routes  []*route
 	binds   []func(*inbox.Store)
@@ -325,7 +325,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	}
 	w.state = stateStarted
 	w.st.done()
-	w.logger.Info("inboxmq worker started", zap.Int("routes", len(w.routes)))
+	w.logger.LogAttrs(ctx, slog.LevelInfo, "inboxmq worker started", slog.Int("routes", len(w.routes)))
 	return nil
 }
 
@@ -472,9 +472,13 @@ func (w *Worker) Stop(ctx context.Context) error {
 		close(w.stopped)
 		return nil
 	}
-	w.logger.Info("inboxmq worker stopping")
+	w.logger.LogAttrs(ctx, slog.LevelInfo, "inboxmq worker stopping")
 	err := w.stopLocked(ctx)
-	w.logger.Info("inboxmq worker stopped", zap.Error(err))
+	if err != nil {
+		w.logger.LogAttrs(ctx, slog.LevelInfo, "inboxmq worker stopped", slog.Any("error", err))
+	} else {
+		w.logger.LogAttrs(ctx, slog.LevelInfo, "inboxmq worker stopped")
+	}
 	return err
 }
 

@@ -4,13 +4,12 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"os"
 	"strconv"
 	"strings"
 	"time"
-
-	"go.uber.org/zap"
 
 	"github.com/inboxmq/inboxmq/inboxtype"
 )
@@ -37,8 +36,8 @@ type Config struct {
 	Router *Router
 
 	// Logger receives connection-level events (connects, disconnects,
-	// settlement failures). Defaults to nil, which means zap.NewNop().
-	Logger *zap.Logger
+	// settlement failures). Defaults to nil, which discards them.
+	Logger *slog.Logger
 
 	// Observers receive every delivery transition and outcome and every
 	// connection state change (logging, metrics and tracing plug in here).
@@ -86,7 +85,7 @@ func (c *Config) withDefaults() Config {
 		out.Name = host + "-" + strconv.Itoa(os.Getpid())
 	}
 	if out.Logger == nil {
-		out.Logger = zap.NewNop()
+		out.Logger = slog.New(slog.DiscardHandler)
 	}
 	if out.ReconnectInitialInterval == 0 {
 		out.ReconnectInitialInterval = 200 * time.Millisecond

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/url"
 	"strings"
@@ -13,7 +14,6 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 	amqp "github.com/rabbitmq/amqp091-go"
-	"go.uber.org/zap"
 
 	"github.com/inboxmq/inboxmq/inboxtype"
 )
@@ -25,7 +25,7 @@ import (
 // when it is lost. Build it with [New]; the zero value is not usable.
 type Consumer struct {
 	cfg     Config
-	log     *zap.Logger
+	log     *slog.Logger
 	routes  []*route
 	byQueue map[string]*route
 	hooks   atomic.Pointer[testHooks]
@@ -61,7 +61,7 @@ func New(cfg *Config) (*Consumer, error) {
 	}
 	cons := &Consumer{
 		cfg:         c,
-		log:         c.Logger.With(zap.String("worker", c.Name)),
+		log:         c.Logger.With(slog.String("worker", c.Name)),
 		byQueue:     make(map[string]*route),
 		state:       inboxtype.ConnDisconnected,
 		stopCh:      make(chan struct{}),
@@ -174,7 +174,8 @@ func (c *Consumer) Stop(ctx context.Context) error {
 			return nil
 		case <-soft:
 			soft = nil
-			c.log.Warn("consumer: soft stop timeout reached; cancelling handlers", zap.Duration("soft_stop_timeout", c.cfg.SoftStopTimeout))
+			c.log.LogAttrs(ctx, slog.LevelWarn, "consumer: soft stop timeout reached; cancelling handlers",
+				slog.Duration("soft_stop_timeout", c.cfg.SoftStopTimeout))
 			c.cancelBase(ErrStopped)
 		case <-ctx.Done():
 			c.cancelBase(ErrStopped)
@@ -212,9 +213,10 @@ func (c *Consumer) setState(s inboxtype.ConnState, err error) {
 		return
 	}
 	if err != nil {
-		c.log.Warn("consumer: connection state", zap.String("state", string(s)), zap.Error(err))
+		c.log.LogAttrs(context.Background(), slog.LevelWarn, "consumer: connection state",
+			slog.String("state", string(s)), slog.Any("error", err))
 	} else {
-		c.log.Info("consumer: connection state", zap.String("state", string(s)))
+		c.log.LogAttrs(context.Background(), slog.LevelInfo, "consumer: connection state", slog.String("state", string(s)))
 	}
 	for _, o := range c.cfg.Observers {
 		o.OnConnState(s, err)
@@ -250,7 +252,7 @@ func (c *Consumer) supervise(sess *session) {
 			}
 			s, err := c.connect(c.baseCtx)
 			if err != nil {
-				c.log.Warn("consumer: reconnect failed", zap.Error(err))
+				c.log.LogAttrs(c.baseCtx, slog.LevelWarn, "consumer: reconnect failed", slog.Any("error", err))
 				continue
 			}
 			sess = s

@@ -1,11 +1,11 @@
 package consumer
 
 import (
+	"context"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
-
-	"go.uber.org/zap"
 )
 
 // route is the runtime state of one registered route: its worker pool's
@@ -81,7 +81,7 @@ func (c *Consumer) Pause(queue string) error {
 		return err
 	}
 	r.setPaused(true)
-	c.log.Info("consumer: queue paused", zap.String("queue", queue))
+	c.log.LogAttrs(context.Background(), slog.LevelInfo, "consumer: queue paused", slog.String("queue", queue))
 	return nil
 }
 
@@ -93,7 +93,7 @@ func (c *Consumer) Resume(queue string) error {
 		return err
 	}
 	r.setPaused(false)
-	c.log.Info("consumer: queue resumed", zap.String("queue", queue))
+	c.log.LogAttrs(context.Background(), slog.LevelInfo, "consumer: queue resumed", slog.String("queue", queue))
 	return nil
 }
 

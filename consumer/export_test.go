@@ -2,10 +2,10 @@ package consumer
 
 import (
 	"context"
+	"log/slog"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
-	"go.uber.org/zap"
 
 	"github.com/inboxmq/inboxmq/inboxtype"
 )
@@ -42,7 +42,7 @@ type CopyPublisher = publisher
 // NewCopyPublisher builds the publisher of copies on conn, keeping up to
 // idle channels.
 func NewCopyPublisher(conn *amqp.Connection, timeout time.Duration, idle int) (*CopyPublisher, error) {
-	return newPublisher(conn, timeout, idle, zap.NewNop())
+	return newPublisher(conn, timeout, idle, slog.New(slog.DiscardHandler))
 }
 
 // Publish publishes one copy and waits for its confirm.

@@ -4,16 +4,15 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
-	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/clip"
+	"github.com/inboxmq/inboxmq/internal/logtest"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
@@ -61,8 +60,8 @@ func TestCall_LastGuard(t *testing.T) {
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			core, logs := observer.New(zapcore.ErrorLevel)
-			c := &Consumer{log: zap.New(core, zap.AddStacktrace(zapcore.ErrorLevel))} // as zap.NewProduction
+			logger, logs := logtest.New(slog.LevelError)
+			c := &Consumer{log: logger}
 			d := &inboxtype.Delivery{Queue: "q", Namespace: "payments", MessageID: "m-1", Key: "order:1"}
 			err := c.call(t.Context(), tc.handler, d)
 			if tc.wantErr != "" {
@@ -71,7 +70,7 @@ func TestCall_LastGuard(t *testing.T) {
 			if tc.wantIs != nil {
 				require.ErrorIs(t, err, tc.wantIs)
 			}
-			require.Equal(t, tc.wantLogs, logs.Len())
+			require.Len(t, logs.All(), tc.wantLogs)
 			if tc.wantLogs == 0 {
 				if tc.wantIs == nil {
 					require.NoError(t, err)
@@ -82,8 +81,8 @@ func TestCall_LastGuard(t *testing.T) {
 			require.Equal(t, retry.KindRetry, dec.Kind, "retried under the policy, then dead-lettered")
 			require.Equal(t, retry.ReasonPanic, dec.Reason)
 			entry := logs.All()[0]
-			require.Empty(t, entry.Stack, "no stacktrace besides the panic's own")
-			fields := entry.ContextMap()
+			require.Equal(t, []string{"stack"}, entry.StackKeys(), "no stack besides the panic's own")
+			fields := entry.Attrs
 			require.Contains(t, fields["stack"], "panic_guard_internal_test.go", "the stack points at the panic")
 			require.Equal(t, tc.value, fields["panic"])
 			require.LessOrEqual(t, len(tc.value), clip.Limit)

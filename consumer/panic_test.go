@@ -2,18 +2,17 @@ package consumer_test
 
 import (
 	"context"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
-	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
+	"github.com/inboxmq/inboxmq/internal/logtest"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
@@ -24,7 +23,7 @@ import (
 func TestConsumer_PanicEveryTimeEndsInDLQWithOneStackPerPanic(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	core, logs := observer.New(zapcore.ErrorLevel)
+	logger, logs := logtest.New(slog.LevelError)
 	r := consumer.NewRouter()
 	opts := fastOpts(100 * time.Millisecond)
 	opts.Policy = retry.Exponential{InitialInterval: 10 * time.Millisecond, MaxAttempts: 2}
@@ -32,7 +31,7 @@ func TestConsumer_PanicEveryTimeEndsInDLQWithOneStackPerPanic(t *testing.T) {
 		panic("nil map write")
 	}), opts)
 	c := b.start(t, r, func(cfg *consumer.Config) {
-		cfg.Logger = zap.New(core, zap.AddStacktrace(zapcore.ErrorLevel)) // as zap.NewProduction
+		cfg.Logger = logger
 	})
 	b.publish(t, b.queue, `{"id":"boom"}`)
 
@@ -48,16 +47,17 @@ func TestConsumer_PanicEveryTimeEndsInDLQWithOneStackPerPanic(t *testing.T) {
 	require.Equal(t, "exhausted: consumer: handler panicked: nil map write", dead[0].Headers[inboxtype.HeaderError])
 	require.Equal(t, 2, inboxtype.HeaderInt(dead[0].Headers, inboxtype.HeaderAttempt))
 
-	panics := logs.FilterMessage("consumer: handler panicked").All()
+	panics := logs.Message("consumer: handler panicked")
 	require.Len(t, panics, 2, "one line per panic")
 	for _, e := range panics {
-		require.Empty(t, e.Stack, "no logger stacktrace besides the panic's own")
-		stack, _ := e.ContextMap()["stack"].(string)
+		require.Equal(t, []string{"stack"}, e.StackKeys(), "no stack besides the panic's own")
+		stack, _ := e.Attrs["stack"].(string)
 		require.Equal(t, 1, strings.Count(stack, "panic_test.go"), "the panic's stack, once")
 	}
 	for _, e := range logs.All() {
 		if e.Message != "consumer: handler panicked" {
-			require.NotContains(t, e.ContextMap(), "stack", "no other line carries a stack: %s", e.Message)
+			require.NotContains(t, e.Attrs, "stack", "no other line carries a stack: %s", e.Message)
+			require.Empty(t, e.StackKeys(), "no other line carries a stack: %s", e.Message)
 		}
 	}
 }

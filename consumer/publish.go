@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
-	"go.uber.org/zap"
 
 	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/retry"
@@ -34,7 +34,7 @@ var errReturned = errors.New("consumer: copy returned unroutable (its queue is m
 type publisher struct {
 	conn    *amqp.Connection
 	timeout time.Duration
-	log     *zap.Logger
+	log     *slog.Logger
 	// frameMax is the connection's negotiated frame size (0: no limit): a
 	// copy's properties, its headers among them, must fit in one frame.
 	frameMax int
@@ -51,7 +51,7 @@ type confirmChannel struct {
 // newPublisher opens the first channel of a pool on conn (so a connection
 // that cannot publish with confirms fails at once) and keeps up to idle
 // channels open between publishes: the most copies published at once.
-func newPublisher(conn *amqp.Connection, timeout time.Duration, idle int, log *zap.Logger) (*publisher, error) {
+func newPublisher(conn *amqp.Connection, timeout time.Duration, idle int, log *slog.Logger) (*publisher, error) {
 	p := &publisher{
 		conn: conn, timeout: timeout, log: log,
 		frameMax: conn.Config.FrameSize,
@@ -136,9 +136,9 @@ func (p *publisher) close() {
 // trimmed first ([fitFrame]).
 func (p *publisher) publish(ctx context.Context, queue string, msg amqp.Publishing) error {
 	if n := fitFrame(&msg, p.frameMax); n > 0 {
-		p.log.Warn("consumer: a retry or dead-letter copy did not fit in one frame; headers dropped",
-			zap.String("queue", queue), zap.String("message_id", msg.MessageId), zap.Int("dropped", n),
-			zap.Int("frame_max", p.frameMax))
+		p.log.LogAttrs(ctx, slog.LevelWarn, "consumer: a retry or dead-letter copy did not fit in one frame; headers dropped",
+			slog.String("queue", queue), slog.String("message_id", msg.MessageId), slog.Int("dropped", n),
+			slog.Int("frame_max", p.frameMax))
 	}
 	cc, err := p.acquire()
 	if err != nil {
@@ -167,9 +167,9 @@ func (p *publisher) publish(ctx context.Context, queue string, msg amqp.Publishi
 		return fmt.Errorf("consumer: publish to %q: %w", queue, errNotConfirmed)
 	}
 	if returned {
-		p.log.Error("consumer: a retry or dead-letter copy was returned unroutable; its queue is missing",
-			zap.String("queue", ret.RoutingKey), zap.String("message_id", ret.MessageId),
-			zap.Uint16("reply_code", ret.ReplyCode), zap.String("reply_text", ret.ReplyText))
+		p.log.LogAttrs(ctx, slog.LevelError, "consumer: a retry or dead-letter copy was returned unroutable; its queue is missing",
+			slog.String("queue", ret.RoutingKey), slog.String("message_id", ret.MessageId),
+			slog.Int("reply_code", int(ret.ReplyCode)), slog.String("reply_text", ret.ReplyText))
 		return fmt.Errorf("consumer: publish to %q: %w", queue, errReturned)
 	}
 	return nil

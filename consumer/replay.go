@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
-	"go.uber.org/zap"
 
 	"github.com/inboxmq/inboxmq/inboxtype"
 )
@@ -96,7 +96,7 @@ func ReplayDLQ(ctx context.Context, conn *amqp.Connection, queue string, opts *R
 	if err != nil {
 		return res, fmt.Errorf("consumer: replay: inspect %q: %w", o.DeadLetterQueue, err)
 	}
-	pub, err := newPublisher(conn, o.PublishTimeout, 1, zap.NewNop())
+	pub, err := newPublisher(conn, o.PublishTimeout, 1, slog.New(slog.DiscardHandler))
 	if err != nil {
 		return res, fmt.Errorf("consumer: replay: %w", err)
 	}

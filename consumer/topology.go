@@ -2,14 +2,15 @@ package consumer
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"regexp"
 	"strings"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
-	"go.uber.org/zap"
 )
 
 // AMQP queue arguments that inboxmq sets.
@@ -156,14 +157,14 @@ func lacksDeadLetterRoute(err error) bool {
 
 // warnLegacyQueue logs that route's work queue has no dead-letter route of
 // its own, with the policy that gives it one.
-func warnLegacyQueue(log *zap.Logger, vhost string, r Route) {
+func warnLegacyQueue(log *slog.Logger, vhost string, r Route) {
 	dlq := r.Opts.Queue.DeadLetterQueue
 	policy := fmt.Sprintf(`rabbitmqctl set_policy -p %s %s %s '{"dead-letter-exchange":"","dead-letter-routing-key":"%s"}' --apply-to queues`,
 		shellQuote(cmp.Or(vhost, "/")), shellQuote(r.Queue+"-dlx"), shellQuote("^"+regexp.QuoteMeta(r.Queue)+"$"), dlq)
-	log.Warn("consumer: work queue was declared before v0.1.0 without a dead-letter route; "+
+	log.LogAttrs(context.Background(), slog.LevelWarn, "consumer: work queue was declared before v0.1.0 without a dead-letter route; "+
 		"unless a policy gives it one, a message that expires or is rejected there is dropped, not moved to the DLQ. "+
 		"Apply the policy in migration (see docs/operations.md), or delete the queue once it is empty so that the consumer declares it anew",
-		zap.String("queue", r.Queue), zap.String("dead_letter_queue", dlq), zap.String("migration", policy))
+		slog.String("queue", r.Queue), slog.String("dead_letter_queue", dlq), slog.String("migration", policy))
 }
 
 // shellQuote quotes s for a POSIX shell.

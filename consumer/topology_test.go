@@ -3,18 +3,18 @@ package consumer_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
+	"github.com/inboxmq/inboxmq/internal/logtest"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 	"github.com/inboxmq/inboxmq/retry"
 )
@@ -412,12 +412,12 @@ func TestConsumer_LegacyClassicQueueStartsAndPolicyMigratesIt(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, ch.Close())
 
-	core, logs := observer.New(zap.WarnLevel)
-	c := b.startPaused(t, consumer.QueueOpts{}, nil, func(cfg *consumer.Config) { cfg.Logger = zap.New(core) })
+	logger, logs := logtest.New(slog.LevelWarn)
+	c := b.startPaused(t, consumer.QueueOpts{}, nil, func(cfg *consumer.Config) { cfg.Logger = logger })
 	require.True(t, c.Ready())
-	warned := logs.FilterMessageSnippet("without a dead-letter route").All()
+	warned := logs.Containing("without a dead-letter route")
 	require.Len(t, warned, 1, "one warning at start: %v", logs.All())
-	fields := warned[0].ContextMap()
+	fields := warned[0].Attrs
 	require.Equal(t, b.queue, fields["queue"])
 	require.Contains(t, fields["migration"], `"dead-letter-routing-key":"`+b.queue+`.dlq"`)
 	require.Contains(t, fields["migration"], "rabbitmqctl set_policy")

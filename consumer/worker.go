@@ -4,12 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime/debug"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
 	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/clip"
@@ -210,9 +209,9 @@ func (c *Consumer) holdBack(r *route, j *job, d *inboxtype.Delivery) bool {
 	if wait <= 0 {
 		return true
 	}
-	c.log.Warn("consumer: holding back a delivery whose settlement failed before",
-		zap.String("queue", r.Queue), zap.String("message_id", d.MessageID),
-		zap.Int("settlement_failures", fails), zap.Duration("wait", wait))
+	c.log.LogAttrs(context.Background(), slog.LevelWarn, "consumer: holding back a delivery whose settlement failed before",
+		slog.String("queue", r.Queue), slog.String("message_id", d.MessageID),
+		slog.Int("settlement_failures", fails), slog.Duration("wait", wait))
 	t := time.NewTimer(wait)
 	defer t.Stop()
 	select {
@@ -272,7 +271,7 @@ func (c *Consumer) retryInProcess(ctx context.Context, r *route, d *inboxtype.De
 // last guard): a panic becomes an error with reason "panic" (an error
 // value stays in its chain), retried under the route's policy and then
 // dead-lettered, and the worker lives on. The stack is logged here, once,
-// with the delivery's fields; the logger adds no stacktrace of its own.
+// with the delivery's fields, in the line's stack attribute.
 // Code that runs a handler on another goroutine (the inbox's group commit
 // and pipeline, a combining round) recovers there, since a panic there
 // cannot reach this guard.
@@ -282,10 +281,10 @@ func (c *Consumer) call(ctx context.Context, h inboxtype.DeliveryHandler, d *inb
 		if p == nil {
 			return
 		}
-		c.log.WithOptions(zap.AddStacktrace(zapcore.FatalLevel+1)).Error("consumer: handler panicked",
-			zap.String("queue", d.Queue), zap.String("consumer", d.Namespace),
-			zap.String("message_id", d.MessageID), zap.String("idempotency_key", d.Key),
-			zap.String("panic", clip.Text(fmt.Sprint(p), clip.Limit)), zap.ByteString("stack", debug.Stack()))
+		c.log.LogAttrs(ctx, slog.LevelError, "consumer: handler panicked",
+			slog.String("queue", d.Queue), slog.String("consumer", d.Namespace),
+			slog.String("message_id", d.MessageID), slog.String("idempotency_key", d.Key),
+			slog.String("panic", clip.Text(fmt.Sprint(p), clip.Limit)), slog.String("stack", string(debug.Stack())))
 		if perr, ok := p.(error); ok {
 			err = retry.WithReason(retry.ReasonPanic, fmt.Errorf("consumer: handler panicked: %w", perr))
 			return
@@ -384,8 +383,9 @@ func (c *Consumer) settle(r *route, j *job, d *inboxtype.Delivery, settled func(
 	}
 	out.Duration = time.Since(d.ReceivedAt)
 	if out.Err != nil {
-		c.log.Warn("consumer: settlement failed", zap.String("queue", r.Queue), zap.String("message_id", d.MessageID),
-			zap.String("action", string(out.Action)), zap.Error(out.Err))
+		c.log.LogAttrs(context.Background(), slog.LevelWarn, "consumer: settlement failed",
+			slog.String("queue", r.Queue), slog.String("message_id", d.MessageID),
+			slog.String("action", string(out.Action)), slog.Any("error", out.Err))
 	}
 	settled(out)
 	statusErr := dec.Err

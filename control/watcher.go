@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.uber.org/zap"
 
 	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/internal/startstop"
@@ -48,8 +48,9 @@ type WatcherConfig struct {
 	// Defaults to false: one pool connection is held in LISTEN on [Channel]
 	// (and closed, not returned, when the watcher stops).
 	NoListen bool
-	// Logger logs applied changes and errors. Defaults to a no-op logger.
-	Logger *zap.Logger
+	// Logger logs applied changes and errors. Defaults to nil, which
+	// discards them.
+	Logger *slog.Logger
 }
 
 // QueuesOf maps each route's consumer name to its queue, for
@@ -79,7 +80,7 @@ type Watcher struct {
 	pool   *pgxpool.Pool
 	store  *Store
 	cfg    WatcherConfig
-	logger *zap.Logger
+	logger *slog.Logger
 
 	snap atomic.Pointer[Snapshot]
 
@@ -104,7 +105,7 @@ func NewWatcher(pool *pgxpool.Pool, cfg *WatcherConfig) (*Watcher, error) {
 		c.PollInterval = DefaultPollInterval
 	}
 	if c.Logger == nil {
-		c.Logger = zap.NewNop()
+		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	if c.Target != nil && len(c.Queues) == 0 {
 		return nil, errors.New("control: WatcherConfig.Queues is required with a Target")
@@ -221,7 +222,8 @@ func (w *Watcher) apply(snap *Snapshot) error {
 				errs = append(errs, fmt.Errorf("control: set concurrency of %s to %d: %w", queue, target.concurrency, err))
 			} else {
 				have.concurrency = target.concurrency
-				w.logger.Info("control: concurrency set", zap.String("consumer", name), zap.String("queue", queue), zap.Int("concurrency", target.concurrency))
+				w.logger.LogAttrs(context.Background(), slog.LevelInfo, "control: concurrency set",
+					slog.String("consumer", name), slog.String("queue", queue), slog.Int("concurrency", target.concurrency))
 			}
 		}
 		if target.paused != have.paused {
@@ -235,7 +237,8 @@ func (w *Watcher) apply(snap *Snapshot) error {
 				errs = append(errs, fmt.Errorf("control: pause=%v %s: %w", target.paused, queue, err))
 			} else {
 				have.paused = target.paused
-				w.logger.Info("control: pause changed", zap.String("consumer", name), zap.String("queue", queue), zap.Bool("paused", target.paused))
+				w.logger.LogAttrs(context.Background(), slog.LevelInfo, "control: pause changed",
+					slog.String("consumer", name), slog.String("queue", queue), slog.Bool("paused", target.paused))
 			}
 		}
 		w.applied[name] = have
@@ -249,7 +252,7 @@ func (w *Watcher) run(ctx context.Context) error {
 	for ctx.Err() == nil {
 		if !w.cfg.NoListen {
 			if err := w.listen(ctx); err != nil && ctx.Err() == nil {
-				w.logger.Warn("control: LISTEN failed; polling", zap.Error(err))
+				w.logger.LogAttrs(ctx, slog.LevelWarn, "control: LISTEN failed; polling", slog.Any("error", err))
 			}
 		}
 		// Poll for one interval (also the back-off before listening again).
@@ -276,7 +279,7 @@ func (w *Watcher) reload(ctx context.Context) {
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := w.Refresh(rctx); err != nil && ctx.Err() == nil {
-		w.logger.Warn("control: reload failed", zap.Error(err))
+		w.logger.LogAttrs(ctx, slog.LevelWarn, "control: reload failed", slog.Any("error", err))
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"log/slog"
 	"math"
 	"slices"
 	"sync"
@@ -14,7 +15,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
-	"go.uber.org/zap"
 
 	"github.com/inboxmq/inboxmq/retry"
 )
@@ -536,7 +536,8 @@ func (s *Store) recordFailure(u *unit, herr error) {
 		mid = &u.messageID
 	}
 	if _, err := s.pool.Exec(ctx, s.sql.failAuto, u.consumer, u.key, u.fp, mid, errorText(herr), u.attempt); err != nil {
-		s.cfg.Logger.Warn("inbox: record failed attempt", zap.String("consumer", u.consumer), zap.String("key", u.key), zap.Error(err))
+		s.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "inbox: record failed attempt",
+			slog.String("consumer", u.consumer), slog.String("key", u.key), slog.Any("error", err))
 	}
 }
 

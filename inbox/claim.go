@@ -7,11 +7,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"go.uber.org/zap"
 
 	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/retry"
@@ -469,6 +469,7 @@ func (s *Store) release(ctx context.Context, c *Claim, herr error) {
 	ctx, cancel := s.cleanupCtx(ctx)
 	defer cancel()
 	if _, err := s.pool.Exec(ctx, s.sql.releaseClaim, c.Consumer, c.Key, c.Token, c.Fence, errorText(herr)); err != nil {
-		s.cfg.Logger.Warn("inbox: release claim failed; the reconciler will find it after its lease", zap.String("consumer", c.Consumer), zap.String("key", c.Key), zap.Error(err))
+		s.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "inbox: release claim failed; the reconciler will find it after its lease",
+			slog.String("consumer", c.Consumer), slog.String("key", c.Key), slog.Any("error", err))
 	}
 }

@@ -2,9 +2,8 @@ package inbox
 
 import (
 	"context"
+	"log/slog"
 	"math"
-
-	"go.uber.org/zap"
 
 	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/retry"
@@ -43,8 +42,8 @@ func (o deadLetterObserver) OnOutcome(d *inboxtype.Delivery, out inboxtype.Outco
 	defer cancel()
 	attempt := int32(min(max(d.Attempt, 1), math.MaxInt32)) //nolint:gosec // bounded above
 	if _, err := o.s.pool.Exec(ctx, o.s.sql.markDead, d.Namespace, d.Key, deadLetterText(out.Decision), attempt); err != nil {
-		o.s.cfg.Logger.Warn("inbox: mark dead-lettered key dead", zap.String("consumer", d.Namespace),
-			zap.String("key", d.Key), zap.Error(err))
+		o.s.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "inbox: mark dead-lettered key dead",
+			slog.String("consumer", d.Namespace), slog.String("key", d.Key), slog.Any("error", err))
 	}
 }
 

@@ -2,10 +2,8 @@ package inbox
 
 import (
 	"fmt"
+	"log/slog"
 	"runtime/debug"
-
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
 	"github.com/inboxmq/inboxmq/internal/clip"
 	"github.com/inboxmq/inboxmq/retry"
@@ -18,9 +16,9 @@ import (
 // not reach it: a handler run by a batch's leader for another delivery,
 // or on a goroutine of the pipeline.
 func (s *Store) recovered(p any, u *unit, what string) error {
-	s.cfg.Logger.WithOptions(zap.AddStacktrace(zapcore.FatalLevel+1)).Error("inbox: "+what+" panicked",
-		zap.String("consumer", u.consumer), zap.String("idempotency_key", u.key),
-		zap.String("message_id", u.messageID),
-		zap.String("panic", clip.Text(fmt.Sprint(p), clip.Limit)), zap.ByteString("stack", debug.Stack()))
+	s.cfg.Logger.LogAttrs(u.ctx, slog.LevelError, "inbox: "+what+" panicked",
+		slog.String("consumer", u.consumer), slog.String("idempotency_key", u.key),
+		slog.String("message_id", u.messageID),
+		slog.String("panic", clip.Text(fmt.Sprint(p), clip.Limit)), slog.String("stack", string(debug.Stack())))
 	return retry.WithReason(retry.ReasonPanic, fmt.Errorf("inbox: %s panicked: %v", what, p))
 }

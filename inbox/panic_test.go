@@ -2,18 +2,17 @@ package inbox_test
 
 import (
 	"context"
+	"log/slog"
 	"strings"
 	"sync/atomic"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
-	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/inboxmq/inboxmq/inbox"
 	"github.com/inboxmq/inboxmq/inboxtype"
+	"github.com/inboxmq/inboxmq/internal/logtest"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
@@ -32,8 +31,8 @@ func TestHandler_PanicFailsOnlyItsDeliveryInEveryMode(t *testing.T) {
 	for name, opts := range modes {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			core, logs := observer.New(zapcore.ErrorLevel)
-			b := setup(t, &inbox.StoreConfig{Logger: zap.New(core, zap.AddStacktrace(zapcore.ErrorLevel))})
+			logger, logs := logtest.New(slog.LevelError)
+			b := setup(t, &inbox.StoreConfig{Logger: logger})
 			var panicked atomic.Int64
 			h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
 				if msg.Body.OrderID == "2" {
@@ -50,13 +49,13 @@ func TestHandler_PanicFailsOnlyItsDeliveryInEveryMode(t *testing.T) {
 
 			// Pipelined, a failure falls back to savepoints, which runs the
 			// handler again: one line per panic.
-			panics := logs.FilterMessage("inbox: handler panicked").All()
+			panics := logs.Message("inbox: handler panicked")
 			require.NotZero(t, panicked.Load())
 			require.Len(t, panics, int(panicked.Load()), "each panic's stack is logged once")
 			for _, e := range panics {
-				require.Empty(t, e.Stack, "no logger stacktrace besides the panic's own")
-				require.Equal(t, "order:2", e.ContextMap()["idempotency_key"])
-				stack, _ := e.ContextMap()["stack"].(string)
+				require.Equal(t, []string{"stack"}, e.StackKeys(), "no stack besides the panic's own")
+				require.Equal(t, "order:2", e.Attrs["idempotency_key"])
+				stack, _ := e.Attrs["stack"].(string)
 				require.Equal(t, 1, strings.Count(stack, "panic_test.go"), "the panic's stack, once")
 			}
 		})

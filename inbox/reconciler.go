@@ -4,10 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"go.uber.org/zap"
 
 	"github.com/inboxmq/inboxmq/internal/startstop"
 )
@@ -44,7 +44,7 @@ type ReconcilerConfig struct {
 	OnStale func(consumerName string, n int)
 	// Logger logs each stale claim with its owner, attempts and last error.
 	// Defaults to the store's logger.
-	Logger *zap.Logger
+	Logger *slog.Logger
 }
 
 // Reconcile actions, the StaleClaim.Action values.
@@ -155,7 +155,7 @@ func (r *Reconciler) loop(ctx context.Context) error {
 	defer t.Stop()
 	for {
 		if _, err := r.RunOnce(ctx, false); err != nil && ctx.Err() == nil {
-			r.cfg.Logger.Warn("inbox: reconcile", zap.Error(err))
+			r.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "inbox: reconcile", slog.Any("error", err))
 		}
 		select {
 		case <-ctx.Done():
@@ -212,10 +212,10 @@ func (r *Reconciler) RunOnce(ctx context.Context, dryRun bool) (ReconcileReport,
 		case ActionDead:
 			rep.Dead++
 		}
-		r.cfg.Logger.Warn("inbox: stale claim",
-			zap.String("consumer", c.Consumer), zap.String("key", c.Key), zap.Stringp("owner", c.Owner),
-			zap.Int64("fence", c.Fence), zap.Int("attempts", c.Attempts), zap.Stringp("last_error", c.LastError),
-			zap.Time("lease_until", c.LeaseUntil), zap.String("action", c.Action), zap.Bool("dry_run", dryRun))
+		r.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "inbox: stale claim",
+			slog.String("consumer", c.Consumer), slog.String("key", c.Key), optionalString("owner", c.Owner),
+			slog.Int64("fence", c.Fence), slog.Int("attempts", c.Attempts), optionalString("last_error", c.LastError),
+			slog.Time("lease_until", c.LeaseUntil), slog.String("action", c.Action), slog.Bool("dry_run", dryRun))
 	}
 	if r.cfg.OnStale != nil {
 		for name, n := range perConsumer {
@@ -255,4 +255,12 @@ func (r *Reconciler) act(ctx context.Context, tx pgx.Tx, c *StaleClaim) error {
 	}
 	c.Action = action
 	return nil
+}
+
+// optionalString is p's text under key, or a null value for nil.
+func optionalString(key string, p *string) slog.Attr {
+	if p == nil {
+		return slog.Any(key, nil)
+	}
+	return slog.String(key, *p)
 }

@@ -4,9 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
-
-	"go.uber.org/zap"
 
 	"github.com/inboxmq/inboxmq/internal/startstop"
 )
@@ -69,7 +68,7 @@ type RetentionConfig struct {
 	Interval time.Duration
 	// Logger logs each run that deleted rows. Defaults to the store's
 	// logger.
-	Logger *zap.Logger
+	Logger *slog.Logger
 }
 
 // RetentionRun reports one retention run.
@@ -207,8 +206,8 @@ func (r *Retention) purge(ctx context.Context, cutoff time.Time) (RetentionRun, 
 		}
 	}
 	if run.Deleted > 0 {
-		r.cfg.Logger.Info("inbox: retention deleted completed rows",
-			zap.Int64("deleted", run.Deleted), zap.Int("batches", run.Batches), zap.Time("cutoff", cutoff))
+		r.cfg.Logger.LogAttrs(ctx, slog.LevelInfo, "inbox: retention deleted completed rows",
+			slog.Int64("deleted", run.Deleted), slog.Int("batches", run.Batches), slog.Time("cutoff", cutoff))
 	}
 	return run, nil
 }
@@ -236,7 +235,7 @@ func (r *Retention) loop(ctx context.Context) error {
 	defer t.Stop()
 	for {
 		if _, err := r.RunOnce(ctx); err != nil && ctx.Err() == nil {
-			r.cfg.Logger.Warn("inbox: retention run failed", zap.Error(err))
+			r.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "inbox: retention run failed", slog.Any("error", err))
 		}
 		select {
 		case <-ctx.Done():

@@ -5,13 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"regexp"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.uber.org/zap"
 
 	"github.com/inboxmq/inboxmq/internal/combine"
 )
@@ -42,8 +42,8 @@ type StoreConfig struct {
 	// through the connection's search_path.
 	Table string
 	// Logger receives the store's warnings and the reconciler's findings.
-	// Defaults to zap.NewNop().
-	Logger *zap.Logger
+	// Defaults to nil, which discards them.
+	Logger *slog.Logger
 	// GroupCommit holds the defaults for handlers that opt into group commit
 	// (HandlerOpts.GroupCommit, ClaimOpts.GroupCommit); its zero fields
 	// default to 64 deliveries, 2ms and 2 batches in flight.
@@ -111,7 +111,7 @@ func (c *StoreConfig) withDefaults() StoreConfig {
 		out.Table = DefaultTable
 	}
 	if out.Logger == nil {
-		out.Logger = zap.NewNop()
+		out.Logger = slog.New(slog.DiscardHandler)
 	}
 	out.GroupCommit = out.GroupCommit.or(builtinGroupCommit)
 	if out.CrashLimit == 0 {

@@ -3,8 +3,7 @@ package middleware
 import (
 	"context"
 	"fmt"
-
-	"go.uber.org/zap"
+	"log/slog"
 
 	"github.com/inboxmq/inboxmq/control"
 	"github.com/inboxmq/inboxmq/inboxtype"
@@ -20,9 +19,9 @@ type Parker interface {
 
 // BlockOpts configure [Block]. A nil *BlockOpts means the defaults.
 type BlockOpts struct {
-	// Logger logs each parked delivery at info level. Defaults to a no-op
-	// logger.
-	Logger *zap.Logger
+	// Logger logs each parked delivery at info level. Defaults to nil,
+	// which discards the lines.
+	Logger *slog.Logger
 }
 
 // Block returns handler middleware that parks deliveries whose idempotency
@@ -49,7 +48,7 @@ func Block(w *control.Watcher, p Parker, opts *BlockOpts) (inboxtype.Middleware,
 	if p == nil {
 		return nil, fmt.Errorf("middleware: Block needs a Parker")
 	}
-	log := zap.NewNop()
+	log := slog.New(slog.DiscardHandler)
 	if opts != nil && opts.Logger != nil {
 		log = opts.Logger
 	}
@@ -72,9 +71,9 @@ func Block(w *control.Watcher, p Parker, opts *BlockOpts) (inboxtype.Middleware,
 				return retry.WithReason("park", retry.Retryable(fmt.Errorf("middleware: park blocked key %q: %w", d.Key, err)))
 			}
 			d.Transition(inboxtype.StatusParked, nil)
-			log.Info("middleware: blocked delivery parked",
-				zap.String("queue", d.Queue), zap.String("consumer", d.Namespace), zap.String("key", d.Key),
-				zap.String("pattern", b.Pattern), zap.String("reason", b.Reason))
+			log.LogAttrs(ctx, slog.LevelInfo, "middleware: blocked delivery parked",
+				slog.String("queue", d.Queue), slog.String("consumer", d.Namespace), slog.String("key", d.Key),
+				slog.String("pattern", b.Pattern), slog.String("reason", b.Reason))
 			return retry.Duplicate(retry.SourceParked, fmt.Errorf("middleware: key %q blocked (%s), parked in %s",
 				d.Key, b.Pattern, control.ParkedQueueName(d.Queue)))
 		}

@@ -4,10 +4,10 @@ import (
 	"context"
 	"encoding/hex"
 	"errors"
+	"log/slog"
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"go.uber.org/zap"
 
 	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/retry"
@@ -32,7 +32,7 @@ type CacheOpts struct {
 	ProbeInterval time.Duration
 	// Logger logs each change between healthy and degraded. Defaults to no
 	// logging.
-	Logger *zap.Logger
+	Logger *slog.Logger
 	// OnDegraded is called on each change between healthy and degraded
 	// (true when Redis stopped answering, false when it answers again),
 	// synchronously and once per change. Defaults to nothing.

@@ -3,15 +3,14 @@ package middleware_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
-	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/inboxmq/inboxmq/inboxtype"
+	"github.com/inboxmq/inboxmq/internal/logtest"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 	"github.com/inboxmq/inboxmq/middleware"
 	"github.com/inboxmq/inboxmq/retry"
@@ -195,12 +194,12 @@ func TestCache_DegradedFallsThroughAndRecovers(t *testing.T) {
 	ctx := t.Context()
 	b := setupRedis(t)
 	hook, events := degradedHook()
-	core, logs := observer.New(zapcore.InfoLevel)
+	logger, logs := logtest.New(slog.LevelInfo)
 	mw := middleware.Cache(b.flaky, &middleware.CacheOpts{
 		Prefix:        b.prefix,
 		CallTimeout:   50 * time.Millisecond,
 		ProbeInterval: -1,
-		Logger:        zap.New(core),
+		Logger:        logger,
 		OnDegraded:    hook,
 	})
 	// The entry says completed, but Redis cannot be read: the delivery
@@ -223,8 +222,8 @@ func TestCache_DegradedFallsThroughAndRecovers(t *testing.T) {
 	require.ErrorIs(t, err, retry.ErrDuplicate)
 	require.False(t, testenv.WaitChan(t, events, "OnDegraded(false)"))
 	require.Empty(t, events)
-	require.Equal(t, 1, logs.FilterMessage("redis unavailable: proceeding without it").Len())
-	require.Equal(t, 1, logs.FilterMessage("redis answers again").Len())
+	require.Equal(t, 1, logs.Count("redis unavailable: proceeding without it"))
+	require.Equal(t, 1, logs.Count("redis answers again"))
 }
 
 func TestCache_WritesAfterContextEnded(t *testing.T) {

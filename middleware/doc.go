@@ -62,8 +62,9 @@
 //
 // # Observability
 //
-// [NewLogObserver] is a consumer observer that writes one structured zap
-// line per delivery transition (success lines sampled, failures never).
+// [NewLogObserver] is a consumer observer that writes one structured line
+// per delivery transition through a *slog.Logger (success lines sampled,
+// failures never).
 // [Tracing] starts one consumer span per delivery as a child of the trace
 // context in the AMQP headers ([InjectHeaders] writes it on the publishing
 // side), and [Metrics] times the chain into the metrics package's

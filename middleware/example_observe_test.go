@@ -4,14 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
-	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
 	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inboxtype"
@@ -20,21 +18,25 @@ import (
 )
 
 // ExampleNewLogObserver writes one JSON line per transition. The consumer
-// calls the observer; here a duplicate's outcome is reported by hand.
+// calls the observer; here a duplicate's outcome is reported by hand. Any
+// slog handler works: slog's own JSON handler here, zap's through zapslog
+// in examples/payment-worker.
 func ExampleNewLogObserver() {
-	enc := zap.NewProductionEncoderConfig()
-	enc.TimeKey = "" // stable output for the example
-	enc.EncodeDuration = func(d time.Duration, e zapcore.PrimitiveArrayEncoder) {
-		e.AppendString(d.Truncate(time.Second).String())
-	}
-	logger := zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(enc), zapcore.AddSync(os.Stdout), zapcore.InfoLevel))
+	logger := slog.New(slog.NewJSONHandler(os.Stdout, &slog.HandlerOptions{
+		ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+			if a.Key == slog.TimeKey {
+				return slog.Attr{} // stable output for the example
+			}
+			return a
+		},
+	}))
 	obs := middleware.NewLogObserver(logger, nil)
 
 	d := inboxtype.NewDelivery("payments", "payments", "worker-1", &amqp.Delivery{MessageId: "m-1", Redelivered: true})
 	d.Key = "payment:order-42"
 	obs.OnOutcome(d, inboxtype.Outcome{Action: inboxtype.ActionAcked, Decision: retry.Classify(retry.Duplicate(retry.SourceInbox, nil))})
 	// Output:
-	// {"level":"info","msg":"delivery duplicate","status":"duplicate","message_id":"m-1","idempotency_key":"payment:order-42","consumer":"payments","queue":"payments","worker_id":"worker-1","attempt":1,"redelivered":true,"duration":"0s","duplicate_source":"inbox","error":"retry: duplicate message (inbox)"}
+	// {"level":"INFO","msg":"delivery duplicate","status":"duplicate","message_id":"m-1","idempotency_key":"payment:order-42","consumer":"payments","queue":"payments","worker_id":"worker-1","attempt":1,"redelivered":true,"duration":0,"duplicate_source":"inbox","error":"retry: duplicate message (inbox)"}
 }
 
 // ExampleTracing joins the publisher's trace: the producer injects its span

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,7 +14,6 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
-	"go.uber.org/zap"
 
 	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/lock"
@@ -123,7 +123,7 @@ type LockOpts struct {
 	ProbeInterval time.Duration
 	// Logger logs each change between healthy and degraded (once per
 	// change, at warn and info). Defaults to no logging.
-	Logger *zap.Logger
+	Logger *slog.Logger
 	// OnDegraded is called on each change between healthy and degraded:
 	// true when Redis stopped answering, false when it answers again. It is
 	// called synchronously on the delivery path, once per change; keep it
@@ -363,7 +363,7 @@ func (m *lockMiddleware) runLocked(ctx context.Context, d *inboxtype.Delivery, l
 type health struct {
 	name     string
 	probe    time.Duration
-	logger   *zap.Logger
+	logger   *slog.Logger
 	hook     func(bool)
 	degraded atomic.Bool
 	// nextProbe is the UnixNano time after which a probe may run.
@@ -371,9 +371,9 @@ type health struct {
 	mu        sync.Mutex
 }
 
-func newHealth(name string, probe time.Duration, logger *zap.Logger, hook func(bool)) *health {
+func newHealth(name string, probe time.Duration, logger *slog.Logger, hook func(bool)) *health {
 	if logger == nil {
-		logger = zap.NewNop()
+		logger = slog.New(slog.DiscardHandler)
 	}
 	return &health{name: name, probe: probe, logger: logger, hook: hook}
 }
@@ -404,9 +404,10 @@ func (h *health) set(degraded bool, err error) {
 	}
 	h.degraded.Store(degraded)
 	if degraded {
-		h.logger.Warn("redis unavailable: proceeding without it", zap.String("middleware", h.name), zap.Error(err))
+		h.logger.LogAttrs(context.Background(), slog.LevelWarn, "redis unavailable: proceeding without it",
+			slog.String("middleware", h.name), slog.Any("error", err))
 	} else {
-		h.logger.Info("redis answers again", zap.String("middleware", h.name))
+		h.logger.LogAttrs(context.Background(), slog.LevelInfo, "redis answers again", slog.String("middleware", h.name))
 	}
 	if h.hook != nil {
 		h.hook(degraded)

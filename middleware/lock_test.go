@@ -3,6 +3,7 @@ package middleware_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -11,12 +12,10 @@ import (
 	"github.com/stretchr/testify/require"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
-	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/lock"
+	"github.com/inboxmq/inboxmq/internal/logtest"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 	"github.com/inboxmq/inboxmq/middleware"
 	"github.com/inboxmq/inboxmq/retry"
@@ -321,12 +320,12 @@ func TestLock_DegradedProceedsAndRecovers(t *testing.T) {
 	ctx := t.Context()
 	b := setupRedis(t)
 	hook, events := degradedHook()
-	core, logs := observer.New(zapcore.InfoLevel)
+	logger, logs := logtest.New(slog.LevelInfo)
 	mw := mustLock(t, b.flaky, &middleware.LockOpts{
 		Prefix:        b.prefix,
 		CallTimeout:   50 * time.Millisecond,
 		ProbeInterval: -1,
-		Logger:        zap.New(core),
+		Logger:        logger,
 		OnDegraded:    hook,
 	})
 	run := func(key string) (*inboxtype.Delivery, int, error) {
@@ -370,8 +369,8 @@ func TestLock_DegradedProceedsAndRecovers(t *testing.T) {
 	require.True(t, testenv.WaitChan(t, events, "OnDegraded(true)"))
 	require.False(t, testenv.WaitChan(t, events, "OnDegraded(false)"))
 	require.Empty(t, events, "one call per change")
-	require.Equal(t, 1, logs.FilterMessage("redis unavailable: proceeding without it").Len())
-	require.Equal(t, 1, logs.FilterMessage("redis answers again").Len())
+	require.Equal(t, 1, logs.Count("redis unavailable: proceeding without it"))
+	require.Equal(t, 1, logs.Count("redis answers again"))
 }
 
 func TestLock_DegradedProbesOncePerInterval(t *testing.T) {

@@ -2,29 +2,29 @@ package middleware_test
 
 import (
 	"errors"
+	"io"
+	"log/slog"
 	"testing"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
-	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/inboxmq/inboxmq/inboxtype"
+	"github.com/inboxmq/inboxmq/internal/logtest"
 	"github.com/inboxmq/inboxmq/middleware"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
 type logBundle struct {
 	obs  inboxtype.Observer
-	logs *observer.ObservedLogs
+	logs *logtest.Recorder
 }
 
 func setupLog(t *testing.T, opts *middleware.LogOpts) *logBundle {
 	t.Helper()
-	core, logs := observer.New(zapcore.DebugLevel)
-	return &logBundle{obs: middleware.NewLogObserver(zap.New(core), opts), logs: logs}
+	logger, logs := logtest.New(slog.LevelDebug)
+	return &logBundle{obs: middleware.NewLogObserver(logger, opts), logs: logs}
 }
 
 func testDelivery() *inboxtype.Delivery {
@@ -51,14 +51,14 @@ func TestLogObserver_LinePerTransition(t *testing.T) {
 	transitions := []struct {
 		status inboxtype.Status
 		err    error
-		level  zapcore.Level
+		level  slog.Level
 	}{
-		{inboxtype.StatusReceived, nil, zapcore.InfoLevel},
-		{inboxtype.StatusLocked, nil, zapcore.InfoLevel},
-		{inboxtype.StatusLockFailed, errors.New("held"), zapcore.WarnLevel},
-		{inboxtype.StatusLockExpired, errors.New("lost"), zapcore.ErrorLevel},
-		{inboxtype.StatusProcessing, nil, zapcore.InfoLevel},
-		{inboxtype.StatusParked, nil, zapcore.InfoLevel},
+		{inboxtype.StatusReceived, nil, slog.LevelInfo},
+		{inboxtype.StatusLocked, nil, slog.LevelInfo},
+		{inboxtype.StatusLockFailed, errors.New("held"), slog.LevelWarn},
+		{inboxtype.StatusLockExpired, errors.New("lost"), slog.LevelError},
+		{inboxtype.StatusProcessing, nil, slog.LevelInfo},
+		{inboxtype.StatusParked, nil, slog.LevelInfo},
 	}
 	dup := retry.Duplicate(retry.SourceFenced, nil)
 	deadlock := retry.WithReason("db_deadlock", errors.New("40P01"))
@@ -68,13 +68,13 @@ func TestLogObserver_LinePerTransition(t *testing.T) {
 		out    inboxtype.Outcome
 		status inboxtype.Status
 		err    error
-		level  zapcore.Level
+		level  slog.Level
 	}{
-		{inboxtype.Outcome{Action: inboxtype.ActionAcked, Decision: retry.Classify(nil)}, inboxtype.StatusCompleted, nil, zapcore.InfoLevel},
-		{inboxtype.Outcome{Action: inboxtype.ActionAcked, Decision: retry.Classify(dup)}, inboxtype.StatusDuplicate, dup, zapcore.InfoLevel},
-		{inboxtype.Outcome{Action: inboxtype.ActionRetried, Decision: retry.Classify(deadlock), Delay: 5 * time.Second}, inboxtype.StatusRetry, deadlock, zapcore.WarnLevel},
-		{inboxtype.Outcome{Action: inboxtype.ActionDeadLettered, Decision: retry.Classify(badCard)}, inboxtype.StatusDeadLettered, badCard, zapcore.ErrorLevel},
-		{inboxtype.Outcome{Action: inboxtype.ActionRequeued, Decision: retry.Decision{Kind: retry.KindInterrupted, Reason: "stopped", Err: stopping}}, inboxtype.StatusRequeued, stopping, zapcore.WarnLevel},
+		{inboxtype.Outcome{Action: inboxtype.ActionAcked, Decision: retry.Classify(nil)}, inboxtype.StatusCompleted, nil, slog.LevelInfo},
+		{inboxtype.Outcome{Action: inboxtype.ActionAcked, Decision: retry.Classify(dup)}, inboxtype.StatusDuplicate, dup, slog.LevelInfo},
+		{inboxtype.Outcome{Action: inboxtype.ActionRetried, Decision: retry.Classify(deadlock), Delay: 5 * time.Second}, inboxtype.StatusRetry, deadlock, slog.LevelWarn},
+		{inboxtype.Outcome{Action: inboxtype.ActionDeadLettered, Decision: retry.Classify(badCard)}, inboxtype.StatusDeadLettered, badCard, slog.LevelError},
+		{inboxtype.Outcome{Action: inboxtype.ActionRequeued, Decision: retry.Decision{Kind: retry.KindInterrupted, Reason: "stopped", Err: stopping}}, inboxtype.StatusRequeued, stopping, slog.LevelWarn},
 	}
 	for _, s := range transitions {
 		b.obs.OnTransition(d, s.status, s.err)
@@ -84,10 +84,10 @@ func TestLogObserver_LinePerTransition(t *testing.T) {
 		b.obs.OnOutcome(d, o.out)
 	}
 
-	entries := b.logs.AllUntimed()
+	entries := b.logs.All()
 	require.Len(t, entries, len(transitions)+len(outcomes))
 	for i, e := range entries {
-		status, err, level := inboxtype.Status(""), error(nil), zapcore.InfoLevel
+		status, err, level := inboxtype.Status(""), error(nil), slog.LevelInfo
 		if i < len(transitions) {
 			status, err, level = transitions[i].status, transitions[i].err, transitions[i].level
 		} else {
@@ -96,7 +96,7 @@ func TestLogObserver_LinePerTransition(t *testing.T) {
 		}
 		require.Equal(t, "delivery "+string(status), e.Message)
 		require.Equal(t, level, e.Level, string(status))
-		f := e.ContextMap()
+		f := e.Attrs
 		require.Equal(t, string(status), f["status"])
 		require.Equal(t, "msg-1", f["message_id"])
 		require.Equal(t, "payment:order-42", f["idempotency_key"])
@@ -119,11 +119,11 @@ func TestLogObserver_LinePerTransition(t *testing.T) {
 	}
 	byStatus := map[inboxtype.Status]map[string]any{}
 	for _, e := range entries {
-		byStatus[inboxtype.Status(e.ContextMap()["status"].(string))] = e.ContextMap() //nolint:forcetypeassert // every line has a status
+		byStatus[inboxtype.Status(e.Attrs["status"].(string))] = e.Attrs //nolint:forcetypeassert // every line has a status
 	}
 	require.Equal(t, "fenced", byStatus[inboxtype.StatusDuplicate]["duplicate_source"])
 	require.Equal(t, "db_deadlock", byStatus[inboxtype.StatusRetry]["reason"])
-	require.Equal(t, 5*time.Second, byStatus[inboxtype.StatusRetry]["delay"])
+	require.InDelta(t, 5.0, byStatus[inboxtype.StatusRetry]["delay"], 0, "delay in seconds")
 	require.Equal(t, "permanent", byStatus[inboxtype.StatusDeadLettered]["reason"])
 	require.Equal(t, "stopped", byStatus[inboxtype.StatusRequeued]["reason"])
 	require.NotContains(t, byStatus[inboxtype.StatusCompleted], "reason")
@@ -139,10 +139,10 @@ func TestLogObserver_SettledDecisionDecidesTheReason(t *testing.T) {
 		Action:   inboxtype.ActionDeadLettered,
 		Decision: retry.Decision{Kind: retry.KindRetry, Reason: retry.ReasonExhausted, Err: err},
 	})
-	e := b.logs.FilterMessage("delivery dead_lettered").AllUntimed()
+	e := b.logs.Message("delivery dead_lettered")
 	require.Len(t, e, 1)
-	require.Equal(t, retry.ReasonExhausted, e[0].ContextMap()["reason"])
-	require.Equal(t, "gateway down", e[0].ContextMap()["error"])
+	require.Equal(t, retry.ReasonExhausted, e[0].Attrs["reason"])
+	require.Equal(t, "gateway down", e[0].Attrs["error"])
 }
 
 func TestLogObserver_SamplesSuccessNeverFailures(t *testing.T) {
@@ -159,24 +159,28 @@ func TestLogObserver_SamplesSuccessNeverFailures(t *testing.T) {
 		b.obs.OnTransition(d, inboxtype.StatusLockExpired, errors.New("lost"))
 		b.obs.OnInProcessRetry(d, retry.Classify(errors.New("blip")), time.Millisecond)
 	}
-	require.Equal(t, 2, b.logs.FilterMessage("delivery completed").Len(), "success lines are sampled")
+	require.Equal(t, 2, b.logs.Count("delivery completed"), "success lines are sampled")
 	for _, msg := range []string{
 		"delivery retry", "delivery failed", "delivery settle failed", "delivery dead_lettered", "delivery duplicate",
 		"delivery lock_expired", "delivery retry_in_process",
 	} {
-		require.Equal(t, n, b.logs.FilterMessage(msg).Len(), msg+" is never sampled")
+		require.Equal(t, n, b.logs.Count(msg), msg+" is never sampled")
 	}
-	require.Equal(t, "inbox", b.logs.FilterMessage("delivery duplicate").AllUntimed()[0].ContextMap()["duplicate_source"])
+	require.Equal(t, "inbox", b.logs.Message("delivery duplicate")[0].Attrs["duplicate_source"])
 }
 
 func TestLogObserver_SamplingDisabled(t *testing.T) {
 	t.Parallel()
-	b := setupLog(t, &middleware.LogOpts{SampleFirst: -1, SuccessLevel: zapcore.DebugLevel})
+	b := setupLog(t, &middleware.LogOpts{SampleFirst: -1, SuccessLevel: slog.LevelDebug})
 	d := testDelivery()
 	for range 300 {
 		b.obs.OnTransition(d, inboxtype.StatusReceived, nil)
 	}
-	require.Equal(t, 300, b.logs.FilterMessage("delivery received").FilterLevelExact(zapcore.DebugLevel).Len())
+	lines := b.logs.Message("delivery received")
+	require.Len(t, lines, 300)
+	for _, e := range lines {
+		require.Equal(t, slog.LevelDebug, e.Level)
+	}
 }
 
 func TestLogObserver_OutcomeAndConnState(t *testing.T) {
@@ -185,28 +189,28 @@ func TestLogObserver_OutcomeAndConnState(t *testing.T) {
 	d := testDelivery()
 
 	b.obs.OnOutcome(d, inboxtype.Outcome{Action: inboxtype.ActionAcked})
-	require.Equal(t, 1, b.logs.FilterMessage("delivery completed").Len())
-	require.Zero(t, b.logs.FilterMessage("delivery settle failed").Len(), "a settled delivery adds no settle-failed line")
+	require.Equal(t, 1, b.logs.Count("delivery completed"))
+	require.Zero(t, b.logs.Count("delivery settle failed"), "a settled delivery adds no settle-failed line")
 
 	b.obs.OnOutcome(d, inboxtype.Outcome{
 		Action: inboxtype.ActionRetried, Err: errors.New("publish not confirmed"),
 		Decision: retry.Decision{Kind: retry.KindRetry, Reason: "timeout"},
 	})
-	e := b.logs.FilterMessage("delivery settle failed").AllUntimed()
+	e := b.logs.Message("delivery settle failed")
 	require.Len(t, e, 1)
-	require.Equal(t, zapcore.ErrorLevel, e[0].Level)
-	require.Equal(t, "retried", e[0].ContextMap()["action"])
-	require.Equal(t, "publish not confirmed", e[0].ContextMap()["error"])
+	require.Equal(t, slog.LevelError, e[0].Level)
+	require.Equal(t, "retried", e[0].Attrs["action"])
+	require.Equal(t, "publish not confirmed", e[0].Attrs["error"])
 
 	b.obs.OnConnState(inboxtype.ConnConnected, nil)
 	b.obs.OnConnState(inboxtype.ConnDisconnected, errors.New("connection reset"))
 	b.obs.OnConnState(inboxtype.ConnStopped, nil)
-	require.Equal(t, zapcore.InfoLevel, b.logs.FilterMessage("broker connected").AllUntimed()[0].Level)
-	dis := b.logs.FilterMessage("broker disconnected").AllUntimed()
+	require.Equal(t, slog.LevelInfo, b.logs.Message("broker connected")[0].Level)
+	dis := b.logs.Message("broker disconnected")
 	require.Len(t, dis, 1)
-	require.Equal(t, zapcore.WarnLevel, dis[0].Level)
-	require.Equal(t, "connection reset", dis[0].ContextMap()["error"])
-	require.Equal(t, 1, b.logs.FilterMessage("broker stopped").Len())
+	require.Equal(t, slog.LevelWarn, dis[0].Level)
+	require.Equal(t, "connection reset", dis[0].Attrs["error"])
+	require.Equal(t, 1, b.logs.Count("broker stopped"))
 }
 
 func TestLogObserver_NilLogger(t *testing.T) {
@@ -217,9 +221,13 @@ func TestLogObserver_NilLogger(t *testing.T) {
 	obs.OnConnState(inboxtype.ConnConnected, nil)
 }
 
+// jsonLogger writes JSON lines to nowhere, the cost of a real handler.
+func jsonLogger() *slog.Logger { return slog.New(slog.NewJSONHandler(io.Discard, nil)) } //nolint:sloglint // the cost of a real handler is the point
+
+// The delivery path: sampled success lines (after the first 100 of each
+// status per second, the observer only counts).
 func BenchmarkLogObserver_SampledSuccess(b *testing.B) {
-	obs := middleware.NewLogObserver(zap.New(zapcore.NewCore(
-		zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(discard{}), zapcore.InfoLevel)), nil)
+	obs := middleware.NewLogObserver(jsonLogger(), nil)
 	d := testDelivery()
 	b.ReportAllocs()
 	for b.Loop() {
@@ -230,6 +238,42 @@ func BenchmarkLogObserver_SampledSuccess(b *testing.B) {
 	}
 }
 
-type discard struct{}
+// Success lines below the logger's level cost no allocation.
+func BenchmarkLogObserver_LevelOff(b *testing.B) {
+	obs := middleware.NewLogObserver(jsonLogger(), &middleware.LogOpts{SuccessLevel: slog.LevelDebug})
+	d := testDelivery()
+	b.ReportAllocs()
+	for b.Loop() {
+		obs.OnTransition(d, inboxtype.StatusReceived, nil)
+		obs.OnTransition(d, inboxtype.StatusProcessing, nil)
+		obs.OnOutcome(d, inboxtype.Outcome{Action: inboxtype.ActionAcked})
+	}
+}
 
-func (discard) Write(p []byte) (int, error) { return len(p), nil }
+// Every line written: what the observer costs on top of the handler.
+func BenchmarkLogObserver_Unsampled(b *testing.B) {
+	obs := middleware.NewLogObserver(jsonLogger(), &middleware.LogOpts{SampleFirst: -1})
+	d := testDelivery()
+	b.ReportAllocs()
+	for b.Loop() {
+		obs.OnTransition(d, inboxtype.StatusReceived, nil)
+		obs.OnOutcome(d, inboxtype.Outcome{Action: inboxtype.ActionAcked})
+	}
+}
+
+// A success line below the logger's level, or sampled away, costs the
+// delivery path no allocation.
+//
+//nolint:paralleltest // testing.AllocsPerRun refuses to run beside parallel tests
+func TestLogObserver_SkippedLinesDoNotAllocate(t *testing.T) {
+	d := testDelivery()
+	off := middleware.NewLogObserver(jsonLogger(), &middleware.LogOpts{SuccessLevel: slog.LevelDebug})
+	sampled := middleware.NewLogObserver(jsonLogger(), &middleware.LogOpts{SampleInterval: time.Hour, SampleFirst: 1, SampleThereafter: 1 << 30})
+	sampled.OnTransition(d, inboxtype.StatusProcessing, nil) // the one line of the hour
+	for name, obs := range map[string]inboxtype.Observer{"level off": off, "sampled away": sampled} {
+		allocs := testing.AllocsPerRun(100, func() {
+			obs.OnTransition(d, inboxtype.StatusProcessing, nil)
+		})
+		require.Zero(t, allocs, name)
+	}
+}

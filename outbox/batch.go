@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
-	"go.uber.org/zap"
 )
 
 // pendingRow is one claimed outbox row.
@@ -143,15 +143,20 @@ func (r *Relay) relayBatch(ctx context.Context, l *lane) (int, error) {
 	if res.unconfirmed > 0 {
 		r.metrics.failed.WithLabelValues(reasonUnconfirmed).Add(float64(res.unconfirmed))
 	}
-	fields := []zap.Field{
-		zap.Int("claimed", len(batch)), zap.Int("published", len(res.sent)),
-		zap.Int("failed", len(res.failed)), zap.Int("unconfirmed", res.unconfirmed),
-		zap.Duration("duration", time.Since(start)),
-	}
+	lvl, msg := slog.LevelDebug, "outbox relay: batch published"
 	if len(res.failed) > 0 || res.err != nil {
-		r.log.Warn("outbox relay: batch partly failed", append(fields, zap.Error(res.err))...)
-	} else {
-		r.log.Debug("outbox relay: batch published", fields...)
+		lvl, msg = slog.LevelWarn, "outbox relay: batch partly failed"
+	}
+	if r.log.Enabled(ctx, lvl) {
+		attrs := make([]slog.Attr, 0, 6)
+		attrs = append(attrs,
+			slog.Int("claimed", len(batch)), slog.Int("published", len(res.sent)),
+			slog.Int("failed", len(res.failed)), slog.Int("unconfirmed", res.unconfirmed),
+			slog.Duration("duration", time.Since(start)))
+		if res.err != nil {
+			attrs = append(attrs, slog.Any("error", res.err))
+		}
+		r.log.LogAttrs(ctx, lvl, msg, attrs...)
 	}
 	if res.err != nil {
 		return len(batch), &brokerError{err: res.err}
@@ -278,7 +283,7 @@ func (r *Relay) refreshStats(ctx context.Context) {
 	)
 	if err := r.pool.QueryRow(ctx, statsSQL).Scan(&n, &age); err != nil {
 		if ctx.Err() == nil {
-			r.log.Warn("outbox relay: stats query failed", zap.Error(err))
+			r.log.LogAttrs(ctx, slog.LevelWarn, "outbox relay: stats query failed", slog.Any("error", err))
 		}
 		return
 	}

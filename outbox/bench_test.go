@@ -12,7 +12,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	amqp "github.com/rabbitmq/amqp091-go"
-	"go.uber.org/zap"
 
 	"github.com/inboxmq/inboxmq/internal/amqptest"
 	"github.com/inboxmq/inboxmq/internal/pgtest"
@@ -121,7 +120,7 @@ func benchThroughput(b *testing.B, concurrency int) {
 
 	relay, err := NewRelay(pool, &RelayConfig{
 		URL: testenv.AMQPURL(), BatchSize: batch, PollInterval: 50 * time.Millisecond, Concurrency: concurrency,
-		Registerer: prometheus.NewRegistry(), Logger: zap.NewNop(),
+		Registerer: prometheus.NewRegistry(),
 	})
 	if err != nil {
 		b.Fatal(err)
@@ -164,7 +163,7 @@ func BenchmarkRelayLag(b *testing.B) {
 	pool, conn, q := benchSetup(b)
 	const rate = 500
 	relay, err := NewRelay(pool, &RelayConfig{
-		URL: testenv.AMQPURL(), Registerer: prometheus.NewRegistry(), Logger: zap.NewNop(),
+		URL: testenv.AMQPURL(), Registerer: prometheus.NewRegistry(),
 	})
 	if err != nil {
 		b.Fatal(err)

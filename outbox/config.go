@@ -3,12 +3,12 @@ package outbox
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
-	"go.uber.org/zap"
 )
 
 // RelayConfig configures a [Relay]. Only URL is required; every other field
@@ -83,7 +83,7 @@ type RelayConfig struct {
 
 	// Logger receives one debug line per batch, and warnings for failures
 	// and reconnects. Nil means no logging.
-	Logger *zap.Logger
+	Logger *slog.Logger
 	// Registerer registers the relay's metrics. Nil means
 	// prometheus.DefaultRegisterer. Relays sharing a Registerer share the
 	// collectors.
@@ -122,7 +122,7 @@ func (c *RelayConfig) withDefaults() RelayConfig {
 	}
 	def(&out.StatsInterval, 5*time.Second)
 	if out.Logger == nil {
-		out.Logger = zap.NewNop()
+		out.Logger = slog.New(slog.DiscardHandler)
 	}
 	if out.Registerer == nil {
 		out.Registerer = prometheus.DefaultRegisterer

@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"io"
+	"log/slog"
 	"net"
 	"net/url"
 	"sync"
@@ -14,7 +15,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap/zaptest"
 
 	"github.com/inboxmq/inboxmq/internal/amqptest"
 	"github.com/inboxmq/inboxmq/internal/pgtest"
@@ -73,7 +73,7 @@ func (b *testBundle) newRelay(t *testing.T, cfg *RelayConfig) (*Relay, *promethe
 	}
 	reg := prometheus.NewRegistry()
 	c.Registerer = reg
-	c.Logger = zaptest.NewLogger(t)
+	c.Logger = slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))
 	r, err := NewRelay(b.pool, &c)
 	require.NoError(t, err)
 	return r, reg

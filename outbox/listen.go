@@ -3,9 +3,9 @@ package outbox
 import (
 	"context"
 	"fmt"
+	"log/slog"
 
 	"github.com/jackc/pgx/v5"
-	"go.uber.org/zap"
 )
 
 // listen holds a dedicated connection (outside the pool) that LISTENs on
@@ -20,7 +20,8 @@ func (r *Relay) listen(ctx context.Context, wakes []chan struct{}) {
 			return
 		}
 		d := bo.NextBackOff()
-		r.log.Warn("outbox relay: LISTEN connection lost; polling meanwhile", zap.Error(err), zap.Duration("retry_in", d))
+		r.log.LogAttrs(ctx, slog.LevelWarn, "outbox relay: LISTEN connection lost; polling meanwhile",
+			slog.Any("error", err), slog.Duration("retry_in", d))
 		sleep(ctx, d)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -12,7 +13,6 @@ import (
 	"github.com/cenkalti/backoff/v4"
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
-	"go.uber.org/zap"
 
 	"github.com/inboxmq/inboxmq/internal/startstop"
 )
@@ -30,7 +30,7 @@ import (
 type Relay struct {
 	pool    *pgxpool.Pool
 	cfg     RelayConfig
-	log     *zap.Logger
+	log     *slog.Logger
 	metrics *metrics
 	hooks   testHooks
 
@@ -73,7 +73,7 @@ func NewRelay(pool *pgxpool.Pool, cfg *RelayConfig) (*Relay, error) {
 	return &Relay{
 		pool:    pool,
 		cfg:     c,
-		log:     c.Logger.With(zap.String("component", "outbox-relay"), zap.String("connection_name", c.ConnectionName)),
+		log:     c.Logger.With(slog.String("component", "outbox-relay"), slog.String("connection_name", c.ConnectionName)),
 		metrics: m,
 		svc:     startstop.Service{Name: "outbox: relay"},
 	}, nil
@@ -92,8 +92,8 @@ func (r *Relay) run(ctx context.Context) error {
 		lanes[i] = &lane{index: i, wake: make(chan struct{}, 1)}
 		wakes[i] = lanes[i].wake
 	}
-	r.log.Info("outbox relay starting", zap.String("url", redactURL(r.cfg.URL)),
-		zap.Bool("ordered", r.cfg.Ordered), zap.Int("concurrency", r.cfg.Concurrency))
+	r.log.LogAttrs(ctx, slog.LevelInfo, "outbox relay starting", slog.String("url", redactURL(r.cfg.URL)),
+		slog.Bool("ordered", r.cfg.Ordered), slog.Int("concurrency", r.cfg.Concurrency))
 	var wg sync.WaitGroup
 	wg.Go(func() { r.listen(ctx, wakes) })
 	if r.cfg.Retention > 0 {
@@ -108,7 +108,7 @@ func (r *Relay) run(ctx context.Context) error {
 		})
 	}
 	wg.Wait()
-	r.log.Info("outbox relay stopped")
+	r.log.LogAttrs(ctx, slog.LevelInfo, "outbox relay stopped")
 	var killed *killedError
 	if err := context.Cause(ctx); errors.As(err, &killed) {
 		return killed.err
@@ -140,7 +140,8 @@ func (r *Relay) runLane(ctx context.Context, l *lane) error {
 		if l.ch == nil {
 			if err := r.connect(ctx, l); err != nil {
 				d := bo.NextBackOff()
-				r.log.Warn("outbox relay: broker connect failed", zap.Error(err), zap.Duration("retry_in", d))
+				r.log.LogAttrs(ctx, slog.LevelWarn, "outbox relay: broker connect failed",
+					slog.Any("error", err), slog.Duration("retry_in", d))
 				sleep(ctx, d)
 				continue
 			}
@@ -156,7 +157,8 @@ func (r *Relay) runLane(ctx context.Context, l *lane) error {
 				l.closeBroker()
 			}
 			d := bo.NextBackOff()
-			r.log.Warn("outbox relay: batch failed", zap.Error(err), zap.Int("rows", n), zap.Duration("retry_in", d))
+			r.log.LogAttrs(ctx, slog.LevelWarn, "outbox relay: batch failed",
+				slog.Any("error", err), slog.Int("rows", n), slog.Duration("retry_in", d))
 			sleep(ctx, d)
 			continue
 		}
@@ -249,7 +251,7 @@ func (r *Relay) connect(ctx context.Context, l *lane) error {
 	}
 	l.conn, l.ch = conn, ch
 	l.returns = ch.NotifyReturn(make(chan amqp.Return, r.cfg.BatchSize))
-	r.log.Info("outbox relay connected", zap.String("url", redactURL(r.cfg.URL)), zap.Int("lane", l.index))
+	r.log.LogAttrs(ctx, slog.LevelInfo, "outbox relay connected", slog.String("url", redactURL(r.cfg.URL)), slog.Int("lane", l.index))
 	return ctx.Err()
 }
 

@@ -3,9 +3,8 @@ package outbox
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"time"
-
-	"go.uber.org/zap"
 )
 
 const purgeSQL = `DELETE FROM inboxmq_outbox WHERE id IN (
@@ -50,9 +49,9 @@ func (r *Relay) retain(ctx context.Context) {
 		n, err := r.PurgeSent(ctx)
 		switch {
 		case err != nil && ctx.Err() == nil:
-			r.log.Warn("outbox relay: retention failed", zap.Error(err), zap.Int64("deleted", n))
+			r.log.LogAttrs(ctx, slog.LevelWarn, "outbox relay: retention failed", slog.Any("error", err), slog.Int64("deleted", n))
 		case n > 0:
-			r.log.Debug("outbox relay: retention deleted sent rows", zap.Int64("deleted", n))
+			r.log.LogAttrs(ctx, slog.LevelDebug, "outbox relay: retention deleted sent rows", slog.Int64("deleted", n))
 		}
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"go.uber.org/zap"
 
 	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
@@ -111,7 +110,6 @@ func inboxmqCase(e *env, register func(store *inbox.Store, r *consumer.Router, q
 			URL:       e.amqpURL,
 			Name:      "inboxbench",
 			Router:    r,
-			Logger:    zap.NewNop(),
 			Observers: []inboxtype.Observer{doneObserver{done: done}},
 		})
 		if err != nil {

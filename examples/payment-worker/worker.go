@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
+	"math"
 	"strings"
 	"time"
 
@@ -13,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
+	"go.uber.org/zap/exp/zapslog"
 
 	"github.com/inboxmq/inboxmq"
 	"github.com/inboxmq/inboxmq/consumer"
@@ -38,6 +41,12 @@ func run(ctx context.Context, cfg config) error {
 		return fmt.Errorf("logger: %w", err)
 	}
 	defer func() { _ = logger.Sync() }()
+	// inboxmq logs through log/slog; zapslog makes this zap logger its
+	// backend, so every line is the same zap JSON. No stack traces from the
+	// handler: inboxmq's lines carry the one they need (a panic's, in
+	// "stack"), and its error lines are expected outcomes.
+	slogger := slog.New(zapslog.NewHandler(logger.Core(),
+		zapslog.WithCaller(true), zapslog.AddStacktraceAt(slog.Level(math.MaxInt))))
 	pool, err := openPool(cfg)
 	if err != nil {
 		return err
@@ -54,7 +63,7 @@ func run(ctx context.Context, cfg config) error {
 	// The worker owns the rest: /metrics, /healthz and /readyz come up
 	// first and name what start-up waits for; the consumer stops first.
 	w, err := inboxmq.NewWorker(&inboxmq.Config{
-		URL: cfg.AMQPURL, DB: pool, Redis: rdb, Routes: newRoutes(cfg), Logger: logger,
+		URL: cfg.AMQPURL, DB: pool, Redis: rdb, Routes: newRoutes(cfg), Logger: slogger,
 		ConnectTimeout: cfg.ConnectTimeout,
 		Metrics:        &inboxmq.MetricsConfig{Registerer: reg, Series: &metrics.Config{ExtraReasons: gatewayReasons}},
 		Health:         &inboxmq.HealthConfig{Addr: cfg.MetricsAddr},
