@@ -104,10 +104,9 @@ func Handler[T any](s *Store, h TxHandlerFunc[T], opts *HandlerOpts) inboxtype.H
 		}
 		if b != nil {
 			b.do(u)
-		} else {
-			s.execBatch([]*unit{u}, false)
+			return u.err
 		}
-		return u.err
+		return s.handleOne(u)
 	})
 }
 
@@ -118,7 +117,7 @@ func (s *Store) newUnit(ctx context.Context, consumerName, key, messageID string
 	if consumerName == "" {
 		return nil, retry.Permanent(retry.WithReason(retry.ReasonInvalid, errors.New("inbox: empty consumer name")))
 	}
-	u := &unit{ctx: ctx, consumer: consumerName, key: key, messageID: messageID, attempt: max(attempt, 1), fp: fp, done: make(chan struct{})}
+	u := &unit{ctx: ctx, consumer: consumerName, key: key, messageID: messageID, attempt: max(attempt, 1), fp: fp}
 	if d != nil && storePayload {
 		u.payload = d.Body
 	}
