@@ -230,7 +230,7 @@ func (c *Claim) Complete(ctx context.Context, fn func(ctx context.Context, tx pg
 // waits for the batch's verdict: fenced out, fn's error, the commit's, or
 // nil once committed.
 func (c *Claim) completeInBatch(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
-	u := &unit{ctx: ctx, consumer: c.Consumer, key: c.Key, claim: c, done: make(chan struct{})}
+	u := &unit{ctx: ctx, consumer: c.Consumer, key: c.Key, claim: c}
 	u.run = func(ctx context.Context, tx pgx.Tx) error {
 		if fn == nil {
 			return nil

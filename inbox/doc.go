@@ -67,8 +67,8 @@
 // writes and is recorded on its row, and every caller gets its own result,
 // after the commit. Batches that share keys never deadlock, and two
 // deliveries of one key in a batch run one after the other, so the second
-// meets the first's outcome. Per-message mode is the batch of one of the
-// same code path.
+// meets the first's outcome. Both modes take the same steps (claim,
+// verdict, failure record, commit), so a key is decided alike in both.
 //
 // What a handler may assume changes: its transaction is the batch's,
 // shared with the other deliveries' handlers (it still must not commit or

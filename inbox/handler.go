@@ -24,7 +24,7 @@ type HandlerOpts struct {
 	// GroupCommit, when non-nil, collects deliveries handled concurrently
 	// into one transaction, each in its own savepoint, committed together.
 	// Its zero fields take StoreConfig.GroupCommit's values. Defaults to
-	// nil: one transaction per delivery (the batch of one). Handlers share
+	// nil: one transaction per delivery. Handlers share
 	// the batch's connection: one whose context ends in the middle of a
 	// statement fails alone, and if that broke the connection the rest of
 	// the batch runs again (its handlers twice). See the package
@@ -108,10 +108,9 @@ func Handler[T any](s *Store, h TxHandlerFunc[T], opts *HandlerOpts) inboxtype.H
 		}
 		if b != nil {
 			b.do(u)
-		} else {
-			s.execBatch([]*unit{u}, false)
+			return u.err
 		}
-		return u.err
+		return s.handleOne(u)
 	})
 }
 
@@ -122,7 +121,7 @@ func (s *Store) newUnit(ctx context.Context, consumerName, key, messageID string
 	if consumerName == "" {
 		return nil, retry.Permanent(retry.WithReason(retry.ReasonInvalid, errors.New("inbox: empty consumer name")))
 	}
-	u := &unit{ctx: ctx, consumer: consumerName, key: key, messageID: messageID, attempt: max(attempt, 1), fp: fp, done: make(chan struct{})}
+	u := &unit{ctx: ctx, consumer: consumerName, key: key, messageID: messageID, attempt: max(attempt, 1), fp: fp}
 	if d != nil && storePayload {
 		u.payload = d.Body
 	}

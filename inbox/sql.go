@@ -14,8 +14,8 @@ type statements struct {
 	// same order and never deadlock. A completed row, or a live claim of
 	// claim mode, is not taken: no row comes back for it.
 	claim string
-	// claimOne is claim for the batch of one, with scalar parameters; it
-	// returns the fence alone.
+	// claimOne is claim for one key (the per-message path), with scalar
+	// parameters; it returns the fence alone.
 	claimOne string
 	// lookup reads the rows of keys the claim did not return.
 	lookup string
@@ -37,11 +37,10 @@ type statements struct {
 	claimLeasesAsync string
 	extendLease      string
 	completeWith     string
-	// completeOne and completeMany are the fenced completions of claim
-	// mode's group commit (ClaimOpts.GroupCommit): they take the place of
-	// the claim in a batch of completions and return what claimOne and
-	// claim return, the fence alone or (consumer, key, fence) per row.
-	completeOne  string
+	// completeMany is the fenced completion of claim mode's group commit
+	// (ClaimOpts.GroupCommit): it takes the place of the claim in a batch
+	// of completions and returns what claim returns, (consumer, key,
+	// fence) per row. A lone completion runs Claim's own path.
 	completeMany string
 	releaseClaim string
 	recordStep   string
@@ -131,11 +130,6 @@ RETURNING lease_until >= $6::timestamptz, GREATEST(EXTRACT(EPOCH FROM (lease_unt
 		completeWith: `UPDATE ` + t + ` SET status = 'completed', owner = NULL, lease_until = NULL,
 	completed_at = now(), updated_at = now(), result = COALESCE($5::jsonb, result)
 WHERE consumer = $1 AND key = $2 AND owner = $3 AND fence = $4 AND status = 'processing'`,
-
-		completeOne: `UPDATE ` + t + ` SET status = 'completed', owner = NULL, lease_until = NULL,
-	completed_at = now(), updated_at = now()
-WHERE consumer = $1 AND key = $2 AND owner = $3 AND fence = $4 AND status = 'processing'
-RETURNING fence`,
 
 		// The arrays come in (consumer, key) order, and the plan is a nested
 		// loop over them with an index scan of the primary key (EXPLAIN on a

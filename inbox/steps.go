@@ -1,0 +1,264 @@
+package inbox
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/inboxmq/inboxmq/retry"
+)
+
+// The inbox's guarantee logic, one small function per step: claim a key
+// (one or many), explain a key that could not be claimed, record a failed
+// attempt. The per-message path (handle.go) and group commit (group.go)
+// sequence the same steps; docs/internals.md gives their statements.
+
+// claimOne sends BEGIN and the claim of u's key in one round trip. It
+// returns the open transaction and the claim's fence; if the key is not
+// free, the transaction is rolled back and the error is the key's verdict
+// (see verdict).
+func (s *Store) claimOne(ctx context.Context, u *unit) (pgx.Tx, int64, error) {
+	var mid *string
+	if u.messageID != "" {
+		mid = &u.messageID
+	}
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	b.Queue(s.sql.claimOne, u.consumer, u.key, u.fp, mid, u.payload, u.attempt)
+	br := s.pool.SendBatch(ctx, b)
+	tx := br.Tx()
+	fence, found, err := readFence(br)
+	if err == nil && !found {
+		err = s.unclaimed(ctx, tx, []*unit{u})
+		if err == nil {
+			err = u.err
+		}
+	}
+	if err != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return nil, 0, err
+	}
+	return tx, fence, nil
+}
+
+// readFence reads BEGIN's and a one-key claim's results (the fence, or no
+// row) from br, and closes it.
+func readFence(br pgx.BatchResults) (fence int64, found bool, err error) {
+	defer func() {
+		if cerr := br.Close(); err == nil && cerr != nil {
+			err = infraError(ReasonDBConnection, fmt.Errorf("inbox: claim: %w", cerr))
+		}
+	}()
+	if _, err := br.Exec(); err != nil {
+		return 0, false, infraError(ReasonDBConnection, fmt.Errorf("inbox: begin: %w", err))
+	}
+	err = br.QueryRow().Scan(&fence)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return 0, false, nil
+	case err != nil:
+		return 0, false, infraError(ReasonDBConnection, fmt.Errorf("inbox: claim: %w", err))
+	}
+	return fence, true, nil
+}
+
+// claimedUnit is a unit whose key a batch's claim took, with the fence.
+type claimedUnit struct {
+	u     *unit
+	fence int64
+}
+
+// claimMany sends BEGIN and the claim of all units' keys (one statement,
+// in key order) in one round trip; for a batch of claim mode's
+// completions, their fenced completion instead. It returns the open
+// transaction and the units whose key it took; the others have their
+// verdict in u.err. On error the transaction is rolled back.
+func (s *Store) claimMany(ctx context.Context, units []*unit) (pgx.Tx, []claimedUnit, error) {
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	if units[0].claim != nil {
+		s.queueCompletion(b, units)
+	} else {
+		s.queueClaim(b, units)
+	}
+	br := s.pool.SendBatch(ctx, b)
+	tx := br.Tx()
+	claimed, missing, err := readFences(br, units)
+	if err == nil && len(missing) > 0 {
+		err = s.unclaimed(ctx, tx, missing)
+	}
+	if err != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return nil, nil, err
+	}
+	return tx, claimed, nil
+}
+
+// queueClaim queues the claim of units' keys, in one statement.
+func (s *Store) queueClaim(b *pgx.Batch, units []*unit) {
+	n := len(units)
+	consumers := make([]string, n)
+	keys := make([]string, n)
+	fps := make([][]byte, n)
+	mids := make([]*string, n)
+	payloads := make([][]byte, n)
+	attempts := make([]int32, n)
+	for i, u := range units {
+		consumers[i], keys[i], fps[i], payloads[i] = u.consumer, u.key, u.fp, u.payload
+		attempts[i] = int32(min(u.attempt, math.MaxInt32)) //nolint:gosec // bounded above
+		if u.messageID != "" {
+			mids[i] = &u.messageID
+		}
+	}
+	b.Queue(s.sql.claim, consumers, keys, fps, mids, payloads, attempts)
+}
+
+// queueCompletion queues the fenced completion of the claims of units,
+// in one statement. It marks them completed in the batch's transaction
+// before their handlers run: a handler that fails is rolled back to its
+// savepoint and its row marked failed (failInTx), which releases the claim.
+func (s *Store) queueCompletion(b *pgx.Batch, units []*unit) {
+	n := len(units)
+	consumers, keys, owners, fences := make([]string, n), make([]string, n), make([]string, n), make([]int64, n)
+	for i, u := range units {
+		consumers[i], keys[i], owners[i], fences[i] = u.claim.Consumer, u.claim.Key, u.claim.Token, u.claim.Fence
+	}
+	b.Queue(s.sql.completeMany, consumers, keys, owners, fences)
+}
+
+// readFences reads BEGIN's and a batch claim's results ((consumer, key,
+// fence) per key taken) from br, and closes it: the units whose key was
+// taken, and the others.
+func readFences(br pgx.BatchResults, units []*unit) (claimed []claimedUnit, missing []*unit, err error) {
+	defer func() {
+		if cerr := br.Close(); err == nil && cerr != nil {
+			err = infraError(ReasonDBConnection, fmt.Errorf("inbox: claim: %w", cerr))
+		}
+	}()
+	if _, err := br.Exec(); err != nil {
+		return nil, nil, infraError(ReasonDBConnection, fmt.Errorf("inbox: begin: %w", err))
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return nil, nil, infraError(ReasonDBConnection, fmt.Errorf("inbox: claim: %w", err))
+	}
+	fences := make(map[unitKey]int64, len(units))
+	var k unitKey
+	var fence int64
+	_, err = pgx.ForEachRow(rows, []any{&k.consumer, &k.key, &fence}, func() error {
+		fences[k] = fence
+		return nil
+	})
+	if err != nil {
+		return nil, nil, infraError(ReasonDBConnection, fmt.Errorf("inbox: claim: %w", err))
+	}
+	claimed = make([]claimedUnit, 0, len(fences))
+	for _, u := range units {
+		if f, ok := fences[unitKey{u.consumer, u.key}]; ok {
+			claimed = append(claimed, claimedUnit{u: u, fence: f})
+		} else {
+			missing = append(missing, u)
+		}
+	}
+	return claimed, missing, nil
+}
+
+// unclaimed sets in u.err the verdict of each unit whose key was not
+// claimed, from the key's row as tx sees it.
+func (s *Store) unclaimed(ctx context.Context, tx pgx.Tx, units []*unit) error {
+	consumers := make([]string, len(units))
+	keys := make([]string, len(units))
+	for i, u := range units {
+		consumers[i], keys[i] = u.consumer, u.key
+	}
+	rows, err := tx.Query(ctx, s.sql.lookup, consumers, keys)
+	if err != nil {
+		return infraError(ReasonDBConnection, fmt.Errorf("inbox: look up duplicates: %w", err))
+	}
+	type state struct {
+		status string
+		fp     []byte
+		lease  float64
+	}
+	found := make(map[unitKey]state, len(units))
+	var k unitKey
+	var st state
+	var lease *float64
+	_, err = pgx.ForEachRow(rows, []any{&k.consumer, &k.key, &st.status, &st.fp, &lease}, func() error {
+		st.lease = 0
+		if lease != nil {
+			st.lease = *lease
+		}
+		found[k] = st
+		return nil
+	})
+	if err != nil {
+		return infraError(ReasonDBConnection, fmt.Errorf("inbox: look up duplicates: %w", err))
+	}
+	for _, u := range units {
+		st, ok := found[unitKey{u.consumer, u.key}]
+		u.err = verdict(u, st.status, st.fp, time.Duration(st.lease*float64(time.Second)), ok)
+	}
+	return nil
+}
+
+// verdict explains why a key could not be claimed, or, for a claim's
+// completion, why the claim was no longer its owner's.
+func verdict(u *unit, status string, fp []byte, lease time.Duration, found bool) error {
+	if u.claim != nil {
+		return u.claim.lostVerdict(status)
+	}
+	switch {
+	case found && status == RecordCompleted && fp != nil && u.fp != nil && !bytes.Equal(fp, u.fp):
+		return retry.Permanent(fmt.Errorf("inbox: key %q of consumer %q: %w", u.key, u.consumer, retry.ErrKeyConflict))
+	case found && status == RecordCompleted:
+		return retry.Duplicate(retry.SourceInbox, fmt.Errorf("inbox: key %q of consumer %q is completed", u.key, u.consumer))
+	case found && status == RecordProcessing:
+		return retry.WithReason(ReasonClaimHeld, retry.Defer(max(lease, time.Second),
+			fmt.Errorf("inbox: key %q of consumer %q is claimed by another worker", u.key, u.consumer)))
+	default:
+		// The row changed between the claim and the look-up (such as a
+		// retention delete): try again.
+		return retry.WithReason(ReasonClaimHeld, retry.Retryable(
+			fmt.Errorf("inbox: key %q of consumer %q could not be claimed (status %q)", u.key, u.consumer, status)))
+	}
+}
+
+// recordFailure records a failed attempt after its transaction rolled
+// back, so that the row shows the history. Errors are logged only: the
+// delivery's own error is what matters to the consumer. A claim's
+// completion records nothing here: its row is still its owner's claim,
+// which ClaimHandler releases with the error.
+func (s *Store) recordFailure(u *unit, herr error) {
+	if u.claim != nil {
+		return
+	}
+	ctx, cancel := s.cleanupCtx(u.ctx)
+	defer cancel()
+	var mid *string
+	if u.messageID != "" {
+		mid = &u.messageID
+	}
+	if _, err := s.pool.Exec(ctx, s.sql.failAuto, u.consumer, u.key, u.fp, mid, errorText(herr), u.attempt); err != nil {
+		s.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "inbox: record failed attempt",
+			slog.String("consumer", u.consumer), slog.String("key", u.key), slog.Any("error", err))
+	}
+}
+
+// errorText bounds the stored error text.
+func errorText(err error) string { return boundText(err.Error()) }
+
+// boundText cuts s to the length stored as last_error.
+func boundText(s string) string {
+	const limit = 2000
+	if len(s) > limit {
+		s = s[:limit]
+	}
+	return s
+}
