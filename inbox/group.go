@@ -84,6 +84,10 @@ func (b *batcher) do(u *unit) {
 // deferred to a following transaction, so they meet the first one's
 // committed outcome exactly as a concurrent duplicate would.
 func (s *Store) execBatch(units []*unit, pipeline bool) {
+	if len(units) == 1 {
+		s.execGuarded(units, pipeline) // a lone delivery: no key to defer
+		return
+	}
 	for len(units) > 0 {
 		var first, later []*unit
 		seen := make(map[unitKey]struct{}, len(units))

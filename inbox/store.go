@@ -82,9 +82,8 @@ type GroupCommit struct {
 	// the other with a savepoint each, where every delivery is classified
 	// alone. A handler of such a batch therefore runs twice: use it for
 	// handlers that are pure database work through Exec (as transactional
-	// mode asks anyway). It is kept because it pays: measured with the
-	// same batches, it drains about a third more than savepoints alone
-	// (docs/performance.md, "Shape"). Defaults to false.
+	// mode asks anyway). docs/performance.md measures what it gains over
+	// savepoints alone. Defaults to false.
 	Pipeline bool
 }
 
