@@ -298,7 +298,7 @@ func (r *scenarioRun) setup(ctx context.Context) error {
 		return fmt.Errorf("chaos: REDIS_URL: %w", err)
 	}
 	r.rdb = redis.NewClient(ropt)
-	r.conn, err = amqp.DialConfig(r.cfg.AMQPURL, amqp.Config{Properties: amqp.Table{"connection_name": "inboxmq-chaos runner " + r.runID}})
+	r.conn, _, err = consumer.Dial(ctx, r.cfg.AMQPURL, &consumer.DialOpts{Name: "inboxmq-chaos runner " + r.runID})
 	if err != nil {
 		return fmt.Errorf("chaos: RabbitMQ: %w", err)
 	}
@@ -420,7 +420,7 @@ func (r *scenarioRun) messages() (Expect, []amqp.Publishing) {
 
 // publish sends msgs spread over span, each with a publisher confirm.
 func (r *scenarioRun) publish(ctx context.Context, msgs []amqp.Publishing, span time.Duration) error {
-	conn, err := amqp.DialConfig(r.cfg.AMQPURL, amqp.Config{Properties: amqp.Table{"connection_name": "inboxmq-chaos publisher " + r.runID}})
+	conn, _, err := consumer.Dial(ctx, r.cfg.AMQPURL, &consumer.DialOpts{Name: "inboxmq-chaos publisher " + r.runID})
 	if err != nil {
 		return fmt.Errorf("chaos: publisher: %w", err)
 	}
