@@ -118,7 +118,7 @@ func TestConsumer_ClusterURLSkipsADeadNode(t *testing.T) {
 	testenv.WaitFor(t, "the closes reported", func() bool {
 		return nodes.has("consumer "+node+" closed") && nodes.has("publisher "+node+" closed")
 	})
-	connected := rec.Message("broker connected")
+	connected := rec.Message("broker connection opened")
 	require.NotEmpty(t, connected)
 	for _, e := range connected {
 		require.Equal(t, node, e.Attrs["node"])
@@ -157,7 +157,7 @@ func TestConsumer_FailsOverToAnotherNode(t *testing.T) {
 		cfg.OnBrokerNode = nodes.hook
 	})
 	b.rec.waitState(t, inboxtype.ConnConnected)
-	first := rec.Message("broker connected")
+	first := rec.Message("broker connection opened")
 	require.NotEmpty(t, first)
 	var before string
 	for _, e := range first {

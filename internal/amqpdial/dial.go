@@ -236,7 +236,7 @@ func (d *Dialer) connected(conn *amqp.Connection, idx int, name, role string) {
 		d.log.LogAttrs(context.Background(), slog.LevelWarn, "broker failover",
 			append(attrs, slog.String("previous_node", prev))...)
 	} else {
-		d.log.LogAttrs(context.Background(), slog.LevelInfo, "broker connected", attrs...)
+		d.log.LogAttrs(context.Background(), slog.LevelInfo, "broker connection opened", attrs...)
 	}
 	if d.cfg.OnNode != nil {
 		d.cfg.OnNode(role, n.Addr, true)
