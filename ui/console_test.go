@@ -400,3 +400,71 @@ func TestSessionExpires(t *testing.T) {
 		return strings.Contains(page, "sign in to act")
 	})
 }
+
+func TestDLQ_ReplayAllAndLogout(t *testing.T) {
+	t.Parallel()
+	b := setup(t, true, nil)
+	for _, id := range []string{"a", "b", "c"} {
+		b.deadLetter(t, id, "", "expired (broker)", []byte(`{}`))
+	}
+	c := b.client(t)
+	c.login("alice")
+	require.Contains(t, c.act("/dlq/replay", "queue", b.queue), "nothing selected")
+	require.Equal(t, 3, amqptest.Depth(t, b.conn, b.dlq))
+	require.Contains(t, c.act("/dlq/replay", "queue", b.queue, "all", "1"), "Replayed 3 of 3")
+	require.Equal(t, 3, amqptest.Depth(t, b.conn, b.queue))
+
+	status, _ := c.post("/logout", c.form())
+	require.Equal(t, http.StatusSeeOther, status)
+	status, _ = c.post("/dlq/replay", c.form("queue", b.queue, "all", "1"))
+	require.Equal(t, http.StatusForbidden, status, "a signed-out session acts no more")
+}
+
+func TestControls_UnblockKeepsParked(t *testing.T) {
+	t.Parallel()
+	b := setup(t, true, nil)
+	require.NoError(t, control.NewStore(b.pool).Block(t.Context(), control.Block{Consumer: b.queue, Pattern: "tenant:9:", Prefix: true}))
+	parked := b.queue + ".parked"
+	ch, err := b.conn.Channel()
+	require.NoError(t, err)
+	_, err = ch.QueueDeclare(parked, true, false, false, false, nil)
+	require.NoError(t, err)
+	require.NoError(t, ch.Close())
+	b.pub.Publish(parked, []byte(`{}`), amqp.Publishing{Headers: amqp.Table{"x-idempotency-key": "tenant:9:1"}})
+	c := b.client(t)
+	c.login("alice")
+	_, page := c.get("/controls")
+	require.Contains(t, page, `<tr data-pattern="tenant:9:">`)
+	flash := c.act("/controls/unblock", "consumer", b.queue, "pattern", "tenant:9:", "prefix", "1", "keep", "1")
+	require.Contains(t, flash, `Unblocked "tenant:9:"`)
+	require.NotContains(t, flash, "Released")
+	require.Equal(t, 1, amqptest.Depth(t, b.conn, parked), "kept parked")
+	require.Zero(t, b.count(t, `SELECT count(*) FROM inboxmq_blocks`))
+	require.Contains(t, c.act("/controls/unblock", "consumer", b.queue, "pattern", "tenant:9:", "prefix", "1"), "was not blocked")
+	require.Zero(t, amqptest.DepthOrZero(t, b.conn, parked), "a second unblock releases what the first kept")
+	require.Equal(t, 1, amqptest.Depth(t, b.conn, b.queue))
+}
+
+// Without configured queues the console shows the inbox's consumers; a
+// broker it cannot reach is reported on the page, without its password.
+func TestOverview_DiscoveredQueuesAndBrokerDown(t *testing.T) {
+	t.Parallel()
+	b := setup(t, false, func(c *ui.Config) {
+		c.Queues = nil
+		c.AMQPURL = "amqp://ops:s3cr3t-pw@127.0.0.1:1/"
+	})
+	b.exec(t, `INSERT INTO inboxmq_inbox (consumer, key, status) VALUES ('emails', 'e:1', 'completed'), ('payments', 'p:1', 'failed')`)
+	c := b.client(t)
+	status, page := c.get("/")
+	require.Equal(t, http.StatusOK, status)
+	require.Contains(t, page, `<tr data-queue="emails">`)
+	require.Contains(t, page, `<tr data-queue="payments">`)
+	require.Contains(t, page, "ui: broker amqp://ops:xxxxx@127.0.0.1:1/")
+	require.NotContains(t, page, "s3cr3t-pw")
+	status, page = c.get("/dlq?queue=payments")
+	require.Equal(t, http.StatusOK, status)
+	require.Contains(t, page, `<div class="error">ui: broker`)
+	require.NotContains(t, page, "s3cr3t-pw")
+	status, _ = c.get("/dlq?queue=nosuch")
+	require.Equal(t, http.StatusNotFound, status)
+}
