@@ -139,6 +139,7 @@ func (con *Console) login(w http.ResponseWriter, r *http.Request) {
 	operator := cleanOperator(r.PostFormValue("operator"))
 	next := safeNext(con, r.PostFormValue("next"))
 	if !equalSecret(r.PostFormValue("token"), con.cfg.Token) || operator == "" {
+		con.actions.WithLabelValues("login", "refused").Inc()
 		con.audit(r, "login", "refused", slog.String("operator", operator))
 		con.render(w, r, http.StatusForbidden, "login", &loginData{Next: next, Error: "Wrong operator token, or no name given."})
 		return
@@ -153,6 +154,7 @@ func (con *Console) login(w http.ResponseWriter, r *http.Request) {
 		Name: sessionCookie, Value: id, Path: con.cfg.BasePath + "/", HttpOnly: true,
 		Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode, MaxAge: int(con.cfg.SessionTTL.Seconds()),
 	})
+	con.actions.WithLabelValues("login", "ok").Inc()
 	con.audit(r, "login", "ok", slog.String("operator", operator))
 	http.Redirect(w, r, next, http.StatusSeeOther)
 }

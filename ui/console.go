@@ -119,6 +119,7 @@ func (con *Console) routes() {
 	con.mux = m
 	cop := http.NewCrossOriginProtection()
 	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		con.actions.WithLabelValues("cross_origin", "refused").Inc()
 		con.refuse(w, r, "cross-origin request")
 	}))
 	con.handler = securityHeaders(cop.Handler(http.MaxBytesHandler(m, 1<<20)))

@@ -194,6 +194,8 @@ func TestActions_RefusedWithoutTokenOrCSRF(t *testing.T) {
 	require.Equal(t, 2, reasons["missing or wrong form token (CSRF)"], "each refusal is audited")
 	require.Equal(t, 1, reasons["cross-origin request"])
 	require.GreaterOrEqual(t, reasons["operator token required: sign in first"], 8)
+	require.InDelta(t, 1.0, b.actions(t, "login", "refused"), 0)
+	require.InDelta(t, 1.0, b.actions(t, "cross_origin", "refused"), 0)
 
 	flash := c.act("/controls/block", "consumer", b.queue, "pattern", "order:1", "reason", "chargeback")
 	require.Contains(t, flash, `Blocked "order:1"`)
