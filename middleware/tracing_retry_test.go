@@ -8,6 +8,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inboxtype"
@@ -76,4 +77,14 @@ func TestTracing_ContextSurvivesABrokerRetry(t *testing.T) {
 		require.Equal(t, parent.TraceID(), s.SpanContext().TraceID(), "same trace on every attempt")
 		require.Equal(t, parent.SpanID(), s.Parent().SpanID(), "the producer's span is the parent of every attempt")
 	}
+	// The retry copy carried the failed attempt's context: the second span
+	// links to the first.
+	byAttempt := map[int64]sdktrace.ReadOnlySpan{}
+	for _, s := range b.rec.Ended() {
+		if s.Name() == "process "+queue {
+			byAttempt[attrs(s)["inboxmq.attempt"].AsInt64()] = s
+		}
+	}
+	require.Len(t, byAttempt[2].Links(), 1)
+	require.Equal(t, byAttempt[1].SpanContext().SpanID(), byAttempt[2].Links()[0].SpanContext.SpanID())
 }

@@ -51,7 +51,7 @@ func TestRelayPublishSpanCarriesItsContextToTheMessage(t *testing.T) {
 	require.Equal(t, codes.Unset, publish.Status().Code)
 	a := map[attribute.Key]string{}
 	for _, kv := range publish.Attributes() {
-		a[kv.Key] = kv.Value.Emit()
+		a[kv.Key] = kv.Value.String()
 	}
 	require.Equal(t, "rabbitmq", a["messaging.system"])
 	require.Equal(t, "send", a["messaging.operation.type"])
