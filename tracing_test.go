@@ -193,8 +193,10 @@ func TestWorker_TraceOfARetriedDelivery(t *testing.T) {
 	sent := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(), middleware.HeaderCarrier(event.Headers)))
 	require.Equal(t, pub.SpanContext().SpanID(), sent.SpanID(), "the event's traceparent is the publish span")
 
-	// The handler-time histogram's exemplar names the trace.
-	require.Contains(t, exemplarTraceIDs(t, reg, "inboxmq_handler_duration_seconds"), second.SpanContext().TraceID().String())
+	// The latency histograms' exemplars name the trace.
+	traceID := second.SpanContext().TraceID().String()
+	require.Contains(t, exemplarTraceIDs(t, reg, "inboxmq_handler_duration_seconds"), traceID)
+	require.Contains(t, exemplarTraceIDs(t, reg, "inboxmq_job_processing_duration_seconds"), traceID)
 }
 
 // exemplarTraceIDs returns the trace_id of every exemplar of the

@@ -142,6 +142,9 @@ func Tracing(tp trace.TracerProvider, opts *TracingOpts) inboxtype.Middleware {
 				return next(ctx, d)
 			}
 			span.SetAttributes(startAttrs(d)...)
+			if sc := span.SpanContext(); sc.IsSampled() {
+				d.TraceID = sc.TraceID().String() // the latency exemplars' trace_id
+			}
 			if sc := trace.SpanContextFromContext(prop.Extract(context.Background(), failedCarrier(d.Headers))); sc.IsValid() {
 				span.AddLink(trace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{
 					attrLink.String("failed_attempt"),
