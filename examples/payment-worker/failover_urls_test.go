@@ -20,14 +20,14 @@ func TestOpenPool_MultiHostURL(t *testing.T) {
 	require.NoError(t, err)
 	u.Host = "127.0.0.1:9," + u.Host // nothing listens on the discard port
 	cfg := config{DatabaseURL: u.String(), Concurrency: 2, ConnectTimeout: 5 * time.Second}
-	pool, err := openPool(cfg)
+	pool, err := openPool(cfg, &tracing{})
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	var readOnly string
 	require.NoError(t, pool.QueryRow(t.Context(), `SHOW transaction_read_only`).Scan(&readOnly))
 	require.Equal(t, "off", readOnly)
 
-	_, err = openPool(config{DatabaseURL: "postgres://postgres:pg-secret@127.0.0.1:9,127.0.0.1:5432/db?target_session_attrs=standby"})
+	_, err = openPool(config{DatabaseURL: "postgres://postgres:pg-secret@127.0.0.1:9,127.0.0.1:5432/db?target_session_attrs=standby"}, &tracing{})
 	require.ErrorContains(t, err, "target_session_attrs=standby")
 	require.NotContains(t, err.Error(), "pg-secret")
 }
