@@ -69,6 +69,9 @@ type Pool struct {
 	idle    chan *channel
 	slots   chan struct{} // nil: unbounded
 	closing sync.WaitGroup
+
+	mu   sync.Mutex
+	shut bool // Close was called: channels are closed at once
 }
 
 // channel is one channel of the pool, with its returns and close reason.
@@ -158,6 +161,13 @@ func (p *Pool) free() {
 
 // release puts cc back in the pool, or closes it when the pool is full.
 func (p *Pool) release(cc *channel) {
+	p.mu.Lock()
+	shut := p.shut
+	p.mu.Unlock()
+	if shut {
+		p.discard(cc)
+		return
+	}
 	select {
 	case p.idle <- cc:
 	default:
@@ -166,9 +176,18 @@ func (p *Pool) release(cc *channel) {
 }
 
 // discard closes cc in the background: on a blocked connection the close
-// waits for the broker, and the publish that gave up on cc must not.
+// waits for the broker, and the publish that gave up on cc must not. After
+// Close it closes cc at once.
 func (p *Pool) discard(cc *channel) {
+	p.mu.Lock()
+	if p.shut {
+		p.mu.Unlock()
+		_ = cc.ch.Close()
+		p.free()
+		return
+	}
 	p.closing.Add(1)
+	p.mu.Unlock()
 	go func() {
 		defer p.closing.Done()
 		defer p.free()
@@ -177,8 +196,13 @@ func (p *Pool) discard(cc *channel) {
 }
 
 // Close closes the pooled channels and waits for those being closed. Call
-// it after closing the connection, or with a connection that answers.
+// it after closing the connection, or with a connection that answers. It
+// may run while publishes are in flight (their channels close as they
+// end).
 func (p *Pool) Close() {
+	p.mu.Lock()
+	p.shut = true
+	p.mu.Unlock()
 	for {
 		select {
 		case cc := <-p.idle:
