@@ -148,11 +148,15 @@ func TestPublish_InvalidMessagesAreRefused(t *testing.T) {
 	b := setup(t)
 	p := b.producer(t, nil)
 	for name, publish := range map[string]func() error{
-		"validate":  func() error { return producer.Publish(t.Context(), p, "", b.queue, order{ID: "1"}, nil) },
-		"no key":    func() error { return producer.Publish(t.Context(), p, "", b.queue, map[string]int{"a": 1}, nil) },
-		"bad key":   func() error { return producer.Publish(t.Context(), p, "", b.queue, order{ID: "x\n", Amount: 1}, nil) },
-		"encode":    func() error { return producer.Publish(t.Context(), p, "", b.queue, func() {}, &producer.PublishOpts{Key: "k"}) },
-		"too large": func() error { return producer.Publish(t.Context(), p, "", b.queue, order{ID: "1", Amount: 1}, &producer.PublishOpts{Headers: amqp.Table{"pad": strings.Repeat("x", 200_000)}}) },
+		"validate": func() error { return producer.Publish(t.Context(), p, "", b.queue, order{ID: "1"}, nil) },
+		"no key":   func() error { return producer.Publish(t.Context(), p, "", b.queue, map[string]int{"a": 1}, nil) },
+		"bad key":  func() error { return producer.Publish(t.Context(), p, "", b.queue, order{ID: "x\n", Amount: 1}, nil) },
+		"encode": func() error {
+			return producer.Publish(t.Context(), p, "", b.queue, func() {}, &producer.PublishOpts{Key: "k"})
+		},
+		"too large": func() error {
+			return producer.Publish(t.Context(), p, "", b.queue, order{ID: "1", Amount: 1}, &producer.PublishOpts{Headers: amqp.Table{"pad": strings.Repeat("x", 200_000)}})
+		},
 	} {
 		err := publish()
 		require.ErrorIs(t, err, &producer.InvalidError{}, name)
@@ -316,10 +320,10 @@ func TestPublish_InboxDeduplicatesByKey(t *testing.T) {
 
 type outcomeObserver chan inboxtype.Outcome
 
-func (o outcomeObserver) OnTransition(*inboxtype.Delivery, inboxtype.Status, error)            {}
-func (o outcomeObserver) OnOutcome(_ *inboxtype.Delivery, out inboxtype.Outcome)               { o <- out }
+func (o outcomeObserver) OnTransition(*inboxtype.Delivery, inboxtype.Status, error)           {}
+func (o outcomeObserver) OnOutcome(_ *inboxtype.Delivery, out inboxtype.Outcome)              { o <- out }
 func (o outcomeObserver) OnInProcessRetry(*inboxtype.Delivery, retry.Decision, time.Duration) {}
-func (o outcomeObserver) OnConnState(inboxtype.ConnState, error)                               {}
+func (o outcomeObserver) OnConnState(inboxtype.ConnState, error)                              {}
 
 // Close ends the producer: later publishes fail with ErrClosed.
 func TestProducer_Close(t *testing.T) {
