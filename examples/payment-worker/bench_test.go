@@ -1,12 +1,10 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"testing"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmq/inboxmq/internal/testenv"
@@ -29,12 +27,11 @@ func BenchmarkWorkerDrain(b *testing.B) {
 	var elapsed time.Duration
 	for i := range b.N {
 		prefix := fmt.Sprintf("bench%d", i)
-		msgs := make([]amqp.Publishing, 0, 2*burstOrders)
+		msgs := make([]outgoing, 0, 2*burstOrders)
 		for j := range burstOrders {
-			body, err := json.Marshal(Payment{OrderID: fmt.Sprintf("%s-%05d", prefix, j), AmountCents: 100, Currency: "EUR"})
-			require.NoError(b, err)
+			p := &Payment{OrderID: fmt.Sprintf("%s-%05d", prefix, j), AmountCents: 100, Currency: "EUR"}
 			for range 2 {
-				msgs = append(msgs, amqp.Publishing{Body: body, MessageId: newID(), DeliveryMode: amqp.Persistent, ContentType: "application/json"})
+				msgs = append(msgs, outgoing{payment: p, id: newID()})
 			}
 		}
 		dupsBefore := int(w.metricSum(b, "duplicate_detected_total"))
