@@ -23,8 +23,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/inboxmq/inboxmq/consumer"
-	"github.com/inboxmq/inboxmq/producer"
 	"github.com/inboxmq/inboxmq/inboxtype"
+	"github.com/inboxmq/inboxmq/producer"
 )
 
 // FaultEvent is one injected fault.
