@@ -49,24 +49,24 @@ func Headers(ctx context.Context, h amqp.Table, key string) amqp.Table {
 		out[inboxtype.HeaderIdempotencyKey] = key
 	}
 	if _, ok := out["traceparent"]; !ok {
-		propagation.TraceContext{}.Inject(ctx, tableCarrier(out))
+		propagation.TraceContext{}.Inject(ctx, Carrier(out))
 	}
 	return out
 }
 
-// tableCarrier lets otel's propagators read and write AMQP headers.
-type tableCarrier amqp.Table
+// Carrier lets otel's propagators read and write AMQP headers.
+type Carrier amqp.Table
 
-var _ propagation.TextMapCarrier = tableCarrier(nil)
+var _ propagation.TextMapCarrier = Carrier(nil)
 
-func (c tableCarrier) Get(key string) string {
+func (c Carrier) Get(key string) string {
 	s, _ := c[key].(string)
 	return s
 }
 
-func (c tableCarrier) Set(key, value string) { c[key] = value }
+func (c Carrier) Set(key, value string) { c[key] = value }
 
-func (c tableCarrier) Keys() []string {
+func (c Carrier) Keys() []string {
 	keys := make([]string, 0, len(c))
 	for k := range c {
 		keys = append(keys, k)
