@@ -10,6 +10,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Config configures a [Producer]. Only URL is required.
@@ -55,6 +57,14 @@ type Config struct {
 	// Logger receives a warning per retried attempt and an info line per
 	// connection. Defaults to nil: no logging.
 	Logger *slog.Logger
+	// TracerProvider makes one producer span per publish, "publish
+	// <exchange>" (the routing key on the default exchange), a child of
+	// the span in the publish's ctx, covering every attempt; the message
+	// carries the span's context, so its consumer's span is the publish
+	// span's child. Defaults to otel.GetTracerProvider(), a no-op until the
+	// program installs an SDK (the context of a span in ctx is still
+	// carried).
+	TracerProvider trace.TracerProvider
 }
 
 func (c *Config) withDefaults() Config {
@@ -81,6 +91,9 @@ func (c *Config) withDefaults() Config {
 	}
 	if out.Logger == nil {
 		out.Logger = slog.New(slog.DiscardHandler)
+	}
+	if out.TracerProvider == nil {
+		out.TracerProvider = otel.GetTracerProvider()
 	}
 	return out
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/inboxmq/inboxmq/internal/confirm"
 )
@@ -22,9 +23,10 @@ import (
 // safe for concurrent use: each publish in flight has a confirm channel of
 // its own (up to Config.MaxChannels).
 type Producer struct {
-	cfg  Config
-	urls []string
-	log  *slog.Logger
+	cfg    Config
+	urls   []string
+	log    *slog.Logger
+	tracer trace.Tracer
 
 	cur  atomic.Pointer[session] // the current connection, nil before the first
 	gate chan struct{}           // held while the connection is replaced or closed
@@ -63,6 +65,7 @@ func New(cfg *Config) (*Producer, error) {
 		cfg:    c,
 		urls:   c.urls(),
 		log:    c.Logger.With(slog.String("component", "producer"), slog.String("connection_name", c.ConnectionName)),
+		tracer: c.TracerProvider.Tracer("github.com/inboxmq/inboxmq/producer"),
 		gate:   make(chan struct{}, 1),
 		closed: make(chan struct{}),
 	}, nil

@@ -14,6 +14,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
@@ -353,4 +358,35 @@ func TestNew_RefusesABadConfig(t *testing.T) {
 	}
 	_, err := producer.New(&producer.Config{URL: "amqp://u:secret@a:5672/, amqp://u:secret@b:5672/"})
 	require.NoError(t, err, "a comma-separated list of cluster nodes")
+}
+
+// With a tracer provider, a publish is one producer span, a child of the
+// caller's span, and the message carries the publish span's context, so
+// the consumer's span becomes its child.
+func TestPublish_ProducerSpanCarriedInTheHeaders(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	p := b.producer(t, &producer.Config{TracerProvider: tp})
+
+	ctx, parent := tp.Tracer("test").Start(t.Context(), "checkout")
+	require.NoError(t, producer.Publish(ctx, p, "", b.queue, order{ID: "t1", Amount: 1}, nil))
+	parent.End()
+	err := producer.Publish(ctx, p, "", b.queue+".nobody", order{ID: "t2", Amount: 1}, nil)
+	require.ErrorIs(t, err, producer.ErrUnroutable)
+
+	spans := rec.Ended()
+	require.Len(t, spans, 3)
+	pub := spans[0]
+	require.Equal(t, "publish "+b.queue, pub.Name())
+	require.Equal(t, trace.SpanKindProducer, pub.SpanKind())
+	require.Equal(t, parent.SpanContext().SpanID(), pub.Parent().SpanID())
+	require.Equal(t, codes.Error, spans[2].Status().Code, "a failed publish's span says so")
+
+	d, ok := amqptest.Get(t, b.conn, b.queue)
+	require.True(t, ok)
+	carried := propagation.TraceContext{}.Extract(context.Background(), propagation.MapCarrier{"traceparent": d.Headers["traceparent"].(string)})
+	require.Equal(t, pub.SpanContext().SpanID(), trace.SpanContextFromContext(carried).SpanID(), "the message carries the publish span")
 }

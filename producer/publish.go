@@ -8,6 +8,9 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/envelope"
@@ -145,14 +148,31 @@ func (p *Producer) Send(ctx context.Context, msg *Message) error {
 		}
 		id = envelope.DeriveID(msg.Exchange, msg.RoutingKey, msg.Key)
 	}
-	headers := envelope.Headers(ctx, msg.Headers, msg.Key)
-	if err := headers.Validate(); err != nil {
-		return &InvalidError{Err: fmt.Errorf("headers: %w", err)}
-	}
 	if p.isClosed() {
 		return ErrClosed
 	}
-	return p.send(ctx, msg.Exchange, msg.RoutingKey, !msg.AllowUnroutable, &amqp.Publishing{
+	dest := msg.Exchange
+	if dest == "" {
+		dest = msg.RoutingKey
+	}
+	sctx, span := p.tracer.Start(ctx, "publish "+dest, trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(
+			attribute.String("messaging.system", "rabbitmq"),
+			attribute.String("messaging.operation.type", "send"),
+			attribute.String("messaging.operation.name", "publish"),
+			attribute.String("messaging.destination.name", dest),
+			attribute.String("messaging.rabbitmq.destination.routing_key", msg.RoutingKey),
+			attribute.String("messaging.message.id", id),
+			attribute.Int("messaging.message.body.size", len(msg.Body)),
+		))
+	defer span.End()
+	headers := envelope.Headers(sctx, msg.Headers, msg.Key)
+	if err := headers.Validate(); err != nil {
+		err = &InvalidError{Err: fmt.Errorf("headers: %w", err)}
+		span.SetStatus(codes.Error, err.Error())
+		return err
+	}
+	err := p.send(ctx, msg.Exchange, msg.RoutingKey, !msg.AllowUnroutable, &amqp.Publishing{
 		Headers:      headers,
 		ContentType:  msg.ContentType,
 		DeliveryMode: amqp.Persistent,
@@ -160,4 +180,8 @@ func (p *Producer) Send(ctx context.Context, msg *Message) error {
 		Timestamp:    time.Now(),
 		Body:         msg.Body,
 	})
+	if err != nil {
+		span.SetStatus(codes.Error, err.Error())
+	}
+	return err
 }
