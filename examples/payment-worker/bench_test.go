@@ -13,8 +13,8 @@ import (
 // BenchmarkWorkerDrain measures the whole path end to end: one
 // payment-worker process (transactional mode, Redis lock and cache,
 // WORKER_CONCURRENCY=8) drains a burst per iteration — burstOrders orders,
-// each published twice under different message ids with pipelined
-// confirms. It reports deliveries per second from the first publish to the
+// each published twice under different message ids with package producer
+// (sixteen publishes in flight). It reports deliveries per second from the first publish to the
 // last effect, and checks one effect per order.
 func BenchmarkWorkerDrain(b *testing.B) {
 	const burstOrders = 250
