@@ -1,6 +1,7 @@
 package inboxtype
 
 import (
+	"encoding/json"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -103,6 +104,12 @@ type Delivery struct {
 	// before the handler runs (0 before that, and without an inbox): it
 	// grows by one each time the key is taken up.
 	InboxFence int64
+	// Result is the job's result as JSON: set by the handler through
+	// [Message.SetResult] on the delivery that did the work (the inbox
+	// stores it with the effect), and by the inbox on a duplicate of a
+	// completed key (the result stored by the first delivery). A reply to
+	// a request (reply_to) carries it. Nil when there is none.
+	Result json.RawMessage
 
 	// Raw is the underlying delivery. Never ack, nack or reject it: only the
 	// consumer settles deliveries.
