@@ -120,13 +120,13 @@ type Claim struct {
 	Attempt int
 
 	s     *Store
-	batch *batcher   // the handler's group commit (ClaimOpts.GroupCommit), or nil
+	batch *batcher // the handler's group commit (ClaimOpts.GroupCommit), or nil
 	// result returns the result the handler set on its message
 	// (inboxtype.Message.SetResult), stored by Complete; nil for none.
 	result func() []byte
 	// won is the result stored by the owner that completed the key, read
 	// when this claim was fenced out.
-	won []byte
+	won   []byte
 	mu    sync.Mutex // serialises the row's updates: heartbeat, Step, Complete
 	steps map[string]json.RawMessage
 	done  bool
