@@ -80,6 +80,10 @@ type HandlerOpts struct {
 	InProcess retry.InProcess
 	// Queue is the queue's topology and concurrency.
 	Queue QueueOpts
+	// Reply, when non-nil, answers requests: deliveries with reply_to
+	// get a reply carrying the job's result (see ReplyOpts). Defaults to
+	// nil: no replies.
+	Reply *ReplyOpts
 }
 
 func (o *HandlerOpts) withDefaults(queue string) HandlerOpts {

@@ -342,6 +342,10 @@ func (c *Consumer) settle(r *route, j *job, d *inboxtype.Delivery, settled func(
 	case j.sess.gone():
 		out.Action, out.Err, status = inboxtype.ActionAbandoned, errChannelGone, inboxtype.StatusFailed
 	case dec.Kind == retry.KindSucceeded || dec.Kind == retry.KindDuplicate:
+		if err := c.reply(r, j, d, dec); err != nil {
+			status = c.requeueAfter(r, j, &out, err)
+			break
+		}
 		c.hooks.Load().runBeforeAck(d)
 		status = inboxtype.StatusCompleted
 		if dec.Kind == retry.KindDuplicate {
