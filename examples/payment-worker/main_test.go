@@ -464,7 +464,7 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	default:
 		g.paid[req.OrderID]++
 		w.WriteHeader(http.StatusCreated)
-		_, _ = io.WriteString(w, `{"status":"charged"}`)
+		_, _ = fmt.Fprintf(w, `{"id":"ch_%s_%d","status":"charged"}`, req.OrderID, g.paid[req.OrderID])
 	}
 }
 

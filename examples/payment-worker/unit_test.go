@@ -168,7 +168,7 @@ func TestGatewayInvalidRequestIsPermanent(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			err := (&Gateway{BaseURL: tt.baseURL, Timeout: 5 * time.Second}).Charge(t.Context(), tt.key, p)
+			_, err := (&Gateway{BaseURL: tt.baseURL, Timeout: 5 * time.Second}).Charge(t.Context(), tt.key, p)
 			d := retry.Classify(err)
 			require.Equal(t, retry.KindPermanent, d.Kind, "%v", err)
 			require.Equal(t, retry.ReasonInvalid, d.Reason, "%v", err)
@@ -178,7 +178,8 @@ func TestGatewayInvalidRequestIsPermanent(t *testing.T) {
 	require.Empty(t, calls, "nothing reached the gateway")
 
 	// A tab is a valid header value: the charge goes through.
-	require.NoError(t, (&Gateway{BaseURL: srv}).Charge(t.Context(), "payment:o\tp", p))
+	_, err := (&Gateway{BaseURL: srv}).Charge(t.Context(), "payment:o\tp", p)
+	require.NoError(t, err)
 }
 
 func TestConfigFromEnv(t *testing.T) {
