@@ -60,6 +60,9 @@ type RouteOpts struct {
 	// every copy), after the commit and before the ack
 	// (consumer.ReplyOpts). Defaults to false: no replies.
 	Reply bool
+	// Faults publishes a fault event through the outbox when the route
+	// dead-letters a message (see FaultOpts). Defaults to nil: none.
+	Faults *FaultOpts
 	// Rules are classification rules tried before retry's built-in
 	// taxonomy. Defaults to none.
 	Rules []retry.Rule

@@ -219,6 +219,10 @@ func (w *Worker) buildRouter() (*consumer.Router, error) {
 		if err != nil {
 			return nil, fmt.Errorf("inboxmq: route %q: %w", rt.queue, err)
 		}
+		onDead, err := w.faultHook(rt)
+		if err != nil {
+			return nil, fmt.Errorf("inboxmq: route %q: %w", rt.queue, err)
+		}
 		bind, err := rt.register(router, &consumer.HandlerOpts{
 			Namespace:  rt.namespace(),
 			Codec:      rt.opts.Codec,
@@ -228,6 +232,8 @@ func (w *Worker) buildRouter() (*consumer.Router, error) {
 			InProcess:  rt.opts.InProcess,
 			Queue:      rt.opts.Queue,
 			Reply:      w.replyOpts(rt),
+
+			OnDeadLetter: onDead,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("inboxmq: route %q: %w", rt.queue, err)

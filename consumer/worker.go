@@ -414,6 +414,9 @@ func (c *Consumer) deadLetter(r *route, j *job, d *inboxtype.Delivery, out *inbo
 	}
 	c.hooks.Load().runAfterPublish(d)
 	r.copyFailures.Store(0)
+	if err := r.runOnDeadLetter(c.baseCtx, d, out.Decision, h); err != nil {
+		return c.requeueAfter(r, j, out, err)
+	}
 	out.Action = inboxtype.ActionDeadLettered
 	return c.settled(r, j, out, j.ack(), inboxtype.StatusDeadLettered)
 }
