@@ -457,6 +457,8 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer g.mu.Unlock()
 	g.calls[req.OrderID] = append(g.calls[req.OrderID], r.Header.Get("Idempotency-Key"))
 	switch {
+	case strings.HasPrefix(req.OrderID, "down-"):
+		http.Error(w, "upstream unavailable", http.StatusServiceUnavailable)
 	case strings.HasPrefix(req.OrderID, "reject-"):
 		http.Error(w, "card declined", http.StatusUnprocessableEntity)
 	case strings.HasPrefix(req.OrderID, "flaky-") && len(g.calls[req.OrderID]) == 1:

@@ -148,6 +148,11 @@ func newRoutes(cfg config) *inboxmq.Routes {
 		// first copy and every duplicate alike.
 		Reply: true,
 	}
+	if cfg.FaultEvents {
+		// A declined or exhausted payment is announced through the
+		// outbox, once, when it is dead-lettered.
+		opts.Faults = &inboxmq.FaultOpts{Exchange: cfg.EventsExchange, RoutingKey: failedRoutingKey}
+	}
 	if cfg.GroupCommit { // the store's defaults: up to 64, 2ms, 2 in flight
 		opts.GroupCommit = &inbox.GroupCommit{}
 	}
@@ -223,6 +228,10 @@ type completedEvent struct {
 
 // eventRoutingKey is the routing key of the events on the events exchange.
 const eventRoutingKey = "payment.completed"
+
+// failedRoutingKey is the routing key of the fault events (an
+// inboxmq.FaultEvent body) on the events exchange (FAULT_EVENTS=on).
+const failedRoutingKey = "payment.failed"
 
 // writePayment writes the payment, its ledger entry and its event, and
 // returns the ledger entry's id.
