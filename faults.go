@@ -40,8 +40,15 @@ type FaultOpts struct {
 	MaxBody int
 }
 
-// FaultEvent is the JSON body of a fault event (FaultOpts).
+// FaultEvent is the JSON body of a fault event (FaultOpts). It is keyed
+// (inboxtype.Keyer), so a worker of inboxmq can consume fault events
+// with it as payload: a repeated event is a duplicate there.
 type FaultEvent struct {
+	// ID identifies the fault: the same for every dead-lettering of one
+	// delivery of the message, another after each replay from the DLQ.
+	// It is the event's x-idempotency-key, and its message id derives
+	// from it.
+	ID string `json:"id"`
 	// Queue is the work queue the message was dead-lettered from, and
 	// Namespace the route's inbox namespace.
 	Queue     string `json:"queue"`
@@ -70,6 +77,9 @@ type FaultEvent struct {
 	BodyBase64  []byte          `json:"body_base64,omitempty"`
 	BodyOmitted bool            `json:"body_omitted,omitempty"`
 }
+
+// IdempotencyKey implements inboxtype.Keyer: the fault's ID.
+func (e FaultEvent) IdempotencyKey() string { return e.ID }
 
 const defaultMaxFaultBody = 16 << 10
 
@@ -123,6 +133,16 @@ func faultMessage(queue string, o *FaultOpts, dl consumer.DeadLetter) (outbox.Me
 		LastFailedAt:  headerString(h, inboxtype.HeaderLastFailedAt),
 		ReplayCount:   inboxtype.HeaderInt(d.Headers, inboxtype.HeaderReplayCount),
 	}
+	identity := d.Key
+	switch {
+	case identity != "":
+	case d.MessageID != "":
+		identity = "message:" + d.MessageID
+	default:
+		sum := sha256.Sum256(d.Body)
+		identity = "body:" + hex.EncodeToString(sum[:])
+	}
+	ev.ID = "fault:" + d.Namespace + ":" + identity + ":" + strconv.Itoa(ev.ReplayCount)
 	if o.Body {
 		switch {
 		case len(d.Body) > o.MaxBody:
@@ -137,15 +157,6 @@ func faultMessage(queue string, o *FaultOpts, dl consumer.DeadLetter) (outbox.Me
 	if err != nil {
 		return outbox.Message{}, fmt.Errorf("inboxmq: encode fault event: %w", err)
 	}
-	identity := d.Key
-	switch {
-	case identity != "":
-	case d.MessageID != "":
-		identity = "message:" + d.MessageID
-	default:
-		sum := sha256.Sum256(d.Body)
-		identity = "body:" + hex.EncodeToString(sum[:])
-	}
 	headers := amqp.Table{}
 	for _, k := range []string{"traceparent", "tracestate"} {
 		if v, ok := d.Headers[k].(string); ok {
@@ -155,7 +166,7 @@ func faultMessage(queue string, o *FaultOpts, dl consumer.DeadLetter) (outbox.Me
 	return outbox.Message{
 		Exchange:       o.Exchange,
 		RoutingKey:     o.RoutingKey,
-		IdempotencyKey: "fault:" + d.Namespace + ":" + identity + ":" + strconv.Itoa(ev.ReplayCount),
+		IdempotencyKey: ev.ID,
 		ContentType:    "application/json",
 		Headers:        headers,
 		Body:           body,
