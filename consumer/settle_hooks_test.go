@@ -118,3 +118,24 @@ func TestConsumer_ReplyCarriesTheResult(t *testing.T) {
 	case <-time.After(200 * time.Millisecond):
 	}
 }
+
+// A reply no queue takes (the caller's reply queue is gone) is logged and
+// the request acked: there is nobody to answer, and requeueing would loop.
+func TestConsumer_ReplyToAGoneQueueIsAcked(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	opts := fastOpts()
+	opts.Reply = &consumer.ReplyOpts{}
+	r := consumer.NewRouter()
+	consumer.Register(r, b.queue, inboxtype.HandlerFunc[order](func(_ context.Context, m *inboxtype.Message[order]) error {
+		return m.SetResult("done")
+	}), opts)
+	c := b.start(t, r, nil)
+	b.pub.Publish(b.queue, []byte(`{"id":"o1"}`), amqp.Publishing{MessageId: "m1", ReplyTo: b.queue + ".gone-reply", CorrelationId: "c1"})
+
+	o := b.rec.next(t)
+	require.Equal(t, inboxtype.ActionAcked, o.Outcome.Action)
+	require.NoError(t, o.Outcome.Err)
+	b.stop(t, c)
+	require.Equal(t, 0, amqptest.Depth(t, b.conn, b.queue), "acked, not requeued")
+}
