@@ -40,7 +40,10 @@ type FaultOpts struct {
 	MaxBody int
 }
 
-// FaultEvent is the JSON body of a fault event (FaultOpts). It is keyed
+// FaultEvent is the JSON body of a fault event (FaultOpts). The event's
+// headers carry the original's trace context and the failed attempt's
+// (x-failed-traceparent), so a consumer traced with middleware.Tracing
+// continues the trace and links to the failure. It is keyed
 // (inboxtype.Keyer), so a worker of inboxmq can consume fault events
 // with it as payload: a repeated event is a duplicate there.
 type FaultEvent struct {
@@ -157,9 +160,13 @@ func faultMessage(queue string, o *FaultOpts, dl consumer.DeadLetter) (outbox.Me
 	if err != nil {
 		return outbox.Message{}, fmt.Errorf("inboxmq: encode fault event: %w", err)
 	}
+	// The trace goes on: the original's context, and the failed
+	// attempt's (which middleware.Tracing links to) from the copy.
 	headers := amqp.Table{}
-	for _, k := range []string{"traceparent", "tracestate"} {
-		if v, ok := d.Headers[k].(string); ok {
+	for _, k := range []string{"traceparent", "tracestate", inboxtype.HeaderFailedTraceparent, inboxtype.HeaderFailedTracestate} {
+		if v, ok := h[k].(string); ok {
+			headers[k] = v
+		} else if v, ok := d.Headers[k].(string); ok {
 			headers[k] = v
 		}
 	}

@@ -25,6 +25,7 @@ func deadLetter(replays int, body string) consumer.DeadLetter {
 		Headers: amqp.Table{
 			inboxtype.HeaderError: "exhausted: HTTP 503", inboxtype.HeaderAttempt: int64(8),
 			inboxtype.HeaderFirstFailedAt: "2026-12-03T10:00:00Z", inboxtype.HeaderLastFailedAt: "2026-12-03T10:04:00Z",
+			inboxtype.HeaderFailedTraceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-b7ad6b7169203331-01",
 		},
 	}
 }
@@ -53,6 +54,8 @@ func TestFaultMessage_StableIDPerDeadLettering(t *testing.T) {
 		FirstFailedAt: "2026-12-03T10:00:00Z", LastFailedAt: "2026-12-03T10:04:00Z",
 	}, ev)
 	require.Equal(t, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", first.Headers["traceparent"], "the trace goes on")
+	require.Equal(t, "00-4bf92f3577b34da6a3ce929d0e0e4736-b7ad6b7169203331-01", first.Headers[inboxtype.HeaderFailedTraceparent],
+		"and links to the failed attempt")
 }
 
 func TestFaultMessage_BodyOnlyWhenConfiguredAndBounded(t *testing.T) {
