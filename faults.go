@@ -145,7 +145,8 @@ func faultMessage(queue string, o *FaultOpts, dl consumer.DeadLetter) (outbox.Me
 		sum := sha256.Sum256(d.Body)
 		identity = "body:" + hex.EncodeToString(sum[:])
 	}
-	ev.ID = "fault:" + d.Namespace + ":" + identity + ":" + strconv.Itoa(ev.ReplayCount)
+	// The namespace's length keeps the parts apart (both may hold ':').
+	ev.ID = "fault:" + strconv.Itoa(len(d.Namespace)) + ":" + d.Namespace + ":" + identity + ":" + strconv.Itoa(ev.ReplayCount)
 	if o.Body {
 		switch {
 		case len(d.Body) > o.MaxBody:

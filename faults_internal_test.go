@@ -48,7 +48,7 @@ func TestFaultMessage_StableIDPerDeadLettering(t *testing.T) {
 	var ev FaultEvent
 	require.NoError(t, json.Unmarshal(first.Body, &ev))
 	require.Equal(t, FaultEvent{
-		ID:    "fault:payments:payment:1:0",
+		ID:    "fault:8:payments:payment:1:0",
 		Queue: "payments", Namespace: "payments", Key: "payment:1", MessageID: "m-1",
 		Reason: "exhausted", Error: "exhausted: HTTP 503", Attempts: 8,
 		FirstFailedAt: "2026-12-03T10:00:00Z", LastFailedAt: "2026-12-03T10:04:00Z",
