@@ -53,6 +53,16 @@ type RouteOpts struct {
 	// ignored in favour of the fields above. Ignored by [HandleTx].
 	// Defaults to nil: inbox.ClaimOpts's defaults.
 	Claim *inbox.ClaimOpts
+	// Reply answers requests (RabbitMQ RPC): a delivery with reply_to that
+	// completes, or is a duplicate of a completed key, gets a reply to
+	// reply_to under its own correlation_id, carrying the result the
+	// handler stored with inboxtype.Message.SetResult (the same bytes for
+	// every copy), after the commit and before the ack
+	// (consumer.ReplyOpts). Defaults to false: no replies.
+	Reply bool
+	// Faults publishes a fault event through the outbox when the route
+	// dead-letters a message (see FaultOpts). Defaults to nil: none.
+	Faults *FaultOpts
 	// Rules are classification rules tried before retry's built-in
 	// taxonomy. Defaults to none.
 	Rules []retry.Rule

@@ -3,6 +3,7 @@ package inboxmq
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -261,6 +262,10 @@ func (w *Worker) buildRouter() (*consumer.Router, error) {
 		if err != nil {
 			return nil, fmt.Errorf("inboxmq: route %q: %w", rt.queue, err)
 		}
+		onDead, err := w.faultHook(rt)
+		if err != nil {
+			return nil, fmt.Errorf("inboxmq: route %q: %w", rt.queue, err)
+		}
 		bind, err := rt.register(router, &consumer.HandlerOpts{
 			Namespace:  rt.namespace(),
 			Codec:      rt.opts.Codec,
@@ -269,6 +274,9 @@ func (w *Worker) buildRouter() (*consumer.Router, error) {
 			Policy:     rt.opts.Policy,
 			InProcess:  rt.opts.InProcess,
 			Queue:      rt.opts.Queue,
+			Reply:      w.replyOpts(rt),
+
+			OnDeadLetter: onDead,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("inboxmq: route %q: %w", rt.queue, err)
@@ -279,6 +287,35 @@ func (w *Worker) buildRouter() (*consumer.Router, error) {
 		}
 	}
 	return router, nil
+}
+
+// replyOpts answers a route's requests with the stored result, read from
+// the inbox so that the first delivery's reply and every duplicate's carry
+// the same bytes (a duplicate's verdict brings them along; the
+// completed-cache's does not).
+func (w *Worker) replyOpts(rt *route) *consumer.ReplyOpts {
+	if !rt.opts.Reply {
+		return nil
+	}
+	return &consumer.ReplyOpts{Result: func(ctx context.Context, d *inboxtype.Delivery, dec retry.Decision) (json.RawMessage, error) {
+		if dec.Kind == retry.KindDuplicate && d.Result != nil {
+			return d.Result, nil
+		}
+		s := w.store()
+		if s == nil || d.Key == "" {
+			return d.Result, nil
+		}
+		rec, err := s.Get(ctx, d.Namespace, d.Key)
+		switch {
+		case errors.Is(err, inbox.ErrNotFound):
+			return d.Result, nil
+		case err != nil:
+			return nil, err
+		case rec.Status != inbox.RecordCompleted:
+			return d.Result, nil
+		}
+		return rec.Result, nil
+	}}
 }
 
 // routeMiddleware returns a route's handler middleware: a blocked key is

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -60,6 +61,8 @@ type recordView struct {
 	FirstSeenAt  time.Time  `json:"first_seen_at"`
 	UpdatedAt    time.Time  `json:"updated_at"`
 	CompletedAt  *time.Time `json:"completed_at"`
+	// Result is the job's stored result (JSON), replayed to duplicates.
+	Result json.RawMessage `json:"result"`
 }
 
 func viewOf(r *inbox.Record) recordView {
@@ -67,7 +70,20 @@ func viewOf(r *inbox.Record) recordView {
 		Consumer: r.Consumer, Key: r.Key, Status: r.Status, Fence: r.Fence, Owner: r.Owner, LeaseUntil: r.LeaseUntil,
 		Attempts: r.Attempts, Redeliveries: r.Deliveries, LastError: r.LastError, LastFailedAt: r.LastFailedAt,
 		MessageID: r.MessageID, FirstSeenAt: r.FirstSeenAt, UpdatedAt: r.UpdatedAt, CompletedAt: r.CompletedAt,
+		Result: r.Result,
 	}
+}
+
+// resultText is a stored result as status prints it: at most 200 bytes.
+func resultText(r json.RawMessage) string {
+	if r == nil {
+		return "-"
+	}
+	const limit = 200
+	if len(r) > limit {
+		return string(r[:limit]) + "…"
+	}
+	return string(r)
 }
 
 func str(p *string) string {
@@ -90,7 +106,8 @@ func (c *cli) statusCmd() *cobra.Command {
 		Use:   "status KEY --consumer C",
 		Short: "Show the inbox row of one idempotency key",
 		Long: `status prints the inbox row of (consumer, KEY): status, fence, owner and
-lease, attempts, redeliveries, last error and times. It exits with code 3
+lease, attempts, redeliveries, last error, times and the stored result
+(what duplicates of the key get back). It exits with code 3
 if the inbox has no such row (the message was never seen, or retention
 deleted it).
 
@@ -136,6 +153,7 @@ it is 0 for a key that only went through retries.`,
 					{"first_seen_at", tm(&v.FirstSeenAt)},
 					{"updated_at", tm(&v.UpdatedAt)},
 					{"completed_at", tm(v.CompletedAt)},
+					{"result", resultText(v.Result)},
 				} {
 					fmt.Fprintf(tw, "%s:\t%s\n", kv[0], kv[1])
 				}

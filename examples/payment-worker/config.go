@@ -31,6 +31,9 @@ type config struct {
 	// EventsExchange receives a payment.completed event per new payment,
 	// through the transactional outbox (PAYMENT_EVENTS_EXCHANGE).
 	EventsExchange string
+	// FaultEvents publishes a payment.failed event on EventsExchange for
+	// every dead-lettered payment (FAULT_EVENTS=on).
+	FaultEvents bool
 	// ConnectTimeout bounds each wait for PostgreSQL and RabbitMQ at
 	// start-up, and each new database connection (CONNECT_TIMEOUT).
 	ConnectTimeout time.Duration
@@ -78,6 +81,13 @@ func configFromEnv(getenv func(string) string) (config, error) {
 		c.GroupCommit = true
 	default:
 		return c, fmt.Errorf("GROUP_COMMIT %q: want on or off", v)
+	}
+	switch v := getenv("FAULT_EVENTS"); v {
+	case "", "off":
+	case "on":
+		c.FaultEvents = true
+	default:
+		return c, fmt.Errorf("FAULT_EVENTS %q: want on or off", v)
 	}
 	if v := getenv("WORKER_CONCURRENCY"); v != "" {
 		n, err := strconv.Atoi(v)

@@ -168,7 +168,7 @@ func TestGatewayInvalidRequestIsPermanent(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			err := (&Gateway{BaseURL: tt.baseURL, Timeout: 5 * time.Second}).Charge(t.Context(), tt.key, p)
+			_, err := (&Gateway{BaseURL: tt.baseURL, Timeout: 5 * time.Second}).Charge(t.Context(), tt.key, p)
 			d := retry.Classify(err)
 			require.Equal(t, retry.KindPermanent, d.Kind, "%v", err)
 			require.Equal(t, retry.ReasonInvalid, d.Reason, "%v", err)
@@ -178,7 +178,8 @@ func TestGatewayInvalidRequestIsPermanent(t *testing.T) {
 	require.Empty(t, calls, "nothing reached the gateway")
 
 	// A tab is a valid header value: the charge goes through.
-	require.NoError(t, (&Gateway{BaseURL: srv}).Charge(t.Context(), "payment:o\tp", p))
+	_, err := (&Gateway{BaseURL: srv}).Charge(t.Context(), "payment:o\tp", p)
+	require.NoError(t, err)
 }
 
 func TestConfigFromEnv(t *testing.T) {
@@ -198,12 +199,14 @@ func TestConfigFromEnv(t *testing.T) {
 		EventsExchange: defaultEvents, ConnectTimeout: 30 * time.Second,
 	}, c)
 
-	c, err = configFromEnv(env("LOCK_TTL", "2s", "WORKER_CONCURRENCY", "3", "PAYMENT_QUEUE", "q.1", "GATEWAY_URL", "http://127.0.0.1:1", "GROUP_COMMIT", "on"))
+	c, err = configFromEnv(env("LOCK_TTL", "2s", "WORKER_CONCURRENCY", "3", "PAYMENT_QUEUE", "q.1", "GATEWAY_URL", "http://127.0.0.1:1", "GROUP_COMMIT", "on",
+		"FAULT_EVENTS", "on"))
 	require.NoError(t, err)
 	require.Equal(t, 2*time.Second, c.LockTTL)
 	require.Equal(t, 3, c.Concurrency)
 	require.Equal(t, "q.1", c.Queue)
 	require.True(t, c.GroupCommit)
+	require.True(t, c.FaultEvents)
 	c, err = configFromEnv(env("CONNECT_TIMEOUT", "5s"))
 	require.NoError(t, err)
 	require.Equal(t, 5*time.Second, c.ConnectTimeout)
@@ -212,7 +215,7 @@ func TestConfigFromEnv(t *testing.T) {
 		{"LOCK_TTL", "soon"}, {"LOCK_TTL", "-1s"}, {"LOCK_TTL", "1ns"}, {"LOCK_TTL", "1ms"}, {"LOCK_TTL", "999ms"},
 		{"LOCK_TTL", "1h"}, {"LOCK_TTL", "10m1s"}, {"WORKER_CONCURRENCY", "0"},
 		{"PAYMENT_QUEUE", "bad queue"}, {"GATEWAY_URL", "ftp://x"}, {"GROUP_COMMIT", "yes"},
-		{"CONNECT_TIMEOUT", "0s"}, {"CONNECT_TIMEOUT", "soon"},
+		{"FAULT_EVENTS", "yes"}, {"CONNECT_TIMEOUT", "0s"}, {"CONNECT_TIMEOUT", "soon"},
 	} {
 		_, err := configFromEnv(env(bad...))
 		require.Error(t, err, "%v", bad)
