@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/inboxmq/inboxmq/control"
 	"github.com/inboxmq/inboxmq/inbox"
 	"github.com/inboxmq/inboxmq/migrations"
 )
@@ -59,6 +60,9 @@ type recordView struct {
 	FirstSeenAt  time.Time  `json:"first_seen_at"`
 	UpdatedAt    time.Time  `json:"updated_at"`
 	CompletedAt  *time.Time `json:"completed_at"`
+	// Breakers are the consumer's circuit breakers as the workers
+	// published them: a key that waits may be held back by one.
+	Breakers []control.BreakerState `json:"breakers,omitempty"`
 }
 
 func viewOf(r *inbox.Record) recordView {
@@ -118,6 +122,9 @@ it is 0 for a key that only went through retries.`,
 				return err
 			}
 			v := viewOf(r)
+			// The row is the answer; the breakers are context (absent
+			// before the migration that adds their table).
+			v.Breakers, _ = control.NewStore(s.Pool()).Breakers(ctx, consumerName)
 			return c.emit(v, func(w io.Writer) {
 				tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 				for _, kv := range [][2]string{
@@ -139,6 +146,7 @@ it is 0 for a key that only went through retries.`,
 					fmt.Fprintf(tw, "%s:\t%s\n", kv[0], kv[1])
 				}
 				_ = tw.Flush()
+				printBreakers(w, v.Breakers)
 			})
 		},
 	}
