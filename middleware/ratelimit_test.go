@@ -99,9 +99,9 @@ func TestRateLimit_SharedAcrossWorkers(t *testing.T) {
 	wg.Wait()
 	times := log.snapshot()
 	require.Len(t, times, 150)
-	// GCRA with Burst 1 admits at most rate×1s + 1 per window; 2 more for
-	// the timers' jitter between a slot and the call.
-	require.LessOrEqual(t, testenv.MaxInWindow(times, time.Second), 53)
+	// GCRA with Burst 1 admits at most rate×1s + 1 per window; 3 more for
+	// the timers' jitter between a slot (20ms apart) and the call.
+	require.LessOrEqual(t, testenv.MaxInWindow(times, time.Second), 54)
 	require.GreaterOrEqual(t, times[len(times)-1].Sub(times[0]), 2800*time.Millisecond, "150 calls at 50/s take about 3s")
 	n, err := b.rdb.Exists(t.Context(), b.prefix+"{gw}").Result()
 	require.NoError(t, err)
@@ -158,13 +158,14 @@ func TestRateLimit_RedisDownFallsBackToWorkerShare(t *testing.T) {
 	for i := range logs {
 		times := logs[i].snapshot()
 		require.Len(t, times, 20)
-		// Each worker's share is 10/s (burst 1): at most 11 in any 1s.
-		require.LessOrEqual(t, testenv.MaxInWindow(times, time.Second), 11, "worker %d", i)
+		// Each worker's share is 10/s (burst 1): at most 11 in any 1s, +1
+		// for the timers' jitter.
+		require.LessOrEqual(t, testenv.MaxInWindow(times, time.Second), 12, "worker %d", i)
 		v, ok := degraded.Load(i)
 		require.True(t, ok && v.(bool), "worker %d reported degraded", i) //nolint:forcetypeassert // stored above
 		all = append(all, times...)
 	}
-	require.LessOrEqual(t, testenv.MaxInWindow(all, time.Second), 33, "together about the shared 30/s")
+	require.LessOrEqual(t, testenv.MaxInWindow(all, time.Second), 36, "together about the shared 30/s")
 }
 
 func TestRateLimit_WaitEndsWithContext(t *testing.T) {
