@@ -4,9 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/url"
 	"log/slog"
 	"math"
+	"net/url"
 	"strings"
 	"time"
 
