@@ -172,6 +172,8 @@ func TestWorker_BreakerSparesAttemptsDuringOutage(t *testing.T) {
 	testenv.WaitFor(t, "the breaker's open state published", func() bool {
 		return b.count(t, `SELECT count(*) FROM inboxmq_breakers WHERE downstream = 'gateway' AND state <> 'closed'`) == 1
 	})
+	// Open means paused: the worker's broker consumer is cancelled.
+	testenv.WaitFor(t, "the queue paused by the breaker", func() bool { return consumers(t, b.conn, b.queue) == 0 })
 	testenv.WaitFor(t, "the gateway recovers", g.recovered)
 	testenv.WaitFor(t, "every order is charged", func() bool {
 		return b.count(t, `SELECT count(*) FROM effects`) == outageOrders
@@ -205,6 +207,17 @@ func TestWorker_WithoutBreakerOutageExhaustsAttempts(t *testing.T) {
 	})
 	require.Equal(t, outageOrders*maxAttempts, g.failedCalls(), "each order burnt its whole budget on the outage")
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM effects`))
+}
+
+// consumers returns the number of broker consumers of queue.
+func consumers(t *testing.T, conn *amqp.Connection, queue string) int {
+	t.Helper()
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	defer ch.Close()
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	require.NoError(t, err)
+	return q.Consumers
 }
 
 // value reads one series from reg.
