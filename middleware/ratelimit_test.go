@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -85,9 +86,18 @@ func TestRateLimit_SharedAcrossWorkers(t *testing.T) {
 	b := setupRedis(t)
 	var log callLog
 	var hs []inboxtype.DeliveryHandler
+	var degraded atomic.Bool
 	for range 3 {
+		// A generous CallTimeout: this test is about the shared limit, and
+		// on a loaded machine a 100ms answer is not guaranteed (each worker
+		// alone would then allow the whole rate).
 		mw, err := middleware.RateLimit(b.rdb, &middleware.RateLimitOpts{
-			Downstream: "gw", Rate: 50, Prefix: b.prefix, MaxWait: 10 * time.Second,
+			Downstream: "gw", Rate: 50, Prefix: b.prefix, MaxWait: 10 * time.Second, CallTimeout: 5 * time.Second,
+			OnDegraded: func(d bool) {
+				if d {
+					degraded.Store(true)
+				}
+			},
 		})
 		require.NoError(t, err)
 		hs = append(hs, mw(log.handler))
@@ -97,6 +107,7 @@ func TestRateLimit_SharedAcrossWorkers(t *testing.T) {
 		wg.Go(func() { require.Empty(t, runLimited(t, h, 50, 8), "nothing deferred with a long MaxWait") })
 	}
 	wg.Wait()
+	require.False(t, degraded.Load(), "every slot came from Redis")
 	times := log.snapshot()
 	require.Len(t, times, 150)
 	// GCRA with Burst 1 admits at most rate×1s + 1 per window; 3 more for
