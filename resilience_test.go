@@ -276,11 +276,12 @@ func limitedWorkers(t *testing.T, b *testBundle, g *fakeGateway, rdb redis.Unive
 }
 
 // Three workers share a limit of 50 calls/s on the gateway through Redis:
-// over every 1s window the gateway sees at most 55 — 50, +1 for GCRA's
-// burst of one, +4 for the jitter between a slot and its call (a call
-// reaches the gateway after a timer's wake-up and an inbox insert, up to
-// about 80ms late on a loaded machine, and slots are 20ms apart) — and
-// every order is charged, nothing dead-lettered.
+// over every 1s window the gateway sees at most 61 — 50, +1 for GCRA's
+// burst of one, +10 for the lateness of a call after its slot (a timer's
+// wake-up and an inbox insert, which bunch calls by up to about 200ms on a
+// loaded machine; slots are 20ms apart) — and every order is charged,
+// nothing dead-lettered. Unlimited, or each worker at the whole rate,
+// would be 150.
 func TestWorker_RateLimitSharedByThreeWorkers(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -296,7 +297,7 @@ func TestWorker_RateLimitSharedByThreeWorkers(t *testing.T) {
 	times := g.times("")
 	require.Len(t, times, orders, "one call per order: nothing lost, nothing repeated")
 	peak := testenv.MaxInWindow(times, time.Second)
-	require.LessOrEqual(t, peak, 55, "calls in the busiest 1s window")
+	require.LessOrEqual(t, peak, 61, "calls in the busiest 1s window")
 	for _, w := range []string{"w0", "w1", "w2"} {
 		require.NotEmpty(t, g.times(w), "worker %s took part", w)
 	}
@@ -327,9 +328,9 @@ func TestWorker_RateLimitWithoutRedisKeepsWorkerShare(t *testing.T) {
 		if len(times) == 0 {
 			continue // RabbitMQ may hand one worker nothing
 		}
-		// A share of 10/s with a burst of 1: at most 11 in any 1s, +1
-		// for the jitter (slots are 100ms apart).
-		require.LessOrEqual(t, testenv.MaxInWindow(times, time.Second), 12, "worker %s", w)
+		// A share of 10/s with a burst of 1: at most 11 in any 1s, +2
+		// for calls up to 200ms late (slots are 100ms apart).
+		require.LessOrEqual(t, testenv.MaxInWindow(times, time.Second), 13, "worker %s", w)
 	}
-	require.LessOrEqual(t, testenv.MaxInWindow(g.times(""), time.Second), 36, "together about 30/s")
+	require.LessOrEqual(t, testenv.MaxInWindow(g.times(""), time.Second), 37, "together about 30/s")
 }

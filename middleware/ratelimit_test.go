@@ -110,9 +110,12 @@ func TestRateLimit_SharedAcrossWorkers(t *testing.T) {
 	require.False(t, degraded.Load(), "every slot came from Redis")
 	times := log.snapshot()
 	require.Len(t, times, 150)
-	// GCRA with Burst 1 admits at most rate×1s + 1 per window; 3 more for
-	// the timers' jitter between a slot (20ms apart) and the call.
-	require.LessOrEqual(t, testenv.MaxInWindow(times, time.Second), 54)
+	// GCRA with Burst 1 reserves at most rate×1s + 1 slots per window. A
+	// call runs when its goroutine wakes after the slot, which on a loaded
+	// machine (-race, other test binaries) can bunch calls up to about
+	// 200ms: 10 more at 50/s. Unlimited would be 150, the whole rate per
+	// worker 150 too.
+	require.LessOrEqual(t, testenv.MaxInWindow(times, time.Second), 61)
 	require.GreaterOrEqual(t, times[len(times)-1].Sub(times[0]), 2800*time.Millisecond, "150 calls at 50/s take about 3s")
 	n, err := b.rdb.Exists(t.Context(), b.prefix+"{gw}").Result()
 	require.NoError(t, err)
@@ -169,14 +172,14 @@ func TestRateLimit_RedisDownFallsBackToWorkerShare(t *testing.T) {
 	for i := range logs {
 		times := logs[i].snapshot()
 		require.Len(t, times, 20)
-		// Each worker's share is 10/s (burst 1): at most 11 in any 1s, +1
-		// for the timers' jitter.
-		require.LessOrEqual(t, testenv.MaxInWindow(times, time.Second), 12, "worker %d", i)
+		// Each worker's share is 10/s (burst 1): at most 11 in any 1s, +2
+		// for wake-ups up to 200ms late on a loaded machine.
+		require.LessOrEqual(t, testenv.MaxInWindow(times, time.Second), 13, "worker %d", i)
 		v, ok := degraded.Load(i)
 		require.True(t, ok && v.(bool), "worker %d reported degraded", i) //nolint:forcetypeassert // stored above
 		all = append(all, times...)
 	}
-	require.LessOrEqual(t, testenv.MaxInWindow(all, time.Second), 36, "together about the shared 30/s")
+	require.LessOrEqual(t, testenv.MaxInWindow(all, time.Second), 37, "together about the shared 30/s")
 }
 
 func TestRateLimit_WaitEndsWithContext(t *testing.T) {
