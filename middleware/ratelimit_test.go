@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmq/inboxmq/inboxtype"
+	"github.com/inboxmq/inboxmq/internal/redistest"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 	"github.com/inboxmq/inboxmq/middleware"
 	"github.com/inboxmq/inboxmq/retry"
@@ -198,4 +199,48 @@ func TestRateLimit_WaitEndsWithContext(t *testing.T) {
 	require.True(t, dec.Uncounted)
 	require.False(t, errors.Is(err, context.DeadlineExceeded), "it never waits past the deadline")
 	require.Len(t, log.snapshot(), 1)
+}
+
+// A Redis that hangs (no answer within CallTimeout) is the same as one
+// that is down: the worker keeps to its share; when Redis answers again
+// the shared limit is back.
+func TestRateLimit_SlowRedisFallsBackAndRecovers(t *testing.T) {
+	t.Parallel()
+	_, prefix := redistest.Client(t) // the prefix, and the cleanup of its keys
+	proxy := redistest.NewProxy(t)
+	rdb := proxy.Client(t)
+	var mu sync.Mutex
+	var changes []bool
+	mw, err := middleware.RateLimit(rdb, &middleware.RateLimitOpts{
+		Downstream: "gw", Rate: 20, ExpectedWorkers: 2, Prefix: prefix, MaxWait: 10 * time.Second,
+		CallTimeout: 50 * time.Millisecond, ProbeInterval: 100 * time.Millisecond,
+		OnDegraded: func(d bool) {
+			mu.Lock()
+			defer mu.Unlock()
+			changes = append(changes, d)
+		},
+	})
+	require.NoError(t, err)
+	var log callLog
+	h := mw(log.handler)
+	require.NoError(t, h(t.Context(), &inboxtype.Delivery{}), "Redis answers")
+
+	proxy.Pause()
+	require.Empty(t, runLimited(t, h, 12, 4))
+	times := log.snapshot()[1:]
+	// The share is 10/s: 12 calls take about a second, at most 11 (+2 for
+	// lateness) in any 1s.
+	require.LessOrEqual(t, testenv.MaxInWindow(times, time.Second), 13)
+	require.GreaterOrEqual(t, times[len(times)-1].Sub(times[0]), 900*time.Millisecond)
+
+	proxy.Resume()
+	testenv.WaitFor(t, "the shared limit is back", func() bool {
+		_ = h(t.Context(), &inboxtype.Delivery{})
+		mu.Lock()
+		defer mu.Unlock()
+		return len(changes) >= 2 && !changes[len(changes)-1]
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []bool{true, false}, changes, "one report each way")
 }
