@@ -18,6 +18,7 @@ import (
 
 	"github.com/inboxmq/inboxmq"
 	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/control"
 	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
 	"github.com/inboxmq/inboxmq/internal/redistest"
@@ -333,4 +334,44 @@ func TestWorker_RateLimitWithoutRedisKeepsWorkerShare(t *testing.T) {
 		require.LessOrEqual(t, testenv.MaxInWindow(times, time.Second), 13, "worker %s", w)
 	}
 	require.LessOrEqual(t, testenv.MaxInWindow(g.times(""), time.Second), 37, "together about 30/s")
+}
+
+// An operator's pause (inboxctl pause) and the breaker's are kept apart:
+// the breaker reaching half-open does not resume a queue the operator
+// paused, and the operator's resume lets the probe through, which closes
+// the breaker.
+func TestWorker_BreakerNeverLiftsAnOperatorPause(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	g := newFakeGateway(t, time.Hour) // down until the test says otherwise
+	outageWorker(t, b, g, &middleware.BreakerOpts{
+		Downstream: "gateway", Window: 2 * time.Second, Threshold: 0.5, MinCalls: breakerMinCalls, CoolDown: 500 * time.Millisecond,
+	}, prometheus.NewRegistry())
+	breaker := func() string {
+		var s string
+		_ = b.pool.QueryRow(t.Context(), `SELECT state FROM inboxmq_breakers WHERE downstream = 'gateway'`).Scan(&s)
+		return s
+	}
+	testenv.WaitFor(t, "the breaker opens", func() bool { return breaker() == "open" })
+	store := control.NewStore(b.pool)
+	require.NoError(t, store.Pause(t.Context(), b.queue, &control.ChangeOpts{By: "test", Reason: "gateway incident"}))
+	g.mu.Lock()
+	g.down, g.upAt = false, time.Now() // the gateway is back, but the operator keeps the queue paused
+	g.mu.Unlock()
+	testenv.WaitFor(t, "the breaker's cool-down ends", func() bool { return breaker() == "half-open" })
+	testenv.WaitFor(t, "the queue has no consumer", func() bool { return consumers(t, b.conn, b.queue) == 0 })
+	charged := b.count(t, `SELECT count(*) FROM effects`)
+	select {
+	case <-time.After(time.Second): // a negative check needs a bound: two cool-downs
+	case <-t.Context().Done():
+	}
+	require.Equal(t, 0, consumers(t, b.conn, b.queue), "still paused: the breaker never lifts the operator's pause")
+	require.Equal(t, charged, b.count(t, `SELECT count(*) FROM effects`), "nothing processed while the operator's pause holds")
+	require.Equal(t, "half-open", breaker())
+
+	require.NoError(t, store.Resume(t.Context(), b.queue, nil))
+	testenv.WaitFor(t, "the probe succeeds and every order is charged", func() bool {
+		return breaker() == "closed" && b.count(t, `SELECT count(*) FROM effects`) == outageOrders
+	})
+	require.Equal(t, 0, amqptest.Depth(t, b.conn, b.queue+".dlq"))
 }
