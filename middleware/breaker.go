@@ -115,9 +115,11 @@ type BreakerOpts struct {
 	Target Restricter
 	// IsFailure tells a failure of the downstream from any other result.
 	// Defaults to: the error is classified (retry.Classify) as a counted
-	// retry. Success, duplicates and permanent errors (a problem of the
-	// message, not of the downstream) count as successes; deferrals and
-	// interruptions are not counted at all.
+	// retry. Successes and permanent errors (a problem of the message, not
+	// of the downstream) count as successes. Duplicates, deferrals,
+	// interruptions and a stopping worker's cancelled handlers are never
+	// counted, whatever IsFailure says: they say nothing of the
+	// downstream.
 	IsFailure func(err error) bool
 	// Logger logs one line per transition (warn when it opens, info
 	// otherwise). Defaults to nil, which discards them.
@@ -306,7 +308,9 @@ func (b *Breaker) judge(ctx context.Context, err error) (failed, counted bool) {
 		return false, false // stopping, or a lost lock: not the downstream
 	}
 	dec := retry.Classify(err)
-	if dec.Kind == retry.KindInterrupted || (dec.Kind == retry.KindRetry && dec.Uncounted) {
+	switch {
+	case dec.Kind == retry.KindInterrupted, dec.Kind == retry.KindDuplicate, dec.Kind == retry.KindRetry && dec.Uncounted:
+		// Nothing was asked of the downstream, or nothing came of it.
 		return false, false
 	}
 	if b.opts.IsFailure != nil {

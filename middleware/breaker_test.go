@@ -154,8 +154,8 @@ func TestBreaker_TripsHoldsBackProbesAndCloses(t *testing.T) {
 	require.Equal(t, []string{"open", "half-open", "open", "half-open", "closed"}, seq)
 }
 
-// Interrupted deliveries, deferrals and a stopping worker's cancelled
-// contexts say nothing about the downstream.
+// Interrupted deliveries, duplicates, deferrals and a stopping worker's
+// cancelled contexts say nothing about the downstream.
 func TestBreaker_IgnoresInterruptionsAndDeferrals(t *testing.T) {
 	t.Parallel()
 	b, err := middleware.NewBreaker(&middleware.BreakerOpts{MinCalls: 1, Threshold: 0.1})
@@ -164,6 +164,7 @@ func TestBreaker_IgnoresInterruptionsAndDeferrals(t *testing.T) {
 	for _, e := range []error{
 		retry.Interrupted(errors.New("stop")),
 		retry.Defer(time.Second, errors.New("held")),
+		retry.ErrDuplicate,
 	} {
 		h := b.Guard("q")(func(context.Context, *inboxtype.Delivery) error { return e })
 		_ = h(t.Context(), &inboxtype.Delivery{})
