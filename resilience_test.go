@@ -240,8 +240,11 @@ func value(t *testing.T, reg *prometheus.Registry, name string, labels map[strin
 					continue next
 				}
 			}
-			if m.GetCounter() != nil {
+			switch {
+			case m.GetCounter() != nil:
 				return m.GetCounter().GetValue()
+			case m.GetHistogram() != nil:
+				return float64(m.GetHistogram().GetSampleCount())
 			}
 			return m.GetGauge().GetValue()
 		}
@@ -252,8 +255,9 @@ func value(t *testing.T, reg *prometheus.Registry, name string, labels map[strin
 
 // limitedWorkers runs three workers on one queue whose handler charges g,
 // every one limited to rate calls per second on "gateway" through rdb.
-func limitedWorkers(t *testing.T, b *testBundle, g *fakeGateway, rdb redis.UniversalClient, prefix string, rate float64, expected int) {
+func limitedWorkers(t *testing.T, b *testBundle, g *fakeGateway, rdb redis.UniversalClient, prefix string, rate float64, expected int) []*prometheus.Registry {
 	t.Helper()
+	var regs []*prometheus.Registry
 	for i := range 3 {
 		name := fmt.Sprintf("w%d", i)
 		routes := inboxmq.NewRoutes()
@@ -269,11 +273,17 @@ func limitedWorkers(t *testing.T, b *testBundle, g *fakeGateway, rdb redis.Unive
 			NoLock:    true,
 			RateLimit: &middleware.RateLimitOpts{Downstream: "gateway", Rate: rate, ExpectedWorkers: expected, Prefix: prefix},
 		})
-		w, err := inboxmq.NewWorker(&inboxmq.Config{URL: testenv.AMQPURL(), DB: b.pool, Redis: rdb, Routes: routes, Name: name})
+		reg := prometheus.NewRegistry()
+		regs = append(regs, reg)
+		w, err := inboxmq.NewWorker(&inboxmq.Config{
+			URL: testenv.AMQPURL(), DB: b.pool, Redis: rdb, Routes: routes, Name: name,
+			Metrics: &inboxmq.MetricsConfig{Registerer: reg},
+		})
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = w.Stop(context.Background()) })
 		require.NoError(t, w.Start(t.Context()))
 	}
+	return regs
 }
 
 // Three workers share a limit of 50 calls/s on the gateway through Redis:
@@ -288,7 +298,7 @@ func TestWorker_RateLimitSharedByThreeWorkers(t *testing.T) {
 	b := setup(t)
 	rdb, prefix := redistest.Client(t)
 	g := newFakeGateway(t, 0)
-	limitedWorkers(t, b, g, rdb, prefix, 50, 3)
+	regs := limitedWorkers(t, b, g, rdb, prefix, 50, 3)
 	const orders = 150
 	for i := range orders {
 		b.pub.Publish(b.queue, fmt.Appendf(nil, `{"id":"o%d"}`, i), amqp.Publishing{MessageId: fmt.Sprintf("m%d", i)})
@@ -302,6 +312,11 @@ func TestWorker_RateLimitSharedByThreeWorkers(t *testing.T) {
 	for _, w := range []string{"w0", "w1", "w2"} {
 		require.NotEmpty(t, g.times(w), "worker %s took part", w)
 	}
+	waits := 0.0
+	for _, reg := range regs {
+		waits += value(t, reg, "inboxmq_ratelimit_wait_seconds", map[string]string{"downstream": "gateway"})
+	}
+	require.InDelta(t, orders, waits, 0, "each delivery's wait for its slot is observed")
 	t.Logf("150 calls from 3 workers at 50/s: busiest 1s window %d, spread over %s", peak, times[len(times)-1].Sub(times[0]))
 }
 

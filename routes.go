@@ -93,8 +93,8 @@ type RouteOpts struct {
 	// RateLimit limits the route's calls to a downstream across every
 	// worker (middleware.RateLimit) through Config.Redis, or to each
 	// worker's share of it without Redis. A delivery waits for its slot
-	// or is deferred without spending an attempt. Its Logger and
-	// OnDegraded are the worker's. Defaults to nil: no limit.
+	// or is deferred without spending an attempt. Its Logger, OnDegraded
+	// and OnWait are the worker's. Defaults to nil: no limit.
 	RateLimit *middleware.RateLimitOpts
 }
 

@@ -290,6 +290,9 @@ func (w *Worker) routeMiddleware(rt *route, block inboxtype.Middleware) ([]inbox
 		// no slot.
 		o := *rt.opts.RateLimit
 		o.Logger, o.OnDegraded = w.logger, w.degradedHook("ratelimit", &w.limitDown)
+		if w.metrics != nil {
+			o.OnWait = w.metrics.RateLimitWaitHook(cmp.Or(o.Downstream, "default"))
+		}
 		lim, err := middleware.RateLimit(rdb, &o)
 		if err != nil {
 			return nil, err

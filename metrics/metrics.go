@@ -155,6 +155,7 @@ type Metrics struct {
 	connected          prometheus.Gauge
 	breakerState       *prometheus.GaugeVec
 	breakerTransitions *prometheus.CounterVec
+	rateLimitWait      *prometheus.HistogramVec
 	everConnected      atomic.Bool
 	inbox              *inboxCollector
 	perRoute           sync.Map // routeKey -> *routeSeries
@@ -244,6 +245,11 @@ func New(reg prometheus.Registerer, cfg *Config) (*Metrics, error) {
 			Namespace: ns, Name: "breaker_state", ConstLabels: c.ConstLabels,
 			Help: "State of a circuit breaker guarding a queue: 0 closed, 1 half-open (probing), 2 open (queue paused).",
 		}, []string{"queue", "downstream"}),
+		rateLimitWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: ns, Name: "ratelimit_wait_seconds",
+			Help:        "Time a delivery waited for its slot of a downstream's rate limit (0 when the limit is not biting).",
+			ConstLabels: c.ConstLabels, Buckets: c.Buckets,
+		}, []string{"downstream"}),
 		breakerTransitions: counter("breaker_transitions_total",
 			"Circuit breaker transitions, by the state entered (closed, half_open, open).", "queue", "downstream", "to"),
 		connected: prometheus.NewGauge(prometheus.GaugeOpts{
@@ -255,7 +261,7 @@ func New(reg prometheus.Registerer, cfg *Config) (*Metrics, error) {
 		m.received, m.redelivered, m.settled, m.inFlight, m.duplicates, m.lockOK, m.lockFailed,
 		m.lockExpired, m.retries, m.inProcess, m.duration, m.conflicts, m.deadLettered, m.stale,
 		m.settleErrors, m.handlerTime, m.redisDegraded, m.reconnects, m.connected,
-		m.breakerState, m.breakerTransitions,
+		m.breakerState, m.breakerTransitions, m.rateLimitWait,
 	}
 	if c.Inbox != nil {
 		m.inbox = newInboxCollector(ns, c.ConstLabels, *c.Inbox)
@@ -484,6 +490,14 @@ func (m *Metrics) BreakerTransition(queue, downstream string, state int) {
 	}
 	m.breakerState.WithLabelValues(queue, downstream).Set(float64(state))
 	m.breakerTransitions.WithLabelValues(queue, downstream, breakerStateNames[state]).Inc()
+}
+
+// RateLimitWaitHook returns an OnWait hook for the rate limit of
+// downstream (middleware.RateLimitOpts.OnWait): each wait is observed in
+// ratelimit_wait_seconds{downstream}. It initialises the series.
+func (m *Metrics) RateLimitWaitHook(downstream string) func(time.Duration) {
+	obs := m.rateLimitWait.WithLabelValues(downstream)
+	return func(d time.Duration) { obs.Observe(d.Seconds()) }
 }
 
 // StaleRecords adds n to stale_processing_records_total{consumer}: the

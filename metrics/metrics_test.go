@@ -466,3 +466,14 @@ func TestMetrics_BreakerStateAndTransitions(t *testing.T) {
 	require.InDelta(t, 1, value(t, b.reg, "breaker_transitions_total", to("half_open")), 0)
 	require.InDelta(t, 1, value(t, b.reg, "breaker_transitions_total", to("closed")), 0)
 }
+
+func TestMetrics_RateLimitWait(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	hook := b.m.RateLimitWaitHook("gateway")
+	l := map[string]string{"downstream": "gateway"}
+	require.Zero(t, value(t, b.reg, "ratelimit_wait_seconds", l), "initialised")
+	hook(0)
+	hook(20 * time.Millisecond)
+	require.InDelta(t, 2, value(t, b.reg, "ratelimit_wait_seconds", l), 0)
+}

@@ -82,6 +82,12 @@ type RateLimitOpts struct {
 	// back to its share, false when Redis answers again. It is called
 	// synchronously; keep it fast. Defaults to nothing.
 	OnDegraded func(degraded bool)
+	// OnWait is called for each delivery that took a slot, with how long it
+	// has to wait for it (0 when the limit is not biting), before it
+	// waits. Deferred deliveries are not reported (they count in the
+	// retries, reason rate_limited). It is called synchronously; keep it
+	// fast. Defaults to nothing.
+	OnWait func(wait time.Duration)
 }
 
 func (o *RateLimitOpts) withDefaults() RateLimitOpts {
@@ -188,6 +194,9 @@ func (m *rateLimiter) wrap(next inboxtype.DeliveryHandler) inboxtype.DeliveryHan
 		if !ok {
 			return retry.WithReason(ReasonRateLimited, retry.Defer(wait,
 				fmt.Errorf("middleware: rate limit of %q: next slot in %s", m.opts.Downstream, wait.Round(time.Millisecond))))
+		}
+		if m.opts.OnWait != nil {
+			m.opts.OnWait(wait)
 		}
 		if wait > 0 {
 			t := time.NewTimer(wait)
