@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/inboxmq/inboxmq/control"
 	"github.com/inboxmq/inboxmq/inbox"
 	"github.com/inboxmq/inboxmq/internal/ops"
 	"github.com/inboxmq/inboxmq/migrations"
@@ -63,6 +64,9 @@ type recordView struct {
 	CompletedAt  *time.Time `json:"completed_at"`
 	// Result is the job's stored result (JSON), replayed to duplicates.
 	Result json.RawMessage `json:"result"`
+	// Breakers are the consumer's circuit breakers as the workers
+	// published them: a key that waits may be held back by one.
+	Breakers []control.BreakerState `json:"breakers,omitempty"`
 }
 
 func viewOf(r *inbox.Record) recordView {
@@ -136,6 +140,9 @@ it is 0 for a key that only went through retries.`,
 				return err
 			}
 			v := viewOf(r)
+			// The row is the answer; the breakers are context (absent
+			// before the migration that adds their table).
+			v.Breakers, _ = control.NewStore(s.Pool()).Breakers(ctx, consumerName)
 			return c.emit(v, func(w io.Writer) {
 				tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 				for _, kv := range [][2]string{
@@ -158,6 +165,7 @@ it is 0 for a key that only went through retries.`,
 					fmt.Fprintf(tw, "%s:\t%s\n", kv[0], kv[1])
 				}
 				_ = tw.Flush()
+				printBreakers(w, v.Breakers)
 			})
 		},
 	}

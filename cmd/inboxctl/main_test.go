@@ -213,6 +213,18 @@ func TestStatus(t *testing.T) {
 	require.NotNil(t, v.CompletedAt)
 	require.JSONEq(t, `{"charge_id":"ch_1"}`, string(v.Result))
 
+	require.Empty(t, v.Breakers)
+
+	// A worker's breaker on the consumer shows with the key's row.
+	b.exec(t, `INSERT INTO inboxmq_breakers (consumer, downstream, worker, state) VALUES ('payments', 'gateway', 'w1', 'open')`)
+	r = b.run(t, "status", "payment:42", "--consumer", "payments")
+	require.Equal(t, exitOK, r.code, r.errOut)
+	require.Regexp(t, `(?m)^payments\s+gateway\s+w1\s+open\s+\S+$`, r.out)
+	r = b.run(t, "status", "payment:42", "--consumer", "payments", "-o", "json")
+	r.json(t, &v)
+	require.Len(t, v.Breakers, 1)
+	require.Equal(t, "open", v.Breakers[0].State)
+
 	r = b.run(t, "status", "payment:43", "--consumer", "payments")
 	require.Equal(t, exitNotFound, r.code)
 	require.Contains(t, r.errOut, "no inbox row")

@@ -10,6 +10,7 @@ import (
 
 	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inboxtype"
+	"github.com/inboxmq/inboxmq/middleware"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
@@ -211,7 +212,22 @@ func TestConfigFromEnv(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 5*time.Second, c.ConnectTimeout)
 
+	c, err = configFromEnv(env())
+	require.NoError(t, err)
+	require.Nil(t, c.Breaker, "BREAKER defaults to off")
+	require.Zero(t, c.GatewayRateLimit, "no rate limit by default")
+	c, err = configFromEnv(env("BREAKER", "on", "BREAKER_WINDOW", "10s", "BREAKER_THRESHOLD", "0.25",
+		"BREAKER_MIN_CALLS", "4", "BREAKER_COOLDOWN", "3s", "GATEWAY_RATE_LIMIT", "50", "GATEWAY_WORKERS", "3"))
+	require.NoError(t, err)
+	require.Equal(t, &middleware.BreakerOpts{
+		Downstream: "gateway", Window: 10 * time.Second, Threshold: 0.25, MinCalls: 4, CoolDown: 3 * time.Second,
+	}, c.Breaker)
+	require.InDelta(t, 50, c.GatewayRateLimit, 0)
+	require.Equal(t, 3, c.GatewayWorkers)
+
 	for _, bad := range [][]string{
+		{"BREAKER", "yes"}, {"BREAKER_WINDOW", "soon"}, {"BREAKER_COOLDOWN", "-1s"}, {"BREAKER_THRESHOLD", "2"},
+		{"BREAKER_MIN_CALLS", "0"}, {"GATEWAY_RATE_LIMIT", "-1"}, {"GATEWAY_RATE_LIMIT", "fast"}, {"GATEWAY_WORKERS", "0"},
 		{"LOCK_TTL", "soon"}, {"LOCK_TTL", "-1s"}, {"LOCK_TTL", "1ns"}, {"LOCK_TTL", "1ms"}, {"LOCK_TTL", "999ms"},
 		{"LOCK_TTL", "1h"}, {"LOCK_TTL", "10m1s"}, {"WORKER_CONCURRENCY", "0"},
 		{"PAYMENT_QUEUE", "bad queue"}, {"GATEWAY_URL", "ftp://x"}, {"GROUP_COMMIT", "yes"},

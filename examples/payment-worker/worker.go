@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"net/url"
 	"strings"
 	"time"
 
@@ -172,6 +173,18 @@ func newRoutes(cfg config, tr *tracing) *inboxmq.Routes {
 	}
 	if cfg.GroupCommit { // the store's defaults: up to 64, 2ms, 2 in flight
 		opts.GroupCommit = &inbox.GroupCommit{}
+	}
+	opts.Breaker = cfg.Breaker // nil unless BREAKER=on
+	if cfg.GatewayRateLimit > 0 {
+		// The limit belongs to the gateway: every worker calling the same
+		// host shares it (one Redis key per host).
+		downstream := "gateway"
+		if u, err := url.Parse(cfg.GatewayURL); err == nil && u.Host != "" {
+			downstream = "gateway:" + u.Host
+		}
+		opts.RateLimit = &middleware.RateLimitOpts{
+			Downstream: downstream, Rate: cfg.GatewayRateLimit, ExpectedWorkers: cfg.GatewayWorkers,
+		}
 	}
 	if cfg.GatewayURL == "" {
 		inboxmq.HandleTx(routes, cfg.Queue, recordPayment(cfg.EventsExchange), opts)
