@@ -137,14 +137,14 @@ ours() {
   [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" != Z ] || return 1
   cwd=$(readlink "/proc/$pid/cwd" 2>/dev/null) || cwd=
   case $cwd in "$DIR"/* | "$DIR") return 0 ;; esac
-  tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qxF "INBOXMQ_CLUSTER_DIR=$DIR"
+  tr '\0' '\n' 2>/dev/null <"/proc/$pid/environ" | grep -qxF "INBOXMQ_CLUSTER_DIR=$DIR"
 }
 
 # gone PID: the process has exited (a zombie counts as exited).
 gone() { ! [ -d "/proc/$1" ] || [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" = Z ]; }
 
 # pid_from FILE: the first line of a pid file (postmaster.pid too), or nothing.
-pid_from() { [ -f "$1" ] && head -n 1 "$1" 2>/dev/null | tr -d '[:space:]' || true; }
+pid_from() { if [ -f "$1" ]; then head -n 1 "$1" 2>/dev/null | tr -d '[:space:]'; fi; }
 
 # alive FILE: the pid file names a running process of this cluster.
 alive() {
@@ -201,8 +201,9 @@ ensure_packages() {
   apt-get install -y -qq --no-install-recommends "${want[@]}" >/dev/null 2>&1 ||
     { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${want[@]}"; }
   PG_BIN=
-  [ -x "$RMQ_BIN/rabbitmq-server" ] && [ -x "$(pg_bin)/initdb" ] && command -v redis-server >/dev/null ||
+  if ! [ -x "$RMQ_BIN/rabbitmq-server" ] || ! [ -x "$(pg_bin)/initdb" ] || ! command -v redis-server >/dev/null; then
     die "apt-get did not install ${want[*]}"
+  fi
 }
 
 # --- state ----------------------------------------------------------------
@@ -349,7 +350,7 @@ rabbit_in_cluster() {
 }
 
 rabbit_up() {
-  local n
+  local n out
   rabbit_configure
   # epmd of this cluster, in the foreground so its PID is known.
   if ! alive "$R/epmd.pid"; then
@@ -364,9 +365,12 @@ rabbit_up() {
   for n in 1 2 3; do rabbit_wait "$n"; done
   for n in 2 3; do
     if running_nodes "$n" | grep -qxF "$(node_name 1)"; then continue; fi
-    ctl "$n" stop_app >/dev/null
-    ctl "$n" join_cluster "$(node_name 1)" >/dev/null || die "node $n did not join $(node_name 1)"
-    ctl "$n" start_app >/dev/null
+    # The output (start_app logs harmless errors about the other nodes)
+    # is shown only when the join fails.
+    if ! out=$({ ctl "$n" stop_app && ctl "$n" join_cluster "$(node_name 1)" && ctl "$n" start_app; } 2>&1); then
+      printf '%s\n' "$out" >&2
+      die "node $n did not join $(node_name 1)"
+    fi
   done
   wait_for "RabbitMQ cluster of 3" 30 rabbit_three || die "the RabbitMQ nodes did not form one cluster"
   log "RabbitMQ: 3 nodes in one cluster ($(node_name 1) …)"
@@ -425,7 +429,7 @@ rabbit_leader() {
   for n in 1 2 3; do
     alive "$(rabbit_pidfile "$n")" || continue
     out=$(ctl "$n" list_queues -p "$vhost" name type leader --formatter json 2>&1) || continue
-    leader=$(QUEUE=$queue leader_in_json "$out")
+    leader=$(leader_in_json "$queue" "$out")
     [ -n "$leader" ] || die "queue '$queue' in vhost '$vhost' not found, or not a quorum queue"
     for m in 1 2 3; do
       if [ "$leader" = "$(node_name "$m")" ]; then
@@ -438,13 +442,14 @@ rabbit_leader() {
   die "no RabbitMQ node of this cluster answers"
 }
 
-# leader_in_json JSON: the leader of queue $QUEUE in list_queues' JSON.
+# leader_in_json QUEUE JSON: the leader of QUEUE in list_queues' JSON.
 leader_in_json() {
+  local queue=$1
   # list_queues prints one object per queue: {"name":"q","type":"quorum","leader":"n@h"}.
-  tr '\n' ' ' <<<"$1" | grep -o '{[^}]*}' | while IFS= read -r obj; do
+  tr '\n' ' ' <<<"$2" | grep -o '{[^}]*}' | while IFS= read -r obj; do
     local name
     name=$(sed -n 's/.*"name":"\([^"]*\)".*/\1/p' <<<"$obj")
-    if [ "$name" = "$QUEUE" ]; then
+    if [ "$name" = "$queue" ]; then
       sed -n 's/.*"leader":"\([^"]*\)".*/\1/p' <<<"$obj"
       break
     fi
@@ -765,7 +770,7 @@ redis_name_of() { if [ "$1" = "$REDIS_PORT" ]; then echo primary; else echo repl
 # pid files of every process, with how to stop each.
 all_pidfiles() {
   local n s
-  for n in 1 2 3; do echo "$(rabbit_pidfile "$n")"; done
+  for n in 1 2 3; do rabbit_pidfile "$n"; done
   echo "$R/epmd.pid"
   echo "$PG/primary/postmaster.pid"
   echo "$PG/standby/postmaster.pid"
@@ -827,7 +832,6 @@ env_lines() {
     nodes+=("$(node_name "$n")")
     [ "$tls" = 1 ] && amqps+=("amqps://guest:guest@127.0.0.1:$(amqps_port "$n")/")
   done
-  local join
   join() {
     local IFS=,
     echo "$*"
@@ -885,6 +889,7 @@ cluster_up() {
   cat "$DIR/rabbit-up.log" >&2
   echo "$BASE $TLS" >"$STATE"
   log "up in $((SECONDS - t0))s (port base $BASE, TLS $([ "$TLS" = 1 ] && echo on || echo off), folder $DIR)"
+  log "the URLs below are in $ENV_FILE too; load them with: . $ENV_FILE"
   env_lines | tee "$ENV_FILE"
 }
 
