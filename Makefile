@@ -54,7 +54,7 @@ test/race: up ## Run the Go tests with the race detector
 	$(GO) test -race -count=1 -timeout $(TIMEOUT) $(PKGS)
 
 .PHONY: test/short
-test/short: up ## The quick loop: the Go tests without -race (no test skips under -short yet)
+test/short: up ## The quick loop: the Go tests without -race (-short skips only the test that starts a local cluster)
 	$(GO) test -short -count=1 -timeout $(TIMEOUT) $(PKGS)
 
 BENCH_N    ?= 20000

@@ -7,14 +7,16 @@
 # 5432, Redis 6379) are never touched; every process is stopped by its PID.
 #
 # Usage: scripts/cluster.sh COMMAND
-#   up                  start everything (a no-op when it all runs already; a
-#                       half-started cluster is removed first), print the URLs
+#   up                  start everything, print the URLs: a no-op when it all
+#                       runs as set up; a half-started cluster, or one changed
+#                       by kill-rabbit or promote-pg, is removed first
 #   down                stop every process by PID, remove CLUSTER_DIR
 #   status              each process with its port, PID and role
 #   env                 print the URLs as shell export lines
 #   kill-rabbit N       SIGKILL RabbitMQ node N (1..3)
 #   start-rabbit N      start node N again and wait until it runs in the cluster
-#   restart-rabbit N    stop node N gracefully, start it, wait until it rejoined
+#   restart-rabbit N    once every quorum queue keeps a majority without node N,
+#                       stop N gracefully, start it, wait until it rejoined
 #   rabbit-leader VHOST QUEUE
 #                       print the index (1..3) of the node leading a quorum queue
 #   rabbitmqctl N ARGS  run rabbitmqctl ARGS against node N (this cluster's
@@ -252,12 +254,15 @@ rabbit_env() {
 }
 
 # ctl N ARGS...: rabbitmqctl against node N, bounded.
-ctl() {
-  local n=$1
-  shift
+ctl() { rabbit_cli rabbitmqctl "$@"; }
+
+# rabbit_cli TOOL N ARGS...: a RabbitMQ CLI tool against node N, bounded.
+rabbit_cli() {
+  local tool=$1 n=$2
+  shift 2
   local -a e
   mapfile -t e < <(rabbit_env)
-  env "${e[@]}" timeout 90 "$RMQ_BIN/rabbitmqctl" -q -n "$(node_name "$n")" "$@"
+  env "${e[@]}" timeout 150 "$RMQ_BIN/$tool" -q -n "$(node_name "$n")" "$@"
 }
 
 node_dir() { echo "$R/n$1"; }
@@ -416,6 +421,10 @@ rabbit_stop_graceful() {
     log "node $n is not running"
     return 0
   }
+  # As in a rolling upgrade: stop the node only when every quorum queue with
+  # a member on it keeps a majority without it.
+  rabbit_cli rabbitmq-upgrade "$n" await_online_quorum_plus_one -t 120 >/dev/null ||
+    die "stopping node $n now would leave a quorum queue without a majority (rabbitmq-upgrade await_online_quorum_plus_one)"
   ctl "$n" stop "$(rabbit_pidfile "$n")" >/dev/null 2>&1 || true
   # Bounded: a node that does not stop in time is killed.
   stop_pid "$(rabbit_pidfile "$n")" TERM 30
