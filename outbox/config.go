@@ -9,6 +9,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // RelayConfig configures a [Relay]. Only URL is required; every other field
@@ -88,6 +90,13 @@ type RelayConfig struct {
 	// prometheus.DefaultRegisterer. Relays sharing a Registerer share the
 	// collectors.
 	Registerer prometheus.Registerer
+	// TracerProvider makes one producer span per published row, "publish
+	// <exchange>" (the routing key on the default exchange), a child of
+	// the trace context Enqueue stored with the row; the published message
+	// carries the span's own context, so its consumer's span is the
+	// publish span's child. Nil means otel.GetTracerProvider(), a no-op
+	// until the program installs an SDK.
+	TracerProvider trace.TracerProvider
 }
 
 func (c *RelayConfig) withDefaults() RelayConfig {
@@ -126,6 +135,9 @@ func (c *RelayConfig) withDefaults() RelayConfig {
 	}
 	if out.Registerer == nil {
 		out.Registerer = prometheus.DefaultRegisterer
+	}
+	if out.TracerProvider == nil {
+		out.TracerProvider = otel.GetTracerProvider()
 	}
 	return out
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/cenkalti/backoff/v4"
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/inboxmq/inboxmq/internal/startstop"
 )
@@ -32,6 +33,7 @@ type Relay struct {
 	cfg     RelayConfig
 	log     *slog.Logger
 	metrics *metrics
+	tracer  trace.Tracer
 	hooks   testHooks
 
 	killed atomic.Bool // set by a test hook's kill; stops every lane
@@ -75,6 +77,7 @@ func NewRelay(pool *pgxpool.Pool, cfg *RelayConfig) (*Relay, error) {
 		cfg:     c,
 		log:     c.Logger.With(slog.String("component", "outbox-relay"), slog.String("connection_name", c.ConnectionName)),
 		metrics: m,
+		tracer:  c.TracerProvider.Tracer("github.com/inboxmq/inboxmq/outbox"),
 		svc:     startstop.Service{Name: "outbox: relay"},
 	}, nil
 }
