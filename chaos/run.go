@@ -22,8 +22,11 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/inboxmq/inboxmq"
 	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inbox"
 	"github.com/inboxmq/inboxmq/inboxtype"
+	"github.com/inboxmq/inboxmq/producer"
 )
 
 // FaultEvent is one injected fault.
@@ -154,7 +157,7 @@ type scenarioRun struct {
 	schema  string
 	dbURL   string
 	pool    *pgxpool.Pool
-	rdb     *redis.Client
+	rdb     redis.UniversalClient
 	conn    *amqp.Connection
 	gw      *Gateway
 	workers []*worker
@@ -290,14 +293,15 @@ func (r *scenarioRun) setup(ctx context.Context) error {
 		return fmt.Errorf("chaos: %w", err)
 	}
 	pcfg.MaxConns = 4
+	if err := inbox.ConfigurePool(pcfg); err != nil {
+		return fmt.Errorf("chaos: %w", err)
+	}
 	if r.pool, err = pgxpool.NewWithConfig(ctx, pcfg); err != nil {
 		return fmt.Errorf("chaos: PostgreSQL: %w", err)
 	}
-	ropt, err := redis.ParseURL(r.cfg.RedisURL)
-	if err != nil {
+	if r.rdb, err = inboxmq.RedisFromURL(r.cfg.RedisURL, nil); err != nil {
 		return fmt.Errorf("chaos: REDIS_URL: %w", err)
 	}
-	r.rdb = redis.NewClient(ropt)
 	r.conn, err = amqp.DialConfig(r.cfg.AMQPURL, amqp.Config{Properties: amqp.Table{"connection_name": "inboxmq-chaos runner " + r.runID}})
 	if err != nil {
 		return fmt.Errorf("chaos: RabbitMQ: %w", err)
@@ -367,13 +371,13 @@ type payment struct {
 
 // messages builds the scenario's orders (1–3 copies each), declined orders
 // (gateway scenario) and poison messages, shuffled.
-func (r *scenarioRun) messages() (Expect, []amqp.Publishing) {
+func (r *scenarioRun) messages() (Expect, []producer.Message) {
 	var exp Expect
-	var msgs []amqp.Publishing
+	var msgs []producer.Message
 	currencies := []string{"EUR", "USD", "GBP", "chf"}
 	add := func(body []byte, copies int) {
 		for range copies {
-			msgs = append(msgs, amqp.Publishing{Body: body})
+			msgs = append(msgs, producer.Message{RoutingKey: r.queue, ContentType: "application/json", Body: body})
 		}
 	}
 	for i := range r.cfg.Orders {
@@ -411,30 +415,23 @@ func (r *scenarioRun) messages() (Expect, []amqp.Publishing) {
 	}
 	r.rnd.Shuffle(len(msgs), func(i, j int) { msgs[i], msgs[j] = msgs[j], msgs[i] })
 	for i := range msgs {
-		msgs[i].MessageId = r.runID + "-m" + randomHex(6) // duplicates carry different ids
-		msgs[i].ContentType = "application/json"
-		msgs[i].DeliveryMode = amqp.Persistent
+		msgs[i].ID = r.runID + "-m" + randomHex(6) // duplicates carry different ids
 	}
 	return exp, msgs
 }
 
-// publish sends msgs spread over span, each with a publisher confirm.
-func (r *scenarioRun) publish(ctx context.Context, msgs []amqp.Publishing, span time.Duration) error {
-	conn, err := amqp.DialConfig(r.cfg.AMQPURL, amqp.Config{Properties: amqp.Table{"connection_name": "inboxmq-chaos publisher " + r.runID}})
+// publish sends msgs spread over span with package producer (confirmed,
+// mandatory, retried across a lost connection), one at a time. The bodies
+// are sent as they are (poison included), so Producer.Send, not Publish.
+func (r *scenarioRun) publish(ctx context.Context, msgs []producer.Message, span time.Duration) error {
+	p, err := producer.New(&producer.Config{URL: r.cfg.AMQPURL, ConnectionName: "inboxmq-chaos publisher " + r.runID})
 	if err != nil {
 		return fmt.Errorf("chaos: publisher: %w", err)
 	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return fmt.Errorf("chaos: publisher: %w", err)
-	}
-	if err := ch.Confirm(false); err != nil {
-		return fmt.Errorf("chaos: publisher: %w", err)
-	}
+	defer p.Close()
 	gap := span / time.Duration(max(len(msgs), 1))
 	start := time.Now()
-	for i, m := range msgs {
+	for i := range msgs {
 		if wait := time.Until(start.Add(time.Duration(i) * gap)); wait > 0 {
 			t := time.NewTimer(wait)
 			select {
@@ -446,14 +443,7 @@ func (r *scenarioRun) publish(ctx context.Context, msgs []amqp.Publishing, span 
 		// Publishing is not a fault target: use a fresh context so that the
 		// end of the fault phase never cuts the publisher off mid-run.
 		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		dc, err := ch.PublishWithDeferredConfirmWithContext(pctx, "", r.queue, false, false, m)
-		if err == nil {
-			var ok bool
-			ok, err = dc.WaitContext(pctx)
-			if err == nil && !ok {
-				err = errors.New("nacked by the broker")
-			}
-		}
+		err := p.Send(pctx, &msgs[i])
 		cancel()
 		if err != nil {
 			return fmt.Errorf("chaos: publish message %d: %w", i, err)
