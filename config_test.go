@@ -74,6 +74,10 @@ func TestNewWorker_Validation(t *testing.T) {
 		{"empty routes", func(c *inboxmq.Config) { c.Routes = inboxmq.NewRoutes() }, "at least one route"},
 		{"negative ConnectTimeout", func(c *inboxmq.Config) { c.ConnectTimeout = -time.Second }, "Config.ConnectTimeout -1s"},
 		{"negative StopTimeout", func(c *inboxmq.Config) { c.StopTimeout = -1 }, "Config.StopTimeout"},
+		{"watchdog off", func(c *inboxmq.Config) { c.Health = &inboxmq.HealthConfig{StallThreshold: -1} }, ""},
+		{"negative StallThreshold", func(c *inboxmq.Config) {
+			c.Health = &inboxmq.HealthConfig{StallThreshold: -time.Second}
+		}, "Config.Health.StallThreshold -1s"},
 		{"exchange without name", func(c *inboxmq.Config) {
 			c.Outbox = &inboxmq.OutboxConfig{Exchanges: []inboxmq.Exchange{{Kind: "topic"}}}
 		}, "an exchange without a Name"},
@@ -107,6 +111,17 @@ func TestNewWorker_Validation(t *testing.T) {
 		{"invalid queue name", func(c *inboxmq.Config) {
 			c.Routes = routes(func(r *inboxmq.Routes) { inboxmq.HandleTx(r, "bad queue", noop[order], nil) })
 		}, `route "bad queue"`},
+		{"fault events without an outbox", func(c *inboxmq.Config) {
+			c.Routes = routes(func(r *inboxmq.Routes) {
+				inboxmq.HandleTx(r, "orders", noop[order], &inboxmq.RouteOpts{Faults: &inboxmq.FaultOpts{Exchange: "events"}})
+			})
+		}, `route "orders": fault events need Config.Outbox`},
+		{"fault events without an exchange", func(c *inboxmq.Config) {
+			c.Outbox = &inboxmq.OutboxConfig{}
+			c.Routes = routes(func(r *inboxmq.Routes) {
+				inboxmq.HandleTx(r, "orders", noop[order], &inboxmq.RouteOpts{Faults: &inboxmq.FaultOpts{}})
+			})
+		}, `route "orders": fault events need an exchange`},
 		{"lock TTL out of range", func(c *inboxmq.Config) {
 			c.Redis = rdb
 			c.Routes = routes(func(r *inboxmq.Routes) {

@@ -26,6 +26,7 @@ import (
 	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
 	"github.com/inboxmq/inboxmq/inboxtype"
+	"github.com/inboxmq/inboxmq/producer"
 )
 
 // FaultEvent is one injected fault.
@@ -370,13 +371,13 @@ type payment struct {
 
 // messages builds the scenario's orders (1–3 copies each), declined orders
 // (gateway scenario) and poison messages, shuffled.
-func (r *scenarioRun) messages() (Expect, []amqp.Publishing) {
+func (r *scenarioRun) messages() (Expect, []producer.Message) {
 	var exp Expect
-	var msgs []amqp.Publishing
+	var msgs []producer.Message
 	currencies := []string{"EUR", "USD", "GBP", "chf"}
 	add := func(body []byte, copies int) {
 		for range copies {
-			msgs = append(msgs, amqp.Publishing{Body: body})
+			msgs = append(msgs, producer.Message{RoutingKey: r.queue, ContentType: "application/json", Body: body})
 		}
 	}
 	for i := range r.cfg.Orders {
@@ -414,30 +415,23 @@ func (r *scenarioRun) messages() (Expect, []amqp.Publishing) {
 	}
 	r.rnd.Shuffle(len(msgs), func(i, j int) { msgs[i], msgs[j] = msgs[j], msgs[i] })
 	for i := range msgs {
-		msgs[i].MessageId = r.runID + "-m" + randomHex(6) // duplicates carry different ids
-		msgs[i].ContentType = "application/json"
-		msgs[i].DeliveryMode = amqp.Persistent
+		msgs[i].ID = r.runID + "-m" + randomHex(6) // duplicates carry different ids
 	}
 	return exp, msgs
 }
 
-// publish sends msgs spread over span, each with a publisher confirm.
-func (r *scenarioRun) publish(ctx context.Context, msgs []amqp.Publishing, span time.Duration) error {
-	conn, _, err := consumer.Dial(ctx, r.cfg.AMQPURL, &consumer.DialOpts{Name: "inboxmq-chaos publisher " + r.runID})
+// publish sends msgs spread over span with package producer (confirmed,
+// mandatory, retried across a lost connection), one at a time. The bodies
+// are sent as they are (poison included), so Producer.Send, not Publish.
+func (r *scenarioRun) publish(ctx context.Context, msgs []producer.Message, span time.Duration) error {
+	p, err := producer.New(&producer.Config{URL: r.cfg.AMQPURL, ConnectionName: "inboxmq-chaos publisher " + r.runID})
 	if err != nil {
 		return fmt.Errorf("chaos: publisher: %w", err)
 	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return fmt.Errorf("chaos: publisher: %w", err)
-	}
-	if err := ch.Confirm(false); err != nil {
-		return fmt.Errorf("chaos: publisher: %w", err)
-	}
+	defer p.Close()
 	gap := span / time.Duration(max(len(msgs), 1))
 	start := time.Now()
-	for i, m := range msgs {
+	for i := range msgs {
 		if wait := time.Until(start.Add(time.Duration(i) * gap)); wait > 0 {
 			t := time.NewTimer(wait)
 			select {
@@ -449,14 +443,7 @@ func (r *scenarioRun) publish(ctx context.Context, msgs []amqp.Publishing, span 
 		// Publishing is not a fault target: use a fresh context so that the
 		// end of the fault phase never cuts the publisher off mid-run.
 		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		dc, err := ch.PublishWithDeferredConfirmWithContext(pctx, "", r.queue, false, false, m)
-		if err == nil {
-			var ok bool
-			ok, err = dc.WaitContext(pctx)
-			if err == nil && !ok {
-				err = errors.New("nacked by the broker")
-			}
-		}
+		err := p.Send(pctx, &msgs[i])
 		cancel()
 		if err != nil {
 			return fmt.Errorf("chaos: publish message %d: %w", i, err)
