@@ -302,7 +302,7 @@ func (r *scenarioRun) setup(ctx context.Context) error {
 	if r.rdb, err = inboxmq.RedisFromURL(r.cfg.RedisURL, nil); err != nil {
 		return fmt.Errorf("chaos: REDIS_URL: %w", err)
 	}
-	r.conn, err = amqp.DialConfig(r.cfg.AMQPURL, amqp.Config{Properties: amqp.Table{"connection_name": "inboxmq-chaos runner " + r.runID}})
+	r.conn, _, err = consumer.Dial(ctx, r.cfg.AMQPURL, &consumer.DialOpts{Name: "inboxmq-chaos runner " + r.runID})
 	if err != nil {
 		return fmt.Errorf("chaos: RabbitMQ: %w", err)
 	}

@@ -117,31 +117,123 @@ func declareTopology(conn *amqp.Connection, r Route) error {
 	return err
 }
 
-// declareRoute declares every queue of the route. Each declaration uses
-// its own channel, because a PRECONDITION_FAILED closes the channel. It
-// reports legacy when the classic work queue exists as declared before
-// v0.1.0, without a dead-letter route: that queue is kept as it is (its
-// arguments cannot change by declaring it again) and the caller warns.
-func declareRoute(conn *amqp.Connection, r Route) (bool, error) {
-	if r.Opts.Queue.NoDeclare {
-		return false, nil
+// declared says how a route's topology was found on the broker.
+type declared struct {
+	// legacy: the classic work queue exists as declared before v0.1.0,
+	// without a dead-letter route (kept as it is).
+	legacy bool
+	// kept is the queue type the route's queues already had when it
+	// differs from the configured one ("" when they match): the topology
+	// was declared with that type instead.
+	kept QueueType
+}
+
+// declareRoute declares every queue of the route, the DLQ first. Each
+// declaration uses its own channel, because a PRECONDITION_FAILED closes
+// the channel.
+//
+// A work queue that already exists with the other queue type (classic for
+// a Quorum route, or the reverse) decides the type of the whole topology:
+// the broker cannot change a queue's type, and refusing to start would
+// crash-loop every worker of an upgrade. The caller warns with the
+// migration. A classic work queue declared before v0.1.0, without a
+// dead-letter route, is kept too (its arguments cannot change by declaring
+// it again) and the caller warns.
+func declareRoute(conn *amqp.Connection, r Route) (declared, error) {
+	q := r.Opts.Queue
+	if q.NoDeclare {
+		return declared{}, nil
 	}
-	legacy := false
-	for _, qd := range topology(r.Queue, r.Opts.Queue) {
-		err := declareQueue(conn, qd)
-		if qd.name == r.Queue && r.Opts.Queue.Type == Classic && lacksDeadLetterRoute(err) {
-			old := queueDecl{name: qd.name, args: cloneTable(qd.args)}
-			delete(old.args, argDLX)
-			delete(old.args, argDLRoutingKey)
-			if err = declareQueue(conn, old); err == nil {
-				legacy = true
-			}
+	var out declared
+	if kept, ok := existingOtherType(conn, r.Queue, q); ok {
+		q.Type, out.kept = kept, kept
+	}
+	for _, qd := range topology(r.Queue, q) {
+		var err error
+		if qd.name == r.Queue {
+			out.legacy, err = declareWork(conn, qd, q.Type)
+		} else {
+			err = declareQueue(conn, qd)
+		}
+		if typeMismatch(err) {
+			return declared{}, fmt.Errorf("%w (a queue's type cannot change: see docs/operations.md, \"Changing a queue's type\")", err)
 		}
 		if err != nil {
-			return false, err
+			return declared{}, err
 		}
 	}
-	return legacy, nil
+	return out, nil
+}
+
+// declareWork declares the work queue qd of type typ; a classic queue of
+// the pre-v0.1.0 shape (no dead-letter route) is declared as it is, and
+// legacy reports it.
+func declareWork(conn *amqp.Connection, qd queueDecl, typ QueueType) (legacy bool, err error) {
+	err = declareQueue(conn, qd)
+	if typ == Classic && lacksDeadLetterRoute(err) {
+		old := queueDecl{name: qd.name, args: cloneTable(qd.args)}
+		delete(old.args, argDLX)
+		delete(old.args, argDLRoutingKey)
+		if err = declareQueue(conn, old); err == nil {
+			return true, nil
+		}
+	}
+	return false, err
+}
+
+// existingOtherType reports the other queue type when the work queue
+// exists, refuses q's arguments and accepts those of the other type.
+func existingOtherType(conn *amqp.Connection, queue string, q QueueOpts) (QueueType, bool) {
+	if !queueExists(conn, queue) {
+		return "", false
+	}
+	_, err := declareWork(conn, queueDecl{name: queue, args: workQueueArgs(queue, q)}, q.Type)
+	var ae *amqp.Error
+	if !errors.As(err, &ae) || ae.Code != amqp.PreconditionFailed {
+		return "", false
+	}
+	other := q
+	other.Type = Classic
+	if q.Type == Classic {
+		other.Type = Quorum
+	}
+	if _, err := declareWork(conn, queueDecl{name: queue, args: workQueueArgs(queue, other)}, other.Type); err != nil {
+		return "", false
+	}
+	return other.Type, true
+}
+
+// queueExists reports whether queue exists (a passive declaration).
+func queueExists(conn *amqp.Connection, queue string) bool {
+	ch, err := conn.Channel()
+	if err != nil {
+		return false
+	}
+	defer func() { _ = ch.Close() }()
+	_, err = ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	return err == nil
+}
+
+// typeMismatch reports whether err is the broker refusing a declaration
+// because the existing queue has another x-queue-type.
+func typeMismatch(err error) bool {
+	var ae *amqp.Error
+	if !errors.As(err, &ae) || ae.Code != amqp.PreconditionFailed {
+		return false
+	}
+	m := inequivalentArg.FindStringSubmatch(ae.Reason)
+	return m != nil && m[1] == argQueueType
+}
+
+// warnKeptType logs that route's queues exist with another type than
+// configured and were kept, with the way to migrate.
+func warnKeptType(log *slog.Logger, r Route, kept QueueType) {
+	log.LogAttrs(context.Background(), slog.LevelWarn, "consumer: queue exists with another type than configured; "+
+		"it is kept with its type (the broker cannot change a queue's type). "+
+		"To migrate, see docs/operations.md, \"Changing a queue's type\": drain the queue and delete its topology, "+
+		"or move to a new queue name",
+		slog.String("queue", r.Queue), slog.String("existing_type", string(kept)),
+		slog.String("configured_type", string(r.Opts.Queue.Type)))
 }
 
 // lacksDeadLetterRoute reports whether err is the broker refusing a

@@ -16,7 +16,7 @@ func TestConfigValidate(t *testing.T) {
 	}{
 		"defaults":        {RelayConfig{URL: "amqp://guest:guest@127.0.0.1:5672/"}, ""},
 		"no url":          {RelayConfig{}, "URL is required"},
-		"bad url":         {RelayConfig{URL: "http://user:s3cret@host/"}, "not an AMQP URL"},
+		"bad url":         {RelayConfig{URL: "http://user:s3cret@host/"}, "must use amqp:// or amqps://"},
 		"batch":           {RelayConfig{URL: "amqp://h/", BatchSize: -1}, "BatchSize"},
 		"retention":       {RelayConfig{URL: "amqp://h/", Retention: -2}, "Retention"},
 		"retention off":   {RelayConfig{URL: "amqp://h/", Retention: -1}, ""},
@@ -60,7 +60,8 @@ func TestNewRelayConfig(t *testing.T) {
 func TestRedactURL(t *testing.T) {
 	t.Parallel()
 	require.Equal(t, "amqp://guest:xxxxx@host:5672/vh", redactURL("amqp://guest:s3cret@host:5672/vh"))
-	require.Equal(t, "<invalid URL>", redactURL("amqp://%zz"))
+	require.Equal(t, "<unparseable url>", redactURL("amqp://%zz"))
+	require.Equal(t, "amqp://a:xxxxx@h1:5672/,amqps://b:xxxxx@h2/", redactURL("amqp://a:p1@h1:5672/, amqps://b:p2@h2/"))
 }
 
 func TestRetryDelay(t *testing.T) {

@@ -13,7 +13,6 @@ import (
 	"sync"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/spf13/cobra"
 
 	"github.com/inboxmq/inboxmq/consumer"
@@ -136,9 +135,9 @@ func publishAll(ctx context.Context, amqpURL, queue string, msgs []outgoing) err
 // purge empties queue and its DLQ so that a demo run counts only its own
 // dead letters. The queues must exist (the worker declares them).
 func purge(amqpURL, queue string) error {
-	conn, err := amqp.Dial(amqpURL)
+	conn, _, err := consumer.Dial(context.Background(), amqpURL, &consumer.DialOpts{Name: "payment-worker purge"})
 	if err != nil {
-		return fmt.Errorf("purge: connect %s: %w", consumer.RedactURL(amqpURL), err)
+		return fmt.Errorf("purge: %w", err)
 	}
 	defer conn.Close()
 	for _, q := range []string{queue, queue + ".dlq"} {

@@ -95,6 +95,7 @@ func run(ctx context.Context, cfg config) error {
 	}
 	logger.Info("payment-worker consuming",
 		zap.String("queue", cfg.Queue),
+		zap.String("queue_type", string(cfg.QueueType)),
 		zap.Bool("gateway", cfg.GatewayURL != ""),
 		zap.Bool("group_commit", cfg.GroupCommit),
 		zap.String("amqp_url", consumer.RedactURL(cfg.AMQPURL)),
@@ -160,7 +161,7 @@ func redisClient(rawURL string) (redis.UniversalClient, error) {
 func newRoutes(cfg config, tr *tracing) *inboxmq.Routes {
 	routes := inboxmq.NewRoutes()
 	opts := &inboxmq.RouteOpts{
-		Queue: consumer.QueueOpts{Concurrency: cfg.Concurrency},
+		Queue: consumer.QueueOpts{Concurrency: cfg.Concurrency, Type: cfg.QueueType, DeliveryLimit: cfg.DeliveryLimit},
 		Lock:  &middleware.LockOpts{TTL: cfg.LockTTL, RetryDelay: time.Second},
 		// A request (reply_to) gets the payment's stored result, the
 		// first copy and every duplicate alike.
