@@ -43,6 +43,17 @@ type FaultEvent struct {
 	// Err is set when the fault could not be injected or the run did not
 	// recover.
 	Err string
+	// Took is how long the injection itself took (a Failover's Inject: a
+	// node killed and started again, three brokers restarted in turn).
+	Took time.Duration
+	// Stall is the longest time without a new ledger entry from the start
+	// of a Failover to the last ledger entry of the run: how long
+	// consumption stopped. Zero for the worker faults.
+	Stall time.Duration
+	// RateBefore and RateAfter are the ledger entries per second in the 5s
+	// before a Failover and from its end to the last entry. Zero for the
+	// worker faults.
+	RateBefore, RateAfter float64
 }
 
 // ScenarioReport is the outcome of one scenario.
@@ -59,6 +70,11 @@ type ScenarioReport struct {
 	// Metrics are the workers' counters summed over all processes (by
 	// metric-name suffix; duplicates also as "duplicate_detected_total/<source>").
 	Metrics map[string]float64
+	// SeriesBefore and SeriesAfter are the workers' series (without the Go
+	// and process collectors, histogram buckets and the queue and consumer
+	// labels) summed over all processes, scraped just before a Failover and
+	// once the run drained; nil without a Failover. See MetricChanges.
+	SeriesBefore, SeriesAfter map[string]float64
 	// Check is the checker's result (nil if the run broke off before it).
 	Check *Result
 	// Violations are every broken guarantee: the checker's and the
@@ -155,10 +171,14 @@ type scenarioRun struct {
 	dbURL   string
 	pool    *pgxpool.Pool
 	rdb     *redis.Client
-	conn    *amqp.Connection
 	gw      *Gateway
 	workers []*worker
 	start   time.Time
+	// faultStart and faultEnd bound a Failover's Inject.
+	faultStart, faultEnd time.Time
+
+	connMu sync.Mutex
+	conn   *amqp.Connection // the runner's, on any node: see channel
 
 	mu         sync.Mutex
 	violations []string
@@ -209,29 +229,44 @@ func runScenario(ctx context.Context, cfg *Config, name string, rnd *mrand.Rand,
 	defer r.teardown()
 	if name == ScenarioGateway {
 		r.gw = NewGateway(rnd.Uint64())
+		r.gw.SetPhase(GatewayPhase{Delay: cfg.GatewayDelay}, 0)
 		defer r.gw.Close()
 	}
 	exp, msgs := r.messages()
 	r.rep.Orders, r.rep.Declined, r.rep.Poison, r.rep.Publishes = len(exp.Orders), len(exp.Declined), len(exp.Poison), len(msgs)
 
+	// Whatever happens (an Inject that ends the calling goroutine
+	// included), no worker process outlives the scenario.
+	defer r.killWorkers()
 	if err := r.startWorkers(ctx); err != nil {
 		r.stopWorkers()
 		return r.rep, err
 	}
 
-	// Fault phase: publish over the first 80 %, inject throughout, scrape.
+	// Fault phase: publish over the first 80 % (with a Failover: at once,
+	// a backlog), inject throughout, scrape.
 	r.start = time.Now()
 	phaseCtx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	pubErr := make(chan error, 1)
-	wg.Go(func() { pubErr <- r.publish(phaseCtx, msgs, cfg.Duration*8/10) })
+	span := cfg.Duration * 8 / 10
+	if cfg.Failover != nil {
+		span = 0
+	}
+	wg.Go(func() { pubErr <- r.publish(phaseCtx, msgs, span) })
 	wg.Go(func() { r.scrapeLoop(phaseCtx) })
-	r.injectLoop(phaseCtx)
-	if err := <-pubErr; err != nil {
+	var phaseErr error
+	if cfg.Failover != nil {
+		phaseErr = r.failover(phaseCtx, exp, pubErr)
+	} else {
+		r.injectLoop(phaseCtx)
+		phaseErr = <-pubErr
+	}
+	if phaseErr != nil {
 		cancel()
 		wg.Wait()
 		r.stopWorkers()
-		return r.rep, err
+		return r.rep, phaseErr
 	}
 
 	// Heal, then wait for the drain.
@@ -245,6 +280,10 @@ func runScenario(ctx context.Context, cfg *Config, name string, rnd *mrand.Rand,
 	cancel()
 	wg.Wait()
 	r.scrapeAll(ctx)
+	if cfg.Failover != nil {
+		r.rep.SeriesAfter = r.seriesSum()
+		r.measureStall(ctx)
+	}
 	r.stopWorkers()
 	r.rep.Metrics = make(map[string]float64)
 	for _, w := range r.workers {
@@ -298,10 +337,11 @@ func (r *scenarioRun) setup(ctx context.Context) error {
 		return fmt.Errorf("chaos: REDIS_URL: %w", err)
 	}
 	r.rdb = redis.NewClient(ropt)
-	r.conn, err = amqp.DialConfig(r.cfg.AMQPURL, amqp.Config{Properties: amqp.Table{"connection_name": "inboxmq-chaos runner " + r.runID}})
+	ch, err := r.channel()
 	if err != nil {
-		return fmt.Errorf("chaos: RabbitMQ: %w", err)
+		return err
 	}
+	_ = ch.Close()
 	// The worker's own migrate command, as operators run it (twice: it
 	// must be safe to repeat).
 	for range 2 {
@@ -324,20 +364,21 @@ func (r *scenarioRun) teardown() {
 	if r.pool != nil {
 		r.pool.Close()
 	}
-	if r.cfg.Keep {
-		if r.conn != nil {
-			_ = r.conn.Close()
-		}
-		return
-	}
-	if r.conn != nil {
+	if !r.cfg.Keep {
 		for _, q := range r.queueNames(true) {
-			if ch, err := r.conn.Channel(); err == nil {
+			if ch, err := r.channel(); err == nil {
 				_, _ = ch.QueueDelete(q, false, false, false)
 				_ = ch.Close()
 			}
 		}
+	}
+	r.connMu.Lock()
+	if r.conn != nil {
 		_ = r.conn.Close()
+	}
+	r.connMu.Unlock()
+	if r.cfg.Keep {
+		return
 	}
 	if admin, err := pgx.Connect(ctx, r.cfg.DatabaseURL); err == nil {
 		_, _ = admin.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{r.schema}.Sanitize()+" CASCADE")
@@ -418,9 +459,10 @@ func (r *scenarioRun) messages() (Expect, []amqp.Publishing) {
 	return exp, msgs
 }
 
-// publish sends msgs spread over span, each with a publisher confirm.
+// publish sends msgs spread over span, each with a publisher confirm. A
+// zero span publishes them at once, waiting for the confirms by windows.
 func (r *scenarioRun) publish(ctx context.Context, msgs []amqp.Publishing, span time.Duration) error {
-	conn, err := amqp.DialConfig(r.cfg.AMQPURL, amqp.Config{Properties: amqp.Table{"connection_name": "inboxmq-chaos publisher " + r.runID}})
+	conn, err := dialAny(r.cfg.AMQPURL, "inboxmq-chaos publisher "+r.runID)
 	if err != nil {
 		return fmt.Errorf("chaos: publisher: %w", err)
 	}
@@ -431,6 +473,9 @@ func (r *scenarioRun) publish(ctx context.Context, msgs []amqp.Publishing, span 
 	}
 	if err := ch.Confirm(false); err != nil {
 		return fmt.Errorf("chaos: publisher: %w", err)
+	}
+	if span == 0 {
+		return r.publishBacklog(ctx, ch, msgs)
 	}
 	gap := span / time.Duration(max(len(msgs), 1))
 	start := time.Now()
@@ -463,6 +508,45 @@ func (r *scenarioRun) publish(ctx context.Context, msgs []amqp.Publishing, span 
 	return nil
 }
 
+// publishBacklog publishes msgs at once on ch (in confirm mode), waiting
+// for the broker's confirms by windows of 256.
+func (r *scenarioRun) publishBacklog(ctx context.Context, ch *amqp.Channel, msgs []amqp.Publishing) error {
+	const window = 256
+	start := time.Now()
+	pending := make([]*amqp.DeferredConfirmation, 0, window)
+	wait := func() error {
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		for _, dc := range pending {
+			ok, err := dc.WaitContext(wctx)
+			if err == nil && !ok {
+				err = errors.New("nacked by the broker")
+			}
+			if err != nil {
+				return fmt.Errorf("chaos: publish message %d: %w", dc.DeliveryTag, err)
+			}
+		}
+		pending = pending[:0]
+		return nil
+	}
+	for i, m := range msgs {
+		dc, err := ch.PublishWithDeferredConfirmWithContext(context.WithoutCancel(ctx), "", r.queue, false, false, m)
+		if err != nil {
+			return fmt.Errorf("chaos: publish message %d: %w", i, err)
+		}
+		if pending = append(pending, dc); len(pending) == window {
+			if err := wait(); err != nil {
+				return err
+			}
+		}
+	}
+	if err := wait(); err != nil {
+		return err
+	}
+	fmt.Fprintf(r.cfg.Log, "chaos: published a backlog of %d messages in %s\n", len(msgs), time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
 func (r *scenarioRun) startWorkers(ctx context.Context) error {
 	for i := range r.cfg.Workers {
 		addr, err := freePort()
@@ -471,9 +555,9 @@ func (r *scenarioRun) startWorkers(ctx context.Context) error {
 		}
 		app := fmt.Sprintf("inboxchaos_%s_w%d", r.runID, i)
 		env := []string{
-			"AMQP_URL=" + r.cfg.AMQPURL,
-			"DATABASE_URL=" + withParams(r.dbURL, "application_name="+app),
-			"REDIS_URL=" + r.cfg.RedisURL,
+			"AMQP_URL=" + r.cfg.WorkerAMQPURL,
+			"DATABASE_URL=" + withParams(r.cfg.WorkerDatabaseURL, "search_path="+r.schema, "application_name="+app),
+			"REDIS_URL=" + r.cfg.WorkerRedisURL,
 			"PAYMENT_QUEUE=" + r.queue,
 			"LOCK_TTL=" + r.cfg.LockTTL.String(),
 			fmt.Sprintf("WORKER_CONCURRENCY=%d", r.cfg.Concurrency),
@@ -485,6 +569,10 @@ func (r *scenarioRun) startWorkers(ctx context.Context) error {
 		if r.cfg.GroupCommit {
 			env = append(env, "GROUP_COMMIT=on")
 		}
+		if r.cfg.QueueType != "" {
+			env = append(env, "QUEUE_TYPE="+r.cfg.QueueType)
+		}
+		env = append(env, r.cfg.WorkerEnv...)
 		w := &worker{
 			idx: i, bin: r.cfg.Binary, env: env, appName: app, metrics: addr,
 			logPath: filepath.Join(r.rep.LogDir, fmt.Sprintf("worker-%d.log", i)), scrape: newScraper(addr),
@@ -536,6 +624,16 @@ func (r *scenarioRun) stopWorkers() {
 	wg.Wait()
 }
 
+// killWorkers SIGKILLs every worker still running (the last resort when a
+// scenario ends early).
+func (r *scenarioRun) killWorkers() {
+	for _, w := range r.workers {
+		if exited, _ := w.wait(0); !exited {
+			w.kill()
+		}
+	}
+}
+
 func (r *scenarioRun) scrapeAll(ctx context.Context) {
 	for _, w := range r.workers {
 		w.mu.Lock()
@@ -560,11 +658,36 @@ func (r *scenarioRun) scrapeLoop(ctx context.Context) {
 	}
 }
 
+// channel opens a channel on the runner's connection, dialling a node
+// again (another one of a cluster's, if the first is gone) when that
+// connection was lost.
+func (r *scenarioRun) channel() (*amqp.Channel, error) {
+	r.connMu.Lock()
+	defer r.connMu.Unlock()
+	for attempt := 0; ; attempt++ {
+		if r.conn == nil || r.conn.IsClosed() {
+			conn, err := dialAny(r.cfg.AMQPURL, "inboxmq-chaos runner "+r.runID)
+			if err != nil {
+				return nil, fmt.Errorf("chaos: RabbitMQ: %w", err)
+			}
+			r.conn = conn
+		}
+		ch, err := r.conn.Channel()
+		if err == nil {
+			return ch, nil
+		}
+		_ = r.conn.Close()
+		if attempt > 0 {
+			return nil, fmt.Errorf("chaos: channel: %w", err)
+		}
+	}
+}
+
 // depth returns the ready messages in queue (0 if it does not exist).
 func (r *scenarioRun) depth(queue string) (int, error) {
-	ch, err := r.conn.Channel()
+	ch, err := r.channel()
 	if err != nil {
-		return 0, fmt.Errorf("chaos: channel: %w", err)
+		return 0, err
 	}
 	q, err := ch.QueueDeclarePassive(queue, false, false, false, false, nil)
 	if err != nil {
@@ -588,7 +711,7 @@ func (r *scenarioRun) ledgerCount(ctx context.Context) int {
 // makes the gateway healthy.
 func (r *scenarioRun) heal(ctx context.Context) {
 	if r.gw != nil {
-		r.gw.SetPhase(GatewayPhase{}, 0)
+		r.gw.SetPhase(GatewayPhase{Delay: r.cfg.GatewayDelay}, 0)
 	}
 	for _, w := range r.workers {
 		_ = w.signal(syscall.SIGCONT)
@@ -651,9 +774,9 @@ func (r *scenarioRun) leftovers() map[string]int {
 }
 
 func (r *scenarioRun) drainDLQ() ([]DeadLetter, error) {
-	ch, err := r.conn.Channel()
+	ch, err := r.channel()
 	if err != nil {
-		return nil, fmt.Errorf("chaos: channel: %w", err)
+		return nil, err
 	}
 	defer ch.Close()
 	var out []DeadLetter

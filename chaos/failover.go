@@ -1,0 +1,217 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/inboxmq/inboxmq/consumer"
+)
+
+// failover is the fault phase of a run with a Failover: once the backlog
+// is published and Failover.After of the orders have their ledger entry,
+// it scrapes the workers, injects the fault and records it. The stall is
+// measured after the drain (measureStall), from the ledger's timestamps.
+func (r *scenarioRun) failover(ctx context.Context, exp Expect, pubErr <-chan error) error {
+	f := r.cfg.Failover
+	select {
+	case err := <-pubErr:
+		if err != nil {
+			return err
+		}
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	want := int(math.Ceil(f.After * float64(len(exp.Orders))))
+	deadline := time.Now().Add(r.cfg.DrainTimeout)
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for n := r.ledgerCount(ctx); n < want; n = r.ledgerCount(ctx) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("chaos: %s: %d of %d orders had their ledger entry after %s: the workers are not draining (logs %s)",
+				f.Name, n, want, r.cfg.DrainTimeout, r.rep.LogDir)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
+	r.scrapeAll(ctx)
+	r.rep.SeriesBefore = r.seriesSum()
+	ev := FaultEvent{At: time.Since(r.start), Kind: f.Name, Worker: -1}
+	fmt.Fprintf(r.cfg.Log, "chaos: %6.1fs %s: injecting with %d of %d orders done\n", ev.At.Seconds(), f.Name, r.ledgerCount(ctx), len(exp.Orders))
+	r.faultStart = time.Now()
+	detail, err := f.Inject(ctx)
+	r.faultEnd = time.Now()
+	ev.Took, ev.Detail = r.faultEnd.Sub(r.faultStart), detail
+	if err != nil {
+		ev.Err = err.Error()
+	}
+	r.rep.Faults = append(r.rep.Faults, ev)
+	fmt.Fprintf(r.cfg.Log, "chaos: %6.1fs %s: %s (took %s) %s\n", time.Since(r.start).Seconds(), f.Name, detail, ev.Took.Round(time.Millisecond), ev.Err)
+	if err != nil {
+		return fmt.Errorf("chaos: inject %s: %w", f.Name, err)
+	}
+	// The workers ride the fault out: none may have exited (heal would
+	// restart it and hide that).
+	for _, w := range r.workers {
+		if exited, werr := w.wait(0); exited {
+			r.violate("worker %d exited during %s (%v): a worker must ride a failover out without a restart (log %s)", w.idx, f.Name, werr, w.logPath)
+		}
+	}
+	return nil
+}
+
+// measureStall fills the Failover's event with how long consumption
+// stopped, from the ledger's timestamps (each entry's transaction start):
+// the longest gap between entries from the fault's start to the last entry,
+// the time from the fault's end to the first entry after it, and the rates
+// before and after.
+func (r *scenarioRun) measureStall(ctx context.Context) {
+	if len(r.rep.Faults) == 0 || r.faultStart.IsZero() {
+		return
+	}
+	ev := &r.rep.Faults[len(r.rep.Faults)-1]
+	window := min(5*time.Second, r.faultStart.Sub(r.start))
+	rows, err := r.pool.Query(ctx, `SELECT created_at FROM ledger_entries WHERE created_at >= $1 ORDER BY created_at`, r.faultStart.Add(-window))
+	if err != nil {
+		r.violate("measure the stall: %v", err)
+		return
+	}
+	var stamps []time.Time
+	for rows.Next() {
+		var ts time.Time
+		if err := rows.Scan(&ts); err != nil {
+			rows.Close()
+			r.violate("measure the stall: %v", err)
+			return
+		}
+		stamps = append(stamps, ts)
+	}
+	rows.Close()
+	var before, after int
+	prev := r.faultStart
+	var last time.Time
+	for _, ts := range stamps {
+		if ts.Before(r.faultStart) {
+			before++
+			continue
+		}
+		ev.Stall = max(ev.Stall, ts.Sub(prev))
+		prev, last = ts, ts
+		if !ts.Before(r.faultEnd) {
+			if after == 0 {
+				ev.Recovery = ts.Sub(r.faultEnd)
+			}
+			after++
+		}
+	}
+	if window > 0 {
+		ev.RateBefore = float64(before) / window.Seconds()
+	}
+	if d := last.Sub(r.faultEnd); after > 1 && d > 0 {
+		ev.RateAfter = float64(after) / d.Seconds()
+	}
+	fmt.Fprintf(r.cfg.Log, "chaos: %s: consumption stopped for at most %s; first entry %s after the fault ended; %.0f/s before, %.0f/s after\n",
+		ev.Kind, ev.Stall.Round(10*time.Millisecond), ev.Recovery.Round(10*time.Millisecond), ev.RateBefore, ev.RateAfter)
+}
+
+// seriesSum sums the workers' last scraped series.
+func (r *scenarioRun) seriesSum() map[string]float64 {
+	out := make(map[string]float64)
+	for _, w := range r.workers {
+		for k, v := range w.scrape.currentSeries() {
+			out[k] += v
+		}
+	}
+	return out
+}
+
+// MetricChanges lists what the workers' metrics showed across a Failover,
+// one line per series that changed between SeriesBefore and SeriesAfter:
+// counters as `name{labels} +n`, gauges as `name{labels} a → b`. Durations
+// (_sum series) are left out. Nil without a Failover.
+func (s *ScenarioReport) MetricChanges() []string {
+	if s.SeriesBefore == nil || s.SeriesAfter == nil {
+		return nil
+	}
+	var out []string
+	for k, after := range s.SeriesAfter {
+		name, _, _ := strings.Cut(k, "{")
+		before := s.SeriesBefore[k]
+		if after == before || strings.HasSuffix(name, "_sum") {
+			continue
+		}
+		if strings.HasSuffix(name, "_total") || strings.HasSuffix(name, "_count") {
+			out = append(out, fmt.Sprintf("%s %+.0f", k, after-before))
+		} else {
+			out = append(out, fmt.Sprintf("%s %g → %g", k, before, after))
+		}
+	}
+	for k, before := range s.SeriesBefore {
+		if _, ok := s.SeriesAfter[k]; !ok {
+			out = append(out, fmt.Sprintf("%s %g → absent", k, before))
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// MetricDelta returns how much the series named key (as in SeriesBefore)
+// grew across the Failover, summed over every series whose key starts with
+// key: MetricDelta("job_retry_total") counts every reason.
+func (s *ScenarioReport) MetricDelta(key string) float64 {
+	var d float64
+	for k, v := range s.SeriesAfter {
+		if k == key || strings.HasPrefix(k, key+"{") {
+			d += v - s.SeriesBefore[k]
+		}
+	}
+	return d
+}
+
+// splitURLs splits a comma-separated URL list, dropping empty entries.
+func splitURLs(list string) []string {
+	var out []string
+	for _, u := range strings.Split(list, ",") {
+		if u = strings.TrimSpace(u); u != "" {
+			out = append(out, u)
+		}
+	}
+	return out
+}
+
+var dialSeq atomic.Uint32
+
+// dialAny connects to one of the comma-separated AMQP URLs that answers,
+// trying each once from a rotating start, so that successive dials spread
+// over a cluster's nodes and one node's loss only moves the runner to the
+// next.
+func dialAny(urls, name string) (*amqp.Connection, error) {
+	list := splitURLs(urls)
+	if len(list) == 0 {
+		return nil, errors.New("chaos: no AMQP URL")
+	}
+	start := int(dialSeq.Add(1))
+	var errs []error
+	for i := range list {
+		u := list[(start+i)%len(list)]
+		conn, err := amqp.DialConfig(u, amqp.Config{
+			Properties: amqp.Table{"connection_name": name},
+			Dial:       amqp.DefaultDial(5 * time.Second),
+		})
+		if err == nil {
+			return conn, nil
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", consumer.RedactURL(u), err))
+	}
+	return nil, errors.Join(errs...)
+}
