@@ -10,6 +10,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/inboxmq/inboxmq/middleware"
 )
 
@@ -100,8 +102,10 @@ type Config struct {
 	// Defaults to 0.
 	GatewayDelay time.Duration
 	// Failover, when set, replaces the worker faults: the orders are
-	// published at once as a backlog, and Failover.Inject breaks the
-	// servers once, mid-drain. Defaults to nil (the seeded worker faults).
+	// published at once as a backlog, the copies of each order side by
+	// side (so that they race each other for the lock and the claim), and
+	// Failover.Inject breaks the servers once, mid-drain. Defaults to nil
+	// (the seeded worker faults).
 	Failover *Failover
 	// Keep keeps the schemas, queues and logs of the run. Defaults to false.
 	Keep bool
@@ -166,9 +170,21 @@ type Failover struct {
 	// ledger entry when the fault is injected. Defaults to 0.25.
 	After float64
 	// Inject breaks the servers and returns once the fault is over (a
-	// killed node started again, a standby promoted), with a line saying
-	// what it did. It runs on the goroutine that called [Run].
-	Inject func(ctx context.Context) (detail string, err error)
+	// standby promoted, three brokers restarted in turn; a killed node may
+	// stay down), with a line saying what it did. It runs on the goroutine
+	// that called [Run].
+	Inject func(ctx context.Context, run FailoverRun) (detail string, err error)
+}
+
+// FailoverRun is what a Failover's Inject may act on.
+type FailoverRun struct {
+	// Queue is the scenario's work queue (a quorum queue's leader can be
+	// looked up by its name).
+	Queue string
+	// RunID is part of every Redis key of the run (see FlushRedisKeys).
+	RunID string
+	// Redis is the runner's client of Config.RedisURL.
+	Redis redis.UniversalClient
 }
 
 // lockedWriter serialises writes from the runner's goroutines.

@@ -49,7 +49,7 @@ func (r *scenarioRun) failover(ctx context.Context, exp Expect, pubErr <-chan er
 	ev := FaultEvent{At: time.Since(r.start), Kind: f.Name, Worker: -1}
 	fmt.Fprintf(r.cfg.Log, "chaos: %6.1fs %s: injecting with %d of %d orders done\n", ev.At.Seconds(), f.Name, r.ledgerCount(ctx), len(exp.Orders))
 	r.faultStart = time.Now()
-	detail, err := f.Inject(ctx)
+	detail, err := f.Inject(ctx, FailoverRun{Queue: r.queue, RunID: r.runID, Redis: r.rdb})
 	r.faultEnd = time.Now()
 	ev.Took, ev.Detail = r.faultEnd.Sub(r.faultStart), detail
 	if err != nil {

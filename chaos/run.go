@@ -170,7 +170,7 @@ type scenarioRun struct {
 	schema  string
 	dbURL   string
 	pool    *pgxpool.Pool
-	rdb     *redis.Client
+	rdb     redis.UniversalClient
 	gw      *Gateway
 	workers []*worker
 	start   time.Time
@@ -450,13 +450,35 @@ func (r *scenarioRun) messages() (Expect, []amqp.Publishing) {
 		exp.Poison = append(exp.Poison, b)
 		add(b, 1)
 	}
-	r.rnd.Shuffle(len(msgs), func(i, j int) { msgs[i], msgs[j] = msgs[j], msgs[i] })
+	if r.cfg.Failover != nil {
+		// A backlog whose copies of one order sit side by side: they are
+		// delivered together and race for the lock and the claim.
+		groups := groupCopies(msgs)
+		r.rnd.Shuffle(len(groups), func(i, j int) { groups[i], groups[j] = groups[j], groups[i] })
+		msgs = slices.Concat(groups...)
+	} else {
+		r.rnd.Shuffle(len(msgs), func(i, j int) { msgs[i], msgs[j] = msgs[j], msgs[i] })
+	}
 	for i := range msgs {
 		msgs[i].MessageId = r.runID + "-m" + randomHex(6) // duplicates carry different ids
 		msgs[i].ContentType = "application/json"
 		msgs[i].DeliveryMode = amqp.Persistent
 	}
 	return exp, msgs
+}
+
+// groupCopies splits msgs into runs of equal bodies (an order's copies).
+func groupCopies(msgs []amqp.Publishing) [][]amqp.Publishing {
+	var out [][]amqp.Publishing
+	for i := 0; i < len(msgs); {
+		j := i + 1
+		for j < len(msgs) && string(msgs[j].Body) == string(msgs[i].Body) {
+			j++
+		}
+		out = append(out, msgs[i:j])
+		i = j
+	}
+	return out
 }
 
 // publish sends msgs spread over span, each with a publisher confirm. A
