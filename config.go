@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -13,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/internal/amqpdial"
 	"github.com/inboxmq/inboxmq/metrics"
 	"github.com/inboxmq/inboxmq/observe"
 	"github.com/inboxmq/inboxmq/outbox"
@@ -36,8 +36,14 @@ const (
 // Controls, Outbox, Reconciler, Retention) leaves its part out. A Config
 // must not be changed after it is passed to [NewWorker].
 type Config struct {
-	// URL is the broker's amqp:// or amqps:// URL. Required. Credentials in
-	// it never appear in logs or errors.
+	// URL is the broker's amqp:// or amqps:// URL, or the URLs of a
+	// cluster's nodes separated by commas. Required. The consumer, its
+	// publisher of retry and dead-letter copies, the parker and the outbox
+	// relay each connect to one node that answers and, when that
+	// connection is lost, to a node that answers then (see consumer.Config.URL);
+	// the node of every connection is logged and, with Metrics, counted in
+	// broker_node_connections{node,role}. Credentials in it never appear
+	// in logs or errors.
 	URL string
 
 	// DB is the pool on the PostgreSQL primary that holds the inbox (run
@@ -200,8 +206,8 @@ func withDefaults(cfg *Config) (*settings, error) {
 	if s.URL == "" {
 		return nil, errors.New("inboxmq: Config.URL is required")
 	}
-	if u, err := url.Parse(s.URL); err != nil || (u.Scheme != "amqp" && u.Scheme != "amqps") {
-		return nil, errors.New("inboxmq: Config.URL: want an amqp:// or amqps:// URL")
+	if _, err := amqpdial.Parse(s.URL); err != nil {
+		return nil, fmt.Errorf("inboxmq: Config.URL: want an amqp:// or amqps:// URL, or a comma-separated list of them: %w", err)
 	}
 	if s.DB == nil {
 		return nil, errors.New("inboxmq: Config.DB is required")

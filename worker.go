@@ -17,6 +17,7 @@ import (
 	"github.com/inboxmq/inboxmq/control"
 	"github.com/inboxmq/inboxmq/inbox"
 	"github.com/inboxmq/inboxmq/inboxtype"
+	"github.com/inboxmq/inboxmq/internal/amqpdial"
 	"github.com/inboxmq/inboxmq/metrics"
 	"github.com/inboxmq/inboxmq/middleware"
 	"github.com/inboxmq/inboxmq/observe"
@@ -121,12 +122,13 @@ func NewWorker(cfg *Config) (*Worker, error) {
 		observers = append([]inboxtype.Observer{w.metrics}, observers...)
 	}
 	w.cons, err = consumer.New(&consumer.Config{
-		URL:         s.URL,
-		Name:        s.Name,
-		Router:      router,
-		Logger:      s.Logger,
-		Observers:   observers,
-		DialTimeout: s.ConnectTimeout,
+		URL:          s.URL,
+		Name:         s.Name,
+		Router:       router,
+		Logger:       s.Logger,
+		Observers:    observers,
+		DialTimeout:  s.ConnectTimeout,
+		OnBrokerNode: w.brokerNodeHook(s.URL, amqpdial.RoleConsumer, amqpdial.RolePublisher),
 	})
 	if err != nil {
 		return nil, w.unregister(err)
@@ -139,6 +141,9 @@ func NewWorker(cfg *Config) (*Worker, error) {
 		}
 		if rc.Registerer == nil {
 			rc.Registerer = reg
+		}
+		if rc.OnBrokerNode == nil {
+			rc.OnBrokerNode = w.brokerNodeHook(rc.URL, amqpdial.RoleRelay)
 		}
 		if w.relay, err = outbox.NewRelay(s.DB, &rc); err != nil {
 			return nil, w.unregister(err)
@@ -189,8 +194,30 @@ func (w *Worker) buildControls() error {
 	if name == "" && w.s.Name != "" {
 		name = w.s.Name + "-parker"
 	}
-	w.parker = control.NewDialParker(w.s.URL, &control.DialParkerOpts{ConnectionName: name, DialTimeout: w.s.ConnectTimeout})
+	w.parker = control.NewDialParker(w.s.URL, &control.DialParkerOpts{
+		ConnectionName: name, DialTimeout: w.s.ConnectTimeout, Logger: w.logger,
+		OnBrokerNode: w.brokerNodeHook(w.s.URL, amqpdial.RoleParker),
+	})
 	return nil
+}
+
+// brokerNodeHook returns the OnBrokerNode hook of a part connecting to
+// rawURL's nodes (nil without metrics), its series pre-initialised for
+// each role.
+func (w *Worker) brokerNodeHook(rawURL string, roles ...string) func(role, node string, connected bool) {
+	if w.metrics == nil {
+		return nil
+	}
+	nodes, err := amqpdial.Parse(rawURL)
+	if err != nil {
+		return nil // the part's own validation reports it
+	}
+	for _, role := range roles {
+		for _, n := range nodes {
+			w.metrics.InitBrokerNodes(role, n.Addr)
+		}
+	}
+	return w.metrics.BrokerNode
 }
 
 // buildRouter mounts the router-wide middleware and every route with its
@@ -427,13 +454,13 @@ func (w *Worker) store() *inbox.Store { return w.storeRef.Load() }
 // declareExchanges declares Outbox.Exchanges; ctx's deadline bounds the
 // dial and the handshake.
 func (w *Worker) declareExchanges(ctx context.Context) error {
-	timeout := w.s.ConnectTimeout
-	if deadline, ok := ctx.Deadline(); ok {
-		timeout = min(timeout, time.Until(deadline))
-	}
-	conn, err := amqp.DialConfig(w.s.URL, amqp.Config{Dial: amqp.DefaultDial(timeout)})
+	d, err := amqpdial.New(amqpdial.Config{URL: w.s.URL, Timeout: w.s.ConnectTimeout})
 	if err != nil {
-		return errors.New("connect: " + consumer.RedactURL(err.Error()))
+		return err
+	}
+	conn, _, err := d.Dial(ctx, cmp.Or(w.s.Name, "inboxmq")+" exchanges", amqpdial.RoleAdmin)
+	if err != nil {
+		return err
 	}
 	defer conn.Close()
 	ch, err := conn.Channel()

@@ -2,17 +2,11 @@ package chaos
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"time"
-
-	amqp "github.com/rabbitmq/amqp091-go"
-
-	"github.com/inboxmq/inboxmq/consumer"
 )
 
 // failover is the fault phase of a run with a Failover: once the backlog
@@ -176,42 +170,4 @@ func (s *ScenarioReport) MetricDelta(key string) float64 {
 		}
 	}
 	return d
-}
-
-// splitURLs splits a comma-separated URL list, dropping empty entries.
-func splitURLs(list string) []string {
-	var out []string
-	for _, u := range strings.Split(list, ",") {
-		if u = strings.TrimSpace(u); u != "" {
-			out = append(out, u)
-		}
-	}
-	return out
-}
-
-var dialSeq atomic.Uint32
-
-// dialAny connects to one of the comma-separated AMQP URLs that answers,
-// trying each once from a rotating start, so that successive dials spread
-// over a cluster's nodes and one node's loss only moves the runner to the
-// next.
-func dialAny(urls, name string) (*amqp.Connection, error) {
-	list := splitURLs(urls)
-	if len(list) == 0 {
-		return nil, errors.New("chaos: no AMQP URL")
-	}
-	start := int(dialSeq.Add(1))
-	var errs []error
-	for i := range list {
-		u := list[(start+i)%len(list)]
-		conn, err := amqp.DialConfig(u, amqp.Config{
-			Properties: amqp.Table{"connection_name": name},
-			Dial:       amqp.DefaultDial(5 * time.Second),
-		})
-		if err == nil {
-			return conn, nil
-		}
-		errs = append(errs, fmt.Errorf("%s: %w", consumer.RedactURL(u), err))
-	}
-	return nil, errors.Join(errs...)
 }

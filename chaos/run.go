@@ -484,7 +484,7 @@ func groupCopies(msgs []amqp.Publishing) [][]amqp.Publishing {
 // publish sends msgs spread over span, each with a publisher confirm. A
 // zero span publishes them at once, waiting for the confirms by windows.
 func (r *scenarioRun) publish(ctx context.Context, msgs []amqp.Publishing, span time.Duration) error {
-	conn, err := dialAny(r.cfg.AMQPURL, "inboxmq-chaos publisher "+r.runID)
+	conn, _, err := consumer.Dial(ctx, r.cfg.AMQPURL, &consumer.DialOpts{Name: "inboxmq-chaos publisher " + r.runID, Timeout: 5 * time.Second})
 	if err != nil {
 		return fmt.Errorf("chaos: publisher: %w", err)
 	}
@@ -680,15 +680,17 @@ func (r *scenarioRun) scrapeLoop(ctx context.Context) {
 	}
 }
 
-// channel opens a channel on the runner's connection, dialling a node
-// again (another one of a cluster's, if the first is gone) when that
-// connection was lost.
+// channel opens a channel on the runner's connection, dialling again
+// (consumer.Dial tries a cluster's nodes in turn) when that connection was
+// lost.
 func (r *scenarioRun) channel() (*amqp.Channel, error) {
 	r.connMu.Lock()
 	defer r.connMu.Unlock()
 	for attempt := 0; ; attempt++ {
 		if r.conn == nil || r.conn.IsClosed() {
-			conn, err := dialAny(r.cfg.AMQPURL, "inboxmq-chaos runner "+r.runID)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			conn, _, err := consumer.Dial(ctx, r.cfg.AMQPURL, &consumer.DialOpts{Name: "inboxmq-chaos runner " + r.runID, Timeout: 5 * time.Second})
+			cancel()
 			if err != nil {
 				return nil, fmt.Errorf("chaos: RabbitMQ: %w", err)
 			}

@@ -5,22 +5,34 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"os"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/inboxmq/inboxmq/inboxtype"
+	"github.com/inboxmq/inboxmq/internal/amqpdial"
 )
 
 // Config configures a [Consumer]. Only URL and Router are required; every
 // other field has a default. A Config must not be changed after it is passed
 // to [New].
 type Config struct {
-	// URL is the broker's amqp:// or amqps:// URL. Required. Credentials in it
-	// never appear in logs or errors (see [RedactURL]).
+	// URL is the broker's amqp:// or amqps:// URL, or the URLs of a
+	// cluster's nodes separated by commas
+	// ("amqp://u:p@rabbit1:5672/,amqp://u:p@rabbit2:5672/"). Required. Each
+	// connection goes to one node that answers: a process starts at a random
+	// node and each new connection one node further, so workers spread over
+	// the cluster, and a connection lost with its node is re-established on
+	// another. Credentials never appear in logs or errors (see [RedactURL]).
 	URL string
+
+	// OnBrokerNode, when set, is called each time one of the consumer's
+	// connections opens (connected true) or closes (false), with its role
+	// ("consumer" for the consuming connection, "publisher" for the one
+	// that publishes retry and dead-letter copies) and the node's
+	// host:port. metrics.Metrics.BrokerNode fits it. Defaults to nil.
+	OnBrokerNode func(role, node string, connected bool)
 
 	// TLS configures TLS for amqps:// URLs. Defaults to nil: an amqps:// URL
 	// then uses an empty tls.Config (the system roots, the URL's host name).
@@ -67,8 +79,9 @@ type Config struct {
 	// Heartbeat is the AMQP heartbeat interval. Defaults to 10s.
 	Heartbeat time.Duration
 
-	// DialTimeout bounds establishing one connection (TCP, TLS and AMQP
-	// handshake). Defaults to 15s.
+	// DialTimeout bounds establishing one connection to one node (TCP, TLS
+	// and AMQP handshake); with several nodes, each node tried gets its own.
+	// Defaults to 15s.
 	DialTimeout time.Duration
 }
 
@@ -112,13 +125,8 @@ func (c *Config) validate() error {
 	if c.URL == "" {
 		return errors.New("consumer: Config.URL is required")
 	}
-	u, err := url.Parse(c.URL)
-	if err != nil {
-		// url.Parse echoes the input in its error: never wrap it.
-		return fmt.Errorf("consumer: Config.URL %q is not a valid URL", RedactURL(c.URL))
-	}
-	if u.Scheme != "amqp" && u.Scheme != "amqps" {
-		return fmt.Errorf("consumer: Config.URL %q must use amqp:// or amqps://", RedactURL(c.URL))
+	if _, err := amqpdial.Parse(c.URL); err != nil {
+		return fmt.Errorf("consumer: Config.URL: %w", err)
 	}
 	if c.Router == nil {
 		return errors.New("consumer: Config.Router is required")
@@ -156,13 +164,8 @@ func (c *Config) validate() error {
 }
 
 // RedactURL returns rawURL with any password replaced by "xxxxx", so the
-// URL can be logged or put into an error. A string that does not parse as
-// a URL is reduced to "<unparseable url>" because it may still contain a
-// secret.
-func RedactURL(rawURL string) string {
-	u, err := url.Parse(rawURL)
-	if err != nil {
-		return "<unparseable url>"
-	}
-	return u.Redacted()
-}
+// URL can be logged or put into an error. A comma-separated list of
+// amqp:// or amqps:// URLs (a cluster's nodes, as Config.URL takes) is
+// redacted entry by entry. A string that does not parse as a URL is
+// reduced to "<unparseable url>" because it may still contain a secret.
+func RedactURL(rawURL string) string { return amqpdial.Redact(rawURL) }

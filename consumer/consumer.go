@@ -5,9 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/url"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,6 +13,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/inboxmq/inboxmq/inboxtype"
+	"github.com/inboxmq/inboxmq/internal/amqpdial"
 )
 
 // Consumer consumes the queues of a [Router] and settles every delivery
@@ -26,6 +24,7 @@ import (
 type Consumer struct {
 	cfg     Config
 	log     *slog.Logger
+	dialer  *amqpdial.Dialer
 	routes  []*route
 	byQueue map[string]*route
 	hooks   atomic.Pointer[testHooks]
@@ -59,9 +58,17 @@ func New(cfg *Config) (*Consumer, error) {
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
+	log := c.Logger.With(slog.String("worker", c.Name))
+	dialer, err := amqpdial.New(amqpdial.Config{
+		URL: c.URL, TLS: c.TLS, Heartbeat: c.Heartbeat, Timeout: c.DialTimeout, Logger: log, OnNode: c.OnBrokerNode,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("consumer: Config.URL: %w", err)
+	}
 	cons := &Consumer{
 		cfg:         c,
-		log:         c.Logger.With(slog.String("worker", c.Name)),
+		log:         log,
+		dialer:      dialer,
 		byQueue:     make(map[string]*route),
 		state:       inboxtype.ConnDisconnected,
 		stopCh:      make(chan struct{}),
@@ -358,11 +365,11 @@ func (s *session) watchCancel(queue string, cancelled <-chan string) {
 // and one channel per route, and starts consuming the queues that are not
 // paused.
 func (c *Consumer) connect(ctx context.Context) (*session, error) {
-	conn, err := c.dial(ctx, c.cfg.Name)
+	conn, err := c.dial(ctx, c.cfg.Name, amqpdial.RoleConsumer)
 	if err != nil {
 		return nil, err
 	}
-	pubConn, err := c.dial(ctx, c.cfg.Name+" publisher")
+	pubConn, err := c.dial(ctx, c.cfg.Name+" publisher", amqpdial.RolePublisher)
 	if err != nil {
 		_ = conn.Close()
 		return nil, err
@@ -432,49 +439,14 @@ func (c *Consumer) consumerTag(queue string) string {
 	return tag
 }
 
-// dial opens one connection, bounded by ctx and Config.DialTimeout, with
-// name as its connection_name property (Config.Name for the consuming
-// connection, "<Name> publisher" for the one that publishes copies).
-func (c *Consumer) dial(ctx context.Context, name string) (*amqp.Connection, error) {
-	timeout := c.cfg.DialTimeout
-	conn, err := amqp.DialConfig(c.cfg.URL, amqp.Config{
-		Heartbeat:       c.cfg.Heartbeat,
-		TLSClientConfig: c.cfg.TLS.Clone(), // amqp091 may set ServerName on it
-		Locale:          "en_US",
-		Properties: amqp.Table{
-			"connection_name": name,
-			"product":         "inboxmq",
-		},
-		Dial: func(network, addr string) (net.Conn, error) {
-			d := net.Dialer{Timeout: timeout}
-			nc, err := d.DialContext(ctx, network, addr)
-			if err != nil {
-				return nil, err
-			}
-			// Bounds the TLS and AMQP handshakes; amqp091 clears it after.
-			if err := nc.SetDeadline(time.Now().Add(timeout)); err != nil {
-				_ = nc.Close()
-				return nil, err
-			}
-			return nc, nil
-		},
-	})
+// dial opens one connection to a node of Config.URL, bounded by ctx and
+// Config.DialTimeout per node, with name as its connection_name property
+// (Config.Name for the consuming connection, "<Name> publisher" for the
+// one that publishes copies).
+func (c *Consumer) dial(ctx context.Context, name, role string) (*amqp.Connection, error) {
+	conn, _, err := c.dialer.Dial(ctx, name, role)
 	if err != nil {
-		return nil, fmt.Errorf("consumer: connect to %s: %w", RedactURL(c.cfg.URL), redactErr(c.cfg.URL, err))
+		return nil, fmt.Errorf("consumer: %w", err)
 	}
 	return conn, nil
-}
-
-// redactErr removes the URL's password from err's text, should a library
-// ever echo it.
-func redactErr(rawURL string, err error) error {
-	u, perr := url.Parse(rawURL)
-	if perr != nil || u.User == nil {
-		return err
-	}
-	pw, ok := u.User.Password()
-	if !ok || pw == "" || !strings.Contains(err.Error(), pw) {
-		return err
-	}
-	return errors.New(strings.ReplaceAll(err.Error(), pw, "xxxxx"))
 }

@@ -5,13 +5,14 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inboxtype"
+	"github.com/inboxmq/inboxmq/internal/amqpdial"
 )
 
 // DialParkerOpts configure a [DialParker]. A nil *DialParkerOpts means
@@ -24,19 +25,29 @@ type DialParkerOpts struct {
 	// TLS configures TLS for an amqps:// URL. Defaults to nil: an empty
 	// tls.Config (the system roots, the URL's host name).
 	TLS *tls.Config
-	// DialTimeout bounds one dial (TCP, TLS and AMQP handshake) when the
-	// context of Park has no earlier deadline. Defaults to 15s.
+	// DialTimeout bounds one node's dial (TCP, TLS and AMQP handshake)
+	// when the context of Park has no earlier deadline. Defaults to 15s.
 	DialTimeout time.Duration
+	// OnBrokerNode, when set, is called when the parker's connection opens
+	// (connected true) or closes (false), with the role "parker" and the
+	// node's host:port. metrics.Metrics.BrokerNode fits it. Defaults to nil.
+	OnBrokerNode func(role, node string, connected bool)
+	// Logger receives a line for every connect, failover and lost
+	// connection, with the node. Defaults to nil, which discards them.
+	Logger *slog.Logger
 }
 
 // DialParker is a [Parker] that owns its broker connection: it dials on
 // the first Park, and again when the connection is gone, so parking
 // survives a broker restart without the caller managing a connection.
+// Given the URLs of a cluster's nodes, it connects to one that answers
+// and, once that connection is gone, to another.
 // middleware.Block accepts it. It is safe for concurrent use; Close closes
 // its connection.
 type DialParker struct {
-	url  string
-	opts DialParkerOpts
+	opts   DialParkerOpts
+	dialer *amqpdial.Dialer
+	urlErr error // a bad url: every Park fails with it
 
 	mu     sync.Mutex
 	conn   *amqp.Connection
@@ -45,7 +56,9 @@ type DialParker struct {
 }
 
 // NewDialParker returns a parker publishing through its own connection to
-// url (amqp:// or amqps://). It does not dial until the first Park.
+// url: an amqp:// or amqps:// URL, or a comma-separated list of them (a
+// cluster's nodes). It does not dial until the first Park; a url that does
+// not parse makes every Park fail with an error saying why.
 func NewDialParker(url string, opts *DialParkerOpts) *DialParker {
 	var o DialParkerOpts
 	if opts != nil {
@@ -57,7 +70,11 @@ func NewDialParker(url string, opts *DialParkerOpts) *DialParker {
 	if o.DialTimeout <= 0 {
 		o.DialTimeout = 15 * time.Second
 	}
-	return &DialParker{url: url, opts: o}
+	p := &DialParker{opts: o}
+	p.dialer, p.urlErr = amqpdial.New(amqpdial.Config{
+		URL: url, TLS: o.TLS, Timeout: o.DialTimeout, Logger: o.Logger, OnNode: o.OnBrokerNode,
+	})
+	return p
 }
 
 // Park copies d to its parked queue like [Parker.Park], dialing first if
@@ -91,28 +108,21 @@ func (p *DialParker) current(ctx context.Context) (*Parker, error) {
 	if p.closed {
 		return nil, errors.New("control: park: parker closed")
 	}
+	if p.urlErr != nil {
+		return nil, fmt.Errorf("control: park: %w", p.urlErr)
+	}
 	if p.conn != nil && !p.conn.IsClosed() {
 		return p.parker, nil
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("control: park: connect: %w", err)
 	}
-	timeout := p.opts.DialTimeout
-	if deadline, ok := ctx.Deadline(); ok {
-		timeout = min(timeout, time.Until(deadline))
-	}
-	if timeout <= 0 {
+	if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) <= 0 {
 		return nil, fmt.Errorf("control: park: connect: %w", context.DeadlineExceeded)
 	}
-	conn, err := amqp.DialConfig(p.url, amqp.Config{
-		Properties:      amqp.Table{"connection_name": p.opts.ConnectionName},
-		Heartbeat:       10 * time.Second,
-		TLSClientConfig: p.opts.TLS,
-		Dial:            amqp.DefaultDial(timeout),
-	})
+	conn, _, err := p.dialer.Dial(ctx, p.opts.ConnectionName, amqpdial.RoleParker)
 	if err != nil {
-		// The error may echo the URL: never wrap it.
-		return nil, errors.New("control: park: connect to " + consumer.RedactURL(p.url) + ": " + consumer.RedactURL(err.Error()))
+		return nil, fmt.Errorf("control: park: %w", err)
 	}
 	p.conn, p.parker = conn, NewParker(conn)
 	return p.parker, nil

@@ -151,6 +151,8 @@ type Metrics struct {
 	degradedBy      map[string]bool // Redis users currently degraded
 	reconnects      prometheus.Counter
 	connected       prometheus.Gauge
+	nodeConns       *prometheus.GaugeVec
+	nodeOpened      *prometheus.CounterVec
 	everConnected   atomic.Bool
 	inbox           *inboxCollector
 	perRoute        sync.Map // routeKey -> *routeSeries
@@ -240,11 +242,18 @@ func New(reg prometheus.Registerer, cfg *Config) (*Metrics, error) {
 			Namespace: ns, Name: "broker_connected", ConstLabels: c.ConstLabels,
 			Help: "1 while connected to the broker and consuming.",
 		}),
+		nodeConns: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Name: "broker_node_connections", ConstLabels: c.ConstLabels,
+			Help: "Connections open to each broker node, by role (consumer, publisher, parker, relay): which node a worker is on.",
+		}, []string{"node", "role"}),
+		nodeOpened: counter("broker_connections_total",
+			"Connections opened to each broker node, by role; a rise on another node is a failover.", "node", "role"),
 	}
 	cols := []prometheus.Collector{
 		m.received, m.redelivered, m.settled, m.inFlight, m.duplicates, m.lockOK, m.lockFailed,
 		m.lockExpired, m.retries, m.inProcess, m.duration, m.conflicts, m.deadLettered, m.stale,
 		m.settleErrors, m.handlerTime, m.redisDegraded, m.reconnects, m.connected,
+		m.nodeConns, m.nodeOpened,
 	}
 	if c.Inbox != nil {
 		m.inbox = newInboxCollector(ns, c.ConstLabels, *c.Inbox)
@@ -403,6 +412,33 @@ func (m *Metrics) OnConnState(state inboxtype.ConnState, _ error) {
 	case inboxtype.ConnDisconnected, inboxtype.ConnStopped:
 		m.connected.Set(0)
 	}
+}
+
+// InitBrokerNodes pre-initialises broker_node_connections and
+// broker_connections_total for role on every node (host:port), so that a
+// node never connected to shows 0 rather than nothing. The roles inboxmq
+// reports are "consumer" (the consuming connection), "publisher" (the
+// consumer's connection for retry and dead-letter copies), "parker" and
+// "relay" (an outbox relay lane).
+func (m *Metrics) InitBrokerNodes(role string, nodes ...string) {
+	for _, n := range nodes {
+		m.nodeConns.WithLabelValues(n, role)
+		m.nodeOpened.WithLabelValues(n, role)
+	}
+}
+
+// BrokerNode records a broker connection of role opening (connected true:
+// broker_connections_total and broker_node_connections go up) or closing
+// (false: broker_node_connections goes down) on node (host:port). It fits
+// the OnBrokerNode hooks of consumer.Config, outbox.RelayConfig and
+// control.DialParkerOpts.
+func (m *Metrics) BrokerNode(role, node string, connected bool) {
+	if connected {
+		m.nodeOpened.WithLabelValues(node, role).Inc()
+		m.nodeConns.WithLabelValues(node, role).Inc()
+		return
+	}
+	m.nodeConns.WithLabelValues(node, role).Dec()
 }
 
 // SetRedisDegraded sets redis_degraded: the lock and completed-cache hooks

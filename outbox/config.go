@@ -4,19 +4,27 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/inboxmq/inboxmq/internal/amqpdial"
 )
 
 // RelayConfig configures a [Relay]. Only URL is required; every other field
 // has a default.
 type RelayConfig struct {
-	// URL is the AMQP URL of the broker (amqp:// or amqps://). Required. It
-	// is never logged with its password.
+	// URL is the AMQP URL of the broker (amqp:// or amqps://), or the URLs
+	// of a cluster's nodes separated by commas. Required. Each lane's
+	// connection goes to one node that answers, starting one node further
+	// than the previous connection, and a lane that loses its connection
+	// reconnects to a node that answers. It is never logged with its
+	// password.
 	URL string
+	// OnBrokerNode, when set, is called when a lane's connection opens
+	// (connected true) or closes (false), with the role "relay" and the
+	// node's host:port. metrics.Metrics.BrokerNode fits it. Defaults to nil.
+	OnBrokerNode func(role, node string, connected bool)
 	// ConnectionName is the connection_name client property, shown in the
 	// broker's management UI and rabbitmqctl, suffixed " #<lane>" per
 	// connection (see Concurrency). Defaults to
@@ -134,8 +142,8 @@ func (c *RelayConfig) validate() error {
 	var errs []error
 	if c.URL == "" {
 		errs = append(errs, errors.New("outbox: RelayConfig.URL is required"))
-	} else if _, err := amqp.ParseURI(c.URL); err != nil {
-		errs = append(errs, fmt.Errorf("outbox: RelayConfig.URL %s is not an AMQP URL", redactURL(c.URL)))
+	} else if _, err := amqpdial.Parse(c.URL); err != nil {
+		errs = append(errs, fmt.Errorf("outbox: RelayConfig.URL: %w", err))
 	}
 	if c.BatchSize < 1 {
 		errs = append(errs, fmt.Errorf("outbox: RelayConfig.BatchSize must be positive, got %d", c.BatchSize))
@@ -168,12 +176,6 @@ func (c *RelayConfig) validate() error {
 	return errors.Join(errs...)
 }
 
-// redactURL returns u with its password replaced, for logs and errors. An
-// unparsable URL is not echoed at all.
-func redactURL(u string) string {
-	p, err := url.Parse(u)
-	if err != nil {
-		return "<invalid URL>"
-	}
-	return p.Redacted()
-}
+// redactURL returns u (one URL or a list) with its passwords replaced, for
+// logs and errors. An unparsable URL is not echoed at all.
+func redactURL(u string) string { return amqpdial.Redact(u) }

@@ -60,7 +60,8 @@ func TestNewRelayConfig(t *testing.T) {
 func TestRedactURL(t *testing.T) {
 	t.Parallel()
 	require.Equal(t, "amqp://guest:xxxxx@host:5672/vh", redactURL("amqp://guest:s3cret@host:5672/vh"))
-	require.Equal(t, "<invalid URL>", redactURL("amqp://%zz"))
+	require.Equal(t, "<unparseable url>", redactURL("amqp://%zz"))
+	require.Equal(t, "amqp://a:xxxxx@h1:5672/,amqps://b:xxxxx@h2/", redactURL("amqp://a:p1@h1:5672/, amqps://b:p2@h2/"))
 }
 
 func TestRetryDelay(t *testing.T) {

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/inboxmq/inboxmq/internal/amqpdial"
 	"github.com/inboxmq/inboxmq/internal/startstop"
 )
 
@@ -30,6 +31,7 @@ import (
 type Relay struct {
 	pool    *pgxpool.Pool
 	cfg     RelayConfig
+	dialer  *amqpdial.Dialer
 	log     *slog.Logger
 	metrics *metrics
 	hooks   testHooks
@@ -66,6 +68,12 @@ func NewRelay(pool *pgxpool.Pool, cfg *RelayConfig) (*Relay, error) {
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
+	dialer, err := amqpdial.New(amqpdial.Config{
+		URL: c.URL, Timeout: 10 * time.Second, Logger: c.Logger, OnNode: c.OnBrokerNode,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: RelayConfig.URL: %w", err)
+	}
 	m, err := newMetrics(c.Registerer)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: register metrics: %w", err)
@@ -73,6 +81,7 @@ func NewRelay(pool *pgxpool.Pool, cfg *RelayConfig) (*Relay, error) {
 	return &Relay{
 		pool:    pool,
 		cfg:     c,
+		dialer:  dialer,
 		log:     c.Logger.With(slog.String("component", "outbox-relay"), slog.String("connection_name", c.ConnectionName)),
 		metrics: m,
 		svc:     startstop.Service{Name: "outbox: relay"},
@@ -233,13 +242,9 @@ func (e *killedError) Error() string { return e.err.Error() }
 func (e *killedError) Unwrap() error { return e.err }
 
 func (r *Relay) connect(ctx context.Context, l *lane) error {
-	conn, err := amqp.DialConfig(r.cfg.URL, amqp.Config{
-		Properties: amqp.Table{"connection_name": r.cfg.ConnectionName + " #" + strconv.Itoa(l.index)},
-		Heartbeat:  10 * time.Second,
-		Dial:       amqp.DefaultDial(10 * time.Second),
-	})
+	conn, node, err := r.dialer.Dial(ctx, r.cfg.ConnectionName+" #"+strconv.Itoa(l.index), amqpdial.RoleRelay)
 	if err != nil {
-		return fmt.Errorf("outbox: dial %s: %w", redactURL(r.cfg.URL), err)
+		return fmt.Errorf("outbox: %w", err)
 	}
 	ch, err := conn.Channel()
 	if err == nil {
@@ -251,7 +256,8 @@ func (r *Relay) connect(ctx context.Context, l *lane) error {
 	}
 	l.conn, l.ch = conn, ch
 	l.returns = ch.NotifyReturn(make(chan amqp.Return, r.cfg.BatchSize))
-	r.log.LogAttrs(ctx, slog.LevelInfo, "outbox relay connected", slog.String("url", redactURL(r.cfg.URL)), slog.Int("lane", l.index))
+	r.log.LogAttrs(ctx, slog.LevelInfo, "outbox relay connected", slog.String("node", node.Addr),
+		slog.String("url", node.Redacted()), slog.Int("lane", l.index))
 	return ctx.Err()
 }
 

@@ -18,6 +18,7 @@ import (
 
 	"github.com/inboxmq/inboxmq/control"
 	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/internal/amqpdial"
 )
 
 // Exit codes.
@@ -191,25 +192,35 @@ func (c *cli) openStore(ctx context.Context) (s *inbox.Store, closeDB func(), er
 	return s, pool.Close, nil
 }
 
-// dialBroker connects to RabbitMQ.
+// dialBroker connects to RabbitMQ: to one node that answers when the URL
+// lists a cluster's nodes.
 func (c *cli) dialBroker() (*amqp.Connection, error) {
 	u, err := c.brokerURL()
 	if err != nil {
 		return nil, err
 	}
-	conn, err := amqp.DialConfig(u, amqp.Config{
-		Properties: amqp.Table{"connection_name": "inboxctl"},
-		Heartbeat:  10 * time.Second,
-	})
+	d, err := amqpdial.New(amqpdial.Config{URL: u})
 	if err != nil {
-		return nil, fmt.Errorf("broker %s: %w", redactURL(u), err)
+		return nil, usagef("--amqp-url / AMQP_URL: %v", err)
+	}
+	conn, _, err := d.Dial(context.Background(), "inboxctl", amqpdial.RoleAdmin)
+	if err != nil {
+		return nil, fmt.Errorf("broker: %w", err)
 	}
 	return conn, nil
 }
 
 // redact removes the passwords of the configured URLs from s.
 func (c *cli) redact(s string) string {
-	for _, raw := range []string{c.databaseURL, c.getenv("DATABASE_URL"), c.amqpURL, c.getenv("AMQP_URL")} {
+	raws := []string{c.databaseURL, c.getenv("DATABASE_URL"), c.amqpURL, c.getenv("AMQP_URL")}
+	for _, list := range raws[2:] {
+		if nodes, err := amqpdial.Parse(list); err == nil && len(nodes) > 1 {
+			for _, n := range nodes {
+				raws = append(raws, n.URL) // each node's password
+			}
+		}
+	}
+	for _, raw := range raws {
 		if raw == "" {
 			continue
 		}

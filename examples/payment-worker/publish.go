@@ -79,9 +79,9 @@ func newID() string {
 // publishAll publishes msgs to queue through the default exchange with
 // publisher confirms, waiting for every confirm.
 func publishAll(ctx context.Context, amqpURL, queue string, msgs []amqp.Publishing) error {
-	conn, err := amqp.Dial(amqpURL)
+	conn, _, err := consumer.Dial(ctx, amqpURL, &consumer.DialOpts{Name: "payment-worker publish"})
 	if err != nil {
-		return fmt.Errorf("publish: connect %s: %w", consumer.RedactURL(amqpURL), err)
+		return fmt.Errorf("publish: %w", err)
 	}
 	defer conn.Close()
 	ch, err := conn.Channel()
@@ -125,9 +125,9 @@ func publishAll(ctx context.Context, amqpURL, queue string, msgs []amqp.Publishi
 // purge empties queue and its DLQ so that a demo run counts only its own
 // dead letters. The queues must exist (the worker declares them).
 func purge(amqpURL, queue string) error {
-	conn, err := amqp.Dial(amqpURL)
+	conn, _, err := consumer.Dial(context.Background(), amqpURL, &consumer.DialOpts{Name: "payment-worker purge"})
 	if err != nil {
-		return fmt.Errorf("purge: connect %s: %w", consumer.RedactURL(amqpURL), err)
+		return fmt.Errorf("purge: %w", err)
 	}
 	defer conn.Close()
 	for _, q := range []string{queue, queue + ".dlq"} {

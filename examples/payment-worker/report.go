@@ -75,9 +75,9 @@ func waitDrained(ctx context.Context, cfg config, s summary, metricsURL string, 
 		return counts{}, fmt.Errorf("report: connect %s: %w", consumer.RedactURL(cfg.DatabaseURL), err)
 	}
 	defer pool.Close()
-	conn, err := amqp.Dial(cfg.AMQPURL)
+	conn, _, err := consumer.Dial(ctx, cfg.AMQPURL, &consumer.DialOpts{Name: "payment-worker report"})
 	if err != nil {
-		return counts{}, fmt.Errorf("report: connect %s: %w", consumer.RedactURL(cfg.AMQPURL), err)
+		return counts{}, fmt.Errorf("report: %w", err)
 	}
 	defer conn.Close()
 

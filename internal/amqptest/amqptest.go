@@ -10,6 +10,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
+	"net/url"
 	"os/exec"
 	"regexp"
 	"strings"
@@ -251,4 +253,23 @@ func SetQueuePolicy(t testing.TB, queue, definition string) {
 		}
 		return false
 	})
+}
+
+// DeadURL returns the test broker's URL with its host and port replaced by
+// a loopback port that nothing listens on: a cluster node that is down
+// (connections to it are refused at once).
+func DeadURL(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("amqptest: listen: %v", err)
+	}
+	addr := l.Addr().String()
+	_ = l.Close()
+	u, err := url.Parse(testenv.AMQPURL())
+	if err != nil {
+		t.Fatalf("amqptest: parse AMQP URL: %v", err)
+	}
+	u.Host = addr
+	return u.String()
 }

@@ -1,0 +1,15 @@
+package amqpdial_test
+
+import (
+	"context"
+	"testing"
+)
+
+var errCanceled = context.Canceled
+
+func contextCancelled(t *testing.T) (context.Context, context.CancelFunc) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	return ctx, cancel
+}
