@@ -62,7 +62,7 @@ bench: up ## One-run benchmark against the ceilings (cmd/inboxbench): msgs/s, la
 	@urls="$${CLUSTER_AMQP_URLS:-}"; \
 	if [ -z "$$urls" ] && [ -f "$(CLUSTER_DIR)/env" ]; then urls=$$(. "$(CLUSTER_DIR)/env" && echo "$$CLUSTER_AMQP_URLS"); fi; \
 	if [ -z "$$urls" ]; then echo "no cluster up (make cluster): the 3-node cases are left out"; exit 0; fi; \
-	echo "== the per-message and group-commit cases on the 3-node cluster ($${urls%%,*}; quorum queues replicate to all 3 nodes)"; \
+	echo "== the per-message and group-commit cases on the 3-node cluster (its first node; quorum queues replicate to all 3)"; \
 	$(GO) run ./cmd/inboxbench -amqp "$${urls%%,*}" -n $(BENCH_N) -runs $(BENCH_RUNS) -batch 64 -inflight 8 -cases b,c,d,e -latency 0
 
 .PHONY: bench/go
