@@ -114,6 +114,7 @@ func (s *scraper) missing() []string {
 var counted = []string{
 	"duplicate_detected_total",
 	"job_retry_total",
+	"lock_acquire_success_total",
 	"lock_acquire_failed_total",
 	"lock_expired_before_completion_total",
 	"idempotency_conflict_total",
