@@ -387,11 +387,14 @@ func (c *Consumer) open(s *session) error {
 	s.watch("connection", s.conn.NotifyClose(make(chan *amqp.Error, 1)))
 	s.watch("publisher connection", s.pubConn.NotifyClose(make(chan *amqp.Error, 1)))
 	for _, r := range c.routes {
-		legacy, err := declareRoute(s.conn, r.Route)
+		got, err := declareRoute(s.conn, r.Route)
 		if err != nil {
 			return err
 		}
-		if legacy {
+		if got.kept != "" {
+			warnKeptType(c.log, r.Route, got.kept)
+		}
+		if got.legacy {
 			warnLegacyQueue(c.log, s.conn.Config.Vhost, r.Route)
 		}
 	}

@@ -117,19 +117,53 @@ func declareTopology(conn *amqp.Connection, r Route) error {
 	return err
 }
 
+// declared says how a route's topology was found on the broker.
+type declared struct {
+	// legacy: the classic work queue exists as declared before v0.1.0,
+	// without a dead-letter route (kept as it is).
+	legacy bool
+	// kept is the queue type the route's queues already had when it
+	// differs from the configured one ("" when they match): the topology
+	// was declared with that type instead.
+	kept QueueType
+}
+
 // declareRoute declares every queue of the route. Each declaration uses
-// its own channel, because a PRECONDITION_FAILED closes the channel. It
-// reports legacy when the classic work queue exists as declared before
-// v0.1.0, without a dead-letter route: that queue is kept as it is (its
-// arguments cannot change by declaring it again) and the caller warns.
-func declareRoute(conn *amqp.Connection, r Route) (bool, error) {
-	if r.Opts.Queue.NoDeclare {
-		return false, nil
+// its own channel, because a PRECONDITION_FAILED closes the channel.
+//
+// Queues that already exist with the other queue type (a classic topology
+// and QueueOpts.Type Quorum, or the reverse) are kept with their type: the
+// broker cannot change a queue's type, and refusing to start would
+// crash-loop every worker of an upgrade. The caller warns with the
+// migration. A classic work queue declared before v0.1.0, without a
+// dead-letter route, is kept too (its arguments cannot change by declaring
+// it again) and the caller warns.
+func declareRoute(conn *amqp.Connection, r Route) (declared, error) {
+	q := r.Opts.Queue
+	if q.NoDeclare {
+		return declared{}, nil
 	}
+	legacy, err := declareQueues(conn, r.Queue, q)
+	if err == nil || !typeMismatch(err) {
+		return declared{legacy: legacy}, err
+	}
+	other := q
+	other.Type = Classic
+	if q.Type == Classic {
+		other.Type = Quorum
+	}
+	if legacy, err2 := declareQueues(conn, r.Queue, other); err2 == nil {
+		return declared{legacy: legacy, kept: other.Type}, nil
+	}
+	return declared{}, fmt.Errorf("%w (a queue's type cannot change: see the migration in docs/operations.md, \"Changing a queue's type\")", err)
+}
+
+// declareQueues declares the topology of queue with q's type.
+func declareQueues(conn *amqp.Connection, queue string, q QueueOpts) (bool, error) {
 	legacy := false
-	for _, qd := range topology(r.Queue, r.Opts.Queue) {
+	for _, qd := range topology(queue, q) {
 		err := declareQueue(conn, qd)
-		if qd.name == r.Queue && r.Opts.Queue.Type == Classic && lacksDeadLetterRoute(err) {
+		if qd.name == queue && q.Type == Classic && lacksDeadLetterRoute(err) {
 			old := queueDecl{name: qd.name, args: cloneTable(qd.args)}
 			delete(old.args, argDLX)
 			delete(old.args, argDLRoutingKey)
@@ -142,6 +176,28 @@ func declareRoute(conn *amqp.Connection, r Route) (bool, error) {
 		}
 	}
 	return legacy, nil
+}
+
+// typeMismatch reports whether err is the broker refusing a declaration
+// because the existing queue has another x-queue-type.
+func typeMismatch(err error) bool {
+	var ae *amqp.Error
+	if !errors.As(err, &ae) || ae.Code != amqp.PreconditionFailed {
+		return false
+	}
+	m := inequivalentArg.FindStringSubmatch(ae.Reason)
+	return m != nil && m[1] == argQueueType
+}
+
+// warnKeptType logs that route's queues exist with another type than
+// configured and were kept, with the way to migrate.
+func warnKeptType(log *slog.Logger, r Route, kept QueueType) {
+	log.LogAttrs(context.Background(), slog.LevelWarn, "consumer: queue exists with another type than configured; "+
+		"it is kept with its type (the broker cannot change a queue's type). "+
+		"To migrate, see docs/operations.md, \"Changing a queue's type\": drain the queue and delete its topology, "+
+		"or move to a new queue name",
+		slog.String("queue", r.Queue), slog.String("existing_type", string(kept)),
+		slog.String("configured_type", string(r.Opts.Queue.Type)))
 }
 
 // lacksDeadLetterRoute reports whether err is the broker refusing a

@@ -112,13 +112,13 @@ func TestConsumer_ExistingQueueWithOtherArgumentsIsAClearError(t *testing.T) {
 	b := setup(t)
 	ch, err := b.conn.Channel()
 	require.NoError(t, err)
-	_, err = ch.QueueDeclare(b.queue, true, false, false, false, amqp.Table{"x-queue-type": "classic"})
+	_, err = ch.QueueDeclare(b.queue, true, false, false, false, amqp.Table{"x-queue-type": "quorum", "x-delivery-limit": int64(99)})
 	require.NoError(t, err)
 	require.NoError(t, ch.Close())
 
 	r := consumer.NewRouter()
 	opts := fastOpts()
-	opts.Queue.Type = consumer.Quorum
+	opts.Queue.Type, opts.Queue.DeliveryLimit = consumer.Quorum, 5
 	consumer.Register(r, b.queue, inboxtype.HandlerFunc[order](func(context.Context, *inboxtype.Message[order]) error { return nil }), opts)
 	c := b.newConsumer(t, r, nil)
 	err = c.Start(t.Context())

@@ -16,7 +16,7 @@ func TestConfigValidate(t *testing.T) {
 	}{
 		"defaults":        {RelayConfig{URL: "amqp://guest:guest@127.0.0.1:5672/"}, ""},
 		"no url":          {RelayConfig{}, "URL is required"},
-		"bad url":         {RelayConfig{URL: "http://user:s3cret@host/"}, "not an AMQP URL"},
+		"bad url":         {RelayConfig{URL: "http://user:s3cret@host/"}, "must use amqp:// or amqps://"},
 		"batch":           {RelayConfig{URL: "amqp://h/", BatchSize: -1}, "BatchSize"},
 		"retention":       {RelayConfig{URL: "amqp://h/", Retention: -2}, "Retention"},
 		"retention off":   {RelayConfig{URL: "amqp://h/", Retention: -1}, ""},

@@ -6,9 +6,11 @@
 // The broker address is one amqp:// or amqps:// URL or a comma-separated
 // list of them, the nodes of a cluster ([Parse]). A Dialer tries one node
 // after another until one answers, each within the per-node timeout.
-// Each process starts at a random node and every dial starts one node
+// Each process starts at a random node and every new connection one node
 // further than the previous one, so that many workers spread over the
-// cluster and a redial after a lost connection tries another node first.
+// cluster; a connection dialed again (by its connection name, after it was
+// lost) starts at the node after the one it was on, so it tries another
+// node first.
 // Every connect, failover and close is logged with the node (host:port)
 // and the redacted URL, and reported to Config.OnNode (the metrics).
 //
@@ -73,7 +75,7 @@ type Dialer struct {
 	next  atomic.Uint64
 
 	mu   sync.Mutex
-	last map[string]string // connection name -> node of its last connection
+	last map[string]int // connection name -> index of its last connection's node
 }
 
 // New parses cfg.URL and returns a Dialer. It does not connect.
@@ -92,7 +94,7 @@ func New(cfg Config) (*Dialer, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	d := &Dialer{cfg: cfg, nodes: nodes, log: log, last: make(map[string]string)}
+	d := &Dialer{cfg: cfg, nodes: nodes, log: log, last: make(map[string]int)}
 	d.next.Store(uint64(rand.IntN(len(nodes)))) //nolint:gosec // spreading load, not a secret
 	return d, nil
 }
@@ -118,25 +120,36 @@ func (d *Dialer) Redacted() string {
 	return strings.Join(out, ",")
 }
 
-// Dial connects to one node that answers, starting one node further than
-// the previous Dial, and returns the connection and its node. name is the
-// connection_name client property (shown by the broker's management and
-// rabbitmqctl list_connections); role is reported with the node. Each
+// Dial connects to one node that answers and returns the connection and
+// its node. A connection name dialed before starts at the node after the
+// one its last connection was on (that node may be the one that went
+// away); a new name starts one node further than the previous new name.
+// name is the connection_name client property (shown by the broker's
+// management and rabbitmqctl list_connections); role is reported with the
+// node. Each
 // node's dial is bounded by Config.Timeout and by ctx, which also ends the
 // whole attempt. If no node answers, the error lists every node's failure,
 // passwords redacted.
 func (d *Dialer) Dial(ctx context.Context, name, role string) (*amqp.Connection, Node, error) {
-	start := int(d.next.Add(1)-1) % len(d.nodes)
+	d.mu.Lock()
+	prev, redial := d.last[name]
+	d.mu.Unlock()
+	start := prev + 1
+	if !redial {
+		start = int(d.next.Add(1) - 1)
+	}
+	start %= len(d.nodes)
 	var errs []error
 	for i := range d.nodes {
 		if err := ctx.Err(); err != nil {
 			errs = append(errs, err)
 			break
 		}
-		n := d.nodes[(start+i)%len(d.nodes)]
+		idx := (start + i) % len(d.nodes)
+		n := d.nodes[idx]
 		conn, err := d.dialNode(ctx, n, name)
 		if err == nil {
-			d.connected(conn, n, name, role)
+			d.connected(conn, idx, name, role)
 			return conn, n, nil
 		}
 		err = redactErr(d.nodes, err)
@@ -208,11 +221,13 @@ func (d *Dialer) dialNode(ctx context.Context, n Node, name string) (*amqp.Conne
 
 // connected logs the connect (a failover when the same connection name
 // was last on another node), reports it, and watches for the close.
-func (d *Dialer) connected(conn *amqp.Connection, n Node, name, role string) {
+func (d *Dialer) connected(conn *amqp.Connection, idx int, name, role string) {
+	n := d.nodes[idx]
 	d.mu.Lock()
-	prev, had := d.last[name]
-	d.last[name] = n.Addr
+	prevIdx, had := d.last[name]
+	d.last[name] = idx
 	d.mu.Unlock()
+	prev := d.nodes[prevIdx].Addr
 	attrs := []slog.Attr{
 		slog.String("role", role), slog.String("connection_name", name),
 		slog.String("node", n.Addr), slog.String("url", n.Redacted()),

@@ -1,6 +1,7 @@
 package amqpdial_test
 
 import (
+	"fmt"
 	"log/slog"
 	"net/url"
 	"strings"
@@ -80,8 +81,8 @@ func TestDial_MovesPastADeadNode(t *testing.T) {
 	require.NoError(t, err)
 	liveAddr, deadAddr := addrOf(t, live), addrOf(t, dead)
 
-	for range 2 { // two dials: one of them starts at the dead node
-		conn, node, err := d.Dial(t.Context(), "amqpdial-test "+t.Name(), amqpdial.RoleConsumer)
+	for i := range 2 { // two new connections: one of them starts at the dead node
+		conn, node, err := d.Dial(t.Context(), fmt.Sprintf("amqpdial-test %s #%d", t.Name(), i), amqpdial.RoleConsumer)
 		if err != nil {
 			testenv.Unavailable(t, "RabbitMQ", err)
 		}
@@ -104,16 +105,28 @@ func TestDial_MovesPastADeadNode(t *testing.T) {
 	}, ev.list())
 }
 
-// Each dial starts one node further than the previous one, so the
-// connections of a process (and many processes, from their random start)
-// spread over the nodes; a redial under the same name that lands on another
-// node is logged as a failover.
+// Each new connection starts one node further than the previous one, so
+// the connections of a process (and many processes, from their random
+// start) spread over the nodes; a connection dialed again starts after the
+// node it was on, and landing on another node is logged as a failover.
 func TestDial_RotatesAndLogsFailover(t *testing.T) {
 	t.Parallel()
 	a, b := testenv.AMQPURL(), aliasURL(t)
 	log, rec := logtest.New(slog.LevelDebug)
 	d, err := amqpdial.New(amqpdial.Config{URL: a + "," + b, Logger: log})
 	require.NoError(t, err)
+	var spread []string
+	for i := range 2 {
+		conn, node, err := d.Dial(t.Context(), fmt.Sprintf("amqpdial-test %s spread #%d", t.Name(), i), amqpdial.RoleConsumer)
+		if err != nil {
+			testenv.Unavailable(t, "RabbitMQ", err)
+		}
+		spread = append(spread, node.Addr)
+		require.NoError(t, conn.Close())
+	}
+	require.NotEqual(t, spread[0], spread[1], "two new connections go to two nodes")
+	require.Empty(t, rec.Message("broker failover"))
+
 	var got []string
 	for range 4 {
 		conn, node, err := d.Dial(t.Context(), "amqpdial-test "+t.Name(), amqpdial.RoleRelay)
