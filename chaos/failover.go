@@ -40,8 +40,9 @@ func (r *scenarioRun) failover(ctx context.Context, exp Expect, pubErr <-chan er
 	}
 	r.scrapeAll(ctx)
 	r.rep.SeriesBefore = r.seriesSum()
-	ev := FaultEvent{At: time.Since(r.start), Kind: f.Name, Worker: -1}
-	fmt.Fprintf(r.cfg.Log, "chaos: %6.1fs %s: injecting with %d of %d orders done\n", ev.At.Seconds(), f.Name, r.ledgerCount(ctx), len(exp.Orders))
+	done := r.ledgerCount(ctx)
+	ev := FaultEvent{At: time.Since(r.start), Kind: f.Name, Worker: -1, Pending: len(exp.Orders) - done}
+	fmt.Fprintf(r.cfg.Log, "chaos: %6.1fs %s: injecting with %d of %d orders done\n", ev.At.Seconds(), f.Name, done, len(exp.Orders))
 	r.faultStart = time.Now()
 	detail, err := f.Inject(ctx, FailoverRun{Queue: r.queue, RunID: r.runID, Redis: r.rdb})
 	r.faultEnd = time.Now()
@@ -116,6 +117,9 @@ func (r *scenarioRun) measureStall(ctx context.Context) {
 	}
 	fmt.Fprintf(r.cfg.Log, "chaos: %s: consumption stopped for at most %s; first entry %s after the fault ended; %.0f/s before, %.0f/s after\n",
 		ev.Kind, ev.Stall.Round(10*time.Millisecond), ev.Recovery.Round(10*time.Millisecond), ev.RateBefore, ev.RateAfter)
+	if after == 0 {
+		fmt.Fprintf(r.cfg.Log, "chaos: %s: the backlog ran out before the fault ended: its stall covers only the part with work left\n", ev.Kind)
+	}
 }
 
 // seriesSum sums the workers' last scraped series.

@@ -50,6 +50,9 @@ type FaultEvent struct {
 	// of a Failover to the last ledger entry of the run: how long
 	// consumption stopped. Zero for the worker faults.
 	Stall time.Duration
+	// Pending is how many orders had no ledger entry yet when a Failover
+	// began: the work its stall is measured on. Zero for the worker faults.
+	Pending int
 	// RateBefore and RateAfter are the ledger entries per second in the 5s
 	// before a Failover and from its end to the last entry. Zero for the
 	// worker faults.
