@@ -31,6 +31,14 @@ up: ## Start RabbitMQ, PostgreSQL and Redis (docker compose, or the local server
 down: ## Stop the docker compose stack (local servers are left running)
 	@if command -v docker >/dev/null && docker info >/dev/null 2>&1; then docker compose down; else echo "no Docker engine: local servers are left running"; fi
 
+.PHONY: cluster
+cluster: ## Start a local cluster without Docker (3 RabbitMQ nodes, PostgreSQL primary + standby, Redis + 3 Sentinels) and print its URLs; CLUSTER_TLS=1 adds TLS
+	@scripts/cluster.sh up
+
+.PHONY: cluster-down
+cluster-down: ## Stop the cluster of make cluster (by PID) and remove its data
+	@scripts/cluster.sh down
+
 .PHONY: tools
 tools: ## Install missing tools: promtool (apt-get as root, else go install) and the pinned golangci-lint
 	@scripts/tools.sh
@@ -46,7 +54,7 @@ test/race: up ## Run the Go tests with the race detector
 	$(GO) test -race -count=1 -timeout $(TIMEOUT) $(PKGS)
 
 .PHONY: test/short
-test/short: up ## The quick loop: the Go tests without -race (no test skips under -short yet)
+test/short: up ## The quick loop: the Go tests without -race (-short skips only the test that starts a local cluster)
 	$(GO) test -short -count=1 -timeout $(TIMEOUT) $(PKGS)
 
 BENCH_N    ?= 20000

@@ -74,7 +74,10 @@
 // quorum queue also gets a delivery limit and at-least-once dead-lettering
 // with reject-publish overflow: a crash loop ends in the DLQ. A queue that
 // exists with other arguments is a start-up error naming the queue and the
-// argument, with one exception: a classic work queue declared before
+// argument, with two exceptions. A route whose queues exist with the other
+// queue type (classic for a Quorum route, or the reverse) keeps them with
+// their type and Start logs a warning naming the migration: the broker
+// cannot change a queue's type. A classic work queue declared before
 // v0.1.0, which lacks only the dead-letter route, is kept as it is and
 // Start logs a warning naming the policy that gives it the route (see
 // docs/operations.md); until then a message that expires there is dropped.
@@ -86,6 +89,15 @@
 // exponential backoff and jitter, re-declares the topology and resumes
 // consuming. Workers of the old connection settle on the old channel, where
 // a late ack simply fails and the broker redelivers.
+//
+// Config.URL may list a cluster's nodes, separated by commas. Each
+// connection goes to one node that answers (the next node is tried when
+// one does not, each within Config.DialTimeout); a process starts at a
+// random node so that many workers spread over the cluster, and a
+// connection re-established after a loss starts at the node after the one
+// it was on. Every connect and failover is logged with the node, and
+// reported to Config.OnBrokerNode. [Dial] connects the same way for a
+// program's own publishing.
 //
 // [Consumer.Stop] cancels the broker consumers, lets in-flight handlers
 // finish within Config.SoftStopTimeout, then cancels their contexts with

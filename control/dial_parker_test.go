@@ -3,6 +3,8 @@ package control_test
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"strings"
+	"sync"
 	"testing"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -46,4 +48,59 @@ func TestDialParker_RedialsAfterTheConnectionIsClosed(t *testing.T) {
 	require.NoError(t, p.Close(), "Close is idempotent")
 	require.Error(t, park("3"), "a closed parker refuses to park")
 	require.Equal(t, 0, amqptest.Depth(t, conn, control.ParkedQueueName(queue)))
+}
+
+// Given a cluster's nodes (a node that is down, and the test broker under
+// two names), the parker parks through a node that answers, and after
+// that node closed its connection, through another; OnBrokerNode reports
+// each node.
+func TestDialParker_FailsOverThroughTheNodeList(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	queue := amqptest.QueueName(t)
+	conn := amqptest.Dial(t)
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	name := "dial-parker-test-" + hex.EncodeToString(b[:])
+	live := testenv.AMQPURL()
+	alias := strings.Replace(live, "127.0.0.1", "localhost", 1)
+	if alias == live {
+		t.Skip("TEST_AMQP_URL is not on 127.0.0.1")
+	}
+	var mu sync.Mutex
+	var opened []string
+	p := control.NewDialParker(amqptest.DeadURL(t)+","+live+","+alias, &control.DialParkerOpts{
+		ConnectionName: name,
+		OnBrokerNode: func(role, node string, connected bool) {
+			if connected && role == "parker" {
+				mu.Lock()
+				opened = append(opened, node)
+				mu.Unlock()
+			}
+		},
+	})
+	t.Cleanup(func() { _ = p.Close() })
+	park := func(id string) error {
+		d := inboxtype.NewDelivery(queue, queue, "w1", &amqp.Delivery{MessageId: id, Body: []byte(`{}`)})
+		d.Key = "k:" + id
+		return p.Park(ctx, d, control.Block{Consumer: queue, Pattern: "k:" + id, Reason: "test"})
+	}
+	require.NoError(t, park("1"))
+	amqptest.CloseConnection(t, name)
+	require.NoError(t, park("2"), "the parker dials another node after a lost connection")
+	require.Equal(t, 2, amqptest.Depth(t, conn, control.ParkedQueueName(queue)))
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, opened, 2)
+	require.NotEqual(t, opened[0], opened[1], "the second connection went to another node")
+}
+
+// A parker whose URL does not parse says why on every Park.
+func TestDialParker_BadURL(t *testing.T) {
+	t.Parallel()
+	p := control.NewDialParker("amqp://u:s3cret@h1/,http://u:s3cret@h2/", nil)
+	d := inboxtype.NewDelivery("q", "q", "w1", &amqp.Delivery{MessageId: "1"})
+	err := p.Park(t.Context(), d, control.Block{Consumer: "q", Pattern: "k", Reason: "test"})
+	require.ErrorContains(t, err, "control: park: broker URL 2 of 2")
+	require.NotContains(t, err.Error(), "s3cret")
 }

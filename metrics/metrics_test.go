@@ -316,6 +316,24 @@ func TestObserver_ConnState(t *testing.T) {
 	require.Zero(t, value(t, b.reg, "broker_connected", nil))
 }
 
+func TestBrokerNode(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	node := func(n, role string) map[string]string { return map[string]string{"node": n, "role": role} }
+	b.m.InitBrokerNodes("consumer", "r1:5672", "r2:5672")
+	require.Zero(t, value(t, b.reg, "broker_node_connections", node("r2:5672", "consumer")), "initialised at 0")
+	require.Zero(t, value(t, b.reg, "broker_connections_total", node("r2:5672", "consumer")))
+
+	b.m.BrokerNode("consumer", "r1:5672", true)
+	require.InDelta(t, 1, value(t, b.reg, "broker_node_connections", node("r1:5672", "consumer")), 0)
+	b.m.BrokerNode("consumer", "r1:5672", false) // r1 went away
+	b.m.BrokerNode("consumer", "r2:5672", true)  // failover
+	require.Zero(t, value(t, b.reg, "broker_node_connections", node("r1:5672", "consumer")))
+	require.InDelta(t, 1, value(t, b.reg, "broker_node_connections", node("r2:5672", "consumer")), 0)
+	require.InDelta(t, 1, value(t, b.reg, "broker_connections_total", node("r1:5672", "consumer")), 0)
+	require.InDelta(t, 1, value(t, b.reg, "broker_connections_total", node("r2:5672", "consumer")), 0)
+}
+
 func TestHooks(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)

@@ -69,7 +69,8 @@ func NewRelay(pool *pgxpool.Pool, cfg *RelayConfig) (*Relay, error) {
 		return nil, err
 	}
 	dialer, err := amqpdial.New(amqpdial.Config{
-		URL: c.URL, Timeout: 10 * time.Second, Logger: c.Logger, OnNode: c.OnBrokerNode,
+		URL: c.URL, Timeout: 10 * time.Second, OnNode: c.OnBrokerNode,
+		Logger: c.Logger.With(slog.String("component", "outbox-relay")),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("outbox: RelayConfig.URL: %w", err)

@@ -7,14 +7,16 @@
 # 5432, Redis 6379) are never touched; every process is stopped by its PID.
 #
 # Usage: scripts/cluster.sh COMMAND
-#   up                  start everything (a no-op when it all runs already; a
-#                       half-started cluster is removed first), print the URLs
+#   up                  start everything, print the URLs: a no-op when it all
+#                       runs as set up; a half-started cluster, or one changed
+#                       by kill-rabbit or promote-pg, is removed first
 #   down                stop every process by PID, remove CLUSTER_DIR
 #   status              each process with its port, PID and role
 #   env                 print the URLs as shell export lines
 #   kill-rabbit N       SIGKILL RabbitMQ node N (1..3)
 #   start-rabbit N      start node N again and wait until it runs in the cluster
-#   restart-rabbit N    stop node N gracefully, start it, wait until it rejoined
+#   restart-rabbit N    once every quorum queue keeps a majority without node N,
+#                       stop N gracefully, start it, wait until it rejoined
 #   rabbit-leader VHOST QUEUE
 #                       print the index (1..3) of the node leading a quorum queue
 #   rabbitmqctl N ARGS  run rabbitmqctl ARGS against node N (this cluster's
@@ -137,14 +139,14 @@ ours() {
   [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" != Z ] || return 1
   cwd=$(readlink "/proc/$pid/cwd" 2>/dev/null) || cwd=
   case $cwd in "$DIR"/* | "$DIR") return 0 ;; esac
-  tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qxF "INBOXMQ_CLUSTER_DIR=$DIR"
+  tr '\0' '\n' 2>/dev/null <"/proc/$pid/environ" | grep -qxF "INBOXMQ_CLUSTER_DIR=$DIR"
 }
 
 # gone PID: the process has exited (a zombie counts as exited).
 gone() { ! [ -d "/proc/$1" ] || [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" = Z ]; }
 
 # pid_from FILE: the first line of a pid file (postmaster.pid too), or nothing.
-pid_from() { [ -f "$1" ] && head -n 1 "$1" 2>/dev/null | tr -d '[:space:]' || true; }
+pid_from() { if [ -f "$1" ]; then head -n 1 "$1" 2>/dev/null | tr -d '[:space:]'; fi; }
 
 # alive FILE: the pid file names a running process of this cluster.
 alive() {
@@ -201,8 +203,9 @@ ensure_packages() {
   apt-get install -y -qq --no-install-recommends "${want[@]}" >/dev/null 2>&1 ||
     { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${want[@]}"; }
   PG_BIN=
-  [ -x "$RMQ_BIN/rabbitmq-server" ] && [ -x "$(pg_bin)/initdb" ] && command -v redis-server >/dev/null ||
+  if ! [ -x "$RMQ_BIN/rabbitmq-server" ] || ! [ -x "$(pg_bin)/initdb" ] || ! command -v redis-server >/dev/null; then
     die "apt-get did not install ${want[*]}"
+  fi
 }
 
 # --- state ----------------------------------------------------------------
@@ -251,12 +254,15 @@ rabbit_env() {
 }
 
 # ctl N ARGS...: rabbitmqctl against node N, bounded.
-ctl() {
-  local n=$1
-  shift
+ctl() { rabbit_cli rabbitmqctl "$@"; }
+
+# rabbit_cli TOOL N ARGS...: a RabbitMQ CLI tool against node N, bounded.
+rabbit_cli() {
+  local tool=$1 n=$2
+  shift 2
   local -a e
   mapfile -t e < <(rabbit_env)
-  env "${e[@]}" timeout 90 "$RMQ_BIN/rabbitmqctl" -q -n "$(node_name "$n")" "$@"
+  env "${e[@]}" timeout 150 "$RMQ_BIN/$tool" -q -n "$(node_name "$n")" "$@"
 }
 
 node_dir() { echo "$R/n$1"; }
@@ -349,7 +355,7 @@ rabbit_in_cluster() {
 }
 
 rabbit_up() {
-  local n
+  local n out
   rabbit_configure
   # epmd of this cluster, in the foreground so its PID is known.
   if ! alive "$R/epmd.pid"; then
@@ -364,9 +370,12 @@ rabbit_up() {
   for n in 1 2 3; do rabbit_wait "$n"; done
   for n in 2 3; do
     if running_nodes "$n" | grep -qxF "$(node_name 1)"; then continue; fi
-    ctl "$n" stop_app >/dev/null
-    ctl "$n" join_cluster "$(node_name 1)" >/dev/null || die "node $n did not join $(node_name 1)"
-    ctl "$n" start_app >/dev/null
+    # The output (start_app logs harmless errors about the other nodes)
+    # is shown only when the join fails.
+    if ! out=$({ ctl "$n" stop_app && ctl "$n" join_cluster "$(node_name 1)" && ctl "$n" start_app; } 2>&1); then
+      printf '%s\n' "$out" >&2
+      die "node $n did not join $(node_name 1)"
+    fi
   done
   wait_for "RabbitMQ cluster of 3" 30 rabbit_three || die "the RabbitMQ nodes did not form one cluster"
   log "RabbitMQ: 3 nodes in one cluster ($(node_name 1) …)"
@@ -412,6 +421,10 @@ rabbit_stop_graceful() {
     log "node $n is not running"
     return 0
   }
+  # As in a rolling upgrade: stop the node only when every quorum queue with
+  # a member on it keeps a majority without it.
+  rabbit_cli rabbitmq-upgrade "$n" await_online_quorum_plus_one -t 120 >/dev/null ||
+    die "stopping node $n now would leave a quorum queue without a majority (rabbitmq-upgrade await_online_quorum_plus_one)"
   ctl "$n" stop "$(rabbit_pidfile "$n")" >/dev/null 2>&1 || true
   # Bounded: a node that does not stop in time is killed.
   stop_pid "$(rabbit_pidfile "$n")" TERM 30
@@ -425,7 +438,7 @@ rabbit_leader() {
   for n in 1 2 3; do
     alive "$(rabbit_pidfile "$n")" || continue
     out=$(ctl "$n" list_queues -p "$vhost" name type leader --formatter json 2>&1) || continue
-    leader=$(QUEUE=$queue leader_in_json "$out")
+    leader=$(leader_in_json "$queue" "$out")
     [ -n "$leader" ] || die "queue '$queue' in vhost '$vhost' not found, or not a quorum queue"
     for m in 1 2 3; do
       if [ "$leader" = "$(node_name "$m")" ]; then
@@ -438,13 +451,14 @@ rabbit_leader() {
   die "no RabbitMQ node of this cluster answers"
 }
 
-# leader_in_json JSON: the leader of queue $QUEUE in list_queues' JSON.
+# leader_in_json QUEUE JSON: the leader of QUEUE in list_queues' JSON.
 leader_in_json() {
+  local queue=$1
   # list_queues prints one object per queue: {"name":"q","type":"quorum","leader":"n@h"}.
-  tr '\n' ' ' <<<"$1" | grep -o '{[^}]*}' | while IFS= read -r obj; do
+  tr '\n' ' ' <<<"$2" | grep -o '{[^}]*}' | while IFS= read -r obj; do
     local name
     name=$(sed -n 's/.*"name":"\([^"]*\)".*/\1/p' <<<"$obj")
-    if [ "$name" = "$QUEUE" ]; then
+    if [ "$name" = "$queue" ]; then
       sed -n 's/.*"leader":"\([^"]*\)".*/\1/p' <<<"$obj"
       break
     fi
@@ -765,7 +779,7 @@ redis_name_of() { if [ "$1" = "$REDIS_PORT" ]; then echo primary; else echo repl
 # pid files of every process, with how to stop each.
 all_pidfiles() {
   local n s
-  for n in 1 2 3; do echo "$(rabbit_pidfile "$n")"; done
+  for n in 1 2 3; do rabbit_pidfile "$n"; done
   echo "$R/epmd.pid"
   echo "$PG/primary/postmaster.pid"
   echo "$PG/standby/postmaster.pid"
@@ -827,7 +841,6 @@ env_lines() {
     nodes+=("$(node_name "$n")")
     [ "$tls" = 1 ] && amqps+=("amqps://guest:guest@127.0.0.1:$(amqps_port "$n")/")
   done
-  local join
   join() {
     local IFS=,
     echo "$*"
@@ -885,6 +898,7 @@ cluster_up() {
   cat "$DIR/rabbit-up.log" >&2
   echo "$BASE $TLS" >"$STATE"
   log "up in $((SECONDS - t0))s (port base $BASE, TLS $([ "$TLS" = 1 ] && echo on || echo off), folder $DIR)"
+  log "the URLs below are in $ENV_FILE too; load them with: . $ENV_FILE"
   env_lines | tee "$ENV_FILE"
 }
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"strings"
 	"testing"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -52,4 +53,31 @@ func TestDLQCommands_BrokerDeadLetter(t *testing.T) {
 	require.Empty(t, m.Expiration)
 	require.Equal(t, 1, inboxtype.HeaderInt(m.Headers, inboxtype.HeaderReplayCount))
 	require.Zero(t, amqptest.Depth(t, conn, dlq))
+}
+
+// AMQP_URL may list a cluster's nodes: inboxctl connects to one that
+// answers (the first here is down), and a bad entry is a usage error that
+// shows no password.
+func TestDLQCommands_ClusterURL(t *testing.T) {
+	t.Parallel()
+	dead := strings.Replace(amqptest.DeadURL(t), "guest:guest@", "guest:s3cret@", 1)
+	b := &cliBundle{env: map[string]string{"AMQP_URL": dead + "," + testenv.AMQPURL()}}
+	conn := amqptest.Dial(t)
+	queue := amqptest.QueueName(t)
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	_, err = ch.QueueDeclare(queue+".dlq", true, false, false, false, nil)
+	require.NoError(t, err)
+	require.NoError(t, ch.Close())
+	amqptest.NewPublisher(t, conn).Publish(queue+".dlq", []byte(`{"id":"x"}`), amqp.Publishing{MessageId: "dead-1"})
+
+	r := b.run(t, "dlq", "list", queue)
+	require.Equal(t, exitOK, r.code, r.errOut)
+	require.Contains(t, r.out, "dead-1")
+
+	b = &cliBundle{env: map[string]string{"AMQP_URL": "amqp://guest:s3cret@h1/,http://guest:s3cret@h2/"}}
+	r = b.run(t, "dlq", "list", queue)
+	require.Equal(t, exitUsage, r.code)
+	require.Contains(t, r.errOut, "broker URL 2 of 2")
+	require.NotContains(t, r.errOut+r.out, "s3cret")
 }

@@ -113,7 +113,7 @@ PostgreSQL; running workers pick them up within 2 seconds.`,
 	root.CompletionOptions.DisableDefaultCmd = true
 	pf := root.PersistentFlags()
 	pf.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL URL (default $DATABASE_URL)")
-	pf.StringVar(&c.amqpURL, "amqp-url", "", "RabbitMQ URL (default $AMQP_URL)")
+	pf.StringVar(&c.amqpURL, "amqp-url", "", "RabbitMQ URL, or a cluster's node URLs separated by commas (default $AMQP_URL)")
 	pf.StringVarP(&c.output, "output", "o", "text", "output format: text or json")
 	pf.DurationVar(&c.timeout, "timeout", 5*time.Minute, "overall time limit of the command")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })

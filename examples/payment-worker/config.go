@@ -34,6 +34,15 @@ type config struct {
 	// ConnectTimeout bounds each wait for PostgreSQL and RabbitMQ at
 	// start-up, and each new database connection (CONNECT_TIMEOUT).
 	ConnectTimeout time.Duration
+	// QueueType is the type of the work queue, its DLQ and its retry
+	// queues (QUEUE_TYPE): quorum (replicated, the choice for a cluster)
+	// or classic.
+	QueueType consumer.QueueType
+	// DeliveryLimit is the quorum queue's x-delivery-limit
+	// (DELIVERY_LIMIT): how often the broker hands out one message before
+	// it dead-letters it, the backstop against a message that crashes or
+	// disconnects every worker that takes it.
+	DeliveryLimit int
 }
 
 // Defaults, as documented in the README.
@@ -47,6 +56,10 @@ const (
 	defaultMetricsAddr = "127.0.0.1:9464"
 	defaultEvents      = "payments.events"
 	defaultConnect     = 30 * time.Second
+	defaultQueueType   = consumer.Quorum
+	// defaultDeliveryLimit leaves room for the redeliveries of a rolling
+	// restart; handler failures never count (each retry is a new copy).
+	defaultDeliveryLimit = 20
 )
 
 // configFromEnv reads the configuration from the environment (getenv is
@@ -64,6 +77,22 @@ func configFromEnv(getenv func(string) string) (config, error) {
 
 		EventsExchange: cmp.Or(getenv("PAYMENT_EVENTS_EXCHANGE"), defaultEvents),
 		ConnectTimeout: defaultConnect,
+		QueueType:      defaultQueueType,
+		DeliveryLimit:  defaultDeliveryLimit,
+	}
+	switch v := getenv("QUEUE_TYPE"); v {
+	case "":
+	case string(consumer.Quorum), string(consumer.Classic):
+		c.QueueType = consumer.QueueType(v)
+	default:
+		return c, fmt.Errorf("QUEUE_TYPE %q: want quorum or classic", v)
+	}
+	if v := getenv("DELIVERY_LIMIT"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			return c, fmt.Errorf("DELIVERY_LIMIT %q: want a positive integer (deliveries of one message before the broker dead-letters it)", v)
+		}
+		c.DeliveryLimit = n
 	}
 	if v := getenv("LOCK_TTL"); v != "" {
 		d, err := time.ParseDuration(v)

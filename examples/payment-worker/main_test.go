@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -594,4 +595,43 @@ func tail(s string, lines int) string {
 		parts = parts[len(parts)-lines:]
 	}
 	return strings.Join(parts, "\n")
+}
+
+// With AMQP_URL listing a cluster's nodes, the first one down, the worker
+// consumes through the live node, says on /metrics and in its log which
+// node it is on, never logs the dead node's password, and declares quorum
+// queues by default.
+func TestWorkerOnAClusterURL(t *testing.T) {
+	t.Parallel()
+	dead := strings.Replace(amqptest.DeadURL(t), "guest:guest@", "guest:amqp-secret-4@", 1)
+	live := testenv.AMQPURL()
+	b := setup(t, "AMQP_URL="+dead+","+live)
+	b.migrate(t)
+	w := b.start(t)
+	const orders = 10
+	b.publishOrders(t, "cluster", orders, 2)
+	testenv.WaitFor(t, "every order paid", func() bool {
+		return b.count(t, `SELECT count(*) FROM payments WHERE order_id LIKE 'cluster-%'`) == orders &&
+			amqptest.Depth(t, b.conn, b.queue) == 0
+	})
+	b.requireOneEffectPerOrder(t, "cluster", orders)
+
+	u, err := url.Parse(live)
+	require.NoError(t, err)
+	d, err := url.Parse(dead)
+	require.NoError(t, err)
+	m := w.metrics(t)
+	require.Contains(t, m, `inboxmq_broker_node_connections{node="`+u.Host+`",role="consumer"} 1`)
+	require.Contains(t, m, `inboxmq_broker_node_connections{node="`+d.Host+`",role="consumer"} 0`)
+	w.stop(t)
+	logs := w.stderr.String()
+	require.Contains(t, logs, `"msg":"broker connected"`)
+	require.Contains(t, logs, `"node":"`+u.Host+`"`)
+	require.NotContains(t, logs, "amqp-secret-4")
+
+	ch, err := b.conn.Channel()
+	require.NoError(t, err)
+	defer ch.Close()
+	_, err = ch.QueueDeclare(b.queue+".dlq", true, false, false, false, amqp.Table{"x-queue-type": "quorum"})
+	require.NoError(t, err, "QUEUE_TYPE defaults to quorum")
 }

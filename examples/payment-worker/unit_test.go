@@ -196,7 +196,14 @@ func TestConfigFromEnv(t *testing.T) {
 		AMQPURL: defaultAMQPURL, DatabaseURL: defaultDatabaseURL, RedisURL: defaultRedisURL,
 		Queue: defaultQueue, LockTTL: 30 * time.Second, Concurrency: 8, MetricsAddr: defaultMetricsAddr,
 		EventsExchange: defaultEvents, ConnectTimeout: 30 * time.Second,
+		QueueType: consumer.Quorum, DeliveryLimit: 20,
 	}, c)
+	c, err = configFromEnv(env("QUEUE_TYPE", "classic", "DELIVERY_LIMIT", "5"))
+	require.NoError(t, err)
+	require.Equal(t, consumer.Classic, c.QueueType)
+	require.Equal(t, 5, c.DeliveryLimit)
+	_, err = configFromEnv(env("QUEUE_TYPE", "stream"))
+	require.EqualError(t, err, `QUEUE_TYPE "stream": want quorum or classic`)
 
 	c, err = configFromEnv(env("LOCK_TTL", "2s", "WORKER_CONCURRENCY", "3", "PAYMENT_QUEUE", "q.1", "GATEWAY_URL", "http://127.0.0.1:1", "GROUP_COMMIT", "on"))
 	require.NoError(t, err)
@@ -213,6 +220,8 @@ func TestConfigFromEnv(t *testing.T) {
 		{"LOCK_TTL", "1h"}, {"LOCK_TTL", "10m1s"}, {"WORKER_CONCURRENCY", "0"},
 		{"PAYMENT_QUEUE", "bad queue"}, {"GATEWAY_URL", "ftp://x"}, {"GROUP_COMMIT", "yes"},
 		{"CONNECT_TIMEOUT", "0s"}, {"CONNECT_TIMEOUT", "soon"},
+		{"QUEUE_TYPE", "Quorum"}, {"QUEUE_TYPE", "mirrored"}, {"DELIVERY_LIMIT", "0"}, {"DELIVERY_LIMIT", "-3"},
+		{"DELIVERY_LIMIT", "many"},
 	} {
 		_, err := configFromEnv(env(bad...))
 		require.Error(t, err, "%v", bad)

@@ -84,6 +84,7 @@ func run(ctx context.Context, cfg config) error {
 	}
 	logger.Info("payment-worker consuming",
 		zap.String("queue", cfg.Queue),
+		zap.String("queue_type", string(cfg.QueueType)),
 		zap.Bool("gateway", cfg.GatewayURL != ""),
 		zap.Bool("group_commit", cfg.GroupCommit),
 		zap.String("amqp_url", consumer.RedactURL(cfg.AMQPURL)),
@@ -142,7 +143,7 @@ func redisClient(rawURL string) (redis.UniversalClient, error) {
 func newRoutes(cfg config) *inboxmq.Routes {
 	routes := inboxmq.NewRoutes()
 	opts := &inboxmq.RouteOpts{
-		Queue: consumer.QueueOpts{Concurrency: cfg.Concurrency},
+		Queue: consumer.QueueOpts{Concurrency: cfg.Concurrency, Type: cfg.QueueType, DeliveryLimit: cfg.DeliveryLimit},
 		Lock:  &middleware.LockOpts{TTL: cfg.LockTTL, RetryDelay: time.Second},
 	}
 	if cfg.GroupCommit { // the store's defaults: up to 64, 2ms, 2 in flight
