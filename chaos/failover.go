@@ -65,18 +65,23 @@ func (r *scenarioRun) failover(ctx context.Context, exp Expect, pubErr <-chan er
 	return nil
 }
 
+// tailShare is the share of the orders after whose ledger entry the stall
+// is no longer measured: the last few orders can wait for something else
+// than the fault (a claim's lease after a failed completion), and a gap
+// before them says nothing about consumption.
+const tailShare = 0.95
+
 // measureStall fills the Failover's event with how long consumption
 // stopped, from the ledger's timestamps (each entry's transaction start):
-// the longest gap between entries from the fault's start to the last entry,
-// the time from the fault's end to the first entry after it, and the rates
-// before and after.
+// the longest gap between entries from the fault's start until 95 % of the
+// orders had their entry, the time from the fault's end to the first entry
+// after it and to the last one, and the rates before and after.
 func (r *scenarioRun) measureStall(ctx context.Context) {
 	if len(r.rep.Faults) == 0 || r.faultStart.IsZero() {
 		return
 	}
 	ev := &r.rep.Faults[len(r.rep.Faults)-1]
-	window := min(5*time.Second, r.faultStart.Sub(r.start))
-	rows, err := r.pool.Query(ctx, `SELECT created_at FROM ledger_entries WHERE created_at >= $1 ORDER BY created_at`, r.faultStart.Add(-window))
+	rows, err := r.pool.Query(ctx, `SELECT min(created_at) FROM ledger_entries GROUP BY order_id ORDER BY 1`)
 	if err != nil {
 		r.violate("measure the stall: %v", err)
 		return
@@ -92,31 +97,43 @@ func (r *scenarioRun) measureStall(ctx context.Context) {
 		stamps = append(stamps, ts)
 	}
 	rows.Close()
-	var before, after int
+	if len(stamps) == 0 {
+		return
+	}
+	tailStart := stamps[min(len(stamps), int(math.Ceil(tailShare*float64(r.rep.Orders))))-1]
+	window := min(5*time.Second, r.faultStart.Sub(r.start))
+	var before, after, steady int
 	prev := r.faultStart
-	var last time.Time
 	for _, ts := range stamps {
-		if ts.Before(r.faultStart) {
-			before++
+		switch {
+		case ts.Before(r.faultStart):
+			if !ts.Before(r.faultStart.Add(-window)) {
+				before++
+			}
 			continue
+		case !ts.After(tailStart):
+			ev.Stall = max(ev.Stall, ts.Sub(prev))
+			prev = ts
 		}
-		ev.Stall = max(ev.Stall, ts.Sub(prev))
-		prev, last = ts, ts
 		if !ts.Before(r.faultEnd) {
 			if after == 0 {
 				ev.Recovery = ts.Sub(r.faultEnd)
 			}
 			after++
+			if !ts.After(tailStart) {
+				steady++
+			}
 		}
 	}
+	ev.Last = stamps[len(stamps)-1].Sub(r.faultEnd)
 	if window > 0 {
 		ev.RateBefore = float64(before) / window.Seconds()
 	}
-	if d := last.Sub(r.faultEnd); after > 1 && d > 0 {
-		ev.RateAfter = float64(after) / d.Seconds()
+	if d := tailStart.Sub(r.faultEnd); steady > 1 && d > 0 {
+		ev.RateAfter = float64(steady) / d.Seconds()
 	}
-	fmt.Fprintf(r.cfg.Log, "chaos: %s: consumption stopped for at most %s; first entry %s after the fault ended; %.0f/s before, %.0f/s after\n",
-		ev.Kind, ev.Stall.Round(10*time.Millisecond), ev.Recovery.Round(10*time.Millisecond), ev.RateBefore, ev.RateAfter)
+	fmt.Fprintf(r.cfg.Log, "chaos: %s: consumption stopped for at most %s; first entry %s and last %s after the fault ended; %.0f/s before, %.0f/s after\n",
+		ev.Kind, ev.Stall.Round(10*time.Millisecond), ev.Recovery.Round(10*time.Millisecond), ev.Last.Round(10*time.Millisecond), ev.RateBefore, ev.RateAfter)
 	if after == 0 {
 		fmt.Fprintf(r.cfg.Log, "chaos: %s: the backlog ran out before the fault ended: its stall covers only the part with work left\n", ev.Kind)
 	}

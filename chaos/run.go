@@ -46,16 +46,21 @@ type FaultEvent struct {
 	// Took is how long the injection itself took (a Failover's Inject: a
 	// node killed and started again, three brokers restarted in turn).
 	Took time.Duration
-	// Stall is the longest time without a new ledger entry from the start
-	// of a Failover to the last ledger entry of the run: how long
+	// Stall is the longest time without a new order's ledger entry from
+	// the start of a Failover until 95 % of the orders had theirs: how long
 	// consumption stopped. Zero for the worker faults.
 	Stall time.Duration
+	// Last is the time from the end of a Failover to the run's last ledger
+	// entry: with Stall, how long the orders it interrupted waited (a
+	// claim whose completion failed waits for its lease). Zero for the
+	// worker faults.
+	Last time.Duration
 	// Pending is how many orders had no ledger entry yet when a Failover
 	// began: the work its stall is measured on. Zero for the worker faults.
 	Pending int
-	// RateBefore and RateAfter are the ledger entries per second in the 5s
-	// before a Failover and from its end to the last entry. Zero for the
-	// worker faults.
+	// RateBefore and RateAfter are the orders recorded per second in the
+	// 5s before a Failover and from its end until 95 % of the orders had
+	// their entry. Zero for the worker faults.
 	RateBefore, RateAfter float64
 }
 
