@@ -118,7 +118,7 @@ func TestConsumer_ClusterURLSkipsADeadNode(t *testing.T) {
 	testenv.WaitFor(t, "the closes reported", func() bool {
 		return nodes.has("consumer "+node+" closed") && nodes.has("publisher "+node+" closed")
 	})
-	connected := rec.Message("broker connected")
+	connected := rec.Message("broker connection opened")
 	require.NotEmpty(t, connected)
 	for _, e := range connected {
 		require.Equal(t, node, e.Attrs["node"])
@@ -157,7 +157,7 @@ func TestConsumer_FailsOverToAnotherNode(t *testing.T) {
 		cfg.OnBrokerNode = nodes.hook
 	})
 	b.rec.waitState(t, inboxtype.ConnConnected)
-	first := rec.Message("broker connected")
+	first := rec.Message("broker connection opened")
 	require.NotEmpty(t, first)
 	var before string
 	for _, e := range first {
@@ -300,4 +300,86 @@ func TestConsumer_ExistingQueueTypeIsKept(t *testing.T) {
 			require.NoError(t, err)
 		})
 	}
+}
+
+// A topology of mixed types (a quorum DLQ beside a classic work queue)
+// cannot be kept either way: Start fails with an error that names the
+// argument and the migration.
+func TestConsumer_MixedQueueTypesAreAClearError(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ch, err := b.conn.Channel()
+	require.NoError(t, err)
+	_, err = ch.QueueDeclare(b.queue+".dlq", true, false, false, false, amqp.Table{"x-queue-type": "quorum"})
+	require.NoError(t, err)
+	_, err = ch.QueueDeclare(b.queue, true, false, false, false, amqp.Table{"x-queue-type": "classic"})
+	require.NoError(t, err)
+	require.NoError(t, ch.Close())
+
+	r := consumer.NewRouter()
+	opts := fastOpts()
+	opts.Queue.Type = consumer.Quorum
+	consumer.Register(r, b.queue, inboxtype.HandlerFunc[order](func(context.Context, *inboxtype.Message[order]) error { return nil }), opts)
+	c := b.newConsumer(t, r, nil)
+	err = c.Start(t.Context())
+	require.Error(t, err)
+	require.Contains(t, err.Error(), `"`+b.queue+`.dlq"`)
+	require.Contains(t, err.Error(), "x-queue-type")
+	require.Contains(t, err.Error(), "Changing a queue's type")
+	require.False(t, c.Ready())
+}
+
+// A classic work queue of the pre-v0.1.0 shape (no dead-letter route), met
+// by a Quorum route, is kept as a classic queue with both warnings.
+func TestConsumer_LegacyClassicQueueKeptForAQuorumRoute(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ch, err := b.conn.Channel()
+	require.NoError(t, err)
+	_, err = ch.QueueDeclare(b.queue, true, false, false, false, nil)
+	require.NoError(t, err)
+	require.NoError(t, ch.Close())
+
+	log, rec := logtest.New(slog.LevelWarn)
+	r := consumer.NewRouter()
+	opts := fastOpts()
+	opts.Queue.Type = consumer.Quorum
+	consumer.Register(r, b.queue, inboxtype.HandlerFunc[order](func(context.Context, *inboxtype.Message[order]) error { return nil }), opts)
+	c := b.start(t, r, func(cfg *consumer.Config) { cfg.Logger = log })
+	b.publish(t, b.queue, `{"id":"1"}`)
+	require.Equal(t, inboxtype.ActionAcked, b.rec.next(t).Outcome.Action)
+	b.stop(t, c)
+	require.Len(t, rec.Containing("exists with another type than configured"), 1)
+	require.Len(t, rec.Containing("declared before v0.1.0"), 1)
+}
+
+// A quorum queue's consumer cancelled by the broker (the queue deleted;
+// a node that loses the queue does the same) declares the queue again and
+// consumes without a restart.
+func TestConsumer_QuorumBrokerCancelResumes(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	r := consumer.NewRouter()
+	opts := fastOpts()
+	opts.Queue.Type = consumer.Quorum
+	consumer.Register(r, b.queue, inboxtype.HandlerFunc[order](func(context.Context, *inboxtype.Message[order]) error {
+		return nil
+	}), opts)
+	c := b.start(t, r, nil)
+	b.rec.waitState(t, inboxtype.ConnConnected)
+
+	ch, err := b.conn.Channel()
+	require.NoError(t, err)
+	_, err = ch.QueueDelete(b.queue, false, false, false)
+	require.NoError(t, err)
+	require.NoError(t, ch.Close())
+	b.rec.waitState(t, inboxtype.ConnDisconnected)
+	b.rec.waitState(t, inboxtype.ConnConnected)
+
+	testenv.WaitFor(t, "the queue re-declared and consumed", func() bool { return consumers(t, b.conn, b.queue) == 1 })
+	b.publish(t, b.queue, `{"id":"after-cancel"}`)
+	o := b.rec.next(t)
+	require.Equal(t, inboxtype.ActionAcked, o.Outcome.Action)
+	require.Equal(t, "after-cancel", o.ID)
+	b.stop(t, c)
 }

@@ -128,12 +128,13 @@ type declared struct {
 	kept QueueType
 }
 
-// declareRoute declares every queue of the route. Each declaration uses
-// its own channel, because a PRECONDITION_FAILED closes the channel.
+// declareRoute declares every queue of the route, the DLQ first. Each
+// declaration uses its own channel, because a PRECONDITION_FAILED closes
+// the channel.
 //
-// Queues that already exist with the other queue type (a classic topology
-// and QueueOpts.Type Quorum, or the reverse) are kept with their type: the
-// broker cannot change a queue's type, and refusing to start would
+// A work queue that already exists with the other queue type (classic for
+// a Quorum route, or the reverse) decides the type of the whole topology:
+// the broker cannot change a queue's type, and refusing to start would
 // crash-loop every worker of an upgrade. The caller warns with the
 // migration. A classic work queue declared before v0.1.0, without a
 // dead-letter route, is kept too (its arguments cannot change by declaring
@@ -143,39 +144,74 @@ func declareRoute(conn *amqp.Connection, r Route) (declared, error) {
 	if q.NoDeclare {
 		return declared{}, nil
 	}
-	legacy, err := declareQueues(conn, r.Queue, q)
-	if err == nil || !typeMismatch(err) {
-		return declared{legacy: legacy}, err
+	var out declared
+	if kept, ok := existingOtherType(conn, r.Queue, q); ok {
+		q.Type, out.kept = kept, kept
+	}
+	for _, qd := range topology(r.Queue, q) {
+		var err error
+		if qd.name == r.Queue {
+			out.legacy, err = declareWork(conn, qd, q.Type)
+		} else {
+			err = declareQueue(conn, qd)
+		}
+		if typeMismatch(err) {
+			return declared{}, fmt.Errorf("%w (a queue's type cannot change: see docs/operations.md, \"Changing a queue's type\")", err)
+		}
+		if err != nil {
+			return declared{}, err
+		}
+	}
+	return out, nil
+}
+
+// declareWork declares the work queue qd of type typ; a classic queue of
+// the pre-v0.1.0 shape (no dead-letter route) is declared as it is, and
+// legacy reports it.
+func declareWork(conn *amqp.Connection, qd queueDecl, typ QueueType) (legacy bool, err error) {
+	err = declareQueue(conn, qd)
+	if typ == Classic && lacksDeadLetterRoute(err) {
+		old := queueDecl{name: qd.name, args: cloneTable(qd.args)}
+		delete(old.args, argDLX)
+		delete(old.args, argDLRoutingKey)
+		if err = declareQueue(conn, old); err == nil {
+			return true, nil
+		}
+	}
+	return false, err
+}
+
+// existingOtherType reports the other queue type when the work queue
+// exists, refuses q's arguments and accepts those of the other type.
+func existingOtherType(conn *amqp.Connection, queue string, q QueueOpts) (QueueType, bool) {
+	if !queueExists(conn, queue) {
+		return "", false
+	}
+	_, err := declareWork(conn, queueDecl{name: queue, args: workQueueArgs(queue, q)}, q.Type)
+	var ae *amqp.Error
+	if !errors.As(err, &ae) || ae.Code != amqp.PreconditionFailed {
+		return "", false
 	}
 	other := q
 	other.Type = Classic
 	if q.Type == Classic {
 		other.Type = Quorum
 	}
-	if legacy, err2 := declareQueues(conn, r.Queue, other); err2 == nil {
-		return declared{legacy: legacy, kept: other.Type}, nil
+	if _, err := declareWork(conn, queueDecl{name: queue, args: workQueueArgs(queue, other)}, other.Type); err != nil {
+		return "", false
 	}
-	return declared{}, fmt.Errorf("%w (a queue's type cannot change: see the migration in docs/operations.md, \"Changing a queue's type\")", err)
+	return other.Type, true
 }
 
-// declareQueues declares the topology of queue with q's type.
-func declareQueues(conn *amqp.Connection, queue string, q QueueOpts) (bool, error) {
-	legacy := false
-	for _, qd := range topology(queue, q) {
-		err := declareQueue(conn, qd)
-		if qd.name == queue && q.Type == Classic && lacksDeadLetterRoute(err) {
-			old := queueDecl{name: qd.name, args: cloneTable(qd.args)}
-			delete(old.args, argDLX)
-			delete(old.args, argDLRoutingKey)
-			if err = declareQueue(conn, old); err == nil {
-				legacy = true
-			}
-		}
-		if err != nil {
-			return false, err
-		}
+// queueExists reports whether queue exists (a passive declaration).
+func queueExists(conn *amqp.Connection, queue string) bool {
+	ch, err := conn.Channel()
+	if err != nil {
+		return false
 	}
-	return legacy, nil
+	defer func() { _ = ch.Close() }()
+	_, err = ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	return err == nil
 }
 
 // typeMismatch reports whether err is the broker refusing a declaration

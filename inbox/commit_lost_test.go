@@ -160,3 +160,40 @@ func TestGroupCommit_CommitAnswerLostIsADuplicateForEveryDelivery(t *testing.T) 
 		})
 	}
 }
+
+// One delivery's COMMIT took effect but its answer was lost (the primary
+// died or the network broke at that instant): the outcome is unknown to
+// the worker, so the delivery is not acked as done. It fails with a
+// retryable error (the consumer retries or requeues it, never acks it as
+// handled), and its next delivery finds the key completed: a duplicate,
+// one effect. In transactional mode and for claim mode's completion.
+func TestHandler_CommitAnswerLostIsRetriedThenADuplicate(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{"transactional", "claim"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			d := newCommitDropper(t)
+			_, schema := pgtest.SchemaWith(t, 1)
+			b := setupOn(t, d.pool(t, schema), nil)
+			var h inboxtype.Handler[order]
+			if mode == "claim" {
+				h = inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[order]) error {
+					return c.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error { return effectHandler(nil)(ctx, tx, msg) })
+				}, nil)
+			} else {
+				h = inbox.Handler(b.store, effectHandler(nil), nil)
+			}
+			o := order{OrderID: "1", Amount: 5}
+
+			d.armed.Store(true)
+			err := h.Handle(t.Context(), newMsg(t, "payments", o, false))
+			testenv.WaitChan(t, d.fired, "the COMMIT answered and dropped")
+			require.Error(t, err, "an unknown commit outcome is not success")
+			require.Equal(t, retry.KindRetry, retry.Classify(err).Kind, "%v", err)
+
+			require.ErrorIs(t, h.Handle(t.Context(), newMsg(t, "payments", o, true)), retry.ErrDuplicate)
+			require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`), "one effect")
+			require.Equal(t, inbox.RecordCompleted, b.get(t, "payments", o.IdempotencyKey()).Status)
+		})
+	}
+}

@@ -3,6 +3,7 @@ package inbox
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -69,12 +70,15 @@ func classified(err error) bool {
 //   - 40001 serialization_failure → retryable, reason db_serialization;
 //   - 40P01 deadlock_detected → retryable, reason db_deadlock;
 //   - 57P01/57P02/57P03 (shutdown), 53300 (too many connections), class 08
-//     (connection exception), pgconn.SafeToRetry and net errors → retryable,
-//     reason db_connection;
+//     (connection exception), a failed connection attempt, a connection
+//     that broke or was closed (pgconn.SafeToRetry, net errors, an
+//     unexpected EOF) → retryable, reason db_connection;
 //   - 57014 query_canceled, 55P03 lock_not_available and pgconn.Timeout →
 //     retryable, reason db_timeout (unless the caller's context ended: that
 //     error passes through so the consumer can read the cause);
-//   - 25006 read_only_sql_transaction → retryable, reason db_read_only;
+//   - 25006 read_only_sql_transaction, and [ErrReplica] (every host of a
+//     pool built through [ConfigurePool] is a standby or read-only: a
+//     fail-over under way) → retryable, reason db_read_only;
 //   - 23505 unique_violation → duplicate with source business_constraint (the
 //     inbox's own key never raises it);
 //   - class 22 (data exception: a NUL byte or invalid text in a text
@@ -119,6 +123,17 @@ func mapError(err error) (error, bool) {
 		case sqlClass(pgErr.Code) == "23":
 			return retry.WithReason(ReasonDBIntegrityViolation, retry.Permanent(err)), true
 		}
+	}
+	if errors.Is(err, ErrReplica) {
+		// Every host of the pool's URL was refused (ConfigurePool): the
+		// fail-over has not promoted a primary yet.
+		return retry.WithReason(ReasonDBReadOnly, retry.Retryable(err)), true
+	}
+	var connectErr *pgconn.ConnectError
+	if errors.As(err, &connectErr) {
+		return retry.WithReason(ReasonDBConnection, retry.Retryable(err)), true
+	}
+	if pgErr != nil {
 		return err, false
 	}
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
@@ -128,7 +143,8 @@ func mapError(err error) (error, bool) {
 		return retry.WithReason(ReasonDBTimeout, retry.Retryable(err)), true
 	}
 	var netErr net.Error
-	if pgconn.SafeToRetry(err) || errors.As(err, &netErr) {
+	if pgconn.SafeToRetry(err) || errors.As(err, &netErr) || errors.Is(err, pgconn.ErrConnClosed) ||
+		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
 		return retry.WithReason(ReasonDBConnection, retry.Retryable(err)), true
 	}
 	return err, false

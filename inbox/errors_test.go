@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"testing"
 
@@ -46,6 +47,9 @@ func TestMapError(t *testing.T) {
 		{"exclusion violation", pg("23P01"), retry.KindPermanent, inbox.ReasonDBIntegrityViolation, ""},
 		{"undefined table passes through", pg("42P01"), retry.KindRetry, retry.ReasonError, ""},
 		{"net error", &net.OpError{Op: "read", Err: errors.New("reset")}, retry.KindRetry, inbox.ReasonDBConnection, ""},
+		{"connection lost (EOF)", fmt.Errorf("failed to receive message: %w", io.ErrUnexpectedEOF), retry.KindRetry, inbox.ReasonDBConnection, ""},
+		{"connection closed", fmt.Errorf("begin: %w", pgconn.ErrConnClosed), retry.KindRetry, inbox.ReasonDBConnection, ""},
+		{"every host refused (fail-over under way)", fmt.Errorf("connect: %w", inbox.ErrReplica), retry.KindRetry, inbox.ReasonDBReadOnly, ""},
 		{"handler permanent passes through", retry.Permanent(pg("40001")), retry.KindPermanent, retry.ReasonPermanent, ""},
 		{"handler retry passes through", retry.WithReason("gw", retry.Retryable(plain)), retry.KindRetry, "gw", ""},
 		{"deadline passes through", context.DeadlineExceeded, retry.KindRetry, retry.ReasonTimeout, ""},

@@ -625,7 +625,7 @@ func TestWorkerOnAClusterURL(t *testing.T) {
 	require.Contains(t, m, `inboxmq_broker_node_connections{node="`+d.Host+`",role="consumer"} 0`)
 	w.stop(t)
 	logs := w.stderr.String()
-	require.Contains(t, logs, `"msg":"broker connected"`)
+	require.Contains(t, logs, `"msg":"broker connection opened"`)
 	require.Contains(t, logs, `"node":"`+u.Host+`"`)
 	require.NotContains(t, logs, "amqp-secret-4")
 

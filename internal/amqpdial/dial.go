@@ -99,37 +99,15 @@ func New(cfg Config) (*Dialer, error) {
 	return d, nil
 }
 
-// Nodes returns the nodes of the address, in the order given.
-func (d *Dialer) Nodes() []Node { return append([]Node(nil), d.nodes...) }
-
-// Addrs returns the nodes' host:port, in the order given.
-func (d *Dialer) Addrs() []string {
-	out := make([]string, len(d.nodes))
-	for i, n := range d.nodes {
-		out[i] = n.Addr
-	}
-	return out
-}
-
-// Redacted returns the address with every password redacted.
-func (d *Dialer) Redacted() string {
-	out := make([]string, len(d.nodes))
-	for i, n := range d.nodes {
-		out[i] = n.Redacted()
-	}
-	return strings.Join(out, ",")
-}
-
 // Dial connects to one node that answers and returns the connection and
 // its node. A connection name dialed before starts at the node after the
 // one its last connection was on (that node may be the one that went
 // away); a new name starts one node further than the previous new name.
 // name is the connection_name client property (shown by the broker's
 // management and rabbitmqctl list_connections); role is reported with the
-// node. Each
-// node's dial is bounded by Config.Timeout and by ctx, which also ends the
-// whole attempt. If no node answers, the error lists every node's failure,
-// passwords redacted.
+// node. Each node's dial is bounded by Config.Timeout and by ctx, which
+// also ends the whole attempt. If no node answers, the error lists every
+// node's failure, passwords redacted.
 func (d *Dialer) Dial(ctx context.Context, name, role string) (*amqp.Connection, Node, error) {
 	d.mu.Lock()
 	prev, redial := d.last[name]
@@ -141,10 +119,6 @@ func (d *Dialer) Dial(ctx context.Context, name, role string) (*amqp.Connection,
 	start %= len(d.nodes)
 	var errs []error
 	for i := range d.nodes {
-		if err := ctx.Err(); err != nil {
-			errs = append(errs, err)
-			break
-		}
 		idx := (start + i) % len(d.nodes)
 		n := d.nodes[idx]
 		conn, err := d.dialNode(ctx, n, name)
@@ -153,12 +127,16 @@ func (d *Dialer) Dial(ctx context.Context, name, role string) (*amqp.Connection,
 			return conn, n, nil
 		}
 		err = redactErr(d.nodes, err)
+		errs = append(errs, fmt.Errorf("%s: %w", n.Redacted(), err))
+		if ctx.Err() != nil {
+			errs = append(errs, ctx.Err())
+			break // the whole attempt is over
+		}
 		if len(d.nodes) > 1 {
 			d.log.LogAttrs(ctx, slog.LevelWarn, "broker node unreachable",
 				slog.String("role", role), slog.String("connection_name", name),
 				slog.String("node", n.Addr), slog.String("url", n.Redacted()), slog.Any("error", err))
 		}
-		errs = append(errs, fmt.Errorf("%s: %w", n.Redacted(), err))
 	}
 	return nil, Node{}, &dialError{nodes: len(d.nodes), errs: errs}
 }
@@ -170,7 +148,7 @@ type dialError struct {
 }
 
 func (e *dialError) Error() string {
-	if e.nodes == 1 && len(e.errs) == 1 {
+	if e.nodes == 1 {
 		return "connect to " + e.errs[0].Error()
 	}
 	msgs := make([]string, len(e.errs))
@@ -236,7 +214,7 @@ func (d *Dialer) connected(conn *amqp.Connection, idx int, name, role string) {
 		d.log.LogAttrs(context.Background(), slog.LevelWarn, "broker failover",
 			append(attrs, slog.String("previous_node", prev))...)
 	} else {
-		d.log.LogAttrs(context.Background(), slog.LevelInfo, "broker connected", attrs...)
+		d.log.LogAttrs(context.Background(), slog.LevelInfo, "broker connection opened", attrs...)
 	}
 	if d.cfg.OnNode != nil {
 		d.cfg.OnNode(role, n.Addr, true)

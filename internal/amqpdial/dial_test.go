@@ -94,7 +94,7 @@ func TestDial_MovesPastADeadNode(t *testing.T) {
 	require.Len(t, unreachable, 1, "the dead node was tried once, by the dial that started there")
 	require.Equal(t, deadAddr, unreachable[0].Attrs["node"])
 	require.Equal(t, amqpdial.RoleConsumer, unreachable[0].Attrs["role"])
-	connected := rec.Message("broker connected")
+	connected := rec.Message("broker connection opened")
 	require.Len(t, connected, 2)
 	require.Equal(t, liveAddr, connected[0].Attrs["node"])
 	require.NotContains(t, connected[0].Attrs["url"], "guest:guest", "the URL is redacted")

@@ -101,7 +101,9 @@ func testRabbitMQ(t *testing.T, c *clustertest.Cluster) {
 	// The killed node comes back into the cluster and the queue.
 	c.StartRabbit(t, leader)
 	require.ElementsMatch(t, c.RabbitNodes, runningNodes(t, c, leader))
-	require.ElementsMatch(t, c.RabbitNodes, queueInfo(t, c, leader, queue).Online, "every member online again")
+	testenv.WaitFor(t, "every member of "+queue+" online again", func() bool {
+		return len(queueInfo(t, c, leader, queue).Online) == 3
+	})
 
 	// A graceful restart of the current leader hands the queue over too.
 	publish(t, dialAMQP(t, c.AMQPURLs[leader-1]), queue, "before the restart")

@@ -3,10 +3,13 @@ package lock_test
 import (
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmq/inboxmq/internal/lock"
+	"github.com/inboxmq/inboxmq/internal/redistest"
 )
 
 // hashTag returns the part of key Redis Cluster hashes: the content of the
@@ -55,5 +58,59 @@ func TestRedisKeysShareClusterSlot(t *testing.T) {
 		require.NotEmpty(t, hashTag(lockKey), key)
 		require.Equal(t, hashTag(lockKey), hashTag(fenceKey), key)
 		require.Equal(t, slot(lockKey), slot(fenceKey), key)
+	}
+}
+
+// On a real Redis Cluster (one node owning every slot, which refuses a
+// script whose keys hash to different slots just as a larger cluster does):
+// the server's CLUSTER KEYSLOT agrees with slot above for both keys of
+// every lock, including the middleware's "<prefix><consumer>:<key>" names,
+// and every script of the lock (obtain with its fence, refresh, ttl,
+// release, and the Batcher's pipelined obtains and releases) runs there.
+func TestLockOnRedisCluster(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	node := redistest.StartCluster(t)
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{node.Addr()}, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = rdb.Close() })
+
+	// The cluster enforces one slot per script: keys without a shared
+	// hash tag are refused.
+	err := rdb.Eval(ctx, `return redis.call("MGET", KEYS[1], KEYS[2])`, []string{"lock-a", "lock-b"}).Err()
+	require.ErrorContains(t, err, "CROSSSLOT")
+
+	names := []string{
+		"a", "inboxmq:lock:payments:order-42", "has{braces}inside", "{already-tagged}:x", "trailing}",
+		"ünïcödé:キー", "inboxmq:lock:payments:{order}:7",
+	}
+	for _, name := range names {
+		lockKey, fenceKey := lock.RedisKeys(name)
+		ls, err := rdb.ClusterKeySlot(ctx, lockKey).Result()
+		require.NoError(t, err)
+		fs, err := rdb.ClusterKeySlot(ctx, fenceKey).Result()
+		require.NoError(t, err)
+		require.Equal(t, ls, fs, name)
+		require.Equal(t, int64(slot(lockKey)), ls, name)
+	}
+
+	locker, err := lock.New(rdb, nil)
+	require.NoError(t, err)
+	batcher, err := lock.NewBatcher(locker, nil)
+	require.NoError(t, err)
+	for _, name := range names {
+		key := t.Name() + ":" + name
+		l, err := locker.Obtain(ctx, key, 10*time.Second, nil)
+		require.NoError(t, err, name)
+		require.NoError(t, l.Refresh(ctx, 0), name)
+		_, err = l.TTL(ctx)
+		require.NoError(t, err, name)
+		_, err = batcher.Obtain(ctx, key, 10*time.Second)
+		require.ErrorIs(t, err, lock.ErrNotObtained, name)
+		require.NoError(t, batcher.Release(ctx, l), name)
+
+		l2, err := batcher.Obtain(ctx, key, 10*time.Second)
+		require.NoError(t, err, name)
+		require.Greater(t, l2.Fence(), l.Fence(), name)
+		require.NoError(t, l2.Release(ctx), name)
 	}
 }
