@@ -22,7 +22,9 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/inboxmq/inboxmq"
 	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inbox"
 	"github.com/inboxmq/inboxmq/inboxtype"
 )
 
@@ -337,14 +339,15 @@ func (r *scenarioRun) setup(ctx context.Context) error {
 		return fmt.Errorf("chaos: %w", err)
 	}
 	pcfg.MaxConns = 4
+	if err := inbox.ConfigurePool(pcfg); err != nil {
+		return fmt.Errorf("chaos: %w", err)
+	}
 	if r.pool, err = pgxpool.NewWithConfig(ctx, pcfg); err != nil {
 		return fmt.Errorf("chaos: PostgreSQL: %w", err)
 	}
-	ropt, err := redis.ParseURL(r.cfg.RedisURL)
-	if err != nil {
+	if r.rdb, err = inboxmq.RedisFromURL(r.cfg.RedisURL, nil); err != nil {
 		return fmt.Errorf("chaos: REDIS_URL: %w", err)
 	}
-	r.rdb = redis.NewClient(ropt)
 	ch, err := r.channel()
 	if err != nil {
 		return err
