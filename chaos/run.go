@@ -376,12 +376,18 @@ func (r *scenarioRun) teardown() {
 		r.pool.Close()
 	}
 	if !r.cfg.Keep {
+		// At once: deleting a quorum queue with a member node down waits
+		// for that node's timeout, queue by queue.
+		var wg sync.WaitGroup
 		for _, q := range r.queueNames(true) {
 			if ch, err := r.channel(); err == nil {
-				_, _ = ch.QueueDelete(q, false, false, false)
-				_ = ch.Close()
+				wg.Go(func() {
+					_, _ = ch.QueueDelete(q, false, false, false)
+					_ = ch.Close()
+				})
 			}
 		}
+		wg.Wait()
 	}
 	r.connMu.Lock()
 	if r.conn != nil {
