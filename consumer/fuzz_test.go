@@ -128,8 +128,8 @@ func FuzzDeathHeaders(f *testing.F) {
 		if xerr != "" {
 			h[inboxtype.HeaderError] = xerr
 		}
-		_ = replayMatches("q", h, &ReplayOpts{Reason: want})
-		_ = replayMatches("q", h, &ReplayOpts{Key: reason})
+		_ = replayMatches("q", "", h, &ReplayOpts{Reason: want})
+		_ = replayMatches("q", "", h, &ReplayOpts{Key: reason})
 		_ = DeadLetterReason(h)
 		_ = DeadLetterOrigin(h)
 		out := replayHeaders(h, int(count%1000))

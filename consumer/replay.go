@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -29,6 +30,9 @@ type ReplayOpts struct {
 	// Key selects the message with this x-idempotency-key. Defaults to "":
 	// any key.
 	Key string
+	// MessageIDs selects the messages whose message id is one of these
+	// (an operator's selection). Defaults to nil: any message id.
+	MessageIDs []string
 	// MaxReplays bounds how often one message may be replayed; a selected
 	// message at the bound stays in the DLQ with HeaderReplayRefused set.
 	// Defaults to 3; -1 means no bound.
@@ -113,7 +117,7 @@ func ReplayDLQ(ctx context.Context, conn *amqp.Connection, queue string, opts *R
 			break
 		}
 		res.Scanned++
-		selected := (o.Limit <= 0 || res.Replayed < o.Limit) && replayMatches(queue, m.Headers, &o)
+		selected := (o.Limit <= 0 || res.Replayed < o.Limit) && replayMatches(queue, m.MessageId, m.Headers, &o)
 		replays := inboxtype.HeaderInt(m.Headers, inboxtype.HeaderReplayCount)
 		target, h := o.DeadLetterQueue, m.Headers
 		switch {
@@ -142,7 +146,7 @@ func ReplayDLQ(ctx context.Context, conn *amqp.Connection, queue string, opts *R
 	return res, nil
 }
 
-func replayMatches(queue string, h amqp.Table, o *ReplayOpts) bool {
+func replayMatches(queue, messageID string, h amqp.Table, o *ReplayOpts) bool {
 	if origin := DeadLetterOrigin(h); origin != "" && origin != queue {
 		return false
 	}
@@ -150,6 +154,9 @@ func replayMatches(queue string, h amqp.Table, o *ReplayOpts) bool {
 		if k, _ := h[inboxtype.HeaderIdempotencyKey].(string); k != o.Key {
 			return false
 		}
+	}
+	if o.MessageIDs != nil && !slices.Contains(o.MessageIDs, messageID) {
+		return false
 	}
 	return strings.HasPrefix(DeadLetterReason(h), o.Reason)
 }

@@ -86,6 +86,31 @@ func TestReplayDLQ_LeavesOtherQueuesDeadLetters(t *testing.T) {
 	require.ElementsMatch(t, []string{"theirs", "theirs-expired"}, ids(amqptest.Drain(t, b.conn, dlq)))
 }
 
+// An operator's selection of message ids replays those and keeps the
+// rest in the DLQ, in order.
+func TestReplayDLQ_SelectsMessageIDs(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	dlq := b.queue + ".dlq"
+	ch, err := b.conn.Channel()
+	require.NoError(t, err)
+	for _, q := range []string{b.queue, dlq} {
+		_, err := ch.QueueDeclare(q, true, false, false, false, nil)
+		require.NoError(t, err)
+	}
+	require.NoError(t, ch.Close())
+	for _, id := range []string{"a", "b", "c"} {
+		b.pub.Publish(dlq, []byte(`{}`), amqp.Publishing{MessageId: id, Headers: amqp.Table{inboxtype.HeaderError: "exhausted: x"}})
+	}
+	res, err := consumer.ReplayDLQ(t.Context(), b.conn, b.queue, &consumer.ReplayOpts{MessageIDs: []string{"a", "c"}})
+	require.NoError(t, err)
+	require.Equal(t, consumer.ReplayResult{Scanned: 3, Replayed: 2, Kept: 1}, res)
+	require.Len(t, amqptest.Drain(t, b.conn, b.queue), 2)
+	kept := amqptest.Drain(t, b.conn, dlq)
+	require.Len(t, kept, 1)
+	require.Equal(t, "b", kept[0].MessageId)
+}
+
 func TestDeadLetterReasonAndOrigin(t *testing.T) {
 	t.Parallel()
 	death := func(queue, reason string) amqp.Table {

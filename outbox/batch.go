@@ -273,20 +273,14 @@ func (r *Relay) retryDelay(attempt int) time.Duration {
 	return min(d, r.cfg.RetryMaxDelay)
 }
 
-const statsSQL = `SELECT count(*), coalesce(extract(epoch FROM clock_timestamp() - min(created_at)), 0)::float8
-FROM inboxmq_outbox WHERE sent_at IS NULL`
-
 func (r *Relay) refreshStats(ctx context.Context) {
-	var (
-		n   int64
-		age float64
-	)
-	if err := r.pool.QueryRow(ctx, statsSQL).Scan(&n, &age); err != nil {
+	b, err := ReadBacklog(ctx, r.pool)
+	if err != nil {
 		if ctx.Err() == nil {
 			r.log.LogAttrs(ctx, slog.LevelWarn, "outbox relay: stats query failed", slog.Any("error", err))
 		}
 		return
 	}
-	r.metrics.pending.Set(float64(n))
-	r.metrics.oldestAge.Set(age)
+	r.metrics.pending.Set(float64(b.Pending))
+	r.metrics.oldestAge.Set(b.OldestAge.Seconds())
 }

@@ -28,8 +28,9 @@
 #
 # Settings (environment):
 #   CLUSTER_DIR        state, data, logs and pid files (default /var/tmp/inboxmq-cluster)
-#   CLUSTER_PORT_BASE  every port is derived from it (default 25700; see the
-#                      layout below); two clusters need bases 50 apart
+#   CLUSTER_PORT_BASE  every port is derived from it (default: the base of the
+#                      cluster in CLUSTER_DIR, else 25700; see the layout
+#                      below); two clusters need bases 50 apart
 #   CLUSTER_TLS=1      also TLS listeners (amqps, PostgreSQL ssl, Redis
 #                      tls-port), with a throwaway CA made by openssl
 #
@@ -54,9 +55,12 @@
 # off and Redis keeps nothing on disk.
 set -euo pipefail
 
-BASE=${CLUSTER_PORT_BASE:-25700}
 DIR=${CLUSTER_DIR:-/var/tmp/inboxmq-cluster}
 DIR=${DIR%/}
+# Without CLUSTER_PORT_BASE, the base of the cluster running in CLUSTER_DIR.
+BASE=${CLUSTER_PORT_BASE:-}
+if [ -z "$BASE" ] && [ -f "$DIR/state" ]; then BASE=$(awk '{print $1}' "$DIR/state"); fi
+BASE=${BASE:-25700}
 WANT_TLS=${CLUSTER_TLS:-0}
 case $WANT_TLS in 1 | true | yes | on) WANT_TLS=1 ;; *) WANT_TLS=0 ;; esac
 
@@ -367,9 +371,15 @@ rabbit_up() {
     wait_for "epmd on $EPMD_PORT" 10 tcp_open 127.0.0.1 "$EPMD_PORT" || die "epmd did not start (see $R/epmd.log)"
   fi
   for n in 1 2 3; do rabbit_start "$n"; done
-  for n in 1 2 3; do rabbit_wait "$n"; done
+  local waits=()
+  for n in 1 2 3; do
+    rabbit_wait "$n" &
+    waits+=($!)
+  done
+  for n in 1 2 3; do wait "${waits[n - 1]}" || die "RabbitMQ node $n did not start"; done
+  # Fresh nodes (up always starts from empty folders) join node 1 one at a
+  # time.
   for n in 2 3; do
-    if running_nodes "$n" | grep -qxF "$(node_name 1)"; then continue; fi
     # The output (start_app logs harmless errors about the other nodes)
     # is shown only when the join fails.
     if ! out=$({ ctl "$n" stop_app && ctl "$n" join_cluster "$(node_name 1)" && ctl "$n" start_app; } 2>&1); then
@@ -847,6 +857,7 @@ env_lines() {
   }
   local pgq="postgres://postgres@127.0.0.1"
   echo "export CLUSTER_DIR='$DIR'"
+  echo "export CLUSTER_PORT_BASE='$BASE'"
   echo "export CLUSTER_AMQP_URLS='$(join "${amqp[@]}")'"
   echo "export CLUSTER_AMQPS_URLS='$(join ${amqps[@]+"${amqps[@]}"})'"
   echo "export CLUSTER_RABBIT_NODES='$(join "${nodes[@]}")'"

@@ -6,9 +6,11 @@ import (
 	"strconv"
 	"text/tabwriter"
 
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/spf13/cobra"
 
 	"github.com/inboxmq/inboxmq/control"
+	"github.com/inboxmq/inboxmq/internal/ops"
 )
 
 func (c *cli) controlChange(use, short, long string, apply func(cmd *cobra.Command, s *control.Store, name string, opts *control.ChangeOpts) (string, error), nargs int) *cobra.Command {
@@ -169,25 +171,21 @@ needed).`,
 				return err
 			}
 			defer pool.Close()
-			removed, err := control.NewStore(pool).Unblock(ctx, consumerName, pattern, isPrefix)
-			if err != nil {
-				return err
-			}
-			released := 0
+			var conn *amqp.Connection
 			if !noRelease {
-				conn, err := c.dialBroker()
-				if err != nil {
+				if conn, err = c.dialBroker(); err != nil {
 					return err
 				}
 				defer conn.Close()
 				if queue == "" {
 					queue = consumerName
 				}
-				released, err = control.Release(ctx, conn, queue, &control.ReleaseOpts{Key: pattern, Prefix: isPrefix})
-				if err != nil {
-					return err
-				}
 			}
+			ur, err := ops.Unblock(ctx, control.NewStore(pool), conn, consumerName, pattern, isPrefix, queue)
+			if err != nil {
+				return err
+			}
+			removed, released := ur.Removed, ur.Released
 			res := map[string]any{"consumer": consumerName, "pattern": pattern, "prefix": isPrefix, "removed": removed, "released": released}
 			return c.emit(res, func(w io.Writer) {
 				if !removed {

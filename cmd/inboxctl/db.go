@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/internal/ops"
 	"github.com/inboxmq/inboxmq/migrations"
 )
 
@@ -251,21 +252,6 @@ plus the DLQ replay window).`,
 	return cmd
 }
 
-// statsView is the output of stats.
-type statsView struct {
-	Rows []struct {
-		Consumer string `json:"consumer"`
-		Status   string `json:"status"`
-		Count    int64  `json:"count"`
-	} `json:"rows"`
-	OldestClaimAgeSeconds *float64 `json:"oldest_claim_age_seconds"`
-	StaleClaims           int64    `json:"stale_claims"`
-	TableBytes            int64    `json:"table_bytes"`
-	IndexBytes            int64    `json:"index_bytes"`
-	TotalBytes            int64    `json:"total_bytes"`
-	EstimatedRows         int64    `json:"estimated_rows"`
-}
-
 func (c *cli) statsCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "stats",
@@ -278,40 +264,14 @@ on a very large inbox prefer the estimate (estimated_rows).`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, cancel := c.ctx(cmd)
 			defer cancel()
-			pool, err := c.openDB(ctx)
+			s, closeDB, err := c.openStore(ctx)
 			if err != nil {
 				return err
 			}
-			defer pool.Close()
-			var v statsView
-			rows, err := pool.Query(ctx, `SELECT consumer, status, count(*) FROM inboxmq_inbox GROUP BY 1, 2 ORDER BY 1, 2`)
+			defer closeDB()
+			v, err := ops.InboxStats(ctx, s)
 			if err != nil {
-				return fmt.Errorf("stats: %w", err)
-			}
-			for rows.Next() {
-				var r struct {
-					Consumer string `json:"consumer"`
-					Status   string `json:"status"`
-					Count    int64  `json:"count"`
-				}
-				if err := rows.Scan(&r.Consumer, &r.Status, &r.Count); err != nil {
-					return fmt.Errorf("stats: %w", err)
-				}
-				v.Rows = append(v.Rows, r)
-			}
-			if err := rows.Err(); err != nil {
-				return fmt.Errorf("stats: %w", err)
-			}
-			err = pool.QueryRow(ctx, `SELECT
-				(SELECT EXTRACT(EPOCH FROM now() - min(updated_at))::float8 FROM inboxmq_inbox WHERE status = 'processing'),
-				(SELECT count(*) FROM inboxmq_inbox WHERE status = 'processing' AND lease_until < now()),
-				pg_relation_size(to_regclass('inboxmq_inbox')),
-				pg_indexes_size(to_regclass('inboxmq_inbox')),
-				pg_total_relation_size(to_regclass('inboxmq_inbox')),
-				(SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = to_regclass('inboxmq_inbox'))`,
-			).Scan(&v.OldestClaimAgeSeconds, &v.StaleClaims, &v.TableBytes, &v.IndexBytes, &v.TotalBytes, &v.EstimatedRows)
-			if err != nil {
-				return fmt.Errorf("stats: %w", err)
+				return err
 			}
 			return c.emit(v, func(w io.Writer) {
 				tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)

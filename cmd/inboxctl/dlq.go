@@ -6,11 +6,10 @@ import (
 	"io"
 	"text/tabwriter"
 
-	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/spf13/cobra"
 
 	"github.com/inboxmq/inboxmq/consumer"
-	"github.com/inboxmq/inboxmq/inboxtype"
+	"github.com/inboxmq/inboxmq/internal/ops"
 )
 
 func (c *cli) dlqCmd() *cobra.Command {
@@ -62,13 +61,6 @@ type replayView struct {
 	Refused         int    `json:"refused"`
 }
 
-func headerString(h amqp.Table, name string) string {
-	if s, ok := h[name].(string); ok {
-		return s
-	}
-	return ""
-}
-
 func (c *cli) dlqListCmd() *cobra.Command {
 	var dlq string
 	var limit int
@@ -94,45 +86,23 @@ without acknowledgement and returned to the DLQ when list ends.`,
 				return err
 			}
 			defer conn.Close()
-			ch, err := conn.Channel()
-			if err != nil {
-				return fmt.Errorf("channel: %w", err)
-			}
-			// Closing the channel returns every unacked message to the DLQ.
-			defer ch.Close()
-			q, err := ch.QueueDeclarePassive(name, false, false, false, false, nil)
-			if err != nil {
+			peek, err := ops.PeekQueue(conn, name, limit, 0)
+			if errors.Is(err, ops.ErrQueueNotFound) {
 				return notFoundError{fmt.Errorf("dead-letter queue %s: %w", name, err)}
 			}
-			n := q.Messages
-			if limit > 0 {
-				n = min(n, limit)
+			if err != nil {
+				return err
 			}
-			views := []deadLetterView{}
-			for range n {
-				d, ok, err := ch.Get(name, false)
-				if err != nil {
-					return fmt.Errorf("get: %w", err)
-				}
-				if !ok {
-					break
-				}
+			views := make([]deadLetterView, 0, len(peek.DeadLetters))
+			for _, d := range peek.DeadLetters {
 				views = append(views, deadLetterView{
-					MessageID: d.MessageId, Key: headerString(d.Headers, inboxtype.HeaderIdempotencyKey),
-					Error: consumer.DeadLetterReason(d.Headers), Attempt: inboxtype.HeaderInt(d.Headers, inboxtype.HeaderAttempt),
-					ReplayCount: inboxtype.HeaderInt(d.Headers, inboxtype.HeaderReplayCount), OriginalQueue: consumer.DeadLetterOrigin(d.Headers),
-					FirstFailedAt: headerString(d.Headers, inboxtype.HeaderFirstFailedAt), LastFailedAt: headerString(d.Headers, inboxtype.HeaderLastFailedAt),
-					Bytes: len(d.Body),
+					MessageID: d.MessageID, Key: d.Key, Error: d.Error, Attempt: d.Attempt, ReplayCount: d.ReplayCount,
+					OriginalQueue: d.OriginalQueue, FirstFailedAt: d.FirstFailedAt, LastFailedAt: d.LastFailedAt, Bytes: d.Bytes,
 				})
 			}
-			if len(views) > 0 {
-				if err := ch.Nack(0, true, true); err != nil {
-					return fmt.Errorf("return messages to %s: %w", name, err)
-				}
-			}
-			out := map[string]any{"queue": name, "messages": q.Messages, "dead_letters": views}
+			out := map[string]any{"queue": name, "messages": peek.Messages, "dead_letters": views}
 			return c.emit(out, func(w io.Writer) {
-				fmt.Fprintf(w, "%s: %d messages\n", name, q.Messages)
+				fmt.Fprintf(w, "%s: %d messages\n", name, peek.Messages)
 				if len(views) == 0 {
 					return
 				}
@@ -229,18 +199,12 @@ undone; --yes is required.`,
 				return err
 			}
 			defer conn.Close()
-			ch, err := conn.Channel()
-			if err != nil {
-				return fmt.Errorf("channel: %w", err)
-			}
-			defer ch.Close()
-			n, err := ch.QueuePurge(name, false)
-			var ae *amqp.Error
-			if errors.As(err, &ae) && ae.Code == amqp.NotFound {
+			n, err := ops.PurgeQueue(conn, name)
+			if errors.Is(err, ops.ErrQueueNotFound) {
 				return notFoundError{fmt.Errorf("dead-letter queue %s does not exist", name)}
 			}
 			if err != nil {
-				return fmt.Errorf("purge %s: %w", name, err)
+				return err
 			}
 			return c.emit(map[string]any{"queue": name, "purged": n}, func(w io.Writer) {
 				fmt.Fprintf(w, "purged %d messages from %s\n", n, name)

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/internal/ops"
 	"github.com/inboxmq/inboxmq/internal/pgtest"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 )
@@ -87,6 +88,7 @@ func TestHelpEverywhere(t *testing.T) {
 		{"block", "--help"},
 		{"unblock", "--help"},
 		{"controls", "--help"},
+		{"ui", "--help"},
 	} {
 		r := b.run(t, args...)
 		require.Equal(t, exitOK, r.code, args)
@@ -290,14 +292,13 @@ func TestStats(t *testing.T) {
 
 	r := b.run(t, "stats", "-o", "json")
 	require.Equal(t, exitOK, r.code, r.errOut)
-	var v statsView
+	var v ops.Stats
 	r.json(t, &v)
-	type row = struct {
-		Consumer string `json:"consumer"`
-		Status   string `json:"status"`
-		Count    int64  `json:"count"`
-	}
-	require.Equal(t, []row{{"emails", "failed", 1}, {"emails", "processing", 1}, {"payments", "completed", 7}}, []row(v.Rows))
+	require.Equal(t, []ops.StatusCount{
+		{Consumer: "emails", Status: "failed", Count: 1},
+		{Consumer: "emails", Status: "processing", Count: 1},
+		{Consumer: "payments", Status: "completed", Count: 7},
+	}, v.Rows)
 	require.NotNil(t, v.OldestClaimAgeSeconds)
 	require.InDelta(t, 300, *v.OldestClaimAgeSeconds, 60)
 	require.Equal(t, int64(1), v.StaleClaims)

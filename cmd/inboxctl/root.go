@@ -122,6 +122,7 @@ PostgreSQL; running workers pick them up within 2 seconds.`,
 		c.migrateCmd(), c.statusCmd(), c.staleCmd(), c.reconcileCmd(), c.statsCmd(), c.purgeCmd(),
 		c.dlqCmd(),
 		c.pauseCmd(), c.resumeCmd(), c.concurrencyCmd(), c.blockCmd(), c.unblockCmd(), c.controlsCmd(),
+		c.uiCmd(),
 	)
 	root.AddCommand(c.versionCmd())
 	return root

@@ -46,14 +46,20 @@ func TestCluster(t *testing.T) {
 	if testing.Short() && !testenv.CI() {
 		t.Skip("starts a RabbitMQ cluster, PostgreSQL with a standby and Redis with Sentinels: run without -short")
 	}
-	c := clustertest.Start(t, &clustertest.Options{TLS: true})
+	// CLUSTERTEST_TLS=0 runs the failovers on a cluster without TLS, the
+	// way make cluster starts it (Redis then fails over through the plain
+	// Sentinel URL); CI runs the default, with TLS.
+	withTLS := os.Getenv("CLUSTERTEST_TLS") != "0"
+	c := clustertest.Start(t, &clustertest.Options{TLS: withTLS})
 
 	// TLS first: the failover subtests below change which servers run.
-	t.Run("TLS", func(t *testing.T) {
-		t.Run("AMQPS", func(t *testing.T) { t.Parallel(); testAMQPS(t, c) })
-		t.Run("PostgreSQL", func(t *testing.T) { t.Parallel(); testPostgresTLS(t, c) })
-		t.Run("Redis", func(t *testing.T) { t.Parallel(); testRedisTLS(t, c) })
-	})
+	if withTLS {
+		t.Run("TLS", func(t *testing.T) {
+			t.Run("AMQPS", func(t *testing.T) { t.Parallel(); testAMQPS(t, c) })
+			t.Run("PostgreSQL", func(t *testing.T) { t.Parallel(); testPostgresTLS(t, c) })
+			t.Run("Redis", func(t *testing.T) { t.Parallel(); testRedisTLS(t, c) })
+		})
+	}
 	t.Run("Failover", func(t *testing.T) {
 		t.Run("RabbitMQ", func(t *testing.T) { t.Parallel(); testRabbitMQ(t, c) })
 		t.Run("PostgreSQL", func(t *testing.T) { t.Parallel(); testPostgres(t, c) })
@@ -261,13 +267,16 @@ func pgPort(t *testing.T, url string) int {
 
 // --- Redis ----------------------------------------------------------------
 
-// testRedis fails the master over through the Sentinels. The cluster runs
-// with TLS, where the Sentinels name TLS ports, so it goes through
-// RedisTLSURL.
+// testRedis fails the master over through the Sentinels. With TLS the
+// Sentinels name TLS ports, so it goes through RedisTLSURL then.
 func testRedis(t *testing.T, c *clustertest.Cluster) {
 	ctx := t.Context()
-	tlsConf := &tls.Config{RootCAs: caPool(t, c.CAFile), MinVersion: tls.VersionTLS12}
-	sentinels := sentinelAddrs(t, c.RedisTLSURL)
+	var tlsConf *tls.Config
+	sentinels := sentinelAddrs(t, c.RedisURL)
+	if c.CAFile != "" {
+		tlsConf = &tls.Config{RootCAs: caPool(t, c.CAFile), MinVersion: tls.VersionTLS12}
+		sentinels = sentinelAddrs(t, c.RedisTLSURL)
+	}
 
 	sentinel := redis.NewSentinelClient(&redis.Options{Addr: sentinels[0], TLSConfig: tlsConf})
 	t.Cleanup(func() { _ = sentinel.Close() })

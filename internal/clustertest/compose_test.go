@@ -98,4 +98,5 @@ func TestComposeClusterProfile(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, strings.Join(standby.Command, " "), "pg_basebackup -h cluster-pg-primary -U postgres -D \"$PGDATA\" -R")
 	require.Contains(t, project.Configs["cluster-sentinel-conf"].Content, "sentinel monitor mymaster cluster-redis-primary 6379 2")
+	require.Contains(t, project.Configs["cluster-pg-replication"].Content, `>>"$PGDATA/pg_hba.conf"`, "$$ is compose's escape for $")
 }
