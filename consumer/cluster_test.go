@@ -383,3 +383,21 @@ func TestConsumer_QuorumBrokerCancelResumes(t *testing.T) {
 	require.Equal(t, "after-cancel", o.ID)
 	b.stop(t, c)
 }
+
+// Dial connects a program's own connection the consumer's way: to a node
+// of the list that answers, reported as host:port; a bad list is an error
+// without the password.
+func TestDial_NodeList(t *testing.T) {
+	t.Parallel()
+	live := testenv.AMQPURL()
+	conn, node, err := consumer.Dial(t.Context(), amqptest.DeadURL(t)+","+live, &consumer.DialOpts{Name: "inboxmq-test " + t.Name()})
+	if err != nil {
+		testenv.Unavailable(t, "RabbitMQ", err)
+	}
+	require.Equal(t, hostPort(t, live), node)
+	require.NoError(t, conn.Close())
+
+	_, _, err = consumer.Dial(t.Context(), "amqp://u:s3cret@h1/,amqp//u:s3cret@h2/", nil)
+	require.ErrorContains(t, err, "has a comma or @ after its host")
+	require.NotContains(t, err.Error(), "s3cret")
+}

@@ -292,7 +292,7 @@ CREATE TABLE bench_payments (order_id text PRIMARY KEY, amount_cents bigint NOT 
 CREATE TABLE bench_ledger (id bigserial PRIMARY KEY, order_id text NOT NULL, amount_cents bigint NOT NULL, created_at timestamptz NOT NULL DEFAULT now());`); err != nil {
 		return nil, err
 	}
-	conn, err := amqp.DialConfig(amqpURL, amqp.Config{Properties: amqp.Table{"connection_name": "inboxbench"}})
+	conn, _, err := consumer.Dial(ctx, amqpURL, &consumer.DialOpts{Name: "inboxbench"})
 	if err != nil {
 		return nil, fmt.Errorf("broker: %w", err)
 	}

@@ -97,6 +97,11 @@ func parseOne(raw string) (Node, error) {
 	if strings.ContainsAny(u.Host, ", ") {
 		return Node{}, errors.New("has a list of hosts: give every node as a full amqp:// URL, separated by commas")
 	}
+	if strings.ContainsAny(u.EscapedPath()+u.RawQuery+u.EscapedFragment(), ",@") {
+		// A node whose scheme is mistyped ("amqp//…") is not split off
+		// and ends up in the path of the entry before it.
+		return Node{}, errors.New("has a comma or @ after its host: give every node as a full amqp:// URL, separated by commas")
+	}
 	if p := u.Port(); p != "" {
 		port = p
 	}
@@ -119,6 +124,12 @@ func redactOne(raw string) string {
 	u, err := url.Parse(raw)
 	if err != nil {
 		return "<unparseable url>"
+	}
+	if strings.Contains(u.EscapedPath()+u.RawQuery+u.EscapedFragment()+u.Opaque, "@") {
+		// Credentials past the host (a mistyped second URL swallowed by
+		// the first): keep only what is known to be safe.
+		u.Path, u.RawPath, u.RawQuery, u.Fragment, u.Opaque = "", "", "", "", ""
+		return u.Redacted() + "/<hidden>"
 	}
 	return u.Redacted()
 }

@@ -23,6 +23,7 @@ func TestParse(t *testing.T) {
 			addrs: []string{"r1:5673", "r2:5674", "r3:5672"},
 		},
 		{name: "comma in a password", list: "amqp://u:pa,ss@h1/,amqp://u:p@h2/", addrs: []string{"h1:5672", "h2:5672"}},
+		{name: "vhost with an encoded @ and comma", list: "amqp://u:p@h1/team%40x%2Cy", addrs: []string{"h1:5672"}},
 		{name: "IPv6", list: "amqp://[::1]:5673/", addrs: []string{"[::1]:5673"}},
 		{name: "empty", list: " ", err: "no broker URL"},
 		{name: "bad scheme in the list", list: "amqp://u:s3cret@h1/,http://u:s3cret@h2/", err: `broker URL 2 of 2 ("http://u:xxxxx@h2/") must use amqp:// or amqps://`},
@@ -31,6 +32,7 @@ func TestParse(t *testing.T) {
 		{name: "hosts without schemes", list: "amqp://u:s3cret@h1:5672,h2:5672/", err: "give every node as a full amqp:// URL"},
 		{name: "no host", list: "amqp:///vhost", err: "has no host"},
 		{name: "unparseable", list: "amqp://u:s3cret@h1/,amqp://%zz", err: `("<unparseable url>") is not a valid URL`},
+		{name: "mistyped scheme swallowed", list: "amqp://u:s3cret@h1/,amqp//u:s3cret@h2/", err: "has a comma or @ after its host"},
 		{name: "listed twice", list: "amqp://u:s3cret@h1/,amqp://u:s3cret@h1/", err: "listed twice"},
 	}
 	for _, tt := range tests {
@@ -59,4 +61,5 @@ func TestRedact(t *testing.T) {
 		amqpdial.Redact("amqp://a:s3cret@h1/, amqps://b:other@h2:5671/v"))
 	require.Equal(t, "amqp://a:xxxxx@h1/,<unparseable url>", amqpdial.Redact("amqp://a:s3cret@h1/,amqp://b:other@%zz"))
 	require.Equal(t, "<unparseable url>", amqpdial.Redact("amqp://a:s3cret@%zz"))
+	require.Equal(t, "amqp://a:xxxxx@h1/<hidden>", amqpdial.Redact("amqp://a:s3cret@h1/,amqp//b:other@h2/"))
 }
