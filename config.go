@@ -48,13 +48,17 @@ type Config struct {
 
 	// DB is the pool on the PostgreSQL primary that holds the inbox (run
 	// package migrations first). Required. The worker never closes it.
+	// Build it through [inbox.ConfigurePool] so that connections opened
+	// after start-up, and after a fail-over, reach the writable primary
+	// of a multi-host URL and never a standby or a fenced old primary.
 	DB *pgxpool.Pool
 
 	// Redis is the client of the completed-cache and the lock. Defaults to
 	// nil: no cache and no lock, PostgreSQL alone deduplicates (the
 	// guarantees do not depend on Redis). Build it with
-	// ContextTimeoutEnabled so call timeouts bound socket reads. The worker
-	// never closes it.
+	// ContextTimeoutEnabled so call timeouts bound socket reads, as
+	// [RedisFromURL] does for a single server, Sentinel or Cluster. The
+	// worker never closes it.
 	Redis redis.UniversalClient
 
 	// Routes are the handlers, built with [NewRoutes], [HandleTx] and

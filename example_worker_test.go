@@ -14,6 +14,7 @@ import (
 
 	"github.com/inboxmq/inboxmq"
 	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inbox"
 	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/migrations"
 	"github.com/inboxmq/inboxmq/retry"
@@ -43,6 +44,9 @@ func Example_worker() {
 	}
 	schema := fmt.Sprintf("example_worker_%d", time.Now().UnixNano())
 	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	if err := inbox.ConfigurePool(cfg); err != nil { // the primary only, across fail-overs
+		panic(err)
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		panic(err)

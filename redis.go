@@ -116,7 +116,7 @@ func parseRedisURL(rawURL string) (redisTarget, error) {
 		for _, s := range secrets {
 			msg = strings.ReplaceAll(msg, s, "xxxxx")
 		}
-		return redisTarget{}, fmt.Errorf("inboxmq: redis url %s: %s", RedactRedisURL(rawURL), msg)
+		return redisTarget{}, fmt.Errorf("inboxmq: redis url %s: %s", redactRedisURL(rawURL), msg)
 	}
 	scheme, rest, ok := strings.Cut(rawURL, "://")
 	if !ok {
@@ -320,10 +320,10 @@ func urlSecrets(rawURL string) []string {
 	return out
 }
 
-// RedactRedisURL returns rawURL, one of [RedisFromURL]'s forms, with the
+// redactRedisURL returns rawURL, one of [RedisFromURL]'s forms, with the
 // passwords (of the userinfo, and the password and sentinel_password
 // options) replaced by "xxxxx", for logs and errors.
-func RedactRedisURL(rawURL string) string {
+func redactRedisURL(rawURL string) string {
 	scheme, rest, ok := strings.Cut(rawURL, "://")
 	if !ok {
 		return "<not a redis url>"

@@ -153,6 +153,6 @@ func TestRedactRedisURL(t *testing.T) {
 		"redis://h/0?password=s":                        "redis://h/0?password=xxxxx",
 		"not a url u:pw@h":                              "<not a redis url>",
 	} {
-		require.Equal(t, want, RedactRedisURL(in), in)
+		require.Equal(t, want, redactRedisURL(in), in)
 	}
 }

@@ -12,6 +12,16 @@
 //
 //	store, err := inbox.NewStore(ctx, pool, nil)
 //
+// NewStore checks the primary once. Build the pool through
+// [ConfigurePool] and the check holds for every connection the pool opens
+// later: with a multi-host URL listing the primary and its standbys, new
+// connections skip standbys and fenced nodes, and after a fail-over every
+// connection ends up on the new primary.
+//
+//	cfg, err := pgxpool.ParseConfig("postgres://app@pg1:5432,pg2:5432/app?target_session_attrs=read-write")
+//	err = inbox.ConfigurePool(cfg)
+//	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+//
 // # Transactional mode
 //
 // For effects inside PostgreSQL. [Handler] adapts a [TxHandlerFunc] into

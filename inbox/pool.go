@@ -43,11 +43,16 @@ import (
 // never acked as done (the delivery comes again and the inbox finds the
 // key completed if it had committed).
 //
+// A pool so configured serves the primary: a transaction of its own that
+// is read-only and tries to write (25006) is taken for a node that turned
+// read-only, and costs the pool its connections.
+//
 // ConfigurePool keeps the hooks already set on cfg (ValidateConnect,
 // OnPgError, AfterConnect, PrepareConn or BeforeAcquire) and runs them as
-// well. Call it once per config, before pgxpool.NewWithConfig.
-// [NewStore] checks the primary once at start; pools that are not built
-// through ConfigurePool keep working but are not guarded after start.
+// well. Call it once per config, before pgxpool.NewWithConfig; a second
+// call is an error. [NewStore] checks the primary once at start, and warns
+// (StoreConfig.Logger) when its pool was not built through ConfigurePool:
+// such a pool works, but its later connections are not checked.
 func ConfigurePool(cfg *pgxpool.Config) error {
 	if cfg == nil || cfg.ConnConfig == nil {
 		return errors.New("inbox: ConfigurePool: nil config (build it with pgxpool.ParseConfig)")
@@ -57,66 +62,87 @@ func ConfigurePool(cfg *pgxpool.Config) error {
 		return fmt.Errorf("inbox: ConfigurePool: target_session_attrs=%s asks for a standby, but the inbox needs the primary "+
 			"(use target_session_attrs=read-write or primary)", tsa)
 	}
-	g := &poolGuard{}
-
-	prevValidate := cc.ValidateConnect
-	if samePointer(prevValidate, pgconn.ValidateConnectTargetSessionAttrsReadWrite) ||
-		samePointer(prevValidate, pgconn.ValidateConnectTargetSessionAttrsPrimary) {
-		prevValidate = nil // validatePrimary checks both in one round trip
+	if configured(cfg) {
+		return errors.New("inbox: ConfigurePool: the config is already configured")
 	}
-	cc.ValidateConnect = func(ctx context.Context, pgConn *pgconn.PgConn) error {
-		if prevValidate != nil {
-			if err := prevValidate(ctx, pgConn); err != nil {
-				return err
-			}
-		}
-		return validatePrimary(ctx, pgConn)
+	g := &poolGuard{
+		prevValidate:     cc.ValidateConnect,
+		prevOnPgError:    cc.OnPgError,
+		prevAfterConnect: cfg.AfterConnect,
+		prevPrepare:      cfg.PrepareConn,
 	}
-
-	prevOnPgError := cc.OnPgError
-	cc.OnPgError = func(pgConn *pgconn.PgConn, pgErr *pgconn.PgError) bool {
-		keep := prevOnPgError == nil || prevOnPgError(pgConn, pgErr)
-		switch pgErr.Code {
-		case "25006": // read_only_sql_transaction: the node no longer takes writes
-			g.generation.Add(1)
-			return false
-		case "57P01", "57P02": // admin_shutdown, crash_shutdown: the node goes away
-			g.generation.Add(1)
-		}
-		return keep
+	if samePointer(g.prevValidate, pgconn.ValidateConnectTargetSessionAttrsReadWrite) ||
+		samePointer(g.prevValidate, pgconn.ValidateConnectTargetSessionAttrsPrimary) {
+		g.prevValidate = nil // validatePrimary checks both in one round trip
 	}
-
-	prevAfterConnect := cfg.AfterConnect
-	cfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
-		conn.PgConn().CustomData()[generationKey] = g.generation.Load()
-		if prevAfterConnect != nil {
-			return prevAfterConnect(ctx, conn)
-		}
-		return nil
-	}
-
-	prevPrepare := cfg.PrepareConn
-	if prevPrepare == nil && cfg.BeforeAcquire != nil { //nolint:staticcheck // still honoured by pgxpool, so kept
+	if g.prevPrepare == nil && cfg.BeforeAcquire != nil { //nolint:staticcheck // still honoured by pgxpool, so kept
 		before := cfg.BeforeAcquire //nolint:staticcheck // as above
-		prevPrepare = func(ctx context.Context, conn *pgx.Conn) (bool, error) { return before(ctx, conn), nil }
+		g.prevPrepare = func(ctx context.Context, conn *pgx.Conn) (bool, error) { return before(ctx, conn), nil }
 	}
-	cfg.PrepareConn = func(ctx context.Context, conn *pgx.Conn) (bool, error) {
-		if gen, ok := conn.PgConn().CustomData()[generationKey].(int64); ok && gen < g.generation.Load() {
-			return false, nil // opened before a fail-over signal: dial again
-		}
-		if prevPrepare != nil {
-			return prevPrepare(ctx, conn)
-		}
-		return true, nil
-	}
+	cc.ValidateConnect = g.validateConnect
+	cc.OnPgError = g.onPgError
+	cfg.AfterConnect = g.afterConnect
+	cfg.PrepareConn = g.prepareConn
 	return nil
 }
 
-// poolGuard is the state ConfigurePool shares between a pool's hooks.
+// configured reports whether cfg (such as a pool's Config()) went through
+// [ConfigurePool].
+func configured(cfg *pgxpool.Config) bool {
+	return cfg != nil && cfg.PrepareConn != nil &&
+		reflect.ValueOf(cfg.PrepareConn).Pointer() == reflect.ValueOf((&poolGuard{}).prepareConn).Pointer()
+}
+
+// poolGuard holds ConfigurePool's hooks of one pool and the hooks they
+// run as well.
 type poolGuard struct {
 	// generation counts the fail-over signals seen on any connection;
 	// connections opened before the last one are retired.
 	generation atomic.Int64
+
+	prevValidate     pgconn.ValidateConnectFunc
+	prevOnPgError    pgconn.PgErrorHandler
+	prevAfterConnect func(context.Context, *pgx.Conn) error
+	prevPrepare      func(context.Context, *pgx.Conn) (bool, error)
+}
+
+func (g *poolGuard) validateConnect(ctx context.Context, pgConn *pgconn.PgConn) error {
+	if g.prevValidate != nil {
+		if err := g.prevValidate(ctx, pgConn); err != nil {
+			return err
+		}
+	}
+	return validatePrimary(ctx, pgConn)
+}
+
+func (g *poolGuard) onPgError(pgConn *pgconn.PgConn, pgErr *pgconn.PgError) bool {
+	keep := g.prevOnPgError == nil || g.prevOnPgError(pgConn, pgErr)
+	switch pgErr.Code {
+	case "25006": // read_only_sql_transaction: the node no longer takes writes
+		g.generation.Add(1)
+		return false
+	case "57P01", "57P02": // admin_shutdown, crash_shutdown: the node goes away
+		g.generation.Add(1)
+	}
+	return keep
+}
+
+func (g *poolGuard) afterConnect(ctx context.Context, conn *pgx.Conn) error {
+	conn.PgConn().CustomData()[generationKey] = g.generation.Load()
+	if g.prevAfterConnect != nil {
+		return g.prevAfterConnect(ctx, conn)
+	}
+	return nil
+}
+
+func (g *poolGuard) prepareConn(ctx context.Context, conn *pgx.Conn) (bool, error) {
+	if gen, ok := conn.PgConn().CustomData()[generationKey].(int64); ok && gen < g.generation.Load() {
+		return false, nil // opened before a fail-over signal: dial again
+	}
+	if g.prevPrepare != nil {
+		return g.prevPrepare(ctx, conn)
+	}
+	return true, nil
 }
 
 // generationKey holds, in a connection's CustomData, the guard's

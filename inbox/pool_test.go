@@ -2,6 +2,7 @@ package inbox_test
 
 import (
 	"context"
+	"log/slog"
 	"sync/atomic"
 	"testing"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/internal/logtest"
 	"github.com/inboxmq/inboxmq/internal/pgtest"
 	"github.com/inboxmq/inboxmq/retry"
 )
@@ -194,4 +196,24 @@ func TestConfigurePool_KeepsExistingHooks(t *testing.T) {
 	require.Equal(t, int64(1), validated.Load())
 	require.Equal(t, int64(1), connected.Load())
 	require.Equal(t, int64(1), prepared.Load())
+}
+
+// NewStore warns when its pool was not built through ConfigurePool, and
+// not when it was; configuring a config twice is an error.
+func TestConfigurePool_NewStoreWarnsWithoutIt(t *testing.T) {
+	t.Parallel()
+	plain, schema := pgtest.SchemaWith(t, 1)
+	logger, rec := logtest.New(slog.LevelWarn)
+	_, err := inbox.NewStore(t.Context(), plain, &inbox.StoreConfig{Logger: logger})
+	require.NoError(t, err)
+	require.Len(t, rec.Containing("not built through inbox.ConfigurePool"), 1)
+
+	guarded := guardedPool(t, schema, 1, nil)
+	logger, rec = logtest.New(slog.LevelWarn)
+	_, err = inbox.NewStore(t.Context(), guarded, &inbox.StoreConfig{Logger: logger})
+	require.NoError(t, err)
+	require.Empty(t, rec.All())
+
+	cfg := guarded.Config()
+	require.ErrorContains(t, inbox.ConfigurePool(cfg), "already configured")
 }

@@ -198,6 +198,10 @@ func NewStore(ctx context.Context, pool *pgxpool.Pool, cfg *StoreConfig) (*Store
 	if reg == nil {
 		return nil, fmt.Errorf("%w (table %s)", ErrNoTable, s.table)
 	}
+	if !configured(pool.Config()) {
+		c.Logger.LogAttrs(ctx, slog.LevelWarn, "inbox: the pool was not built through inbox.ConfigurePool: "+
+			"connections it opens after start-up are not checked for the primary, and may reach a standby or a fenced node after a fail-over")
+	}
 	return s, nil
 }
 

@@ -52,6 +52,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/inboxmq/inboxmq"
 	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/migrations"
 )
@@ -296,11 +297,11 @@ CREATE TABLE bench_ledger (id bigserial PRIMARY KEY, order_id text NOT NULL, amo
 	if err != nil {
 		return nil, fmt.Errorf("broker: %w", err)
 	}
-	opt, err := redis.ParseURL(redisURL)
+	rdb, err := inboxmq.RedisFromURL(redisURL, nil)
 	if err != nil {
 		return nil, err
 	}
-	return &env{pool: pool, conn: conn, redis: redis.NewClient(opt), amqpURL: amqpURL, dbURL: pgURLWithSchema(dbURL, schema), schema: schema}, nil
+	return &env{pool: pool, conn: conn, redis: rdb, amqpURL: amqpURL, dbURL: pgURLWithSchema(dbURL, schema), schema: schema}, nil
 }
 
 func pgURLWithSchema(u, schema string) string {

@@ -167,6 +167,9 @@ func (c *cli) openDB(ctx context.Context) (*pgxpool.Pool, error) {
 	}
 	cfg.MaxConns = 4
 	cfg.ConnConfig.RuntimeParams["application_name"] = "inboxctl"
+	if err := inbox.ConfigurePool(cfg); err != nil { // the primary only, as the workers
+		return nil, fmt.Errorf("database %s: %w", redactURL(u), err)
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("database: %w", err)

@@ -70,9 +70,9 @@ func newReportCmd() *cobra.Command {
 // is accounted for as a duplicate, or until wait passes. It returns the last
 // counts either way; the report judges them.
 func waitDrained(ctx context.Context, cfg config, s summary, metricsURL string, wait time.Duration) (counts, error) {
-	pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
+	pool, err := openPool(cfg)
 	if err != nil {
-		return counts{}, fmt.Errorf("report: connect %s: %w", consumer.RedactURL(cfg.DatabaseURL), err)
+		return counts{}, fmt.Errorf("report: %w", err)
 	}
 	defer pool.Close()
 	conn, _, err := consumer.Dial(ctx, cfg.AMQPURL, &consumer.DialOpts{Name: "payment-worker report"})

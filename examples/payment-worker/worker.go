@@ -97,7 +97,9 @@ func run(ctx context.Context, cfg config) error {
 }
 
 // openPool builds the pool of DATABASE_URL; it connects on first use (the
-// caller bounds that wait). Unless the URL sets pool_max_conns, the pool is
+// caller bounds that wait). The URL may list several hosts (the primary and
+// its standbys): inbox.ConfigurePool keeps every connection on the writable
+// primary, across a fail-over too. Unless the URL sets pool_max_conns, the pool is
 // sized for the handlers plus the background services (outbox relay,
 // LISTEN connections, reconciler, retention, metrics); unless it sets
 // connect_timeout, each new connection is bounded by CONNECT_TIMEOUT.
@@ -113,6 +115,9 @@ func openPool(cfg config) (*pgxpool.Pool, error) {
 	if pcfg.ConnConfig.ConnectTimeout == 0 {
 		pcfg.ConnConfig.ConnectTimeout = cfg.ConnectTimeout
 	}
+	if err := inbox.ConfigurePool(pcfg); err != nil {
+		return nil, fmt.Errorf("DATABASE_URL %s: %w", consumer.RedactURL(cfg.DatabaseURL), err)
+	}
 	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("connect %s: %w", consumer.RedactURL(cfg.DatabaseURL), err)
@@ -120,20 +125,21 @@ func openPool(cfg config) (*pgxpool.Pool, error) {
 	return pool, nil
 }
 
-// redisClient builds the Redis client. It does not ping: Redis is an
+// redisClient builds the Redis client of REDIS_URL: a single server, a
+// Sentinel-managed primary or a cluster (see inboxmq.RedisFromURL). It does
+// not ping: Redis is an
 // accelerator, and the lock and cache middleware degrade to PostgreSQL alone
 // while it is unreachable.
 func redisClient(rawURL string) (redis.UniversalClient, error) {
-	opt, err := redis.ParseURL(rawURL)
+	rdb, err := inboxmq.RedisFromURL(rawURL, &inboxmq.RedisOpts{
+		DialTimeout:  500 * time.Millisecond,
+		ReadTimeout:  500 * time.Millisecond,
+		WriteTimeout: 500 * time.Millisecond,
+	})
 	if err != nil {
-		return nil, fmt.Errorf("REDIS_URL %s: not a redis:// or rediss:// URL", consumer.RedactURL(rawURL))
+		return nil, fmt.Errorf("REDIS_URL: %w", err)
 	}
-	opt.DialTimeout = 500 * time.Millisecond
-	opt.ReadTimeout = 500 * time.Millisecond
-	opt.WriteTimeout = 500 * time.Millisecond
-	opt.MaxRetries = 0
-	opt.ContextTimeoutEnabled = true // the middleware's call timeouts bound socket reads
-	return redis.NewClient(opt), nil
+	return rdb, nil
 }
 
 // newRoutes registers the payment handler: transactional mode without a
