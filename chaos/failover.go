@@ -75,7 +75,7 @@ const tailShare = 0.95
 // stopped, from the ledger's timestamps (each entry's transaction start):
 // the longest gap between entries from the fault's start until 95 % of the
 // orders had their entry, the time from the fault's end to the first entry
-// after it and to the last one, and the rates before and after.
+// after it, how long the last 5 % took, and the rates before and after.
 func (r *scenarioRun) measureStall(ctx context.Context) {
 	if len(r.rep.Faults) == 0 || r.faultStart.IsZero() {
 		return
@@ -125,15 +125,15 @@ func (r *scenarioRun) measureStall(ctx context.Context) {
 			}
 		}
 	}
-	ev.Last = stamps[len(stamps)-1].Sub(r.faultEnd)
+	ev.Tail = stamps[len(stamps)-1].Sub(tailStart)
 	if window > 0 {
 		ev.RateBefore = float64(before) / window.Seconds()
 	}
 	if d := tailStart.Sub(r.faultEnd); steady > 1 && d > 0 {
 		ev.RateAfter = float64(steady) / d.Seconds()
 	}
-	fmt.Fprintf(r.cfg.Log, "chaos: %s: consumption stopped for at most %s; first entry %s and last %s after the fault ended; %.0f/s before, %.0f/s after\n",
-		ev.Kind, ev.Stall.Round(10*time.Millisecond), ev.Recovery.Round(10*time.Millisecond), ev.Last.Round(10*time.Millisecond), ev.RateBefore, ev.RateAfter)
+	fmt.Fprintf(r.cfg.Log, "chaos: %s: consumption stopped for at most %s; first entry %s after the fault ended; the last 5 %% of the orders took %s; %.0f/s before, %.0f/s after\n",
+		ev.Kind, ev.Stall.Round(10*time.Millisecond), ev.Recovery.Round(10*time.Millisecond), ev.Tail.Round(10*time.Millisecond), ev.RateBefore, ev.RateAfter)
 	if after == 0 {
 		fmt.Fprintf(r.cfg.Log, "chaos: %s: the backlog ran out before the fault ended: its stall covers only the part with work left\n", ev.Kind)
 	}

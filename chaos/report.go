@@ -72,9 +72,9 @@ func (r *Report) WriteTable(w io.Writer) {
 			continue
 		}
 		for _, f := range s.Faults {
-			fmt.Fprintf(w, "\n%s %s: %s; took %s with %d of %d orders pending; consumption stopped for at most %s; first ledger entry %s and last %s after it ended; %.0f/s before, %.0f/s after\n",
+			fmt.Fprintf(w, "\n%s %s: %s; took %s with %d of %d orders pending; consumption stopped for at most %s; first ledger entry %s after it ended; last 5 %% of the orders in %s; %.0f/s before, %.0f/s after\n",
 				s.Name, f.Kind, f.Detail, f.Took.Round(time.Millisecond), f.Pending, s.Orders, f.Stall.Round(10*time.Millisecond),
-				f.Recovery.Round(10*time.Millisecond), f.Last.Round(10*time.Millisecond), f.RateBefore, f.RateAfter)
+				f.Recovery.Round(10*time.Millisecond), f.Tail.Round(10*time.Millisecond), f.RateBefore, f.RateAfter)
 		}
 		fmt.Fprintf(w, "metrics from the fault's start to the drain, summed over the workers:\n")
 		for _, line := range s.MetricChanges() {

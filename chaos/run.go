@@ -52,11 +52,12 @@ type FaultEvent struct {
 	// the start of a Failover until 95 % of the orders had theirs: how long
 	// consumption stopped. Zero for the worker faults.
 	Stall time.Duration
-	// Last is the time from the end of a Failover to the run's last ledger
-	// entry: with Stall, how long the orders it interrupted waited (a
-	// claim whose completion failed waits for its lease). Zero for the
+	// Tail is the time from the ledger entry that completed 95 % of the
+	// orders to the last one. The backlog drains at an even pace, so a long
+	// tail is orders a Failover interrupted and that waited for something
+	// (a claim whose completion failed waits for its lease). Zero for the
 	// worker faults.
-	Last time.Duration
+	Tail time.Duration
 	// Pending is how many orders had no ledger entry yet when a Failover
 	// began: the work its stall is measured on. Zero for the worker faults.
 	Pending int
