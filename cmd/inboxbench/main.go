@@ -537,6 +537,9 @@ func report(w io.Writer, rs []*result, n, runs, latRuns int) {
 			runsS = append(runsS, fmtRate(x))
 		}
 		lat := fmt.Sprintf("%s | %s", r.p50.Round(10*time.Microsecond), r.p99.Round(10*time.Microsecond))
+		if r.p50 == 0 && r.p99 == 0 && r.latencyErr == "" {
+			lat = "— | —" // no latency runs (-latency 0)
+		}
 		if r.latencyErr != "" {
 			lat += " (" + r.latencyErr + ")"
 		}
