@@ -10,10 +10,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/inboxmq/inboxmq/inbox"
 	"github.com/inboxmq/inboxmq/internal/amqpdial"
 	"github.com/inboxmq/inboxmq/metrics"
+	"github.com/inboxmq/inboxmq/middleware"
 	"github.com/inboxmq/inboxmq/observe"
 	"github.com/inboxmq/inboxmq/outbox"
 )
@@ -123,6 +125,38 @@ type Config struct {
 	// Inbox configures the store the worker builds on DB. Its Logger
 	// defaults to Logger. Defaults to nil: the store's defaults.
 	Inbox *inbox.StoreConfig
+
+	// Tracing configures the worker's OpenTelemetry spans. Defaults to
+	// nil, which is a zero TracingConfig: traces are exported when the
+	// standard OTEL_* environment asks for it, and cost nothing otherwise.
+	Tracing *TracingConfig
+}
+
+// TracingConfig configures the worker's spans: one consumer span per
+// delivery (middleware.Tracing), the inbox's spans below it, and one
+// producer span per row the outbox relay publishes. docs/observability.md
+// lists what each carries.
+type TracingConfig struct {
+	// TracerProvider makes the spans. Defaults to nil: when the
+	// environment asks for traces ([observe.TracingConfigured]:
+	// OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or
+	// OTEL_TRACES_EXPORTER), NewWorker builds an SDK provider from it
+	// ([observe.NewTracerProvider]: exporter, service name, resource
+	// attributes and sampler all from OTEL_*), and Stop flushes and shuts
+	// it down once every part has stopped; otherwise
+	// otel.GetTracerProvider(), a no-op until the program installs one,
+	// and spans that do not record cost the delivery path next to nothing.
+	// A provider set here is the caller's to shut down.
+	TracerProvider trace.TracerProvider
+	// ServiceName is the service.name of a provider built from the
+	// environment when neither OTEL_SERVICE_NAME nor
+	// OTEL_RESOURCE_ATTRIBUTES names one. Defaults to the SDK's
+	// unknown_service:<executable>.
+	ServiceName string
+	// Opts configures the consumer spans: the propagator that reads the
+	// parent from the headers, and whether the idempotency key is an
+	// attribute. Defaults to nil: middleware.TracingOpts's defaults.
+	Opts *middleware.TracingOpts
 }
 
 // MetricsConfig configures the worker's Prometheus metrics.

@@ -12,6 +12,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/control"
@@ -44,6 +47,8 @@ type Worker struct {
 	relay   *outbox.Relay
 	health  *observe.Server
 	dead    lateObserver
+	tp      trace.TracerProvider     // the spans' provider
+	ownTP   *sdktrace.TracerProvider // built from the environment: Stop shuts it down
 
 	storeRef  atomic.Pointer[inbox.Store]
 	cacheDown atomic.Bool
@@ -90,6 +95,9 @@ func NewWorker(cfg *Config) (*Worker, error) {
 		errs = append(errs, rt.err)
 	}
 	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	if err := w.buildTracing(); err != nil {
 		return nil, err
 	}
 	var reg prometheus.Registerer = prometheus.NewRegistry() // the relay's, when nothing serves metrics
@@ -145,6 +153,9 @@ func NewWorker(cfg *Config) (*Worker, error) {
 		if rc.OnBrokerNode == nil {
 			rc.OnBrokerNode = w.brokerNodeHook(rc.URL, amqpdial.RoleRelay)
 		}
+		if rc.TracerProvider == nil {
+			rc.TracerProvider = w.tp
+		}
 		if w.relay, err = outbox.NewRelay(s.DB, &rc); err != nil {
 			return nil, w.unregister(err)
 		}
@@ -160,12 +171,39 @@ func NewWorker(cfg *Config) (*Worker, error) {
 }
 
 // unregister undoes the metrics registration of a NewWorker that failed
-// after it, so that a corrected Config can register again.
+// after it, so that a corrected Config can register again, and drops a
+// tracer provider it built.
 func (w *Worker) unregister(err error) error {
 	if w.metrics != nil {
 		w.metrics.Unregister(w.s.Metrics.Registerer)
 	}
+	if w.ownTP != nil {
+		_ = w.ownTP.Shutdown(context.Background()) // nothing exported yet
+	}
 	return err
+}
+
+// buildTracing picks the spans' provider: Config.Tracing's, one built from
+// the environment, or the global one (see TracingConfig.TracerProvider).
+func (w *Worker) buildTracing() error {
+	var tc TracingConfig
+	if w.s.Tracing != nil {
+		tc = *w.s.Tracing
+	}
+	w.tp = tc.TracerProvider
+	if w.tp != nil {
+		return nil
+	}
+	if !observe.TracingConfigured() {
+		w.tp = otel.GetTracerProvider()
+		return nil
+	}
+	tp, err := observe.NewTracerProvider(context.Background(), tc.ServiceName)
+	if err != nil {
+		return fmt.Errorf("inboxmq: tracing: %w", err)
+	}
+	w.tp, w.ownTP = tp, tp
+	return nil
 }
 
 // buildControls builds the watcher (its target is the consumer, built
@@ -227,7 +265,11 @@ func (w *Worker) buildRouter() (*consumer.Router, error) {
 	// Outermost first: a span per delivery (trace context from the
 	// headers), handler timing, a bound on a stuck handler. Panics become
 	// errors in the consumer's last guard, around the whole chain.
-	router.Use(middleware.Tracing(nil, nil))
+	var topts *middleware.TracingOpts
+	if w.s.Tracing != nil {
+		topts = w.s.Tracing.Opts
+	}
+	router.Use(middleware.Tracing(w.tp, topts))
 	if w.metrics != nil {
 		router.Use(middleware.Metrics(w.metrics))
 	}
@@ -482,7 +524,8 @@ func (w *Worker) declareExchanges(ctx context.Context) error {
 // what the last commits enqueued; a row it has not published by then
 // stays in the outbox table and goes out with the next relay that runs),
 // then the controls, the reconciler, the retention job and the health
-// listener. The whole stop is bounded by
+// listener, and last it flushes and shuts down the tracer provider it
+// built from the environment (TracingConfig). The whole stop is bounded by
 // Config.StopTimeout, or by ctx if it ends first; whatever has not
 // committed by then is redelivered by the broker.
 //
@@ -497,7 +540,8 @@ func (w *Worker) Stop(ctx context.Context) error {
 	case stateNew:
 		w.state = stateStopped
 		close(w.stopped)
-		return nil
+		w.stopErr = w.shutdownTracing(ctx)
+		return w.stopErr
 	}
 	w.logger.LogAttrs(ctx, slog.LevelInfo, "inboxmq worker stopping")
 	err := w.stopLocked(ctx)
@@ -527,10 +571,26 @@ func (w *Worker) stopLocked(ctx context.Context) error {
 	if w.parker != nil {
 		_ = w.parker.Close()
 	}
+	// Last: the parts' final spans are ended by now.
+	if err := w.shutdownTracing(sctx); err != nil {
+		errs = append(errs, err)
+	}
 	w.stopErr = errors.Join(errs...)
 	w.state = stateStopped
 	close(w.stopped)
 	return w.stopErr
+}
+
+// shutdownTracing flushes and shuts down a tracer provider the worker
+// built from the environment.
+func (w *Worker) shutdownTracing(ctx context.Context) error {
+	if w.ownTP == nil {
+		return nil
+	}
+	if err := w.ownTP.Shutdown(ctx); err != nil {
+		return fmt.Errorf("inboxmq: stop tracing: %w", err)
+	}
+	return nil
 }
 
 // Stopped returns a channel closed once the worker has stopped: after

@@ -32,7 +32,7 @@ func TestFailureHeaders_FirstFailedAtIsTrustedOnlyFromOwnCopies(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			out := failureHeaders(tc.headers, "q", "permanent", nil, now)
+			out := failureHeaders(tc.headers, nil, "q", "permanent", nil, now)
 			require.Equal(t, tc.want, out[inboxtype.HeaderFirstFailedAt])
 			require.Equal(t, nowText, out[inboxtype.HeaderLastFailedAt])
 			require.Equal(t, "q", out[inboxtype.HeaderOriginalQueue])

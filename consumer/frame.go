@@ -45,7 +45,8 @@ func trimRank(k string) int {
 		return 3
 	case inboxtype.HeaderIdempotencyKey:
 		return 2
-	case inboxtype.HeaderReplayCount, HeaderReplayRefused, "traceparent", "tracestate", "baggage":
+	case inboxtype.HeaderReplayCount, HeaderReplayRefused, "traceparent", "tracestate", "baggage",
+		inboxtype.HeaderFailedTraceparent, inboxtype.HeaderFailedTracestate:
 		return 1
 	default:
 		return 0

@@ -202,17 +202,21 @@ const maxErrorHeader = 1024
 // whose clock runs a little ahead.
 const maxClockSkew = time.Minute
 
-// failureHeaders copies h (trace context included) and adds the failure
-// headers: x-error, first and last failure times and x-original-queue. The
+// failureHeaders copies h (trace context included) and then extra (the
+// delivery's CopyHeaders) and adds the failure headers: x-error, first and
+// last failure times and x-original-queue. The
 // broker's own x-delivery-count is dropped (it counts per queue). An
 // incoming x-first-failed-at is kept only from one of our own copies
 // ([ownFirstFailure]); any other is replaced by now.
-func failureHeaders(h amqp.Table, queue, reason string, err error, now time.Time) amqp.Table {
-	out := make(amqp.Table, len(h)+6)
+func failureHeaders(h, extra amqp.Table, queue, reason string, err error, now time.Time) amqp.Table {
+	out := make(amqp.Table, len(h)+len(extra)+6)
 	for k, v := range h {
 		if k == inboxtype.HeaderDeliveryCount {
 			continue
 		}
+		out[k] = v
+	}
+	for k, v := range extra {
 		out[k] = v
 	}
 	msg := "unknown error"

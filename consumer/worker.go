@@ -365,7 +365,7 @@ func (c *Consumer) settle(r *route, j *job, d *inboxtype.Delivery, settled func(
 			next++
 		}
 		tier := retry.Tier(r.Opts.Queue.RetryTiers, max(dec.Delay, delay))
-		h := failureHeaders(d.Headers, r.Queue, dec.Reason, dec.Err, time.Now())
+		h := failureHeaders(d.Headers, d.CopyHeaders, r.Queue, dec.Reason, dec.Err, time.Now())
 		h[inboxtype.HeaderAttempt] = int64(next)
 		if err := j.sess.pub.publish(c.baseCtx, RetryQueueName(r.Queue, tier), copyOf(&j.raw, h)); err != nil {
 			status = c.requeueAfter(r, j, &out, err)
@@ -400,7 +400,7 @@ func (c *Consumer) settle(r *route, j *job, d *inboxtype.Delivery, settled func(
 
 // deadLetter publishes a copy to the DLQ with confirm, then acks.
 func (c *Consumer) deadLetter(r *route, j *job, d *inboxtype.Delivery, out *inboxtype.Outcome) inboxtype.Status {
-	h := failureHeaders(d.Headers, r.Queue, out.Decision.Reason, out.Decision.Err, time.Now())
+	h := failureHeaders(d.Headers, d.CopyHeaders, r.Queue, out.Decision.Reason, out.Decision.Err, time.Now())
 	h[inboxtype.HeaderAttempt] = int64(d.Attempt)
 	if d.Key != "" {
 		h[inboxtype.HeaderIdempotencyKey] = d.Key

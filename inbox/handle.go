@@ -52,8 +52,8 @@ func (s *Store) handleOne(u *unit) error {
 	// 1. BEGIN and the claim of the key, in one round trip. A key that is
 	// not free comes back as its verdict: a duplicate, a key conflict, or
 	// a claim held by another worker.
-	_, span := startSpan(ctx, "inbox.claim")
-	tx, fence, err := s.claimOne(ctx, u)
+	cctx, span := startSpan(ctx, "inbox.claim") // its statements nest under it
+	tx, fence, err := s.claimOne(cctx, u)
 	endSpan(span, err)
 	if err != nil {
 		return err
@@ -71,8 +71,8 @@ func (s *Store) handleOne(u *unit) error {
 	}
 
 	// 3. COMMIT: the key is completed together with the handler's writes.
-	_, span = startSpan(ctx, "inbox.commit")
-	err = commit(ctx, tx)
+	cctx, span = startSpan(ctx, "inbox.commit")
+	err = commit(cctx, tx)
 	endSpan(span, err)
 	return err
 }

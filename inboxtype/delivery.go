@@ -51,7 +51,8 @@ const (
 // Delivery is one AMQP delivery on its way through the middleware chain. It
 // is untyped: middleware sees bytes and headers, never the decoded payload's
 // type. The consumer owns it; middleware may read every field and set the
-// annotation fields (Key, Lock*, InboxFence) but must not ack or nack Raw.
+// annotation fields (Key, Lock*, InboxFence, TraceID, CopyHeaders) but must not ack
+// or nack Raw.
 type Delivery struct {
 	// Queue is the queue the delivery came from.
 	Queue string
@@ -103,6 +104,18 @@ type Delivery struct {
 	// before the handler runs (0 before that, and without an inbox): it
 	// grows by one each time the key is taken up.
 	InboxFence int64
+
+	// TraceID is the trace id (32 lowercase hex digits) of the delivery's
+	// span when it is sampled, set by middleware.Tracing; the metrics put
+	// it on the latency histograms' exemplars. Empty otherwise.
+	TraceID string
+
+	// CopyHeaders are added to the headers of the retry or dead-letter copy
+	// the consumer publishes when this run of the chain fails, over the
+	// delivery's own headers; the consumer's failure headers (attempt,
+	// x-error, failure times, original queue) always win. middleware.Tracing
+	// puts the failed attempt's trace context there. Nil adds nothing.
+	CopyHeaders amqp.Table
 
 	// Raw is the underlying delivery. Never ack, nack or reject it: only the
 	// consumer settles deliveries.

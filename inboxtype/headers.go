@@ -34,6 +34,13 @@ const (
 	// HeaderDeliveryCount is set by quorum queues: how often the broker has
 	// delivered (and got back) the message.
 	HeaderDeliveryCount = "x-delivery-count"
+	// HeaderFailedTraceparent and HeaderFailedTracestate carry, on a retry
+	// or dead-letter copy, the W3C trace context of the attempt that
+	// failed (middleware.Tracing writes them through
+	// [Delivery.CopyHeaders]), so that the span of the next attempt links
+	// to it. The copy's own traceparent stays the producer's.
+	HeaderFailedTraceparent = "x-failed-traceparent"
+	HeaderFailedTracestate  = "x-failed-tracestate"
 )
 
 // HeaderInt reads an integer header of any AMQP integer type (or a decimal

@@ -360,7 +360,8 @@ func (m *Metrics) OnTransition(d *inboxtype.Delivery, status inboxtype.Status, _
 // job_processing_duration_seconds{outcome}, duplicate_detected_total{source},
 // job_retry_total{reason} (broker-side retries), dead_lettered_total{reason},
 // idempotency_conflict_total{kind} and settle_errors_total; it also takes
-// the delivery out of in_flight.
+// the delivery out of in_flight. The processing time carries the
+// delivery's TraceID as an exemplar when it has one.
 func (m *Metrics) OnOutcome(d *inboxtype.Delivery, o inboxtype.Outcome) {
 	q, c := d.Queue, d.Namespace
 	m.route(q, c).inFlight.Dec()
@@ -368,7 +369,7 @@ func (m *Metrics) OnOutcome(d *inboxtype.Delivery, o inboxtype.Outcome) {
 	if o.Err != nil {
 		m.settleErrors.WithLabelValues(q, c, string(o.Action)).Inc()
 	}
-	m.duration.WithLabelValues(q, c, outcomeOf(o)).Observe(o.Duration.Seconds())
+	observe(m.duration.WithLabelValues(q, c, outcomeOf(o)), o.Duration.Seconds(), d.TraceID)
 
 	dec := o.Decision
 	switch {
@@ -496,12 +497,17 @@ func (m *Metrics) StaleRecords(consumerName string, n int) {
 // permanent, interrupted). A non-empty traceID (hex) is attached as an
 // exemplar, linking the histogram to the trace. middleware.Metrics calls it.
 func (m *Metrics) ObserveHandler(queue, consumerName string, kind retry.Kind, d time.Duration, traceID string) {
-	obs := m.handlerTime.WithLabelValues(queue, consumerName, kind.String())
+	observe(m.handlerTime.WithLabelValues(queue, consumerName, kind.String()), d.Seconds(), traceID)
+}
+
+// observe records v, with traceID as the exemplar's trace_id when there
+// is one.
+func observe(obs prometheus.Observer, v float64, traceID string) {
 	if ex, ok := obs.(prometheus.ExemplarObserver); ok && traceID != "" {
-		ex.ObserveWithExemplar(d.Seconds(), prometheus.Labels{"trace_id": traceID})
+		ex.ObserveWithExemplar(v, prometheus.Labels{"trace_id": traceID})
 		return
 	}
-	obs.Observe(d.Seconds())
+	obs.Observe(v)
 }
 
 func outcomeOf(o inboxtype.Outcome) string {

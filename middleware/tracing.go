@@ -2,6 +2,8 @@ package middleware
 
 import (
 	"context"
+	"strings"
+	"sync/atomic"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel"
@@ -9,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/retry"
@@ -44,6 +47,7 @@ const (
 	attrLockResult           = attribute.Key("inboxmq.lock_result")
 	attrLockFence            = attribute.Key("inboxmq.lock_fence")
 	attrFence                = attribute.Key("inboxmq.fence")
+	attrLink                 = attribute.Key("inboxmq.link")
 )
 
 // TracingOpts configures [Tracing]. A nil *TracingOpts means all defaults.
@@ -91,7 +95,7 @@ func (o *TracingOpts) keyAttribute() bool {
 // inboxmq.delay_seconds (the delay tier of a retry) and
 // inboxmq.in_process_retries. A decision other than success or duplicate
 // (a duplicate is a success: the effect exists), or a settlement that
-// failed, records the error and sets the span status to Error.
+// failed, records the error and sets the status to Error.
 //
 // A span covers one run of the chain: each in-process try has its own,
 // which ends when the next try starts, with action retried_in_process.
@@ -99,48 +103,136 @@ func (o *TracingOpts) keyAttribute() bool {
 // when it is settled by hand ([inboxtype.Delivery.Settle]). Put Tracing near
 // the outside of the chain so that the span covers the lock and the inbox.
 //
-// A nil tp means otel.GetTracerProvider(), read when Tracing is called, which
-// is a no-op until the program installs an SDK: inboxmq forces no exporter.
-// The consumer copies headers onto retries and dead letters, so a retried
-// delivery stays in the publisher's trace.
+// # Retries and dead letters
+//
+// The consumer copies the headers, and so the publisher's trace context,
+// onto a retry or dead-letter copy: the next attempt stays in the
+// publisher's trace, a child of the same parent. Tracing also writes the
+// failed run's own context into the copy ([inboxtype.Delivery.CopyHeaders],
+// headers [inboxtype.HeaderFailedTraceparent] and
+// [inboxtype.HeaderFailedTracestate]), and the span of the next attempt
+// links to it (link attribute inboxmq.link=failed_attempt): the attempts of
+// one job read as a chain, not as unrelated siblings.
+//
+// # Cost
+//
+// A nil tp means otel.GetTracerProvider(), read when Tracing is called,
+// which is a no-op until the program installs an SDK: inboxmq forces no
+// exporter. A span that does not record (no SDK, or not sampled) gets no
+// attributes, no link and no settlement hook; the delivery's trace context
+// still reaches the handler's ctx. A tp from go.opentelemetry.io/otel/trace/noop
+// makes Tracing return the chain unchanged.
 func Tracing(tp trace.TracerProvider, opts *TracingOpts) inboxtype.Middleware {
 	if tp == nil {
 		tp = otel.GetTracerProvider()
 	}
+	if _, ok := tp.(noop.TracerProvider); ok {
+		return func(next inboxtype.DeliveryHandler) inboxtype.DeliveryHandler { return next }
+	}
 	tracer := tp.Tracer(TracerName)
 	prop := opts.propagator()
 	withKey := opts.keyAttribute()
+	startOpts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer)}
 	return func(next inboxtype.DeliveryHandler) inboxtype.DeliveryHandler {
+		var name spanName // one chain serves one route: one queue
 		return func(ctx context.Context, d *inboxtype.Delivery) error {
 			ctx = prop.Extract(ctx, HeaderCarrier(d.Headers))
-			attrs := []attribute.KeyValue{
-				attrMessagingSystem.String("rabbitmq"),
-				attrMessagingOperation.String("process"),
-				attrMessagingOpType.String("process"),
-				attrMessagingOpName.String("process"),
-				attrMessagingDestination.String(d.Queue),
-				attrMessagingGroup.String(d.Namespace),
-				attrMessagingBodySize.Int(len(d.Body)),
-				attrAttempt.Int(d.Attempt),
-				attrRedelivered.Bool(d.Redelivered),
+			ctx, span := tracer.Start(ctx, name.get(d.Queue), startOpts...)
+			if !span.IsRecording() {
+				return next(ctx, d)
 			}
-			if d.MessageID != "" {
-				attrs = append(attrs, attrMessagingMessageID.String(d.MessageID))
+			span.SetAttributes(startAttrs(d)...)
+			if sc := span.SpanContext(); sc.IsSampled() {
+				d.TraceID = sc.TraceID().String() // the latency exemplars' trace_id
 			}
-			if d.Raw != nil {
-				if d.Raw.RoutingKey != "" {
-					attrs = append(attrs, attrRabbitRoutingKey.String(d.Raw.RoutingKey))
-				}
-				attrs = append(attrs, attrRabbitDeliveryTag.Int64(int64(d.Raw.DeliveryTag))) //nolint:gosec // tags fit
+			if sc := trace.SpanContextFromContext(prop.Extract(context.Background(), failedCarrier(d.Headers))); sc.IsValid() {
+				span.AddLink(trace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{
+					attrLink.String("failed_attempt"),
+				}})
 			}
-			ctx, span := tracer.Start(ctx, "process "+d.Queue,
-				trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
+			// The copy of a failed run links back to this span.
+			copyHeaders := amqp.Table{}
+			prop.Inject(ctx, failedCarrier(copyHeaders))
+			d.CopyHeaders = copyHeaders
 			// Registered before next runs, so the span ends even if the
 			// chain below panics (the consumer's last guard settles it).
 			d.OnSettled(func(o inboxtype.Outcome) { endSpan(span, d, o, withKey) })
 			return next(ctx, d)
 		}
 	}
+}
+
+// startAttrs are the span's attributes known when the delivery arrives.
+func startAttrs(d *inboxtype.Delivery) []attribute.KeyValue {
+	attrs := []attribute.KeyValue{
+		attrMessagingSystem.String("rabbitmq"),
+		attrMessagingOperation.String("process"),
+		attrMessagingOpType.String("process"),
+		attrMessagingOpName.String("process"),
+		attrMessagingDestination.String(d.Queue),
+		attrMessagingGroup.String(d.Namespace),
+		attrMessagingBodySize.Int(len(d.Body)),
+		attrAttempt.Int(d.Attempt),
+		attrRedelivered.Bool(d.Redelivered),
+	}
+	if d.MessageID != "" {
+		attrs = append(attrs, attrMessagingMessageID.String(d.MessageID))
+	}
+	if d.Raw != nil {
+		if d.Raw.RoutingKey != "" {
+			attrs = append(attrs, attrRabbitRoutingKey.String(d.Raw.RoutingKey))
+		}
+		attrs = append(attrs, attrRabbitDeliveryTag.Int64(int64(d.Raw.DeliveryTag))) //nolint:gosec // tags fit
+	}
+	return attrs
+}
+
+// spanName caches "process <queue>" so that a span that does not record
+// costs no allocation for its name.
+type spanName struct {
+	last atomic.Pointer[[2]string] // queue, name
+}
+
+func (n *spanName) get(queue string) string {
+	if p := n.last.Load(); p != nil && p[0] == queue {
+		return p[1]
+	}
+	name := "process " + queue
+	n.last.Store(&[2]string{queue, name})
+	return name
+}
+
+// failedCarrier reads and writes the failed attempt's trace context in the
+// headers of a retry or dead-letter copy: traceparent as
+// HeaderFailedTraceparent, tracestate as HeaderFailedTracestate, any other
+// field of the propagator under the same "x-failed-" prefix.
+type failedCarrier amqp.Table
+
+func (c failedCarrier) field(key string) string {
+	switch key {
+	case "traceparent":
+		return inboxtype.HeaderFailedTraceparent
+	case "tracestate":
+		return inboxtype.HeaderFailedTracestate
+	default:
+		return failedPrefix + key
+	}
+}
+
+const failedPrefix = "x-failed-"
+
+func (c failedCarrier) Get(key string) string { return HeaderCarrier(c).Get(c.field(key)) }
+
+func (c failedCarrier) Set(key, value string) { c[c.field(key)] = value }
+
+func (c failedCarrier) Keys() []string {
+	var keys []string
+	for k := range c {
+		if rest, ok := strings.CutPrefix(k, failedPrefix); ok {
+			keys = append(keys, rest)
+		}
+	}
+	return keys
 }
 
 // endSpan sets the annotations the chain made on d and the settled

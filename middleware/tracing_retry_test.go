@@ -3,11 +3,14 @@ package middleware_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inboxtype"
@@ -76,4 +79,68 @@ func TestTracing_ContextSurvivesABrokerRetry(t *testing.T) {
 		require.Equal(t, parent.TraceID(), s.SpanContext().TraceID(), "same trace on every attempt")
 		require.Equal(t, parent.SpanID(), s.Parent().SpanID(), "the producer's span is the parent of every attempt")
 	}
+	// The retry copy carried the failed attempt's context: the second span
+	// links to the first.
+	byAttempt := map[int64]sdktrace.ReadOnlySpan{}
+	for _, s := range b.rec.Ended() {
+		if s.Name() == "process "+queue {
+			byAttempt[attrs(s)["inboxmq.attempt"].AsInt64()] = s
+		}
+	}
+	require.Len(t, byAttempt[2].Links(), 1)
+	require.Equal(t, byAttempt[1].SpanContext().SpanID(), byAttempt[2].Links()[0].SpanContext.SpanID())
+}
+
+// A dead letter carries the failed attempt's trace context next to the
+// producer's: a replay of it links back to the attempt that gave up.
+func TestTracing_DeadLetterCarriesTheFailedAttempt(t *testing.T) {
+	t.Parallel()
+	b := setupTrace(t)
+	headers, parent := publish(t, b.tp)
+	delete(headers, inboxtype.HeaderAttempt)
+
+	conn := amqptest.Dial(t)
+	queue := amqptest.QueueName(t)
+	r := consumer.NewRouter()
+	r.Use(middleware.Tracing(b.tp, nil))
+	consumer.Register(r, queue, inboxtype.HandlerFunc[tracedOrder](func(context.Context, *inboxtype.Message[tracedOrder]) error {
+		return retry.Permanent(errors.New("card declined"))
+	}), &consumer.HandlerOpts{Queue: consumer.QueueOpts{Concurrency: 1}})
+	c, err := consumer.New(&consumer.Config{URL: testenv.AMQPURL(), Router: r})
+	require.NoError(t, err)
+	require.NoError(t, c.Start(t.Context()))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = c.Stop(ctx)
+	})
+	amqptest.NewPublisher(t, conn).Publish(queue, []byte(`{"id":"d1"}`), amqp.Publishing{MessageId: "m1", Headers: headers})
+
+	testenv.WaitFor(t, "the dead letter", func() bool { return amqptest.Depth(t, conn, queue+".dlq") == 1 })
+	dead, ok := amqptest.Get(t, conn, queue+".dlq")
+	require.True(t, ok)
+	var failed sdktrace.ReadOnlySpan
+	testenv.WaitFor(t, "the consumer span ended", func() bool {
+		for _, s := range b.rec.Ended() {
+			if s.Name() == "process "+queue {
+				failed = s
+				return true
+			}
+		}
+		return false
+	})
+	require.Equal(t, "dead_lettered", attrs(failed)["inboxmq.action"].AsString())
+	require.Equal(t, parent.SpanID(), spanIDOf(t, dead.Headers, "traceparent"), "the producer's context stays")
+	require.Equal(t, failed.SpanContext().SpanID(), spanIDOf(t, dead.Headers, inboxtype.HeaderFailedTraceparent), "the failed attempt's context travels with it")
+}
+
+// spanIDOf parses the span id of the W3C traceparent in header name.
+func spanIDOf(t *testing.T, h amqp.Table, name string) trace.SpanID {
+	t.Helper()
+	v, _ := h[name].(string)
+	parts := strings.Split(v, "-")
+	require.Len(t, parts, 4, "%s: %q", name, v)
+	id, err := trace.SpanIDFromHex(parts[2])
+	require.NoError(t, err)
+	return id
 }

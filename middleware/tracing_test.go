@@ -12,6 +12,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inboxtype"
@@ -169,6 +170,72 @@ func TestHeaderCarrier(t *testing.T) {
 
 func BenchmarkTracing_NoopProvider(b *testing.B) {
 	mw := middleware.Tracing(nil, nil)(func(context.Context, *inboxtype.Delivery) error { return nil })
+	d := inboxtype.NewDelivery("payments", "payments-svc", "w1", &amqp.Delivery{MessageId: "m"})
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = mw(ctx, d)
+		d.Settle(inboxtype.Outcome{})
+	}
+}
+
+func TestTracing_RetryCopyLinksToTheFailedAttempt(t *testing.T) {
+	t.Parallel()
+	b := setupTrace(t)
+	headers, parent := publish(t, b.tp)
+	mw := middleware.Tracing(b.tp, nil)
+
+	first := inboxtype.NewDelivery("payments", "payments-svc", "w1", &amqp.Delivery{Headers: headers})
+	boom := errors.New("gateway timeout")
+	require.ErrorIs(t, runAndSettle(mw(func(context.Context, *inboxtype.Delivery) error { return boom }), first), boom)
+	failed := b.rec.Ended()[len(b.rec.Ended())-1]
+	require.Equal(t, "process payments", failed.Name())
+
+	// The consumer's copy: the delivery's headers, then CopyHeaders.
+	require.Contains(t, first.CopyHeaders, inboxtype.HeaderFailedTraceparent)
+	copied := amqp.Table{}
+	for k, v := range headers {
+		copied[k] = v
+	}
+	for k, v := range first.CopyHeaders {
+		copied[k] = v
+	}
+	copied[inboxtype.HeaderAttempt] = int32(3)
+	second := inboxtype.NewDelivery("payments", "payments-svc", "w1", &amqp.Delivery{Headers: copied})
+	require.NoError(t, runAndSettle(mw(func(context.Context, *inboxtype.Delivery) error { return nil }), second))
+	retried := b.rec.Ended()[len(b.rec.Ended())-1]
+
+	require.Equal(t, parent.SpanID(), retried.Parent().SpanID(), "the retry stays the producer's child")
+	require.Len(t, retried.Links(), 1)
+	link := retried.Links()[0]
+	require.Equal(t, failed.SpanContext().TraceID(), link.SpanContext.TraceID())
+	require.Equal(t, failed.SpanContext().SpanID(), link.SpanContext.SpanID(), "linked to the attempt that failed")
+	require.Equal(t, []attribute.KeyValue{attribute.String("inboxmq.link", "failed_attempt")}, link.Attributes)
+	require.Equal(t, int64(3), attrs(retried)["inboxmq.attempt"].AsInt64())
+	require.Empty(t, failed.Links(), "a first attempt links to nothing")
+}
+
+func TestTracing_NotRecordingAddsNothing(t *testing.T) {
+	t.Parallel()
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec), sdktrace.WithSampler(sdktrace.NeverSample()))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	headers, parent := publish(t, tp)
+
+	d := inboxtype.NewDelivery("payments", "payments-svc", "w1", &amqp.Delivery{Headers: headers})
+	var inCtx trace.SpanContext
+	err := runAndSettle(middleware.Tracing(tp, nil)(func(ctx context.Context, _ *inboxtype.Delivery) error {
+		inCtx = trace.SpanContextFromContext(ctx)
+		return errors.New("boom")
+	}), d)
+	require.Error(t, err)
+	require.Empty(t, rec.Ended())
+	require.Nil(t, d.CopyHeaders, "no span, no link for the copy")
+	require.Equal(t, parent.TraceID(), inCtx.TraceID(), "the trace context still reaches the handler")
+}
+
+func BenchmarkTracing_NoopPackageProvider(b *testing.B) {
+	mw := middleware.Tracing(noop.NewTracerProvider(), nil)(func(context.Context, *inboxtype.Delivery) error { return nil })
 	d := inboxtype.NewDelivery("payments", "payments-svc", "w1", &amqp.Delivery{MessageId: "m"})
 	ctx := context.Background()
 	b.ReportAllocs()

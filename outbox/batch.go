@@ -9,6 +9,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // pendingRow is one claimed outbox row.
@@ -96,6 +100,7 @@ func (r *Relay) relayBatch(ctx context.Context, l *lane) (int, error) {
 	}
 
 	res := r.publish(ctx, l, batch)
+	defer res.endSpans()
 
 	if r.hooks.afterConfirm != nil && len(res.sent) > 0 {
 		ids := make([]string, 0, len(res.sent))
@@ -170,10 +175,43 @@ type failure struct {
 }
 
 type publishResult struct {
-	sent        []int     // indexes of confirmed (and routed) rows
-	failed      []failure // nacked or returned rows: back off
-	unconfirmed int       // rows with no answer (connection lost): left as they were
-	err         error     // the broker failure, if any
+	sent        []int        // indexes of confirmed (and routed) rows
+	failed      []failure    // nacked or returned rows: back off
+	unconfirmed int          // rows with no answer (connection lost): left as they were
+	err         error        // the broker failure, if any
+	spans       []trace.Span // per row of the batch; nil when not recording
+}
+
+// endSpans ends the rows' publish spans with their result: confirmed,
+// failed (nacked, returned or corrupt: the reason), or left without an
+// answer (the connection was lost).
+func (res *publishResult) endSpans() {
+	if res.spans == nil {
+		return
+	}
+	failed := make(map[int]failure, len(res.failed))
+	for _, f := range res.failed {
+		failed[f.index] = f
+	}
+	sent := make(map[int]bool, len(res.sent))
+	for _, i := range res.sent {
+		sent[i] = true
+	}
+	for i, s := range res.spans {
+		if s == nil {
+			continue
+		}
+		if f, ok := failed[i]; ok {
+			s.SetStatus(codes.Error, f.reason+": "+f.detail)
+		} else if !sent[i] {
+			msg := "unconfirmed"
+			if res.err != nil {
+				msg += ": " + res.err.Error()
+			}
+			s.SetStatus(codes.Error, msg)
+		}
+		s.End()
+	}
 }
 
 // publish sends every row of batch on the confirm channel, then waits for
@@ -187,6 +225,12 @@ func (r *Relay) publish(ctx context.Context, l *lane, batch []pendingRow) publis
 			res.failed = append(res.failed, failure{index: len(confirms), reason: "invalid", detail: err.Error()})
 			confirms = append(confirms, nil)
 			continue
+		}
+		if span := r.startPublishSpan(ctx, &p, headers); span != nil {
+			if res.spans == nil {
+				res.spans = make([]trace.Span, len(batch))
+			}
+			res.spans[len(confirms)] = span
 		}
 		dc, err := l.ch.PublishWithDeferredConfirmWithContext(ctx, p.exchange, p.routingKey, !r.cfg.AllowUnroutable, false, amqp.Publishing{
 			Headers:      headers,
@@ -262,6 +306,36 @@ func (r *Relay) publish(ctx context.Context, l *lane, batch []pendingRow) publis
 		}
 	}
 	return res
+}
+
+// startPublishSpan starts the producer span of row p, a child of the trace
+// context stored in its headers, and writes the span's context into
+// headers in its place. It returns nil, and leaves headers as they are,
+// when the span does not record.
+func (r *Relay) startPublishSpan(ctx context.Context, p *pendingRow, headers amqp.Table) trace.Span {
+	prop := propagation.TraceContext{}
+	dest := p.exchange
+	if dest == "" {
+		dest = p.routingKey
+	}
+	ctx = prop.Extract(ctx, tableCarrier(headers))
+	_, span := r.tracer.Start(ctx, "publish "+dest, trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(
+			attribute.String("messaging.system", "rabbitmq"),
+			attribute.String("messaging.operation.type", "send"),
+			attribute.String("messaging.operation.name", "publish"),
+			attribute.String("messaging.destination.name", dest),
+			attribute.String("messaging.rabbitmq.destination.routing_key", p.routingKey),
+			attribute.String("messaging.message.id", p.messageID),
+			attribute.Int("messaging.message.body.size", len(p.body)),
+			attribute.Int("inboxmq.outbox.attempts", p.attempts),
+		))
+	if !span.IsRecording() {
+		span.End()
+		return nil
+	}
+	prop.Inject(trace.ContextWithSpan(ctx, span), tableCarrier(headers))
+	return span
 }
 
 // retryDelay is RetryMinDelay·2^(attempt-1), capped at RetryMaxDelay.

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/inboxmq/inboxmq/internal/amqpdial"
 )
@@ -96,6 +98,13 @@ type RelayConfig struct {
 	// prometheus.DefaultRegisterer. Relays sharing a Registerer share the
 	// collectors.
 	Registerer prometheus.Registerer
+	// TracerProvider makes one producer span per published row, "publish
+	// <exchange>" (the routing key on the default exchange), a child of
+	// the trace context Enqueue stored with the row; the published message
+	// carries the span's own context, so its consumer's span is the
+	// publish span's child. Nil means otel.GetTracerProvider(), a no-op
+	// until the program installs an SDK.
+	TracerProvider trace.TracerProvider
 }
 
 func (c *RelayConfig) withDefaults() RelayConfig {
@@ -134,6 +143,9 @@ func (c *RelayConfig) withDefaults() RelayConfig {
 	}
 	if out.Registerer == nil {
 		out.Registerer = prometheus.DefaultRegisterer
+	}
+	if out.TracerProvider == nil {
+		out.TracerProvider = otel.GetTracerProvider()
 	}
 	return out
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/cenkalti/backoff/v4"
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/inboxmq/inboxmq/internal/amqpdial"
 	"github.com/inboxmq/inboxmq/internal/startstop"
@@ -34,6 +35,7 @@ type Relay struct {
 	dialer  *amqpdial.Dialer
 	log     *slog.Logger
 	metrics *metrics
+	tracer  trace.Tracer
 	hooks   testHooks
 
 	killed atomic.Bool // set by a test hook's kill; stops every lane
@@ -85,6 +87,7 @@ func NewRelay(pool *pgxpool.Pool, cfg *RelayConfig) (*Relay, error) {
 		dialer:  dialer,
 		log:     c.Logger.With(slog.String("component", "outbox-relay"), slog.String("connection_name", c.ConnectionName)),
 		metrics: m,
+		tracer:  c.TracerProvider.Tracer("github.com/inboxmq/inboxmq/outbox"),
 		svc:     startstop.Service{Name: "outbox: relay"},
 	}, nil
 }

@@ -9,7 +9,11 @@
 #     ids, plus INVALID invalid messages, with publisher confirms;
 #  5. wait until everything is processed, stop the worker with SIGTERM;
 #  6. print published / unique orders / payments / ledger / duplicates /
-#     dead-lettered, and fail unless payments = unique orders = ledger rows.
+#     dead-lettered, and fail unless payments = unique orders = ledger rows;
+#  7. print where to see metrics, traces and alerts: the compose stack's
+#     Grafana, Jaeger, Prometheus and Alertmanager when they answer
+#     (`docker compose up -d --wait`). With the stack's collector up and
+#     no OTEL_* set, this run's worker sends its traces there too.
 #
 # Run it as often as you like: every run uses fresh order ids and purges the
 # queue and its DLQ first.
@@ -27,6 +31,42 @@ log() { printf '\n== demo: %s\n' "$*" >&2; }
 
 log "services"
 scripts/services.sh
+
+# up URL: true if URL answers 2xx within a second.
+up() {
+  if command -v curl >/dev/null; then
+    curl -fsS -m 1 -o /dev/null "$1" 2>/dev/null
+  else
+    local hp=${1#http://}
+    hp=${hp%%/*}
+    (exec 3<>"/dev/tcp/${hp%:*}/${hp##*:}") 2>/dev/null
+  fi
+}
+
+# The compose stack's collector (published on loopback) takes this run's
+# traces, unless the environment already says where they go.
+if [ -z "${OTEL_EXPORTER_OTLP_ENDPOINT:-}${OTEL_EXPORTER_OTLP_TRACES_ENDPOINT:-}${OTEL_TRACES_EXPORTER:-}" ] &&
+  (exec 3<>/dev/tcp/127.0.0.1/4318) 2>/dev/null; then
+  export OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318
+  export OTEL_SERVICE_NAME=${OTEL_SERVICE_NAME:-payment-worker-demo}
+  log "traces: the compose stack's collector is up; exporting to $OTEL_EXPORTER_OTLP_ENDPOINT as $OTEL_SERVICE_NAME"
+fi
+
+# where prints where to see metrics, traces and alerts.
+where() {
+  local state
+  log "where to look"
+  printf '  %-13s %-12s %s\n' "Worker" "[this run]" "http://$METRICS_ADDR/metrics  (until it stops)" >&2
+  for svc in "Grafana|http://127.0.0.1:3000/api/health|http://127.0.0.1:3000/d/inboxmq  (exemplars on the latency panels open their trace)" \
+    "Prometheus|http://127.0.0.1:9090/-/ready|http://127.0.0.1:9090/alerts  (rules, firing alerts)" \
+    "Jaeger|http://127.0.0.1:16686/|http://127.0.0.1:16686/search?service=${OTEL_SERVICE_NAME:-payment-worker}" \
+    "Alertmanager|http://127.0.0.1:9093/-/ready|http://127.0.0.1:9093/#/alerts  (notifications: docker compose logs alert-logger)"; do
+    IFS='|' read -r name probe link <<<"$svc"
+    if up "$probe"; then state=up; else state="not running"; fi
+    printf '  %-13s %-12s %s\n' "$name" "[$state]" "$link" >&2
+  done
+  up http://127.0.0.1:9090/-/ready || printf '  start the stack with: docker compose up -d --wait  (Grafana login admin/admin)\n' >&2
+}
 
 mkdir -p bin
 BIN=bin/payment-worker
@@ -75,6 +115,8 @@ set +e
 "$BIN" report --summary "$SUMMARY" --metrics-url "http://$METRICS_ADDR/metrics" --wait 3m
 rc=$?
 set -e
+
+where
 
 log "stop the worker with SIGTERM"
 trap - EXIT

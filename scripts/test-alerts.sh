@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Checks the Prometheus config and alert rules and runs their unit tests
-# (deploy/prometheus/alerts_test.yml). Fails if promtool is missing:
-# scripts/tools.sh (make tools) installs it, from Debian's "prometheus"
-# package as root or with go install into bin/tools.
+# (deploy/prometheus/alerts_test.yml), and checks the Alertmanager config
+# (deploy/alertmanager/alertmanager.yml). Fails if promtool or amtool is
+# missing: scripts/tools.sh (make tools) installs them, from Debian's
+# "prometheus" and "prometheus-alertmanager" packages as root or with go
+# install into bin/tools.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -14,9 +16,15 @@ if ! command -v promtool >/dev/null 2>&1; then
 	exit 1
 fi
 
+if ! command -v amtool >/dev/null 2>&1; then
+	echo "test-alerts: amtool not found; run scripts/tools.sh amtool (make tools) and rerun" >&2
+	exit 1
+fi
+
 promtool check rules "$dir/alerts.yml"
 promtool check config "$dir/prometheus.yml"
 (cd "$dir" && promtool test rules alerts_test.yml)
+amtool check-config "$root/deploy/alertmanager/alertmanager.yml"
 
 # The dashboard must be valid JSON with a query per panel (the Go test in
 # metrics/ checks that every series it names exists).

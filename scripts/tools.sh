@@ -5,11 +5,14 @@
 #   promtool       the alert-rule tests (scripts/test-alerts.sh): from
 #                  Debian's "prometheus" package as root with apt-get,
 #                  otherwise built with go install into bin/tools
+#   amtool         the Alertmanager config check (scripts/test-alerts.sh):
+#                  from Debian's "prometheus-alertmanager" package as root
+#                  with apt-get, otherwise built with go install
 #   golangci-lint  make lint: always the pinned version below, built with
 #                  go install into bin/tools (a different one on the PATH is
 #                  not used)
 #
-# Usage: scripts/tools.sh [promtool] [golangci-lint]   (no argument: both)
+# Usage: scripts/tools.sh [promtool] [amtool] [golangci-lint]   (no argument: all)
 # The Makefile puts bin/tools first on the PATH. apt-get update runs at most
 # once. Exits 1, saying what to run, when a tool cannot be installed.
 set -euo pipefail
@@ -21,6 +24,7 @@ cd "$(dirname "$0")/.."
 GOLANGCI_LINT_VERSION=v2.15.0
 # The module github.com/prometheus/prometheus tags Prometheus 3.16.0 as v0.316.0.
 PROMTOOL_VERSION=v0.316.0
+AMTOOL_VERSION=v0.27.0
 
 TOOLS_BIN="$PWD/bin/tools"
 export PATH="$TOOLS_BIN:$PATH"
@@ -53,6 +57,25 @@ install_promtool() {
   return 1
 }
 
+install_amtool() {
+  if command -v amtool >/dev/null; then return 0; fi
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    log "installing amtool (apt-get install prometheus-alertmanager)"
+    export DEBIAN_FRONTEND=noninteractive
+    if apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus-alertmanager >/dev/null; then
+      return 0
+    fi
+    log "apt-get could not install prometheus-alertmanager; trying go install"
+  fi
+  if command -v go >/dev/null && go_install amtool "github.com/prometheus/alertmanager/cmd/amtool@$AMTOOL_VERSION"; then
+    return 0
+  fi
+  log "amtool is missing and could not be installed. Run one of:"
+  log "  sudo apt-get install -y prometheus-alertmanager"
+  log "  GOBIN=$TOOLS_BIN go install github.com/prometheus/alertmanager/cmd/amtool@$AMTOOL_VERSION"
+  return 1
+}
+
 install_golangci_lint() {
   local bin="$TOOLS_BIN/golangci-lint"
   if [ -x "$bin" ] && [ "$("$bin" version --short 2>/dev/null)" = "${GOLANGCI_LINT_VERSION#v}" ]; then
@@ -67,13 +90,14 @@ install_golangci_lint() {
   return 1
 }
 
-[ $# -gt 0 ] || set -- promtool golangci-lint
+[ $# -gt 0 ] || set -- promtool amtool golangci-lint
 status=0
 for tool in "$@"; do
   case $tool in
     promtool) install_promtool || status=1 ;;
+    amtool) install_amtool || status=1 ;;
     golangci-lint) install_golangci_lint || status=1 ;;
-    *) log "unknown tool $tool (promtool, golangci-lint)"; status=1 ;;
+    *) log "unknown tool $tool (promtool, amtool, golangci-lint)"; status=1 ;;
   esac
 done
 exit "$status"

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"slices"
 	"strings"
 	"time"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/internal/amqpdial"
 )
 
 // Queue is one work queue the console shows, with its inbox namespace and
@@ -37,8 +37,9 @@ type Config struct {
 	// DB is a pool on the PostgreSQL primary holding the inbox and the
 	// controls. Required. The console never closes it.
 	DB *pgxpool.Pool
-	// AMQPURL is the broker's URL, for the queue depths, the dead letters
-	// and the parked queues. Defaults to "": the broker's parts of the
+	// AMQPURL is the broker's URL (or a cluster's node URLs separated by
+	// commas: the console connects to one that answers), for the queue
+	// depths, the dead letters and the parked queues. Defaults to "": the broker's parts of the
 	// console say it has no broker. Its password is never shown.
 	AMQPURL string
 	// Queues are the work queues shown. Defaults to nil: every consumer
@@ -120,8 +121,8 @@ func (c *Config) withDefaults() (Config, error) {
 		o.SessionTTL = 12 * time.Hour
 	}
 	if o.AMQPURL != "" {
-		if _, err := url.Parse(o.AMQPURL); err != nil {
-			return o, errors.New("ui: AMQPURL is not a URL")
+		if _, err := amqpdial.Parse(o.AMQPURL); err != nil {
+			return o, fmt.Errorf("ui: AMQPURL: %w", err)
 		}
 	}
 	qs := make([]Queue, 0, len(o.Queues))

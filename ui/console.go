@@ -20,6 +20,7 @@ import (
 
 	"github.com/inboxmq/inboxmq/control"
 	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/internal/amqpdial"
 	"github.com/inboxmq/inboxmq/internal/ops"
 )
 
@@ -170,13 +171,13 @@ func (con *Console) broker() (*amqp.Connection, error) {
 	if con.conn != nil && !con.conn.IsClosed() {
 		return con.conn, nil
 	}
-	conn, err := amqp.DialConfig(con.cfg.AMQPURL, amqp.Config{
-		Properties: amqp.Table{"connection_name": "inboxmq-ui"},
-		Heartbeat:  10 * time.Second,
-		Dial:       amqp.DefaultDial(5 * time.Second),
-	})
+	d, err := amqpdial.New(amqpdial.Config{URL: con.cfg.AMQPURL, Timeout: 5 * time.Second})
 	if err != nil {
-		return nil, fmt.Errorf("ui: broker %s: %s", redactURL(con.cfg.AMQPURL), con.redact(err.Error()))
+		return nil, fmt.Errorf("ui: AMQPURL: %w", err)
+	}
+	conn, _, err := d.Dial(context.Background(), "inboxmq-ui", amqpdial.RoleAdmin)
+	if err != nil {
+		return nil, fmt.Errorf("ui: broker: %s", con.redact(err.Error()))
 	}
 	con.conn = conn
 	return conn, nil
@@ -225,24 +226,18 @@ func (con *Console) queue(ctx context.Context, name string) (Queue, bool) {
 
 // redact removes the passwords of the broker and database URLs from s.
 func (con *Console) redact(s string) string {
-	if u, err := url.Parse(con.cfg.AMQPURL); err == nil && u.User != nil {
-		if p, ok := u.User.Password(); ok && p != "" {
-			s = strings.ReplaceAll(s, p, "xxxxx")
+	nodes, _ := amqpdial.Parse(con.cfg.AMQPURL) // each node's password
+	for _, n := range nodes {
+		if u, err := url.Parse(n.URL); err == nil && u.User != nil {
+			if p, ok := u.User.Password(); ok && p != "" {
+				s = strings.ReplaceAll(s, p, "xxxxx")
+			}
 		}
 	}
 	if p := con.cfg.DB.Config().ConnConfig.Password; p != "" {
 		s = strings.ReplaceAll(s, p, "xxxxx")
 	}
 	return s
-}
-
-// redactURL hides the password of a URL.
-func redactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "<invalid URL>"
-	}
-	return u.Redacted()
 }
 
 // logger is the audit logger.

@@ -461,7 +461,7 @@ func TestOverview_DiscoveredQueuesAndBrokerDown(t *testing.T) {
 	require.Equal(t, http.StatusOK, status)
 	require.Contains(t, page, `<tr data-queue="emails">`)
 	require.Contains(t, page, `<tr data-queue="payments">`)
-	require.Contains(t, page, "ui: broker amqp://ops:xxxxx@127.0.0.1:1/")
+	require.Contains(t, page, "ui: broker: connect to amqp://ops:xxxxx@127.0.0.1:1/")
 	require.NotContains(t, page, "s3cr3t-pw")
 	status, page = c.get("/dlq?queue=payments")
 	require.Equal(t, http.StatusOK, status)

@@ -13,6 +13,8 @@ import (
 	"unicode/utf8"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/inboxmq/inboxmq/internal/amqpdial"
 )
 
 // pageNames are the templates, each rendered inside layout.html.
@@ -168,7 +170,7 @@ type titled interface{ title() string }
 func (con *Console) render(w http.ResponseWriter, r *http.Request, status int, name string, data any) {
 	p := page{Base: con.cfg.BasePath, Path: r.URL.Path, Data: data, Broker: "none"}
 	if con.cfg.AMQPURL != "" {
-		p.Broker = redactURL(con.cfg.AMQPURL)
+		p.Broker = amqpdial.Redact(con.cfg.AMQPURL)
 	}
 	if t, ok := data.(titled); ok {
 		p.Title = t.title()

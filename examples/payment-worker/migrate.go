@@ -23,7 +23,7 @@ const versionTable = "payment_worker_migrations"
 // PostgreSQL to answer is bounded by CONNECT_TIMEOUT; the migrations
 // themselves are not (DDL may wait for locks).
 func migrate(ctx context.Context, cfg config) error {
-	pool, err := openPool(cfg)
+	pool, err := openPool(cfg, &tracing{}) // no spans for migrations
 	if err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}

@@ -70,7 +70,7 @@ func newReportCmd() *cobra.Command {
 // is accounted for as a duplicate, or until wait passes. It returns the last
 // counts either way; the report judges them.
 func waitDrained(ctx context.Context, cfg config, s summary, metricsURL string, wait time.Duration) (counts, error) {
-	pool, err := openPool(cfg)
+	pool, err := openPool(cfg, &tracing{}) // no spans for the report
 	if err != nil {
 		return counts{}, fmt.Errorf("report: %w", err)
 	}

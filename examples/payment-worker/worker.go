@@ -47,7 +47,16 @@ func run(ctx context.Context, cfg config) error {
 	// "stack"), and its error lines are expected outcomes.
 	slogger := slog.New(zapslog.NewHandler(logger.Core(),
 		zapslog.WithCaller(true), zapslog.AddStacktraceAt(slog.Level(math.MaxInt))))
-	pool, err := openPool(cfg)
+	tr, err := setupTracing(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := tr.flush(); err != nil {
+			logger.Warn("tracing: flush failed", zap.Error(err))
+		}
+	}()
+	pool, err := openPool(cfg, tr)
 	if err != nil {
 		return err
 	}
@@ -63,7 +72,8 @@ func run(ctx context.Context, cfg config) error {
 	// The worker owns the rest: /metrics, /healthz and /readyz come up
 	// first and name what start-up waits for; the consumer stops first.
 	w, err := inboxmq.NewWorker(&inboxmq.Config{
-		URL: cfg.AMQPURL, DB: pool, Redis: rdb, Routes: newRoutes(cfg), Logger: slogger,
+		URL: cfg.AMQPURL, DB: pool, Redis: rdb, Routes: newRoutes(cfg, tr), Logger: slogger,
+		Tracing:        &inboxmq.TracingConfig{TracerProvider: tr.tp},
 		ConnectTimeout: cfg.ConnectTimeout,
 		Metrics:        &inboxmq.MetricsConfig{Registerer: reg, Series: &metrics.Config{ExtraReasons: gatewayReasons}},
 		Health:         &inboxmq.HealthConfig{Addr: cfg.MetricsAddr},
@@ -103,7 +113,7 @@ func run(ctx context.Context, cfg config) error {
 // sized for the handlers plus the background services (outbox relay,
 // LISTEN connections, reconciler, retention, metrics); unless it sets
 // connect_timeout, each new connection is bounded by CONNECT_TIMEOUT.
-func openPool(cfg config) (*pgxpool.Pool, error) {
+func openPool(cfg config, tr *tracing) (*pgxpool.Pool, error) {
 	pcfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
 	if err != nil {
 		// The parse error may echo the URL: never wrap it.
@@ -115,6 +125,7 @@ func openPool(cfg config) (*pgxpool.Pool, error) {
 	if pcfg.ConnConfig.ConnectTimeout == 0 {
 		pcfg.ConnConfig.ConnectTimeout = cfg.ConnectTimeout
 	}
+	tr.tracePool(pcfg)
 	if err := inbox.ConfigurePool(pcfg); err != nil {
 		return nil, fmt.Errorf("DATABASE_URL %s: %w", consumer.RedactURL(cfg.DatabaseURL), err)
 	}
@@ -146,7 +157,7 @@ func redisClient(rawURL string) (redis.UniversalClient, error) {
 // gateway, claim mode with one. A copy that finds the key locked waits 1s
 // at first: a payment commits in milliseconds, so by then the copy is
 // acked as a duplicate.
-func newRoutes(cfg config) *inboxmq.Routes {
+func newRoutes(cfg config, tr *tracing) *inboxmq.Routes {
 	routes := inboxmq.NewRoutes()
 	opts := &inboxmq.RouteOpts{
 		Queue: consumer.QueueOpts{Concurrency: cfg.Concurrency, Type: cfg.QueueType, DeliveryLimit: cfg.DeliveryLimit},
@@ -158,7 +169,7 @@ func newRoutes(cfg config) *inboxmq.Routes {
 	if cfg.GatewayURL == "" {
 		inboxmq.HandleTx(routes, cfg.Queue, recordPayment(cfg.EventsExchange), opts)
 	} else {
-		inboxmq.HandleClaim(routes, cfg.Queue, chargeAndRecord(&Gateway{BaseURL: cfg.GatewayURL}, cfg.EventsExchange), opts)
+		inboxmq.HandleClaim(routes, cfg.Queue, chargeAndRecord(&Gateway{BaseURL: cfg.GatewayURL, Client: tr.httpClient()}, cfg.EventsExchange), opts)
 	}
 	return routes
 }
