@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -28,10 +30,11 @@ import (
 // Every delivery of before is redelivered and is a duplicate, new ones
 // commit once, all on the new primary, and every pool connection ends up
 // there. "fenced" uses a URL without target_session_attrs, so only
-// ConfigurePool's check keeps new connections off the fenced node.
+// ConfigurePool's check keeps new connections off the fenced node;
+// "stopped-group" has a group-commit batch in flight.
 func TestConfigurePool_FailoverToPromotedStandby(t *testing.T) {
 	t.Parallel()
-	for _, how := range []string{"fenced", "stopped"} {
+	for _, how := range []string{"fenced", "stopped", "stopped-group"} {
 		t.Run(how, func(t *testing.T) {
 			t.Parallel()
 			testFailover(t, how)
@@ -46,8 +49,15 @@ func testFailover(t *testing.T, how string) {
 
 	url := fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/postgres?sslmode=disable&connect_timeout=5",
 		primary.Port, standby.Port)
-	if how == "stopped" {
+	stopped := how != "fenced"
+	if stopped {
 		url += "&target_session_attrs=read-write"
+	}
+	inFlightN := 1
+	var hopts *inbox.HandlerOpts
+	if how == "stopped-group" {
+		inFlightN = 4
+		hopts = &inbox.HandlerOpts{GroupCommit: &inbox.GroupCommit{MaxBatch: inFlightN, MaxWait: 100 * time.Millisecond, MaxInFlight: 1}}
 	}
 	cfg, err := pgxpool.ParseConfig(url)
 	require.NoError(t, err)
@@ -60,16 +70,17 @@ func testFailover(t *testing.T, how string) {
 	b := setupOn(t, pool, nil)
 
 	entered, release := make(chan struct{}), make(chan struct{})
+	var holding atomic.Bool
 	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
 		if err := effectHandler(nil)(ctx, tx, msg); err != nil {
 			return err
 		}
-		if msg.Body.OrderID == "in-flight" && msg.Attempt == 1 && !msg.Redelivered {
+		if strings.HasPrefix(msg.Body.OrderID, "in-flight") && !msg.Redelivered && holding.CompareAndSwap(false, true) {
 			close(entered)
 			<-release
 		}
 		return nil
-	}, nil)
+	}, hopts)
 
 	const before, after = 12, 8
 	msgs := make([]*inboxtype.Message[order], 0, before)
@@ -82,10 +93,12 @@ func testFailover(t *testing.T, how string) {
 	requireAllConnsOn(t, pool, primary.Port)
 
 	var inFlight chan error
-	if how == "stopped" {
-		inFlight = make(chan error, 1)
-		m := newMsg(t, "payments", order{OrderID: "in-flight", Amount: 1}, false)
-		go func() { inFlight <- h.Handle(ctx, m) }()
+	if stopped {
+		inFlight = make(chan error, inFlightN)
+		for i := range inFlightN {
+			m := newMsg(t, "payments", order{OrderID: "in-flight-" + strconv.Itoa(i), Amount: 1}, false)
+			go func() { inFlight <- h.Handle(ctx, m) }()
+		}
 		testenv.WaitChan(t, entered, "the in-flight delivery wrote its effect")
 	}
 
@@ -98,6 +111,7 @@ func testFailover(t *testing.T, how string) {
 		return c
 	}
 	waitReplayed(t, admin(primary.Port), admin(standby.Port))
+	failedOver := time.Now()
 	switch how {
 	case "fenced":
 		pc := admin(primary.Port)
@@ -105,11 +119,13 @@ func testFailover(t *testing.T, how string) {
 		require.NoError(t, err)
 		_, err = pc.Exec(ctx, `SELECT pg_reload_conf()`)
 		require.NoError(t, err)
-	case "stopped":
+	default:
 		primary.Stop(t)
 		close(release)
-		err := testenv.WaitChan(t, inFlight, "the in-flight delivery ended")
-		require.Equal(t, retry.KindRetry, retry.Classify(err).Kind, "the delivery whose connection died is retried, not acked: %v", err)
+		for range inFlightN {
+			err := testenv.WaitChan(t, inFlight, "the in-flight delivery ended")
+			require.Equal(t, retry.KindRetry, retry.Classify(err).Kind, "a delivery whose connection died is retried, not acked: %v", err)
+		}
 	}
 	var promoted bool
 	require.NoError(t, admin(standby.Port).QueryRow(ctx, `SELECT pg_promote()`).Scan(&promoted))
@@ -120,29 +136,32 @@ func testFailover(t *testing.T, how string) {
 	for i := range before {
 		redeliver = append(redeliver, newMsg(t, "payments", order{OrderID: strconv.Itoa(i), Amount: 1}, true))
 	}
-	if how == "stopped" {
-		redeliver = append(redeliver, newMsg(t, "payments", order{OrderID: "in-flight", Amount: 1}, true))
+	for i := range inFlightN * boolInt(stopped) {
+		redeliver = append(redeliver, newMsg(t, "payments", order{OrderID: "in-flight-" + strconv.Itoa(i), Amount: 1}, true))
 	}
 	for i := range after {
 		redeliver = append(redeliver, newMsg(t, "payments", order{OrderID: strconv.Itoa(before + i), Amount: 1}, false))
 	}
 	failed := 0
+	var firstSettled time.Duration
 	for _, m := range redeliver {
 		tries, err := deliverUntilSettled(t, h, m)
 		failed += tries - 1
-		if n, _ := strconv.Atoi(m.Body.OrderID); m.Body.OrderID != "in-flight" && n < before {
+		if firstSettled == 0 {
+			firstSettled = time.Since(failedOver)
+		}
+		if n, aerr := strconv.Atoi(m.Body.OrderID); aerr == nil && n < before {
 			require.ErrorIs(t, err, retry.ErrDuplicate, "redelivered %s", m.Key)
 		} else {
 			require.NoError(t, err, "new %s", m.Key)
 		}
 	}
-	t.Logf("%s: %d attempts failed over to the new primary", how, failed)
+	t.Logf("%s: first delivery settled on the new primary %s after the fail-over began (promotion included); %d attempts failed",
+		how, firstSettled.Round(time.Millisecond), failed)
 	require.LessOrEqual(t, failed, 3, "the pool retires its old connections at the first fail-over signal")
 
 	want := before + after
-	if how == "stopped" {
-		want++
-	}
+	want += inFlightN * boolInt(stopped)
 	nc := admin(standby.Port)
 	count := func(sql string) int {
 		var n int
@@ -153,6 +172,13 @@ func testFailover(t *testing.T, how string) {
 	require.Equal(t, want, count(`SELECT count(DISTINCT key) FROM effects`))
 	require.Equal(t, want, count(`SELECT count(*) FROM inboxmq_inbox WHERE status = 'completed'`))
 	requireAllConnsOn(t, pool, standby.Port)
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // deliverUntilSettled hands m to h as the broker would, again after each
