@@ -53,6 +53,7 @@ func TestComposeClusterProfile(t *testing.T) {
 		require.Equal(t, "127.0.0.1", p.HostIP, "%s binds to loopback", name)
 		require.Equal(t, port, p.Published, name)
 		require.NotNil(t, svc.HealthCheck, "%s has a health check (depends_on waits on it)", name)
+		require.Equal(t, "unless-stopped", svc.Restart, "%s restarts like the default stack", name)
 	}
 	// The default stack is still there and not in the profile.
 	for _, name := range []string{"rabbitmq", "postgres", "redis"} {
