@@ -749,15 +749,21 @@ func (r *scenarioRun) ledgerCount(ctx context.Context) int {
 	return n
 }
 
-// heal ends every fault: continues stopped workers, restarts dead ones and
-// makes the gateway healthy.
+// heal ends every fault: continues stopped workers, restarts dead ones (a
+// violation after a Failover, which kills no worker) and makes the gateway
+// healthy.
 func (r *scenarioRun) heal(ctx context.Context) {
 	if r.gw != nil {
 		r.gw.SetPhase(GatewayPhase{Delay: r.cfg.GatewayDelay}, 0)
 	}
 	for _, w := range r.workers {
 		_ = w.signal(syscall.SIGCONT)
-		if exited, _ := w.wait(0); exited {
+		if exited, werr := w.wait(0); exited {
+			if r.cfg.Failover != nil {
+				// Nothing killed it: a worker must ride a failover out.
+				r.violate("worker %d exited after %s (%v): a worker must ride a failover out without a restart (log %s)",
+					w.idx, r.cfg.Failover.Name, werr, w.logPath)
+			}
 			w.scrape.restarted()
 			if err := w.start(); err != nil {
 				r.violate("heal: %v", err)
