@@ -31,6 +31,10 @@ const (
 	// DefaultStopTimeout bounds Worker.Stop when Config.StopTimeout is zero
 	// and the context has no earlier deadline.
 	DefaultStopTimeout = 25 * time.Second
+	// DefaultStallThreshold is HealthConfig.StallThreshold's floor when it
+	// is zero: how long the consumer may hold deliveries without settling
+	// any before /healthz fails.
+	DefaultStallThreshold = 5 * time.Minute
 )
 
 // Config configures a [Worker]. URL, DB and Routes are required; every
@@ -175,19 +179,34 @@ type MetricsConfig struct {
 }
 
 // HealthConfig configures the worker's HTTP listener: /metrics (when
-// Metrics is set), /healthz (the process answers) and /readyz.
+// Metrics is set), /healthz (liveness) and /readyz (readiness). Both answer
+// 200 or 503 with a JSON body naming each check, and for a failing one its
+// error, since when it fails and its threshold.
 //
-// /readyz has the checks "startup" (fails, naming what Start waits for,
-// until the worker consumes, and again once it stops), "broker" (the
-// consumer is connected and consumes), "database" (DB answers a ping) and,
-// with Redis, the non-fatal "redis" (degraded while the cache or the lock
-// bypasses Redis).
+// /healthz has the check "consumer", a watchdog: it fails while the
+// consumer holds deliveries (handling or settling them) and has settled
+// none for longer than StallThreshold — a stuck handler, settlement or
+// consume loop that only a restart cures. An idle or paused worker never
+// fails it. /readyz has the checks "startup" (fails, naming what Start
+// waits for, until the worker consumes, and again once it stops), "broker"
+// (the consumer is connected and consumes), "database" (DB answers a ping)
+// and, with Redis, the non-fatal "redis" (degraded while the cache or the
+// lock bypasses Redis).
 type HealthConfig struct {
 	// Addr is the listen address. Defaults to observe.DefaultAddr
 	// (loopback).
 	Addr string
 	// Checks are further /readyz checks. Defaults to none.
 	Checks []observe.Check
+	// Liveness are further /healthz checks. Defaults to none.
+	Liveness []observe.Check
+	// StallThreshold is how long the consumer may hold deliveries without
+	// settling any before /healthz fails. Keep it above the longest a
+	// delivery may legitimately take. Defaults to DefaultStallThreshold
+	// (5m), or HandlerTimeout plus one minute when that is longer; -1
+	// disables the watchdog (with HandlerTimeout -1, only a threshold set
+	// here enables it).
+	StallThreshold time.Duration
 }
 
 // ControlsConfig configures the runtime controls: a control.Watcher that
@@ -287,6 +306,18 @@ func withDefaults(cfg *Config) (*settings, error) {
 		}
 		s.Metrics = &mc
 		s.gatherer = mc.Gatherer
+	}
+	if h := s.Health; h != nil {
+		hc := *h
+		switch {
+		case hc.StallThreshold == 0 && s.HandlerTimeout == -1:
+			hc.StallThreshold = -1 // handlers may run for ever: no bound to watch
+		case hc.StallThreshold == 0:
+			hc.StallThreshold = max(DefaultStallThreshold, s.HandlerTimeout+time.Minute)
+		case hc.StallThreshold < 0 && hc.StallThreshold != -1:
+			return nil, fmt.Errorf("inboxmq: Config.Health.StallThreshold %s: want a positive duration or -1", hc.StallThreshold)
+		}
+		s.Health = &hc
 	}
 	if o := s.Outbox; o != nil {
 		for _, e := range o.Exchanges {

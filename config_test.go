@@ -74,6 +74,10 @@ func TestNewWorker_Validation(t *testing.T) {
 		{"empty routes", func(c *inboxmq.Config) { c.Routes = inboxmq.NewRoutes() }, "at least one route"},
 		{"negative ConnectTimeout", func(c *inboxmq.Config) { c.ConnectTimeout = -time.Second }, "Config.ConnectTimeout -1s"},
 		{"negative StopTimeout", func(c *inboxmq.Config) { c.StopTimeout = -1 }, "Config.StopTimeout"},
+		{"watchdog off", func(c *inboxmq.Config) { c.Health = &inboxmq.HealthConfig{StallThreshold: -1} }, ""},
+		{"negative StallThreshold", func(c *inboxmq.Config) {
+			c.Health = &inboxmq.HealthConfig{StallThreshold: -time.Second}
+		}, "Config.Health.StallThreshold -1s"},
 		{"exchange without name", func(c *inboxmq.Config) {
 			c.Outbox = &inboxmq.OutboxConfig{Exchanges: []inboxmq.Exchange{{Kind: "topic"}}}
 		}, "an exchange without a Name"},

@@ -17,6 +17,7 @@ import (
 	"github.com/inboxmq/inboxmq/inbox"
 	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/migrations"
+	"github.com/inboxmq/inboxmq/producer"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
@@ -115,20 +116,15 @@ func Example_worker() {
 		panic(err)
 	}
 
-	// The same payment, published twice with a publisher confirm.
-	if err := ch.Confirm(false); err != nil {
+	// The same payment, published twice; each Publish returns once the
+	// broker confirmed it.
+	p, err := producer.New(&producer.Config{URL: amqpURL})
+	if err != nil {
 		panic(err)
 	}
+	defer p.Close()
 	for range 2 {
-		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, false, false, amqp.Publishing{
-			ContentType:  "application/json",
-			DeliveryMode: amqp.Persistent,
-			Body:         []byte(`{"order_id":"42","cents":1999}`),
-		})
-		if err != nil {
-			panic(err)
-		}
-		if _, err := dc.WaitContext(ctx); err != nil {
+		if err := producer.Publish(ctx, p, "", queue, Payment{OrderID: "42", Cents: 1999}, nil); err != nil {
 			panic(err)
 		}
 	}

@@ -165,6 +165,7 @@ func NewWorker(cfg *Config) (*Worker, error) {
 			Addr:     h.Addr,
 			Gatherer: cmp.Or[prometheus.Gatherer](s.gatherer, prometheus.NewRegistry()),
 			Checks:   append(w.checks(), h.Checks...),
+			Liveness: append(w.liveness(h.StallThreshold), h.Liveness...),
 		})
 	}
 	return w, nil
@@ -370,6 +371,18 @@ func (w *Worker) checks() []observe.Check {
 		checks = append(checks, observe.DegradedFlag("redis", func() bool { return w.cacheDown.Load() || w.lockDown.Load() }))
 	}
 	return checks
+}
+
+// liveness are the /healthz checks the worker provides: the consumer's
+// watchdog (none when threshold is -1).
+func (w *Worker) liveness(threshold time.Duration) []observe.Check {
+	if threshold < 0 {
+		return nil
+	}
+	return []observe.Check{observe.Watchdog("consumer", func() (int, time.Time) {
+		p := w.cons.Progress()
+		return p.InFlight, p.LastProgress
+	}, threshold)}
 }
 
 // Start reaches every service and starts every part: the health listener

@@ -26,6 +26,7 @@ import (
 	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
 	"github.com/inboxmq/inboxmq/inboxtype"
+	"github.com/inboxmq/inboxmq/producer"
 )
 
 // FaultEvent is one injected fault.
@@ -426,13 +427,13 @@ type payment struct {
 
 // messages builds the scenario's orders (1–3 copies each), declined orders
 // (gateway scenario) and poison messages, shuffled.
-func (r *scenarioRun) messages() (Expect, []amqp.Publishing) {
+func (r *scenarioRun) messages() (Expect, []producer.Message) {
 	var exp Expect
-	var msgs []amqp.Publishing
+	var msgs []producer.Message
 	currencies := []string{"EUR", "USD", "GBP", "chf"}
 	add := func(body []byte, copies int) {
 		for range copies {
-			msgs = append(msgs, amqp.Publishing{Body: body})
+			msgs = append(msgs, producer.Message{RoutingKey: r.queue, ContentType: "application/json", Body: body})
 		}
 	}
 	for i := range r.cfg.Orders {
@@ -478,16 +479,14 @@ func (r *scenarioRun) messages() (Expect, []amqp.Publishing) {
 		r.rnd.Shuffle(len(msgs), func(i, j int) { msgs[i], msgs[j] = msgs[j], msgs[i] })
 	}
 	for i := range msgs {
-		msgs[i].MessageId = r.runID + "-m" + randomHex(6) // duplicates carry different ids
-		msgs[i].ContentType = "application/json"
-		msgs[i].DeliveryMode = amqp.Persistent
+		msgs[i].ID = r.runID + "-m" + randomHex(6) // duplicates carry different ids
 	}
 	return exp, msgs
 }
 
 // groupCopies splits msgs into runs of equal bodies (an order's copies).
-func groupCopies(msgs []amqp.Publishing) [][]amqp.Publishing {
-	var out [][]amqp.Publishing
+func groupCopies(msgs []producer.Message) [][]producer.Message {
+	var out [][]producer.Message
 	for i := 0; i < len(msgs); {
 		j := i + 1
 		for j < len(msgs) && string(msgs[j].Body) == string(msgs[i].Body) {
@@ -499,27 +498,22 @@ func groupCopies(msgs []amqp.Publishing) [][]amqp.Publishing {
 	return out
 }
 
-// publish sends msgs spread over span, each with a publisher confirm. A
-// zero span publishes them at once, waiting for the confirms by windows.
-func (r *scenarioRun) publish(ctx context.Context, msgs []amqp.Publishing, span time.Duration) error {
-	conn, _, err := consumer.Dial(ctx, r.cfg.AMQPURL, &consumer.DialOpts{Name: "inboxmq-chaos publisher " + r.runID, Timeout: 5 * time.Second})
+// publish sends msgs spread over span with package producer (confirmed,
+// mandatory, retried across a lost connection), one at a time. The bodies
+// are sent as they are (poison included), so Producer.Send, not Publish.
+// A zero span publishes them at once (publishBacklog).
+func (r *scenarioRun) publish(ctx context.Context, msgs []producer.Message, span time.Duration) error {
+	p, err := producer.New(&producer.Config{URL: r.cfg.AMQPURL, ConnectionName: "inboxmq-chaos publisher " + r.runID})
 	if err != nil {
 		return fmt.Errorf("chaos: publisher: %w", err)
 	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return fmt.Errorf("chaos: publisher: %w", err)
-	}
-	if err := ch.Confirm(false); err != nil {
-		return fmt.Errorf("chaos: publisher: %w", err)
-	}
+	defer p.Close()
 	if span == 0 {
-		return r.publishBacklog(ctx, ch, msgs)
+		return r.publishBacklog(ctx, p, msgs)
 	}
 	gap := span / time.Duration(max(len(msgs), 1))
 	start := time.Now()
-	for i, m := range msgs {
+	for i := range msgs {
 		if wait := time.Until(start.Add(time.Duration(i) * gap)); wait > 0 {
 			t := time.NewTimer(wait)
 			select {
@@ -531,14 +525,7 @@ func (r *scenarioRun) publish(ctx context.Context, msgs []amqp.Publishing, span 
 		// Publishing is not a fault target: use a fresh context so that the
 		// end of the fault phase never cuts the publisher off mid-run.
 		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		dc, err := ch.PublishWithDeferredConfirmWithContext(pctx, "", r.queue, false, false, m)
-		if err == nil {
-			var ok bool
-			ok, err = dc.WaitContext(pctx)
-			if err == nil && !ok {
-				err = errors.New("nacked by the broker")
-			}
-		}
+		err := p.Send(pctx, &msgs[i])
 		cancel()
 		if err != nil {
 			return fmt.Errorf("chaos: publish message %d: %w", i, err)
@@ -548,40 +535,49 @@ func (r *scenarioRun) publish(ctx context.Context, msgs []amqp.Publishing, span 
 	return nil
 }
 
-// publishBacklog publishes msgs at once on ch (in confirm mode), waiting
-// for the broker's confirms by windows of 256.
-func (r *scenarioRun) publishBacklog(ctx context.Context, ch *amqp.Channel, msgs []amqp.Publishing) error {
-	const window = 256
+// backlogSenders is how many sends publishBacklog keeps in flight.
+const backlogSenders = 32
+
+// publishBacklog publishes msgs at once with p, backlogSenders at a time
+// (each waits for its confirm), roughly in order: an order's adjacent
+// copies still reach the queue together.
+func (r *scenarioRun) publishBacklog(ctx context.Context, p *producer.Producer, msgs []producer.Message) error {
 	start := time.Now()
-	pending := make([]*amqp.DeferredConfirmation, 0, window)
-	wait := func() error {
-		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		defer cancel()
-		for _, dc := range pending {
-			ok, err := dc.WaitContext(wctx)
-			if err == nil && !ok {
-				err = errors.New("nacked by the broker")
+	// Publishing is not a fault target: the end of the fault phase never
+	// cuts it off.
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
+	defer cancel()
+	next := make(chan int)
+	errs := make(chan error, backlogSenders)
+	var wg sync.WaitGroup
+	for range backlogSenders {
+		wg.Go(func() {
+			for i := range next {
+				if err := p.Send(pctx, &msgs[i]); err != nil {
+					errs <- fmt.Errorf("chaos: publish message %d: %w", i, err)
+					cancel()
+					return
+				}
 			}
-			if err != nil {
-				return fmt.Errorf("chaos: publish message %d: %w", dc.DeliveryTag, err)
-			}
-		}
-		pending = pending[:0]
-		return nil
+		})
 	}
-	for i, m := range msgs {
-		dc, err := ch.PublishWithDeferredConfirmWithContext(context.WithoutCancel(ctx), "", r.queue, false, false, m)
-		if err != nil {
-			return fmt.Errorf("chaos: publish message %d: %w", i, err)
-		}
-		if pending = append(pending, dc); len(pending) == window {
-			if err := wait(); err != nil {
-				return err
-			}
+feed:
+	for i := range msgs {
+		select {
+		case next <- i:
+		case <-pctx.Done():
+			break feed
 		}
 	}
-	if err := wait(); err != nil {
+	close(next)
+	wg.Wait()
+	select {
+	case err := <-errs:
 		return err
+	default:
+	}
+	if err := pctx.Err(); err != nil {
+		return fmt.Errorf("chaos: publish the backlog: %w", err)
 	}
 	fmt.Fprintf(r.cfg.Log, "chaos: published a backlog of %d messages in %s\n", len(msgs), time.Since(start).Round(time.Millisecond))
 	return nil

@@ -32,6 +32,8 @@ type Consumer struct {
 	// settleFailures outlives sessions: a delivery whose settlement failed
 	// waits longer each time it comes back, on any session.
 	settleFailures settleFailures
+	// progress feeds the liveness watchdog (Progress).
+	progress progress
 
 	mu       sync.Mutex
 	state    inboxtype.ConnState

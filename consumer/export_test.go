@@ -8,6 +8,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/inboxmq/inboxmq/inboxtype"
+	"github.com/inboxmq/inboxmq/internal/confirm"
 )
 
 // SetTestHooks arms the fault-injection hooks of c (before Start). Either
@@ -54,7 +55,7 @@ func (p *publisher) Publish(ctx context.Context, queue string, msg amqp.Publishi
 func (p *publisher) Close() { p.close() }
 
 // ContentHeaderSize is the size of msg's content header frame.
-var ContentHeaderSize = contentHeaderSize
+var ContentHeaderSize = confirm.ContentHeaderSize
 
 // FitFrame trims msg's headers to fit a frame of frameMax bytes.
 var FitFrame = fitFrame

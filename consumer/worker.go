@@ -160,7 +160,9 @@ func (c *Consumer) work(r *route) {
 				r.sem.release()
 				continue
 			}
+			c.progress.begin()
 			c.process(r, &j)
+			c.progress.end()
 			r.sem.release()
 		case <-c.workersQuit:
 			return

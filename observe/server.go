@@ -65,6 +65,49 @@ func DegradedFlag(name string, degraded func() bool) Check {
 	}}
 }
 
+// CheckError is an error a check may return to say since when it has been
+// failing and which threshold it applies: /healthz and /readyz show both
+// next to the error. A check that returns another error is shown with the
+// time the server first saw it fail, in its run of failures.
+type CheckError struct {
+	// Err is why the check fails.
+	Err error
+	// Since is when the failing condition began. Zero means unknown.
+	Since time.Time
+	// Threshold is the limit the check applies. Zero means none.
+	Threshold time.Duration
+}
+
+func (e *CheckError) Error() string { return e.Err.Error() }
+
+func (e *CheckError) Unwrap() error { return e.Err }
+
+// Watchdog returns a liveness check that fails while progress reports
+// work in flight and no progress for longer than threshold: a consumer
+// loop or a settlement that is stuck, which only a restart cures. It never
+// fails while nothing is in flight (an idle or paused consumer). progress
+// returns the work in flight and the time of the last progress, such as a
+// consumer's Progress. A threshold of zero or less disables the check.
+func Watchdog(name string, progress func() (inFlight int, last time.Time), threshold time.Duration) Check {
+	return Check{Name: name, Func: func(context.Context) error {
+		if threshold <= 0 {
+			return nil
+		}
+		inFlight, last := progress()
+		if inFlight == 0 || last.IsZero() {
+			return nil
+		}
+		if stuck := time.Since(last); stuck > threshold {
+			return &CheckError{
+				Err:       fmt.Errorf("observe: %s: %d deliveries in flight and none settled for %s", name, inFlight, stuck.Round(time.Second)),
+				Since:     last,
+				Threshold: threshold,
+			}
+		}
+		return nil
+	}}
+}
+
 // ServerConfig configures [NewServer]. A nil *ServerConfig means all
 // defaults.
 type ServerConfig struct {
@@ -75,19 +118,27 @@ type ServerConfig struct {
 	Gatherer prometheus.Gatherer
 	// Checks decide /readyz. Defaults to none (always ready).
 	Checks []Check
+	// Liveness checks decide /healthz: 503 while any fails, such as a
+	// [Watchdog]. Their Degraded field is ignored. Defaults to none: 200
+	// while the process answers HTTP.
+	Liveness []Check
 	// CheckTimeout bounds all checks of one /readyz request. Defaults to 2s.
 	CheckTimeout time.Duration
 	// ReadHeaderTimeout is the HTTP server's. Defaults to 5s.
 	ReadHeaderTimeout time.Duration
 }
 
-// Server serves /metrics (Prometheus text or protobuf), /healthz (the
-// process is alive: always 200) and /readyz (200 when every non-degraded
-// check passes, else 503, with a JSON body naming each check). Build it
-// with [NewServer]; the zero value is not usable.
+// Server serves /metrics (Prometheus text or protobuf), /healthz (200
+// while every liveness check passes, else 503) and /readyz (200 when every
+// non-degraded check passes, else 503), each with a JSON body naming every
+// check, and for a failing one its error, since when it fails and its
+// threshold. Build it with [NewServer]; the zero value is not usable.
 type Server struct {
 	cfg ServerConfig
 	svc startstop.Service // the serving goroutine's lifecycle
+
+	failMu    sync.Mutex
+	failSince map[string]time.Time // first failure seen, per endpoint and check
 
 	mu  sync.Mutex
 	ln  net.Listener // of the last Start
@@ -112,7 +163,7 @@ func NewServer(cfg *ServerConfig) *Server {
 	if c.ReadHeaderTimeout <= 0 {
 		c.ReadHeaderTimeout = 5 * time.Second
 	}
-	return &Server{cfg: c, svc: startstop.Service{Name: "observe: server"}}
+	return &Server{cfg: c, svc: startstop.Service{Name: "observe: server"}, failSince: map[string]time.Time{}}
 }
 
 // Handler returns the HTTP handler with the three endpoints, for mounting
@@ -123,18 +174,23 @@ func (s *Server) Handler() http.Handler {
 		EnableOpenMetrics: true, // exemplars need OpenMetrics
 		ErrorHandling:     promhttp.ContinueOnError,
 	}))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
-	})
+	mux.HandleFunc("GET /healthz", s.healthz)
 	mux.HandleFunc("GET /readyz", s.readyz)
 	return mux
 }
 
-// CheckResult is the state of one check in the /readyz body.
+// CheckResult is the state of one check in the /readyz and /healthz
+// bodies.
 type CheckResult struct {
 	OK       bool   `json:"ok"`
 	Degraded bool   `json:"degraded,omitempty"`
 	Error    string `json:"error,omitempty"`
+	// Since is when the check began to fail: from its [CheckError], else
+	// when this server first saw it fail in its current run of failures.
+	Since *time.Time `json:"since,omitempty"`
+	// Threshold is the limit the failing check applies (a [CheckError]'s),
+	// as a Go duration ("5m0s").
+	Threshold string `json:"threshold,omitempty"`
 }
 
 // Readiness is the /readyz body. Status is "ready", "degraded" (ready, but a
@@ -144,23 +200,16 @@ type Readiness struct {
 	Checks map[string]CheckResult `json:"checks"`
 }
 
+// Liveness is the /healthz body. Status is "ok" or "failing".
+type Liveness struct {
+	Status string                 `json:"status"`
+	Checks map[string]CheckResult `json:"checks,omitempty"`
+}
+
 // Ready runs the checks concurrently and reports the result; /readyz
 // serves it.
 func (s *Server) Ready(ctx context.Context) Readiness {
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.CheckTimeout)
-	defer cancel()
-	results := make([]CheckResult, len(s.cfg.Checks))
-	var wg sync.WaitGroup
-	for i, c := range s.cfg.Checks {
-		wg.Go(func() {
-			if err := c.Func(ctx); err != nil {
-				results[i] = CheckResult{Degraded: c.Degraded, Error: err.Error()}
-				return
-			}
-			results[i] = CheckResult{OK: true}
-		})
-	}
-	wg.Wait()
+	results := s.run(ctx, "readyz", s.cfg.Checks)
 	r := Readiness{Status: "ready", Checks: make(map[string]CheckResult, len(results))}
 	for i, c := range s.cfg.Checks {
 		res := results[i]
@@ -178,6 +227,66 @@ func (s *Server) Ready(ctx context.Context) Readiness {
 	return r
 }
 
+// Live runs the liveness checks concurrently and reports the result;
+// /healthz serves it.
+func (s *Server) Live(ctx context.Context) Liveness {
+	results := s.run(ctx, "healthz", s.cfg.Liveness)
+	l := Liveness{Status: "ok", Checks: make(map[string]CheckResult, len(results))}
+	for i, c := range s.cfg.Liveness {
+		res := results[i]
+		res.Degraded = false
+		l.Checks[c.Name] = res
+		if !res.OK {
+			l.Status = "failing"
+		}
+	}
+	return l
+}
+
+// run runs checks concurrently, bounded by CheckTimeout, and keeps the
+// start of each check's run of failures (under endpoint).
+func (s *Server) run(ctx context.Context, endpoint string, checks []Check) []CheckResult {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.CheckTimeout)
+	defer cancel()
+	errs := make([]error, len(checks))
+	var wg sync.WaitGroup
+	for i, c := range checks {
+		wg.Go(func() { errs[i] = c.Func(ctx) })
+	}
+	wg.Wait()
+	now := time.Now()
+	results := make([]CheckResult, len(checks))
+	s.failMu.Lock()
+	defer s.failMu.Unlock()
+	for i, c := range checks {
+		key := endpoint + "/" + c.Name
+		err := errs[i]
+		if err == nil {
+			delete(s.failSince, key)
+			results[i] = CheckResult{OK: true}
+			continue
+		}
+		since, seen := s.failSince[key]
+		if !seen {
+			since = now
+			s.failSince[key] = now
+		}
+		res := CheckResult{Degraded: c.Degraded, Error: err.Error()}
+		var ce *CheckError
+		if errors.As(err, &ce) {
+			if !ce.Since.IsZero() {
+				since = ce.Since
+			}
+			if ce.Threshold > 0 {
+				res.Threshold = ce.Threshold.String()
+			}
+		}
+		res.Since = &since
+		results[i] = res
+	}
+	return results
+}
+
 func (s *Server) readyz(w http.ResponseWriter, req *http.Request) {
 	r := s.Ready(req.Context())
 	code := http.StatusOK
@@ -185,6 +294,15 @@ func (s *Server) readyz(w http.ResponseWriter, req *http.Request) {
 		code = http.StatusServiceUnavailable
 	}
 	writeJSON(w, code, r)
+}
+
+func (s *Server) healthz(w http.ResponseWriter, req *http.Request) {
+	l := s.Live(req.Context())
+	code := http.StatusOK
+	if l.Status != "ok" {
+		code = http.StatusServiceUnavailable
+	}
+	writeJSON(w, code, l)
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

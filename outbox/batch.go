@@ -13,6 +13,8 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/inboxmq/inboxmq/internal/envelope"
 )
 
 // pendingRow is one claimed outbox row.
@@ -318,7 +320,7 @@ func (r *Relay) startPublishSpan(ctx context.Context, p *pendingRow, headers amq
 	if dest == "" {
 		dest = p.routingKey
 	}
-	ctx = prop.Extract(ctx, tableCarrier(headers))
+	ctx = prop.Extract(ctx, envelope.Carrier(headers))
 	_, span := r.tracer.Start(ctx, "publish "+dest, trace.WithSpanKind(trace.SpanKindProducer),
 		trace.WithAttributes(
 			attribute.String("messaging.system", "rabbitmq"),
@@ -334,7 +336,7 @@ func (r *Relay) startPublishSpan(ctx context.Context, p *pendingRow, headers amq
 		span.End()
 		return nil
 	}
-	prop.Inject(trace.ContextWithSpan(ctx, span), tableCarrier(headers))
+	prop.Inject(trace.ContextWithSpan(ctx, span), envelope.Carrier(headers))
 	return span
 }
 

@@ -2,16 +2,12 @@ package outbox
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
-	"maps"
 
 	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
-	"go.opentelemetry.io/otel/propagation"
 
-	"github.com/inboxmq/inboxmq/inboxtype"
+	"github.com/inboxmq/inboxmq/internal/envelope"
 )
 
 // NotifyChannel is the PostgreSQL NOTIFY channel on which Enqueue wakes the
@@ -35,7 +31,7 @@ type Message struct {
 	// random.
 	ID string
 	// IdempotencyKey is the business identity of the message. It is sent in
-	// the header x-idempotency-key ([inboxtype.HeaderIdempotencyKey]) and,
+	// the header x-idempotency-key (inboxtype.HeaderIdempotencyKey) and,
 	// when ID is empty, the message id is derived from it. Empty means no
 	// such header (ID must then be set).
 	IdempotencyKey string
@@ -57,18 +53,11 @@ type Message struct {
 // DeriveID returns the message id derived from an idempotency key and the
 // destination: a UUID-formatted SHA-256 of the three, so the same key sent
 // to two destinations gets two ids, and the same key sent again to the same
-// destination gets the same id.
+// destination gets the same id. Package producer derives its message ids
+// the same way, so a message published directly and one published through
+// the outbox carry the same id for the same key and destination.
 func DeriveID(exchange, routingKey, key string) string {
-	h := sha256.New()
-	for _, s := range []string{exchange, routingKey, key} {
-		_, _ = fmt.Fprintf(h, "%d:%s;", len(s), s)
-	}
-	var u [16]byte
-	copy(u[:], h.Sum(nil))
-	u[6] = (u[6] & 0x0f) | 0x80 // version 8: custom (RFC 9562)
-	u[8] = (u[8] & 0x3f) | 0x80 // RFC 9562 variant
-	b := hex.EncodeToString(u[:])
-	return b[0:8] + "-" + b[8:12] + "-" + b[12:16] + "-" + b[16:20] + "-" + b[20:32]
+	return envelope.DeriveID(exchange, routingKey, key)
 }
 
 // row is a validated Message ready for the INSERT.
@@ -89,17 +78,7 @@ func prepare(ctx context.Context, m Message) (row, error) {
 		}
 		id = DeriveID(m.Exchange, m.RoutingKey, m.IdempotencyKey)
 	}
-	h := maps.Clone(m.Headers)
-	if h == nil {
-		h = amqp.Table{}
-	}
-	if m.IdempotencyKey != "" {
-		h[inboxtype.HeaderIdempotencyKey] = m.IdempotencyKey
-	}
-	if _, ok := h["traceparent"]; !ok {
-		propagation.TraceContext{}.Inject(ctx, tableCarrier(h))
-	}
-	headers, err := encodeHeaders(h)
+	headers, err := encodeHeaders(envelope.Headers(ctx, m.Headers, m.IdempotencyKey))
 	if err != nil {
 		return row{}, err
 	}
@@ -158,24 +137,4 @@ func EnqueueBatch(ctx context.Context, tx pgx.Tx, msgs []Message) error {
 		return fmt.Errorf("outbox: enqueue: %w", err)
 	}
 	return nil
-}
-
-// tableCarrier lets otel's propagators read and write AMQP headers.
-type tableCarrier amqp.Table
-
-var _ propagation.TextMapCarrier = tableCarrier(nil)
-
-func (c tableCarrier) Get(key string) string {
-	s, _ := c[key].(string)
-	return s
-}
-
-func (c tableCarrier) Set(key, value string) { c[key] = value }
-
-func (c tableCarrier) Keys() []string {
-	keys := make([]string, 0, len(c))
-	for k := range c {
-		keys = append(keys, k)
-	}
-	return keys
 }

@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/inboxmq/inboxmq/internal/amqptest"
+	"github.com/inboxmq/inboxmq/internal/envelope"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 )
 
@@ -57,7 +58,7 @@ func TestRelayPublishSpanCarriesItsContextToTheMessage(t *testing.T) {
 	require.Equal(t, "send", a["messaging.operation.type"])
 	require.Equal(t, got[0].MessageId, a["messaging.message.id"])
 
-	sent := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(), tableCarrier(got[0].Headers)))
+	sent := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(), envelope.Carrier(got[0].Headers)))
 	require.Equal(t, publish.SpanContext().SpanID(), sent.SpanID(), "the message carries the publish span's context")
 	require.Equal(t, handler.SpanContext().TraceID(), sent.TraceID())
 }

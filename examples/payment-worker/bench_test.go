@@ -1,12 +1,10 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"testing"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmq/inboxmq/internal/testenv"
@@ -15,8 +13,8 @@ import (
 // BenchmarkWorkerDrain measures the whole path end to end: one
 // payment-worker process (transactional mode, Redis lock and cache,
 // WORKER_CONCURRENCY=8) drains a burst per iteration — burstOrders orders,
-// each published twice under different message ids with pipelined
-// confirms. It reports deliveries per second from the first publish to the
+// each published twice under different message ids with package producer
+// (sixteen publishes in flight). It reports deliveries per second from the first publish to the
 // last effect, and checks one effect per order.
 func BenchmarkWorkerDrain(b *testing.B) {
 	const burstOrders = 250
@@ -29,12 +27,11 @@ func BenchmarkWorkerDrain(b *testing.B) {
 	var elapsed time.Duration
 	for i := range b.N {
 		prefix := fmt.Sprintf("bench%d", i)
-		msgs := make([]amqp.Publishing, 0, 2*burstOrders)
+		msgs := make([]outgoing, 0, 2*burstOrders)
 		for j := range burstOrders {
-			body, err := json.Marshal(Payment{OrderID: fmt.Sprintf("%s-%05d", prefix, j), AmountCents: 100, Currency: "EUR"})
-			require.NoError(b, err)
+			p := &Payment{OrderID: fmt.Sprintf("%s-%05d", prefix, j), AmountCents: 100, Currency: "EUR"}
 			for range 2 {
-				msgs = append(msgs, amqp.Publishing{Body: body, MessageId: newID(), DeliveryMode: amqp.Persistent, ContentType: "application/json"})
+				msgs = append(msgs, outgoing{payment: p, id: newID()})
 			}
 		}
 		dupsBefore := int(w.metricSum(b, "duplicate_detected_total"))

@@ -28,6 +28,7 @@ import (
 	"github.com/inboxmq/inboxmq/internal/amqptest"
 	"github.com/inboxmq/inboxmq/internal/pgtest"
 	"github.com/inboxmq/inboxmq/internal/testenv"
+	"github.com/inboxmq/inboxmq/producer"
 )
 
 // The eight metric names the contract promises from start-up.
@@ -89,7 +90,8 @@ type testBundle struct {
 	queue  string
 	events string
 	conn   *amqp.Connection
-	pub    *amqptest.Publisher
+	pub    *amqptest.Publisher // raw bodies, for malformed input
+	prod   *producer.Producer  // orders, as a real producer publishes them
 	env    []string
 	binary string
 }
@@ -120,6 +122,7 @@ func setup(t testing.TB, extraEnv ...string) *testBundle {
 		events: events,
 		conn:   conn,
 		pub:    amqptest.NewPublisher(t, conn),
+		prod:   newProducer(t),
 		env:    append(env, extraEnv...),
 		binary: workerBinary(t),
 	}
@@ -220,14 +223,25 @@ func (b *testBundle) publishOrders(t testing.TB, prefix string, n, copies int) i
 	t.Helper()
 	total := 0
 	for i := range n {
-		body, err := json.Marshal(Payment{OrderID: fmt.Sprintf("%s-%03d", prefix, i), AmountCents: int64(100 + i), Currency: "EUR"})
-		require.NoError(t, err)
+		p := Payment{OrderID: fmt.Sprintf("%s-%03d", prefix, i), AmountCents: int64(100 + i), Currency: "EUR"}
 		for range 1 + i%copies {
-			b.pub.Publish(b.queue, body, amqp.Publishing{MessageId: newID()})
+			// Each copy under an id of its own: the inbox deduplicates by
+			// the key, never by the message id.
+			require.NoError(t, producer.Publish(t.Context(), b.prod, "", b.queue, p, &producer.PublishOpts{MessageID: newID()}))
 			total++
 		}
 	}
 	return total
+}
+
+// newProducer returns a producer on the test broker, closed when the test
+// ends.
+func newProducer(t testing.TB) *producer.Producer {
+	t.Helper()
+	p, err := producer.New(&producer.Config{URL: testenv.AMQPURL(), ConnectionName: "payment-worker test " + t.Name()})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Close() })
+	return p
 }
 
 func (b *testBundle) count(t testing.TB, query string, args ...any) int {

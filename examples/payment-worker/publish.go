@@ -5,16 +5,18 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	mrand "math/rand/v2"
 	"os"
 	"strconv"
+	"sync"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/spf13/cobra"
 
 	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/producer"
 )
 
 // summary is what publish reports and report checks.
@@ -29,20 +31,31 @@ type summary struct {
 	StartedAt time.Time `json:"started_at"`
 }
 
+// outgoing is one message of a burst: a valid order, published typed with
+// producer.Publish, or an invalid body, published as is with
+// Producer.Send.
+type outgoing struct {
+	payment *Payment
+	raw     []byte
+	// id is the message id. Every copy of an order gets an id of its own:
+	// the inbox deduplicates by the key in the payload, never by the id.
+	id string
+}
+
 // burst builds the demo's messages: orders orders, each published 1 to
 // maxCopies times under different message ids, plus invalid invalid
 // messages, shuffled so that copies of one order interleave.
-func burst(runID string, orders, maxCopies, invalid int) ([]amqp.Publishing, summary) {
+func burst(runID string, orders, maxCopies, invalid int) ([]outgoing, summary) {
 	s := summary{RunID: runID, UniqueOrders: orders, Invalid: invalid}
-	var msgs []amqp.Publishing
+	var msgs []outgoing
 	for i := range orders {
-		body, _ := json.Marshal(Payment{
+		p := &Payment{
 			OrderID:     fmt.Sprintf("%s-%05d", runID, i),
 			AmountCents: int64(100 + mrand.IntN(99_900)),
 			Currency:    "EUR",
-		})
+		}
 		for range 1 + mrand.IntN(max(maxCopies, 1)) {
-			msgs = append(msgs, amqp.Publishing{Body: body})
+			msgs = append(msgs, outgoing{payment: p})
 			s.ValidCopies++
 		}
 	}
@@ -58,13 +71,11 @@ func burst(runID string, orders, maxCopies, invalid int) ([]amqp.Publishing, sum
 		if i%len(bad) >= 2 {
 			b = fmt.Sprintf(b, runID+"-"+strconv.Itoa(i))
 		}
-		msgs = append(msgs, amqp.Publishing{Body: []byte(b)})
+		msgs = append(msgs, outgoing{raw: []byte(b)})
 	}
 	mrand.Shuffle(len(msgs), func(i, j int) { msgs[i], msgs[j] = msgs[j], msgs[i] })
 	for i := range msgs {
-		msgs[i].MessageId = newID()
-		msgs[i].ContentType = "application/json"
-		msgs[i].DeliveryMode = amqp.Persistent
+		msgs[i].id = newID()
 	}
 	s.Published = len(msgs)
 	return msgs, s
@@ -76,50 +87,49 @@ func newID() string {
 	return hex.EncodeToString(b[:])
 }
 
+// publishers is how many publishes the demo keeps in flight at once.
+const publishers = 16
+
 // publishAll publishes msgs to queue through the default exchange with
-// publisher confirms, waiting for every confirm.
-func publishAll(ctx context.Context, amqpURL, queue string, msgs []amqp.Publishing) error {
-	conn, _, err := consumer.Dial(ctx, amqpURL, &consumer.DialOpts{Name: "payment-worker publish"})
+// package producer (persistent, confirmed, mandatory, retried across a
+// lost connection), publishers at a time. It returns the first error.
+func publishAll(ctx context.Context, amqpURL, queue string, msgs []outgoing) error {
+	p, err := producer.New(&producer.Config{URL: amqpURL, ConnectionName: "payment-worker publish"})
 	if err != nil {
 		return fmt.Errorf("publish: %w", err)
 	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return fmt.Errorf("publish: channel: %w", err)
-	}
-	defer ch.Close()
-	if err := ch.Confirm(false); err != nil {
-		return fmt.Errorf("publish: confirm mode: %w", err)
-	}
-	const window = 256
-	pending := make([]*amqp.DeferredConfirmation, 0, window)
-	flush := func() error {
-		for _, dc := range pending {
-			ok, err := dc.WaitContext(ctx)
-			if err != nil {
-				return fmt.Errorf("publish: confirm: %w", err)
+	defer p.Close()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	next := make(chan outgoing)
+	var wg sync.WaitGroup
+	for range publishers {
+		wg.Go(func() {
+			for m := range next {
+				var err error
+				if m.payment != nil {
+					err = producer.Publish(ctx, p, "", queue, *m.payment, &producer.PublishOpts{MessageID: m.id})
+				} else {
+					err = p.Send(ctx, &producer.Message{RoutingKey: queue, ID: m.id, ContentType: "application/json", Body: m.raw})
+				}
+				if err != nil {
+					cancel(err)
+				}
 			}
-			if !ok {
-				return fmt.Errorf("publish: broker nacked message %d", dc.DeliveryTag)
-			}
-		}
-		pending = pending[:0]
-		return nil
+		})
 	}
 	for _, m := range msgs {
-		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, true, false, m)
-		if err != nil {
-			return fmt.Errorf("publish: %w", err)
-		}
-		pending = append(pending, dc)
-		if len(pending) == window {
-			if err := flush(); err != nil {
-				return err
-			}
+		select {
+		case next <- m:
+		case <-ctx.Done():
 		}
 	}
-	return flush()
+	close(next)
+	wg.Wait()
+	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		return fmt.Errorf("publish: %w", err)
+	}
+	return ctx.Err()
 }
 
 // purge empties queue and its DLQ so that a demo run counts only its own

@@ -262,10 +262,16 @@ func TestBurst(t *testing.T) {
 	require.GreaterOrEqual(t, s.ValidCopies, 50)
 	require.LessOrEqual(t, s.ValidCopies, 150)
 	ids := map[string]bool{}
+	invalid := 0
 	for _, m := range msgs {
-		require.False(t, ids[m.MessageId], "message ids are all different")
-		ids[m.MessageId] = true
+		require.False(t, ids[m.id], "message ids are all different")
+		ids[m.id] = true
+		if m.payment == nil {
+			invalid++
+			require.NotEmpty(t, m.raw)
+		}
 	}
+	require.Equal(t, s.Invalid, invalid)
 }
 
 func TestPaymentFingerprint(t *testing.T) {

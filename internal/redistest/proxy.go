@@ -30,19 +30,26 @@ type Proxy struct {
 	wg     sync.WaitGroup
 }
 
-// NewProxy starts a proxy on a loopback port of its own; it is stopped
-// when the test ends.
+// NewProxy starts a proxy in front of the test Redis on a loopback port of
+// its own; it is stopped when the test ends.
 func NewProxy(t testing.TB) *Proxy {
 	t.Helper()
 	u, err := url.Parse(testenv.RedisURL())
 	if err != nil {
 		t.Fatalf("redistest: %v", err)
 	}
+	return NewProxyTo(t, u.Host)
+}
+
+// NewProxyTo starts a proxy in front of any TCP service (PostgreSQL,
+// RabbitMQ) at target (host:port); it is stopped when the test ends.
+func NewProxyTo(t testing.TB, target string) *Proxy {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatalf("redistest: proxy: %v", err)
 	}
-	p := &Proxy{ln: ln, target: u.Host, conns: map[net.Conn]struct{}{}}
+	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
 	p.cond = sync.NewCond(&p.mu)
 	p.wg.Add(1)
 	go p.serve()
@@ -65,6 +72,20 @@ func (p *Proxy) Client(t testing.TB) redis.UniversalClient {
 	c := redis.NewClient(opt)
 	t.Cleanup(func() { _ = c.Close() })
 	return c
+}
+
+// Addr is the proxy's address (host:port).
+func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+
+// Drop closes every connection through the proxy, as a network failure
+// would; new connections are accepted (and held while paused).
+func (p *Proxy) Drop() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for c := range p.conns {
+		_ = c.Close()
+		delete(p.conns, c)
+	}
 }
 
 // Pause stops forwarding: from now on bytes read from either side are held.
