@@ -111,6 +111,17 @@ func TestNewWorker_Validation(t *testing.T) {
 		{"invalid queue name", func(c *inboxmq.Config) {
 			c.Routes = routes(func(r *inboxmq.Routes) { inboxmq.HandleTx(r, "bad queue", noop[order], nil) })
 		}, `route "bad queue"`},
+		{"fault events without an outbox", func(c *inboxmq.Config) {
+			c.Routes = routes(func(r *inboxmq.Routes) {
+				inboxmq.HandleTx(r, "orders", noop[order], &inboxmq.RouteOpts{Faults: &inboxmq.FaultOpts{Exchange: "events"}})
+			})
+		}, `route "orders": fault events need Config.Outbox`},
+		{"fault events without an exchange", func(c *inboxmq.Config) {
+			c.Outbox = &inboxmq.OutboxConfig{}
+			c.Routes = routes(func(r *inboxmq.Routes) {
+				inboxmq.HandleTx(r, "orders", noop[order], &inboxmq.RouteOpts{Faults: &inboxmq.FaultOpts{}})
+			})
+		}, `route "orders": fault events need an exchange`},
 		{"lock TTL out of range", func(c *inboxmq.Config) {
 			c.Redis = rdb
 			c.Routes = routes(func(r *inboxmq.Routes) {

@@ -53,6 +53,16 @@ type RouteOpts struct {
 	// ignored in favour of the fields above. Ignored by [HandleTx].
 	// Defaults to nil: inbox.ClaimOpts's defaults.
 	Claim *inbox.ClaimOpts
+	// Reply answers requests (RabbitMQ RPC): a delivery with reply_to that
+	// completes, or is a duplicate of a completed key, gets a reply to
+	// reply_to under its own correlation_id, carrying the result the
+	// handler stored with inboxtype.Message.SetResult (the same bytes for
+	// every copy), after the commit and before the ack
+	// (consumer.ReplyOpts). Defaults to false: no replies.
+	Reply bool
+	// Faults publishes a fault event through the outbox when the route
+	// dead-letters a message (see FaultOpts). Defaults to nil: none.
+	Faults *FaultOpts
 	// Rules are classification rules tried before retry's built-in
 	// taxonomy. Defaults to none.
 	Rules []retry.Rule
@@ -77,6 +87,25 @@ type RouteOpts struct {
 	// Lock configures the lock (its Logger and OnDegraded are the
 	// worker's). Defaults to nil: middleware.Lock's defaults.
 	Lock *middleware.LockOpts
+	// Breaker puts the route behind a circuit breaker on the downstream
+	// its handler calls (middleware.Breaker): when the share of retryable
+	// failures over the window passes the threshold, the worker stops
+	// consuming the queue (apart from an inboxctl pause, which the breaker
+	// never lifts), probes one delivery at a time after the cool-down and
+	// resumes on success; deliveries it holds back spend no attempt and
+	// are never dead-lettered by it. Routes whose Breaker names the same
+	// Downstream share one breaker, with the first route's settings. Its
+	// Target, Logger and OnStateChange are the worker's (metrics, logs,
+	// and with Config.Controls the state inboxctl shows); IsFailure
+	// defaults to the route's Rules and retry's taxonomy. Defaults to nil:
+	// no breaker.
+	Breaker *middleware.BreakerOpts
+	// RateLimit limits the route's calls to a downstream across every
+	// worker (middleware.RateLimit) through Config.Redis, or to each
+	// worker's share of it without Redis. A delivery waits for its slot
+	// or is deferred without spending an attempt. Its Logger, OnDegraded
+	// and OnWait are the worker's. Defaults to nil: no limit.
+	RateLimit *middleware.RateLimitOpts
 }
 
 // route is one registration, kept until a worker builds its router.

@@ -3,9 +3,12 @@ package inboxmq
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -49,10 +52,15 @@ type Worker struct {
 	dead    lateObserver
 	tp      trace.TracerProvider     // the spans' provider
 	ownTP   *sdktrace.TracerProvider // built from the environment: Stop shuts it down
+	// breakers by downstream, and the reporter that publishes their states
+	// for inboxctl (with Controls).
+	breakers map[string]*middleware.Breaker
+	reporter *control.BreakerReporter
 
 	storeRef  atomic.Pointer[inbox.Store]
 	cacheDown atomic.Bool
 	lockDown  atomic.Bool
+	limitDown atomic.Bool
 	stopping  atomic.Bool
 
 	mu      sync.Mutex // held by Start and Stop for their whole run
@@ -71,7 +79,7 @@ const (
 // The worker's parts in the order Stop stops them: the consumer first
 // (in-flight deliveries finish, the rest are requeued), then the relay (so
 // it can still publish what the last commits enqueued), then the rest.
-var stopOrder = []string{"consumer", "relay", "controls", "reconciler", "retention", "health"}
+var stopOrder = []string{"consumer", "relay", "controls", "breakers", "reconciler", "retention", "health"}
 
 // NewWorker validates cfg and builds a worker ready to start. It does no
 // I/O: a bad Config, a bad RouteOpts or a route whose payload has no
@@ -288,6 +296,10 @@ func (w *Worker) buildRouter() (*consumer.Router, error) {
 		if err != nil {
 			return nil, fmt.Errorf("inboxmq: route %q: %w", rt.queue, err)
 		}
+		onDead, err := w.faultHook(rt)
+		if err != nil {
+			return nil, fmt.Errorf("inboxmq: route %q: %w", rt.queue, err)
+		}
 		bind, err := rt.register(router, &consumer.HandlerOpts{
 			Namespace:  rt.namespace(),
 			Codec:      rt.opts.Codec,
@@ -296,6 +308,9 @@ func (w *Worker) buildRouter() (*consumer.Router, error) {
 			Policy:     rt.opts.Policy,
 			InProcess:  rt.opts.InProcess,
 			Queue:      rt.opts.Queue,
+			Reply:      w.replyOpts(rt),
+
+			OnDeadLetter: onDead,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("inboxmq: route %q: %w", rt.queue, err)
@@ -303,42 +318,139 @@ func (w *Worker) buildRouter() (*consumer.Router, error) {
 		w.binds = append(w.binds, bind)
 		if w.metrics != nil {
 			w.metrics.Init(rt.queue, rt.namespace())
+			if b := rt.opts.Breaker; b != nil {
+				w.metrics.InitBreaker(rt.queue, cmp.Or(b.Downstream, "default"))
+			}
 		}
 	}
 	return router, nil
 }
 
+// replyOpts answers a route's requests with the stored result, read from
+// the inbox so that the first delivery's reply and every duplicate's carry
+// the same bytes (a duplicate's verdict brings them along; the
+// completed-cache's does not).
+func (w *Worker) replyOpts(rt *route) *consumer.ReplyOpts {
+	if !rt.opts.Reply {
+		return nil
+	}
+	return &consumer.ReplyOpts{Result: func(ctx context.Context, d *inboxtype.Delivery, dec retry.Decision) (json.RawMessage, error) {
+		if dec.Kind == retry.KindDuplicate && d.Result != nil {
+			return d.Result, nil
+		}
+		s := w.store()
+		if s == nil || d.Key == "" {
+			return d.Result, nil
+		}
+		rec, err := s.Get(ctx, d.Namespace, d.Key)
+		switch {
+		case errors.Is(err, inbox.ErrNotFound):
+			return d.Result, nil
+		case err != nil:
+			return nil, err
+		case rec.Status != inbox.RecordCompleted:
+			return d.Result, nil
+		}
+		return rec.Result, nil
+	}}
+}
+
 // routeMiddleware returns a route's handler middleware: a blocked key is
-// parked before anything else runs, then the completed-cache, then the
-// lock, then the route's own.
+// parked before anything else runs, then the completed-cache, the
+// breaker, the lock, the rate limit, then the route's own.
 func (w *Worker) routeMiddleware(rt *route, block inboxtype.Middleware) ([]inboxtype.Middleware, error) {
 	var mw []inboxtype.Middleware
 	if block != nil {
 		mw = append(mw, block)
 	}
-	if rdb := w.s.Redis; rdb != nil {
-		if !rt.opts.NoCache {
-			var o middleware.CacheOpts
-			if rt.opts.Cache != nil {
-				o = *rt.opts.Cache
-			}
-			o.Logger, o.OnDegraded = w.logger, w.degradedHook("cache", &w.cacheDown)
-			mw = append(mw, middleware.Cache(rdb, &o))
+	rdb := w.s.Redis
+	if rdb != nil && !rt.opts.NoCache {
+		var o middleware.CacheOpts
+		if rt.opts.Cache != nil {
+			o = *rt.opts.Cache
 		}
-		if !rt.opts.NoLock {
-			var o middleware.LockOpts
-			if rt.opts.Lock != nil {
-				o = *rt.opts.Lock
-			}
-			o.Logger, o.OnDegraded = w.logger, w.degradedHook("lock", &w.lockDown)
-			lck, err := middleware.Lock(rdb, &o)
-			if err != nil {
-				return nil, err
-			}
-			mw = append(mw, lck)
+		o.Logger, o.OnDegraded = w.logger, w.degradedHook("cache", &w.cacheDown)
+		mw = append(mw, middleware.Cache(rdb, &o))
+	}
+	if rt.opts.Breaker != nil {
+		// Before the lock: a delivery held back takes no lock.
+		b, err := w.breaker(rt)
+		if err != nil {
+			return nil, err
 		}
+		mw = append(mw, b.Guard(rt.queue))
+	}
+	if rdb != nil && !rt.opts.NoLock {
+		var o middleware.LockOpts
+		if rt.opts.Lock != nil {
+			o = *rt.opts.Lock
+		}
+		o.Logger, o.OnDegraded = w.logger, w.degradedHook("lock", &w.lockDown)
+		lck, err := middleware.Lock(rdb, &o)
+		if err != nil {
+			return nil, err
+		}
+		mw = append(mw, lck)
+	}
+	if rt.opts.RateLimit != nil {
+		// After the lock: a delivery whose key another worker holds takes
+		// no slot.
+		o := *rt.opts.RateLimit
+		o.Logger, o.OnDegraded = w.logger, w.degradedHook("ratelimit", &w.limitDown)
+		if w.metrics != nil {
+			o.OnWait = w.metrics.RateLimitWaitHook(cmp.Or(o.Downstream, "default"))
+		}
+		lim, err := middleware.RateLimit(rdb, &o)
+		if err != nil {
+			return nil, err
+		}
+		mw = append(mw, lim)
 	}
 	return append(mw, rt.opts.Middleware...), nil
+}
+
+// breaker returns the breaker of rt's downstream, built on first use with
+// rt's settings: routes naming one downstream share it.
+func (w *Worker) breaker(rt *route) (*middleware.Breaker, error) {
+	o := *rt.opts.Breaker
+	o.Downstream = cmp.Or(o.Downstream, "default")
+	if b, ok := w.breakers[o.Downstream]; ok {
+		return b, nil
+	}
+	if o.IsFailure == nil {
+		rules := rt.opts.Rules
+		o.IsFailure = func(err error) bool {
+			dec := retry.Classify(err, rules...)
+			return dec.Kind == retry.KindRetry && !dec.Uncounted
+		}
+	}
+	namespaces := make(map[string]string, len(w.routes))
+	for _, r := range w.routes {
+		namespaces[r.queue] = r.namespace()
+	}
+	o.Target, o.Logger = consumerTarget{w}, w.logger
+	if w.reporter == nil && w.watcher != nil {
+		w.reporter = control.NewBreakerReporter(w.s.DB, cmp.Or(w.s.Name, hostPID()), w.logger)
+	}
+	o.OnStateChange = func(c middleware.BreakerChange) {
+		for _, q := range c.Queues {
+			if w.metrics != nil {
+				w.metrics.BreakerTransition(q, c.Downstream, int(c.To))
+			}
+			if w.reporter != nil {
+				w.reporter.Report(namespaces[q], c.Downstream, c.To.String())
+			}
+		}
+	}
+	b, err := middleware.NewBreaker(&o)
+	if err != nil {
+		return nil, err
+	}
+	if w.breakers == nil {
+		w.breakers = make(map[string]*middleware.Breaker)
+	}
+	w.breakers[o.Downstream] = b
+	return b, nil
 }
 
 // degradedHook records a Redis user's state for /readyz and the metrics.
@@ -368,7 +480,7 @@ func (w *Worker) checks() []observe.Check {
 		}},
 	}
 	if w.s.Redis != nil {
-		checks = append(checks, observe.DegradedFlag("redis", func() bool { return w.cacheDown.Load() || w.lockDown.Load() }))
+		checks = append(checks, observe.DegradedFlag("redis", func() bool { return w.cacheDown.Load() || w.lockDown.Load() || w.limitDown.Load() }))
 	}
 	return checks
 }
@@ -425,6 +537,11 @@ func (w *Worker) start(ctx context.Context) error {
 		// Before the consumer: a pause set before the start holds.
 		w.running["controls"] = w.watcher
 		if err := w.st.wait(ctx, "PostgreSQL", dbURL, "controls", w.watcher.Start); err != nil {
+			return err
+		}
+	}
+	if w.reporter != nil {
+		if err := w.run(ctx, "breakers", w.reporter); err != nil {
 			return err
 		}
 	}
@@ -584,6 +701,9 @@ func (w *Worker) stopLocked(ctx context.Context) error {
 	if w.parker != nil {
 		_ = w.parker.Close()
 	}
+	for _, b := range w.breakers {
+		b.Close()
+	}
 	// Last: the parts' final spans are ended by now.
 	if err := w.shutdownTracing(sctx); err != nil {
 		errs = append(errs, err)
@@ -636,6 +756,16 @@ func (w *Worker) Run(ctx context.Context) error {
 	return w.Wait(ctx)
 }
 
+// hostPID is the worker's name when Config.Name is empty, as the
+// consumer's: "<hostname>-<pid>".
+func hostPID() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "inboxmq"
+	}
+	return host + "-" + strconv.Itoa(os.Getpid())
+}
+
 // consumerTarget lets the controls watcher, which the Block middleware
 // needs when the router is built, drive the consumer, which needs the
 // router: the consumer exists before the watcher starts.
@@ -645,6 +775,14 @@ func (t consumerTarget) Pause(queue string) error  { return t.w.cons.Pause(queue
 func (t consumerTarget) Resume(queue string) error { return t.w.cons.Resume(queue) }
 func (t consumerTarget) SetConcurrency(queue string, n int) error {
 	return t.w.cons.SetConcurrency(queue, n)
+}
+
+func (t consumerTarget) Restrict(queue, reason string, n int) error {
+	return t.w.cons.Restrict(queue, reason, n)
+}
+
+func (t consumerTarget) Unrestrict(queue, reason string) error {
+	return t.w.cons.Unrestrict(queue, reason)
 }
 
 // lateObserver forwards to an observer set once the store exists (the

@@ -10,7 +10,7 @@ import (
 
 // route is the runtime state of one registered route: its worker pool's
 // job channel, the semaphore that limits running handlers, and the pause
-// flag. It outlives connections: a paused queue stays paused across
+// state. It outlives connections: a paused queue stays paused across
 // reconnects, and the pool keeps its workers.
 type route struct {
 	Route
@@ -21,9 +21,14 @@ type route struct {
 	// the requeues that follow (requeueAfter).
 	copyFailures atomic.Int32
 
-	mu      sync.Mutex
-	paused  bool
-	changed chan struct{} // closed and replaced when paused changes
+	mu sync.Mutex
+	// operator is the pause of Pause/Resume; holds are the restrictions
+	// of Restrict, by reason (0: paused, n > 0: at most n at once). The
+	// queue is paused while either pauses it.
+	operator bool
+	holds    map[string]int
+	paused   bool          // operator, or a hold of 0
+	changed  chan struct{} // closed and replaced when paused changes
 }
 
 func newRoute(r Route) *route {
@@ -52,6 +57,22 @@ func (r *route) pauseState() (bool, <-chan struct{}) {
 func (r *route) setPaused(p bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.operator = p
+	r.updateLocked()
+}
+
+// updateLocked recomputes the pause flag and the semaphore's cap from the
+// operator's pause and the holds; r.mu is held.
+func (r *route) updateLocked() {
+	p, limit := r.operator, 0
+	for _, n := range r.holds {
+		if n == 0 {
+			p = true
+		} else if limit == 0 || n < limit {
+			limit = n
+		}
+	}
+	r.sem.setCap(limit)
 	if r.paused == p {
 		return
 	}
@@ -97,7 +118,56 @@ func (c *Consumer) Resume(queue string) error {
 	return nil
 }
 
-// Paused reports whether queue is paused; an unknown queue is not.
+// Restrict holds queue back for reason, a short name other than the
+// operator's (such as "breaker"): n = 0 pauses it as [Consumer.Pause] does,
+// n > 0 lets at most n of its handlers run at once. Each reason is kept
+// apart from the others and from the operator's Pause and SetConcurrency:
+// the queue consumes only while no one pauses it, at the smallest of the
+// limits, and lifting one reason ([Consumer.Unrestrict]) never undoes
+// another (a breaker closing never resumes a queue an operator paused).
+// Restricting again for the same reason replaces the earlier n.
+func (c *Consumer) Restrict(queue, reason string, n int) error {
+	r, err := c.route(queue)
+	if err != nil {
+		return err
+	}
+	if reason == "" || n < 0 {
+		return fmt.Errorf("consumer: restrict %q: want a reason and n >= 0 (got %q, %d)", queue, reason, n)
+	}
+	r.mu.Lock()
+	if r.holds == nil {
+		r.holds = make(map[string]int)
+	}
+	r.holds[reason] = n
+	r.updateLocked()
+	r.mu.Unlock()
+	c.log.LogAttrs(context.Background(), slog.LevelInfo, "consumer: queue restricted",
+		slog.String("queue", queue), slog.String("reason", reason), slog.Int("concurrency", n))
+	return nil
+}
+
+// Unrestrict lifts reason's restriction of queue (see [Consumer.Restrict]);
+// the others, and the operator's pause and concurrency, stay. Lifting a
+// reason that holds nothing does nothing.
+func (c *Consumer) Unrestrict(queue, reason string) error {
+	r, err := c.route(queue)
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	_, had := r.holds[reason]
+	delete(r.holds, reason)
+	r.updateLocked()
+	r.mu.Unlock()
+	if had {
+		c.log.LogAttrs(context.Background(), slog.LevelInfo, "consumer: queue restriction lifted",
+			slog.String("queue", queue), slog.String("reason", reason))
+	}
+	return nil
+}
+
+// Paused reports whether queue is paused (by the operator or a
+// restriction); an unknown queue is not.
 func (c *Consumer) Paused(queue string) bool {
 	r, err := c.route(queue)
 	return err == nil && r.isPaused()
@@ -124,8 +194,8 @@ func (c *Consumer) SetConcurrency(queue string, n int) error {
 	return nil
 }
 
-// Concurrency reports queue's current concurrency limit (0 for an unknown
-// queue).
+// Concurrency reports queue's current concurrency limit, restrictions
+// included (0 for an unknown queue).
 func (c *Consumer) Concurrency(queue string) int {
 	r, err := c.route(queue)
 	if err != nil {
@@ -140,6 +210,7 @@ func (c *Consumer) Concurrency(queue string) int {
 type semaphore struct {
 	mu      sync.Mutex
 	limit   int
+	cap     int // a restriction's limit, 0 for none; the lower one applies
 	active  int
 	waiters int
 	wake    chan struct{}
@@ -149,7 +220,7 @@ type semaphore struct {
 func (s *semaphore) acquire(quit <-chan struct{}) bool {
 	for {
 		s.mu.Lock()
-		if s.active < s.limit {
+		if s.active < s.effectiveLocked() {
 			s.active++
 			s.mu.Unlock()
 			return true
@@ -185,10 +256,24 @@ func (s *semaphore) setLimit(n int) {
 	s.mu.Unlock()
 }
 
+func (s *semaphore) setCap(n int) {
+	s.mu.Lock()
+	s.cap = n
+	s.broadcastLocked()
+	s.mu.Unlock()
+}
+
+func (s *semaphore) effectiveLocked() int {
+	if s.cap > 0 && s.cap < s.limit {
+		return s.cap
+	}
+	return s.limit
+}
+
 func (s *semaphore) getLimit() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.limit
+	return s.effectiveLocked()
 }
 
 func (s *semaphore) broadcastLocked() {

@@ -80,6 +80,19 @@ type HandlerOpts struct {
 	InProcess retry.InProcess
 	// Queue is the queue's topology and concurrency.
 	Queue QueueOpts
+	// Reply, when non-nil, answers requests: deliveries with reply_to
+	// get a reply carrying the job's result (see ReplyOpts). Defaults to
+	// nil: no replies.
+	Reply *ReplyOpts
+	// OnDeadLetter, when non-nil, runs once a delivery's dead-letter copy
+	// is confirmed in the DLQ and before the original is acked, with
+	// what was dead-lettered: what it does is done exactly when the
+	// dead-letter settlement happened. If it returns an error the
+	// original is requeued instead of acked; its redelivery is
+	// dead-lettered again (a second copy in the DLQ, which a replay
+	// absorbs as a duplicate) and OnDeadLetter runs again, so it must be
+	// idempotent. Defaults to nil.
+	OnDeadLetter func(ctx context.Context, dl DeadLetter) error
 }
 
 func (o *HandlerOpts) withDefaults(queue string) HandlerOpts {

@@ -449,3 +449,44 @@ func TestConsumer_LegacyQueueWithOtherArgumentsIsAClearError(t *testing.T) {
 	require.ErrorContains(t, err, "different argument x-max-length than configured")
 	require.False(t, c.Ready())
 }
+
+// A restriction (the breaker's) and the operator's pause are kept apart:
+// lifting one never undoes the other, and a restriction's limit applies
+// below the operator's concurrency.
+func TestConsumer_RestrictKeepsReasonsApart(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	r := consumer.NewRouter()
+	opts := fastOpts()
+	opts.Queue.Concurrency = 3
+	consumer.Register(r, b.queue, inboxtype.HandlerFunc[order](func(context.Context, *inboxtype.Message[order]) error {
+		return nil
+	}), opts)
+	c := b.start(t, r, nil)
+	require.Error(t, c.Restrict(b.queue, "", 0), "a reason is required")
+	require.Error(t, c.Restrict(b.queue, "breaker", -1))
+	require.Error(t, c.Restrict("nope", "breaker", 0))
+
+	require.NoError(t, c.Restrict(b.queue, "breaker", 1))
+	require.Equal(t, 1, c.Concurrency(b.queue), "the restriction's limit applies")
+	require.NoError(t, c.SetConcurrency(b.queue, 2))
+	require.Equal(t, 1, c.Concurrency(b.queue), "the lower of the two limits applies")
+	require.NoError(t, c.Unrestrict(b.queue, "breaker"))
+	require.Equal(t, 2, c.Concurrency(b.queue), "the operator's limit stays")
+
+	require.NoError(t, c.Pause(b.queue))
+	require.NoError(t, c.Restrict(b.queue, "breaker", 0))
+	require.NoError(t, c.Unrestrict(b.queue, "breaker"))
+	require.True(t, c.Paused(b.queue), "lifting the breaker's pause keeps the operator's")
+	testenv.WaitFor(t, "basic.cancel", func() bool { return consumers(t, b.conn, b.queue) == 0 })
+
+	require.NoError(t, c.Restrict(b.queue, "breaker", 0))
+	require.NoError(t, c.Resume(b.queue))
+	require.True(t, c.Paused(b.queue), "the operator's resume keeps the breaker's pause")
+	b.publish(t, b.queue, `{"id":"r1"}`)
+	require.Equal(t, 1, amqptest.Depth(t, b.conn, b.queue), "nothing is taken while restricted")
+	require.NoError(t, c.Unrestrict(b.queue, "breaker"))
+	require.False(t, c.Paused(b.queue))
+	require.Equal(t, inboxtype.ActionAcked, b.rec.next(t).Outcome.Action)
+	b.stop(t, c)
+}

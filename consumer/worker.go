@@ -344,6 +344,10 @@ func (c *Consumer) settle(r *route, j *job, d *inboxtype.Delivery, settled func(
 	case j.sess.gone():
 		out.Action, out.Err, status = inboxtype.ActionAbandoned, errChannelGone, inboxtype.StatusFailed
 	case dec.Kind == retry.KindSucceeded || dec.Kind == retry.KindDuplicate:
+		if err := c.reply(r, j, d, dec); err != nil {
+			status = c.requeueAfter(r, j, &out, err)
+			break
+		}
 		c.hooks.Load().runBeforeAck(d)
 		status = inboxtype.StatusCompleted
 		if dec.Kind == retry.KindDuplicate {
@@ -412,6 +416,9 @@ func (c *Consumer) deadLetter(r *route, j *job, d *inboxtype.Delivery, out *inbo
 	}
 	c.hooks.Load().runAfterPublish(d)
 	r.copyFailures.Store(0)
+	if err := r.runOnDeadLetter(c.baseCtx, d, out.Decision, h); err != nil {
+		return c.requeueAfter(r, j, out, err)
+	}
 	out.Action = inboxtype.ActionDeadLettered
 	return c.settled(r, j, out, j.ack(), inboxtype.StatusDeadLettered)
 }

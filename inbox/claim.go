@@ -120,7 +120,13 @@ type Claim struct {
 	Attempt int
 
 	s     *Store
-	batch *batcher   // the handler's group commit (ClaimOpts.GroupCommit), or nil
+	batch *batcher // the handler's group commit (ClaimOpts.GroupCommit), or nil
+	// result returns the result the handler set on its message
+	// (inboxtype.Message.SetResult), stored by Complete; nil for none.
+	result func() []byte
+	// won is the result stored by the owner that completed the key, read
+	// when this claim was fenced out.
+	won   []byte
 	mu    sync.Mutex // serialises the row's updates: heartbeat, Step, Complete
 	steps map[string]json.RawMessage
 	done  bool
@@ -179,9 +185,14 @@ func (c *Claim) fenced() error {
 // delivery must be retried, never acked, or the job would be lost.
 func (c *Claim) lost(ctx context.Context) error {
 	var status string
-	err := c.s.pool.QueryRow(ctx, `SELECT status FROM `+c.s.table+` WHERE consumer = $1 AND key = $2`, c.Consumer, c.Key).Scan(&status)
+	var result *string
+	err := c.s.pool.QueryRow(ctx, `SELECT status, CASE WHEN status = 'completed' THEN result::text END FROM `+c.s.table+
+		` WHERE consumer = $1 AND key = $2`, c.Consumer, c.Key).Scan(&status, &result)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return infraError(ReasonDBConnection, fmt.Errorf("inbox: look up a lost claim: %w", err))
+	}
+	if result != nil {
+		c.won = []byte(*result)
 	}
 	return c.lostVerdict(status)
 }
@@ -232,12 +243,17 @@ func (c *Claim) Complete(ctx context.Context, fn func(ctx context.Context, tx pg
 func (c *Claim) completeInBatch(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
 	u := &unit{ctx: ctx, consumer: c.Consumer, key: c.Key, claim: c}
 	u.run = func(ctx context.Context, tx pgx.Tx) error {
-		if fn == nil {
-			return nil
+		if fn != nil {
+			if err := fn(ctx, tx); err != nil {
+				return err
+			}
 		}
-		return fn(ctx, tx)
+		return c.s.storeResult(ctx, tx, c.Consumer, c.Key, c.resultBytes())
 	}
 	c.batch.do(u)
+	if u.result != nil {
+		c.won = u.result
+	}
 	return u.err
 }
 
@@ -255,6 +271,12 @@ func (c *Claim) completeAlone(ctx context.Context, fn func(ctx context.Context, 
 			return MapError(err)
 		}
 	}
+	if err := c.s.storeResult(ctx, tx, c.Consumer, c.Key, c.resultBytes()); err != nil {
+		if tx.err != nil {
+			return tx.err
+		}
+		return MapError(err)
+	}
 	if err := tx.ensure(ctx); err != nil {
 		return err
 	}
@@ -262,6 +284,14 @@ func (c *Claim) completeAlone(ctx context.Context, fn func(ctx context.Context, 
 		return infraError(ReasonDBCommit, fmt.Errorf("inbox: commit: %w", err))
 	}
 	return nil
+}
+
+// resultBytes is the handler's result, if it set one.
+func (c *Claim) resultBytes() []byte {
+	if c.result == nil {
+		return nil
+	}
+	return c.result()
 }
 
 // ClaimHandler adapts h into a consumer handler for effects outside
@@ -304,6 +334,7 @@ func ClaimHandler[T any](s *Store, h ClaimFunc[T], opts *ClaimOpts) inboxtype.Ha
 		if err != nil {
 			return err
 		}
+		takeResult(msg.Delivery) // left by an earlier run of this delivery
 		if crashCounted(msg.Redelivered, msg.Delivery) {
 			if err := s.countRedelivery(ctx, u); err != nil {
 				return err
@@ -311,9 +342,11 @@ func ClaimHandler[T any](s *Store, h ClaimFunc[T], opts *ClaimOpts) inboxtype.Ha
 		}
 		c, capAt, err := s.claimLease(ctx, u, o)
 		if err != nil {
+			replayResult(msg.Delivery, u.result, err)
 			return err
 		}
 		c.batch = b
+		c.result = func() []byte { return msg.Result() }
 		processing(msg.Delivery, c.Fence)
 		hctx, cancel := context.WithCancelCause(ctx)
 		defer cancel(nil)
@@ -340,6 +373,7 @@ func ClaimHandler[T any](s *Store, h ClaimFunc[T], opts *ClaimOpts) inboxtype.Ha
 			// job that is done (a later copy would be a duplicate anyway).
 			return nil
 		}
+		replayResult(msg.Delivery, c.won, herr)
 		if cause := context.Cause(hctx); errors.Is(cause, ErrLeaseLost) && ctx.Err() == nil {
 			herr = retry.WithReason(ReasonLeaseLost, retry.Retryable(errors.Join(herr, cause)))
 		}
@@ -391,7 +425,11 @@ func (s *Store) explainOne(ctx context.Context, u *unit) error {
 	var status string
 	var fp []byte
 	var lease float64
-	err := s.pool.QueryRow(ctx, s.sql.lookup, []string{u.consumer}, []string{u.key}).Scan(new(string), new(string), &status, &fp, &lease)
+	var result *string
+	err := s.pool.QueryRow(ctx, s.sql.lookup, []string{u.consumer}, []string{u.key}).Scan(new(string), new(string), &status, &fp, &lease, &result)
+	if result != nil {
+		u.result = []byte(*result)
+	}
 	found := err == nil
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return infraError(ReasonDBConnection, fmt.Errorf("inbox: look up claim: %w", err))

@@ -68,6 +68,16 @@
 // attempts is the copy's x-attempt; a replay from the DLQ takes it up
 // again.
 //
+// # Results
+//
+// A handler may record its job's result with inboxtype.Message.SetResult:
+// the inbox stores it on the key's row in the transaction of the effect
+// (in claim mode, with Claim.Complete), bounded by
+// StoreConfig.MaxResultBytes, and hands it to every later duplicate of the
+// key in inboxtype.Delivery.Result — also to a duplicate that waited for
+// the first delivery to commit. [Store.Get] returns it (Record.Result). A
+// handler that fails stores none.
+//
 // # Group commit
 //
 // One commit per delivery is what limits per-message throughput. With

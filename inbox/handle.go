@@ -30,6 +30,9 @@ type unit struct {
 	// fence is the fence of the unit's claim, set by the claim step
 	// before run is called.
 	fence int64
+	// result is the result a completed key's row holds, read with the
+	// verdict on a key that could not be claimed (a duplicate's).
+	result []byte
 	// claim is set on the completion of a claim in claim mode's group
 	// commit (ClaimOpts.GroupCommit): the batch's claim step is then the
 	// fenced completion of its claims, and a unit whose claim was taken

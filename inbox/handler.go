@@ -97,6 +97,7 @@ func Handler[T any](s *Store, h TxHandlerFunc[T], opts *HandlerOpts) inboxtype.H
 		if err != nil {
 			return err
 		}
+		takeResult(msg.Delivery) // left by an earlier run of this delivery
 		if crashCounted(msg.Redelivered, msg.Delivery) {
 			if err := s.countRedelivery(ctx, u); err != nil {
 				return err
@@ -104,13 +105,19 @@ func Handler[T any](s *Store, h TxHandlerFunc[T], opts *HandlerOpts) inboxtype.H
 		}
 		u.run = func(ctx context.Context, tx pgx.Tx) error {
 			processing(msg.Delivery, u.fence)
-			return h(ctx, tx, msg)
+			takeResult(msg.Delivery) // a result set by an earlier, failed run
+			if err := h(ctx, tx, msg); err != nil {
+				return err
+			}
+			return s.storeResult(ctx, tx, u.consumer, u.key, msg.Result())
 		}
 		if b != nil {
 			b.do(u)
-			return u.err
+		} else {
+			u.err = s.handleOne(u)
 		}
-		return s.handleOne(u)
+		replayResult(msg.Delivery, u.result, u.err)
+		return u.err
 	})
 }
 

@@ -27,6 +27,9 @@ type statements struct {
 	redelivered string
 	// markDead records a dead letter of the key (DeadLetterObserver).
 	markDead string
+	// setResult records the handler's result on the row claimed (or, in
+	// claim mode, completed) in this transaction.
+	setResult string
 
 	// claimLease takes one key in claim mode (autocommit); claimLeases
 	// takes several, claimed by concurrent deliveries, in one statement in
@@ -81,7 +84,8 @@ VALUES ($1, $2, 'completed', $3, $4, $5, 1, $6, now())
 ` + claimConflict + `RETURNING fence`,
 
 		lookup: `SELECT consumer, key, status, fingerprint,
-	GREATEST(EXTRACT(EPOCH FROM (lease_until - now())), 0)::float8
+	GREATEST(EXTRACT(EPOCH FROM (lease_until - now())), 0)::float8,
+	CASE WHEN status = 'completed' THEN result::text END
 FROM ` + t + `
 WHERE (consumer, key) IN (SELECT * FROM unnest($1::text[], $2::text[]))`,
 
@@ -109,6 +113,8 @@ RETURNING status, deliveries`,
 
 		// A claim still processing is its owner's (or the reconciler's) to
 		// settle; a completed row stays completed.
+		setResult: `UPDATE ` + t + ` SET result = $3::jsonb WHERE consumer = $1 AND key = $2`,
+
 		markDead: `UPDATE ` + t + ` SET status = 'dead', last_error = $3, attempts = $4,
 	last_failed_at = now(), updated_at = now()
 WHERE consumer = $1 AND key = $2 AND status NOT IN ('completed', 'processing')`,

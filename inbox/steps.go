@@ -185,15 +185,20 @@ func (s *Store) unclaimed(ctx context.Context, tx pgx.Tx, units []*unit) error {
 		status string
 		fp     []byte
 		lease  float64
+		result []byte
 	}
 	found := make(map[unitKey]state, len(units))
 	var k unitKey
 	var st state
 	var lease *float64
-	_, err = pgx.ForEachRow(rows, []any{&k.consumer, &k.key, &st.status, &st.fp, &lease}, func() error {
-		st.lease = 0
+	var result *string
+	_, err = pgx.ForEachRow(rows, []any{&k.consumer, &k.key, &st.status, &st.fp, &lease, &result}, func() error {
+		st.lease, st.result = 0, nil
 		if lease != nil {
 			st.lease = *lease
+		}
+		if result != nil {
+			st.result = []byte(*result)
 		}
 		found[k] = st
 		return nil
@@ -204,6 +209,7 @@ func (s *Store) unclaimed(ctx context.Context, tx pgx.Tx, units []*unit) error {
 	for _, u := range units {
 		st, ok := found[unitKey{u.consumer, u.key}]
 		u.err = verdict(u, st.status, st.fp, time.Duration(st.lease*float64(time.Second)), ok)
+		u.result = st.result
 	}
 	return nil
 }

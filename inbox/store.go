@@ -53,6 +53,11 @@ type StoreConfig struct {
 	// connection before settling it) more than CrashLimit times fails
 	// permanently with reason crash_loop. Defaults to 10; -1 disables it.
 	CrashLimit int
+	// MaxResultBytes bounds a handler's result
+	// (inboxtype.Message.SetResult), JSON-encoded: a larger one fails the
+	// delivery permanently (reason result_too_large) and nothing of it
+	// commits. Defaults to 64 KiB.
+	MaxResultBytes int
 	// CleanupTimeout bounds the statements the inbox runs after a handler's
 	// context may have ended (recording a failure, releasing a claim).
 	// Defaults to 5s.
@@ -120,6 +125,9 @@ func (c *StoreConfig) withDefaults() StoreConfig {
 	}
 	if out.CleanupTimeout <= 0 {
 		out.CleanupTimeout = defaultCleanupTimeout
+	}
+	if out.MaxResultBytes <= 0 {
+		out.MaxResultBytes = defaultMaxResultBytes
 	}
 	return out
 }
@@ -245,7 +253,11 @@ type Record struct {
 	LastFailedAt *time.Time
 	// MessageID is the broker message id of the last attempt.
 	MessageID *string
-	// Result is the recorded JSON result, if any.
+	// Result is the job's result, stored with the effect
+	// (inboxtype.Message.SetResult), if any: what duplicates of the key
+	// get back. PostgreSQL keeps it as jsonb, so its bytes are jsonb's
+	// normal form (equal JSON, not necessarily the bytes the handler
+	// encoded).
 	Result json.RawMessage
 	// Steps are the recovery points of claim mode: name → JSON result.
 	Steps map[string]json.RawMessage

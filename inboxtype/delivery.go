@@ -1,6 +1,7 @@
 package inboxtype
 
 import (
+	"encoding/json"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -104,6 +105,12 @@ type Delivery struct {
 	// before the handler runs (0 before that, and without an inbox): it
 	// grows by one each time the key is taken up.
 	InboxFence int64
+	// Result is the job's result as JSON: set by the handler through
+	// [Message.SetResult] on the delivery that did the work (the inbox
+	// stores it with the effect), and by the inbox on a duplicate of a
+	// completed key (the result stored by the first delivery). A reply to
+	// a request (reply_to) carries it. Nil when there is none.
+	Result json.RawMessage
 
 	// TraceID is the trace id (32 lowercase hex digits) of the delivery's
 	// span when it is sampled, set by middleware.Tracing; the metrics put

@@ -3,6 +3,7 @@ package inboxtype
 import (
 	"crypto/sha256"
 	"encoding/json"
+	"fmt"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -25,6 +26,36 @@ type Message[T any] struct {
 	Redelivered bool
 	// Delivery is the untyped delivery this message was decoded from.
 	Delivery *Delivery
+}
+
+// SetResult records v, JSON-encoded, as the job's result: the inbox stores
+// it on the key's row in the transaction of the effect (in claim mode, with
+// Claim.Complete: call SetResult before it), and every later duplicate of
+// the key gets the same bytes back (Delivery.Result), as does a reply to a
+// request. The last call before the commit wins; a handler that fails
+// stores none. The inbox bounds its size (StoreConfig.MaxResultBytes): a
+// larger result fails the delivery permanently. SetResult returns an error
+// only if v cannot be encoded.
+func (m *Message[T]) SetResult(v any) error {
+	raw, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("inboxtype: encode result: %w", err)
+	}
+	if m.Delivery == nil {
+		m.Delivery = &Delivery{}
+	}
+	m.Delivery.Result = raw
+	return nil
+}
+
+// Result returns the job's result (Delivery.Result): the one set with
+// SetResult, or on a duplicate the one the first delivery stored. Nil when
+// there is none.
+func (m *Message[T]) Result() json.RawMessage {
+	if m.Delivery == nil {
+		return nil
+	}
+	return m.Delivery.Result
 }
 
 // Fingerprint returns the message's fingerprint: Delivery.Fingerprint when

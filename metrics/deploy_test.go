@@ -20,6 +20,7 @@ func TestDeployReferencesKnownSeries(t *testing.T) {
 	m, err := metrics.New(reg, &metrics.Config{Inbox: &metrics.InboxConfig{DB: failingDB{}, MinInterval: -1}})
 	require.NoError(t, err)
 	m.Init("q", "c")
+	m.InitBreaker("q", "d")
 	mfs, err := reg.Gather()
 	require.NoError(t, err)
 	known := map[string]bool{}

@@ -25,6 +25,8 @@ const (
 	ReasonDBConnection    = "db_connection"    // the database connection failed
 	ReasonClaimHeld       = "claim_held"       // another worker holds a live claim
 	ReasonCrashLoop       = "crash_loop"       // the delivery count passed the crash-loop bound
+	ReasonBreakerOpen     = "breaker_open"     // a circuit breaker held the delivery back (not an attempt)
+	ReasonRateLimited     = "rate_limited"     // a downstream's rate limit deferred the delivery (not an attempt)
 )
 
 // Conflict kinds: the bounded values of idempotency_conflict_total{kind}.
@@ -54,7 +56,7 @@ var (
 		retry.ReasonDecode, retry.ReasonInvalid, retry.ReasonKeyConflict, retry.ReasonPanic,
 		retry.ReasonExhausted,
 		ReasonLockUnavailable, ReasonLockExpired, ReasonDBSerialization, ReasonDBDeadlock,
-		ReasonDBConnection, ReasonClaimHeld, ReasonCrashLoop,
+		ReasonDBConnection, ReasonClaimHeld, ReasonCrashLoop, ReasonBreakerOpen, ReasonRateLimited,
 	}
 	knownSources = []string{
 		retry.SourceCache, retry.SourceInbox, retry.SourceBusiness, retry.SourceFenced, retry.SourceClaimHeld,
@@ -145,18 +147,21 @@ type Metrics struct {
 	settleErrors *prometheus.CounterVec
 	handlerTime  *prometheus.HistogramVec
 
-	redisDegraded   prometheus.Gauge
-	degraded        atomic.Bool
-	degradedMu      sync.Mutex
-	degradedBy      map[string]bool // Redis users currently degraded
-	reconnects      prometheus.Counter
-	connected       prometheus.Gauge
-	nodeConns       *prometheus.GaugeVec
-	nodeOpened      *prometheus.CounterVec
-	everConnected   atomic.Bool
-	inbox           *inboxCollector
-	perRoute        sync.Map // routeKey -> *routeSeries
-	registeredOrder []prometheus.Collector
+	redisDegraded      prometheus.Gauge
+	degraded           atomic.Bool
+	degradedMu         sync.Mutex
+	degradedBy         map[string]bool // Redis users currently degraded
+	reconnects         prometheus.Counter
+	connected          prometheus.Gauge
+	breakerState       *prometheus.GaugeVec
+	breakerTransitions *prometheus.CounterVec
+	rateLimitWait      *prometheus.HistogramVec
+	everConnected      atomic.Bool
+	inbox              *inboxCollector
+	perRoute           sync.Map // routeKey -> *routeSeries
+	registeredOrder    []prometheus.Collector
+	nodeConns          *prometheus.GaugeVec
+	nodeOpened         *prometheus.CounterVec
 }
 
 type routeKey struct{ queue, consumer string }
@@ -238,6 +243,17 @@ func New(reg prometheus.Registerer, cfg *Config) (*Metrics, error) {
 			Namespace: ns, Name: "broker_reconnects_total", ConstLabels: c.ConstLabels,
 			Help: "Reconnections to the broker after a lost connection.",
 		}),
+		breakerState: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Name: "breaker_state", ConstLabels: c.ConstLabels,
+			Help: "State of a circuit breaker guarding a queue: 0 closed, 1 half-open (probing), 2 open (queue paused).",
+		}, []string{"queue", "downstream"}),
+		rateLimitWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: ns, Name: "ratelimit_wait_seconds",
+			Help:        "Time a delivery waited for its slot of a downstream's rate limit (0 when the limit is not biting).",
+			ConstLabels: c.ConstLabels, Buckets: c.Buckets,
+		}, []string{"downstream"}),
+		breakerTransitions: counter("breaker_transitions_total",
+			"Circuit breaker transitions, by the state entered (closed, half_open, open).", "queue", "downstream", "to"),
 		connected: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: ns, Name: "broker_connected", ConstLabels: c.ConstLabels,
 			Help: "1 while connected to the broker and consuming.",
@@ -254,6 +270,7 @@ func New(reg prometheus.Registerer, cfg *Config) (*Metrics, error) {
 		m.lockExpired, m.retries, m.inProcess, m.duration, m.conflicts, m.deadLettered, m.stale,
 		m.settleErrors, m.handlerTime, m.redisDegraded, m.reconnects, m.connected,
 		m.nodeConns, m.nodeOpened,
+		m.breakerState, m.breakerTransitions, m.rateLimitWait,
 	}
 	if c.Inbox != nil {
 		m.inbox = newInboxCollector(ns, c.ConstLabels, *c.Inbox)
@@ -480,6 +497,45 @@ func (m *Metrics) setDegraded(component string, degraded bool) {
 // RedisDegraded reports whether any Redis user is degraded (false before
 // any call). Readiness checks use it to flag, not fail.
 func (m *Metrics) RedisDegraded() bool { return m.degraded.Load() }
+
+// Breaker states: the values of breaker_state and the "to" label of
+// breaker_transitions_total.
+const (
+	BreakerClosed   = 0
+	BreakerHalfOpen = 1
+	BreakerOpen     = 2
+)
+
+var breakerStateNames = [...]string{BreakerClosed: "closed", BreakerHalfOpen: "half_open", BreakerOpen: "open"}
+
+// InitBreaker sets breaker_state{queue,downstream} to closed and
+// pre-initialises its transitions, so that a breaker shows before its
+// first transition. Call it once per guarded queue at startup.
+func (m *Metrics) InitBreaker(queue, downstream string) {
+	m.breakerState.WithLabelValues(queue, downstream).Set(BreakerClosed)
+	for _, name := range breakerStateNames {
+		m.breakerTransitions.WithLabelValues(queue, downstream, name)
+	}
+}
+
+// BreakerTransition records a breaker guarding queue entering state (one of
+// BreakerClosed, BreakerHalfOpen, BreakerOpen): it sets breaker_state and
+// counts breaker_transitions_total. Another state is ignored.
+func (m *Metrics) BreakerTransition(queue, downstream string, state int) {
+	if state < 0 || state >= len(breakerStateNames) {
+		return
+	}
+	m.breakerState.WithLabelValues(queue, downstream).Set(float64(state))
+	m.breakerTransitions.WithLabelValues(queue, downstream, breakerStateNames[state]).Inc()
+}
+
+// RateLimitWaitHook returns an OnWait hook for the rate limit of
+// downstream (middleware.RateLimitOpts.OnWait): each wait is observed in
+// ratelimit_wait_seconds{downstream}. It initialises the series.
+func (m *Metrics) RateLimitWaitHook(downstream string) func(time.Duration) {
+	obs := m.rateLimitWait.WithLabelValues(downstream)
+	return func(d time.Duration) { obs.Observe(d.Seconds()) }
+}
 
 // StaleRecords adds n to stale_processing_records_total{consumer}: the
 // reconciler calls it with the number of claims it found past their lease.

@@ -461,3 +461,37 @@ func TestMetrics_RedisDegradedPerComponent(t *testing.T) {
 	require.Equal(t, 0.0, gauge())
 	require.False(t, m.RedisDegraded())
 }
+
+func TestMetrics_BreakerStateAndTransitions(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	l := map[string]string{"queue": "payments", "downstream": "gateway"}
+	to := func(s string) map[string]string {
+		return map[string]string{"queue": "payments", "downstream": "gateway", "to": s}
+	}
+	b.m.InitBreaker("payments", "gateway")
+	require.Zero(t, value(t, b.reg, "breaker_state", l))
+	require.Zero(t, value(t, b.reg, "breaker_transitions_total", to("open")))
+
+	b.m.BreakerTransition("payments", "gateway", metrics.BreakerOpen)
+	require.InDelta(t, 2, value(t, b.reg, "breaker_state", l), 0)
+	b.m.BreakerTransition("payments", "gateway", metrics.BreakerHalfOpen)
+	require.InDelta(t, 1, value(t, b.reg, "breaker_state", l), 0)
+	b.m.BreakerTransition("payments", "gateway", metrics.BreakerClosed)
+	b.m.BreakerTransition("payments", "gateway", 7) // ignored
+	require.Zero(t, value(t, b.reg, "breaker_state", l))
+	require.InDelta(t, 1, value(t, b.reg, "breaker_transitions_total", to("open")), 0)
+	require.InDelta(t, 1, value(t, b.reg, "breaker_transitions_total", to("half_open")), 0)
+	require.InDelta(t, 1, value(t, b.reg, "breaker_transitions_total", to("closed")), 0)
+}
+
+func TestMetrics_RateLimitWait(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	hook := b.m.RateLimitWaitHook("gateway")
+	l := map[string]string{"downstream": "gateway"}
+	require.Zero(t, value(t, b.reg, "ratelimit_wait_seconds", l), "initialised")
+	hook(0)
+	hook(20 * time.Millisecond)
+	require.InDelta(t, 2, value(t, b.reg, "ratelimit_wait_seconds", l), 0)
+}

@@ -60,6 +60,19 @@
 // itself when Redis answers. Build the client with ContextTimeoutEnabled so
 // the timeouts bound socket reads too.
 //
+// # A downstream: circuit breaker and shared rate limit
+//
+// [Breaker] (sony/gobreaker's state machine) guards the routes that call
+// one downstream: past a share of retryable failures over a window it
+// pauses their queues through a [Restricter] (the consumer, under a reason
+// of its own, so an operator's pause is never undone by it), defers what
+// still reaches it without counting an attempt, and probes one delivery
+// at a time after a cool-down. [RateLimit] keeps the calls to a downstream
+// within a rate shared by every worker (a GCRA slot reserved in Redis per
+// delivery, waited for or deferred without counting an attempt), each
+// worker keeping to its share of the rate while Redis is down. Neither
+// ever dead-letters a delivery.
+//
 // # Observability
 //
 // [NewLogObserver] is a consumer observer that writes one structured line

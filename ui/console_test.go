@@ -366,6 +366,16 @@ func TestControls_PauseResumeConcurrency(t *testing.T) {
 	require.False(t, get().paused)
 	require.Contains(t, c.act("/controls/pause", "consumer", "not-a-shown-queue"), "unknown consumer")
 	require.InDelta(t, 1.0, b.actions(t, "pause", "error"), 0)
+
+	// A worker's breaker shows with the controls.
+	_, page = c.get("/controls")
+	require.Contains(t, page, "No worker publishes a breaker.")
+	require.NoError(t, control.NewStore(b.pool).SetBreaker(t.Context(), control.BreakerState{
+		Consumer: b.queue, Downstream: "gateway", Worker: "w1", State: "open",
+	}))
+	_, page = c.get("/controls")
+	require.Contains(t, page, `data-downstream="gateway"`)
+	require.Contains(t, page, `<span class="badge bad">open</span>`)
 }
 
 func TestLogin_RedirectStaysInside(t *testing.T) {

@@ -18,6 +18,8 @@ type controlsData struct {
 	Controls []control.Control
 	Blocks   []control.Block
 	Parked   map[string]int
+	// Breakers are the circuit breakers' states the workers published.
+	Breakers []control.BreakerState
 	Err      string
 }
 
@@ -38,6 +40,12 @@ func (con *Console) controlsPage(w http.ResponseWriter, r *http.Request) {
 		d.Err = con.redact(err.Error())
 	} else {
 		d.Controls, d.Blocks = snap.Controls, snap.Blocks
+	}
+	bctx, cancel := context.WithTimeout(ctx, con.cfg.QueryTimeout)
+	d.Breakers, err = con.controls.Breakers(bctx, "")
+	cancel()
+	if err != nil {
+		d.Err = con.redact(err.Error())
 	}
 	if conn, err := con.broker(); err == nil {
 		d.Parked = map[string]int{}

@@ -5,6 +5,7 @@ import (
 	"io"
 	"strconv"
 	"text/tabwriter"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/spf13/cobra"
@@ -210,7 +211,7 @@ needed).`,
 func (c *cli) controlsCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "controls",
-		Short: "List paused consumers, concurrency limits and blocked keys",
+		Short: "List paused consumers, concurrency limits, blocked keys and circuit breakers",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, cancel := c.ctx(cmd)
@@ -220,11 +221,20 @@ func (c *cli) controlsCmd() *cobra.Command {
 				return err
 			}
 			defer pool.Close()
-			snap, err := control.NewStore(pool).List(ctx)
+			store := control.NewStore(pool)
+			snap, err := store.List(ctx)
 			if err != nil {
 				return err
 			}
-			return c.emit(snap, func(w io.Writer) {
+			breakers, err := store.Breakers(ctx, "")
+			if err != nil {
+				return err
+			}
+			out := struct {
+				*control.Snapshot
+				Breakers []control.BreakerState `json:"breakers"`
+			}{snap, breakers}
+			return c.emit(out, func(w io.Writer) {
 				tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 				fmt.Fprintln(tw, "CONSUMER\tPAUSED\tCONCURRENCY\tBY\tREASON")
 				for _, ctl := range snap.Controls {
@@ -242,7 +252,23 @@ func (c *cli) controlsCmd() *cobra.Command {
 					fmt.Fprintf(tw, "%s\t%s\t%v\t%s\t%s\n", b.Consumer, b.Pattern, b.Prefix, b.CreatedBy, b.Reason)
 				}
 				_ = tw.Flush()
+				printBreakers(w, breakers)
 			})
 		},
 	}
+}
+
+// printBreakers prints the circuit breakers' states that the workers
+// published (nothing when there are none).
+func printBreakers(w io.Writer, breakers []control.BreakerState) {
+	if len(breakers) == 0 {
+		return
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "CONSUMER\tDOWNSTREAM\tWORKER\tBREAKER\tSINCE")
+	for _, b := range breakers {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", b.Consumer, b.Downstream, b.Worker, b.State, b.ChangedAt.UTC().Format(time.RFC3339))
+	}
+	_ = tw.Flush()
 }

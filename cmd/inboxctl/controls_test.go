@@ -55,6 +55,20 @@ func TestControlCommands(t *testing.T) {
 	r = b.run(t, "controls")
 	require.Regexp(t, `(?m)^payments\s+false\s+configured\s+inboxctl:tester@\S+\s*$`, r.out)
 	require.Regexp(t, `(?m)^payments\s+payment:42\s+false\s+\S+\s+dispute$`, r.out)
+	require.NotContains(t, r.out, "BREAKER", "no breakers published: no table")
+
+	require.NoError(t, control.NewStore(b.pool).SetBreaker(t.Context(), control.BreakerState{
+		Consumer: "payments", Downstream: "gateway", Worker: "w1", State: "half-open",
+	}))
+	r = b.run(t, "controls")
+	require.Regexp(t, `(?m)^payments\s+gateway\s+w1\s+half-open\s+\S+$`, r.out)
+	r = b.run(t, "controls", "-o", "json")
+	var withBreakers struct {
+		Breakers []control.BreakerState `json:"breakers"`
+	}
+	r.json(t, &withBreakers)
+	require.Len(t, withBreakers.Breakers, 1)
+	require.Equal(t, "half-open", withBreakers.Breakers[0].State)
 
 	r = b.run(t, "unblock", "payment:42", "--consumer", "payments", "--no-release")
 	require.Equal(t, exitOK, r.code, r.errOut)

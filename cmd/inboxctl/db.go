@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/inboxmq/inboxmq/control"
 	"github.com/inboxmq/inboxmq/inbox"
 	"github.com/inboxmq/inboxmq/internal/ops"
 	"github.com/inboxmq/inboxmq/migrations"
@@ -60,6 +62,11 @@ type recordView struct {
 	FirstSeenAt  time.Time  `json:"first_seen_at"`
 	UpdatedAt    time.Time  `json:"updated_at"`
 	CompletedAt  *time.Time `json:"completed_at"`
+	// Result is the job's stored result (JSON), replayed to duplicates.
+	Result json.RawMessage `json:"result"`
+	// Breakers are the consumer's circuit breakers as the workers
+	// published them: a key that waits may be held back by one.
+	Breakers []control.BreakerState `json:"breakers,omitempty"`
 }
 
 func viewOf(r *inbox.Record) recordView {
@@ -67,7 +74,20 @@ func viewOf(r *inbox.Record) recordView {
 		Consumer: r.Consumer, Key: r.Key, Status: r.Status, Fence: r.Fence, Owner: r.Owner, LeaseUntil: r.LeaseUntil,
 		Attempts: r.Attempts, Redeliveries: r.Deliveries, LastError: r.LastError, LastFailedAt: r.LastFailedAt,
 		MessageID: r.MessageID, FirstSeenAt: r.FirstSeenAt, UpdatedAt: r.UpdatedAt, CompletedAt: r.CompletedAt,
+		Result: r.Result,
 	}
+}
+
+// resultText is a stored result as status prints it: at most 200 bytes.
+func resultText(r json.RawMessage) string {
+	if r == nil {
+		return "-"
+	}
+	const limit = 200
+	if len(r) > limit {
+		return string(r[:limit]) + "…"
+	}
+	return string(r)
 }
 
 func str(p *string) string {
@@ -90,7 +110,8 @@ func (c *cli) statusCmd() *cobra.Command {
 		Use:   "status KEY --consumer C",
 		Short: "Show the inbox row of one idempotency key",
 		Long: `status prints the inbox row of (consumer, KEY): status, fence, owner and
-lease, attempts, redeliveries, last error and times. It exits with code 3
+lease, attempts, redeliveries, last error, times and the stored result
+(what duplicates of the key get back). It exits with code 3
 if the inbox has no such row (the message was never seen, or retention
 deleted it).
 
@@ -119,6 +140,9 @@ it is 0 for a key that only went through retries.`,
 				return err
 			}
 			v := viewOf(r)
+			// The row is the answer; the breakers are context (absent
+			// before the migration that adds their table).
+			v.Breakers, _ = control.NewStore(s.Pool()).Breakers(ctx, consumerName)
 			return c.emit(v, func(w io.Writer) {
 				tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 				for _, kv := range [][2]string{
@@ -136,10 +160,12 @@ it is 0 for a key that only went through retries.`,
 					{"first_seen_at", tm(&v.FirstSeenAt)},
 					{"updated_at", tm(&v.UpdatedAt)},
 					{"completed_at", tm(v.CompletedAt)},
+					{"result", resultText(v.Result)},
 				} {
 					fmt.Fprintf(tw, "%s:\t%s\n", kv[0], kv[1])
 				}
 				_ = tw.Flush()
+				printBreakers(w, v.Breakers)
 			})
 		},
 	}

@@ -186,8 +186,8 @@ func TestMigrate(t *testing.T) {
 func TestStatus(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.exec(t, `INSERT INTO inboxmq_inbox (consumer, key, status, fence, owner, attempts, deliveries, last_error, message_id, completed_at)
-		VALUES ('payments', 'payment:42', 'completed', 2, 'w1', 3, 4, 'gateway 503', 'm-42', now())`)
+	b.exec(t, `INSERT INTO inboxmq_inbox (consumer, key, status, fence, owner, attempts, deliveries, last_error, message_id, completed_at, result)
+		VALUES ('payments', 'payment:42', 'completed', 2, 'w1', 3, 4, 'gateway 503', 'm-42', now(), '{"charge_id": "ch_1"}')`)
 
 	r := b.run(t, "status", "payment:42", "--consumer", "payments")
 	require.Equal(t, exitOK, r.code, r.errOut)
@@ -200,6 +200,7 @@ func TestStatus(t *testing.T) {
 	require.Regexp(t, `(?m)^status:\s+completed$`, r.out)
 	require.Regexp(t, `(?m)^lease_until:\s+-$`, r.out)
 	require.Regexp(t, `(?m)^last_error:\s+gateway 503$`, r.out)
+	require.Regexp(t, `(?m)^result:\s+\{"charge_id": "ch_1"\}$`, r.out)
 
 	r = b.run(t, "status", "payment:42", "--consumer", "payments", "-o", "json")
 	require.Equal(t, exitOK, r.code, r.errOut)
@@ -210,6 +211,19 @@ func TestStatus(t *testing.T) {
 	require.Equal(t, 3, v.Attempts)
 	require.Equal(t, 4, v.Redeliveries)
 	require.NotNil(t, v.CompletedAt)
+	require.JSONEq(t, `{"charge_id":"ch_1"}`, string(v.Result))
+
+	require.Empty(t, v.Breakers)
+
+	// A worker's breaker on the consumer shows with the key's row.
+	b.exec(t, `INSERT INTO inboxmq_breakers (consumer, downstream, worker, state) VALUES ('payments', 'gateway', 'w1', 'open')`)
+	r = b.run(t, "status", "payment:42", "--consumer", "payments")
+	require.Equal(t, exitOK, r.code, r.errOut)
+	require.Regexp(t, `(?m)^payments\s+gateway\s+w1\s+open\s+\S+$`, r.out)
+	r = b.run(t, "status", "payment:42", "--consumer", "payments", "-o", "json")
+	r.json(t, &v)
+	require.Len(t, v.Breakers, 1)
+	require.Equal(t, "open", v.Breakers[0].State)
 
 	r = b.run(t, "status", "payment:43", "--consumer", "payments")
 	require.Equal(t, exitNotFound, r.code)

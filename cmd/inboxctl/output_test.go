@@ -52,7 +52,7 @@ func TestJSONKeysAreSnakeCase(t *testing.T) {
 	require.Equal(t, exitOK, r.code, r.errOut)
 	require.Equal(t, []string{
 		"attempts", "completed_at", "consumer", "fence", "first_seen_at", "key", "last_error", "last_failed_at",
-		"lease_until", "message_id", "owner", "redeliveries", "status", "updated_at",
+		"lease_until", "message_id", "owner", "redeliveries", "result", "status", "updated_at",
 	}, jsonKeys(t, r.out))
 }
 

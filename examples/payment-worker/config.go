@@ -31,6 +31,9 @@ type config struct {
 	// EventsExchange receives a payment.completed event per new payment,
 	// through the transactional outbox (PAYMENT_EVENTS_EXCHANGE).
 	EventsExchange string
+	// FaultEvents publishes a payment.failed event on EventsExchange for
+	// every dead-lettered payment (FAULT_EVENTS=on).
+	FaultEvents bool
 	// ConnectTimeout bounds each wait for PostgreSQL and RabbitMQ at
 	// start-up, and each new database connection (CONNECT_TIMEOUT).
 	ConnectTimeout time.Duration
@@ -43,6 +46,16 @@ type config struct {
 	// it dead-letters it, the backstop against a message that crashes or
 	// disconnects every worker that takes it.
 	DeliveryLimit int
+	// Breaker puts the payments behind a circuit breaker on the gateway
+	// (BREAKER=on), with BREAKER_WINDOW, BREAKER_THRESHOLD,
+	// BREAKER_MIN_CALLS and BREAKER_COOLDOWN; nil when off.
+	Breaker *middleware.BreakerOpts
+	// GatewayRateLimit is the calls per second allowed to the gateway
+	// across all workers (GATEWAY_RATE_LIMIT; 0: no limit), each worker
+	// keeping to 1/GatewayWorkers of it while Redis is down
+	// (GATEWAY_WORKERS).
+	GatewayRateLimit float64
+	GatewayWorkers   int
 }
 
 // Defaults, as documented in the README.
@@ -108,12 +121,22 @@ func configFromEnv(getenv func(string) string) (config, error) {
 	default:
 		return c, fmt.Errorf("GROUP_COMMIT %q: want on or off", v)
 	}
+	switch v := getenv("FAULT_EVENTS"); v {
+	case "", "off":
+	case "on":
+		c.FaultEvents = true
+	default:
+		return c, fmt.Errorf("FAULT_EVENTS %q: want on or off", v)
+	}
 	if v := getenv("WORKER_CONCURRENCY"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n <= 0 {
 			return c, fmt.Errorf("WORKER_CONCURRENCY %q: want a positive integer", v)
 		}
 		c.Concurrency = n
+	}
+	if err := c.resilienceFromEnv(getenv); err != nil {
+		return c, err
 	}
 	if v := getenv("CONNECT_TIMEOUT"); v != "" {
 		d, err := time.ParseDuration(v)
@@ -137,6 +160,63 @@ func (c config) validate() error {
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			return errors.New("GATEWAY_URL: want an http:// or https:// URL with a host")
 		}
+	}
+	return nil
+}
+
+// resilienceFromEnv reads the breaker's and the rate limit's settings.
+func (c *config) resilienceFromEnv(getenv func(string) string) error {
+	switch v := getenv("BREAKER"); v {
+	case "", "off":
+	case "on":
+		c.Breaker = &middleware.BreakerOpts{Downstream: "gateway"}
+	default:
+		return fmt.Errorf("BREAKER %q: want on or off", v)
+	}
+	var window, coolDown time.Duration
+	for name, dst := range map[string]*time.Duration{"BREAKER_WINDOW": &window, "BREAKER_COOLDOWN": &coolDown} {
+		if v := getenv(name); v != "" {
+			d, err := time.ParseDuration(v)
+			if err != nil || d <= 0 {
+				return fmt.Errorf("%s %q: want a positive Go duration such as 30s", name, v)
+			}
+			*dst = d
+		}
+	}
+	if c.Breaker != nil {
+		c.Breaker.Window, c.Breaker.CoolDown = window, coolDown
+	}
+	if v := getenv("BREAKER_THRESHOLD"); v != "" {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || f <= 0 || f > 1 {
+			return fmt.Errorf("BREAKER_THRESHOLD %q: want a share above 0, at most 1, such as 0.5", v)
+		}
+		if c.Breaker != nil {
+			c.Breaker.Threshold = f
+		}
+	}
+	if v := getenv("BREAKER_MIN_CALLS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			return fmt.Errorf("BREAKER_MIN_CALLS %q: want a positive integer", v)
+		}
+		if c.Breaker != nil {
+			c.Breaker.MinCalls = n
+		}
+	}
+	if v := getenv("GATEWAY_RATE_LIMIT"); v != "" {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || f < 0 {
+			return fmt.Errorf("GATEWAY_RATE_LIMIT %q: want calls per second, 0 for no limit", v)
+		}
+		c.GatewayRateLimit = f
+	}
+	if v := getenv("GATEWAY_WORKERS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			return fmt.Errorf("GATEWAY_WORKERS %q: want a positive integer", v)
+		}
+		c.GatewayWorkers = n
 	}
 	return nil
 }

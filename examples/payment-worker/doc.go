@@ -25,7 +25,9 @@
 // # Configuration
 //
 // Everything comes from the environment (AMQP_URL, DATABASE_URL, REDIS_URL,
-// PAYMENT_QUEUE, GATEWAY_URL, LOCK_TTL, WORKER_CONCURRENCY, GROUP_COMMIT, METRICS_ADDR);
-// see README.md for defaults. The migrations are embedded: the binary runs
+// PAYMENT_QUEUE, GATEWAY_URL, LOCK_TTL, WORKER_CONCURRENCY, GROUP_COMMIT, METRICS_ADDR,
+// and, off by default, BREAKER and GATEWAY_RATE_LIMIT: a circuit breaker on
+// the gateway and a rate limit shared by every worker); see README.md for
+// defaults. The migrations are embedded: the binary runs
 // from any folder.
 package main

@@ -38,7 +38,8 @@ func ExampleGateway_Charge() {
 	p := Payment{OrderID: "A-1001", AmountCents: 1299, Currency: "EUR"}
 	for _, s := range []int{http.StatusServiceUnavailable, http.StatusPaymentRequired, http.StatusCreated} {
 		status = s
-		d := retry.Classify(gw.Charge(context.Background(), p.IdempotencyKey(), p))
+		_, err := gw.Charge(context.Background(), p.IdempotencyKey(), p)
+		d := retry.Classify(err)
 		fmt.Println(s, "->", d.Kind, d.Reason)
 	}
 	// Output:

@@ -41,13 +41,14 @@ type chargeRequest struct {
 	Currency    string `json:"currency"`
 }
 
-// Charge posts the charge for p with header Idempotency-Key: key. It
-// returns nil on 2xx; a retryable error (retry.After) on 5xx, 408, 429, a
+// Charge posts the charge for p with header Idempotency-Key: key. On 2xx
+// it returns the charge's id (the "id" field of the gateway's JSON answer,
+// "" if it sends none); a retryable error (retry.After) on 5xx, 408, 429, a
 // timeout or a network error; and a permanent error (retry.Permanent) on any
 // other status. A request that can never be sent (a URL that does not
 // parse or is not http(s) with a host, a header value net/http refuses) is
 // permanent with reason "invalid", before any network I/O.
-func (g *Gateway) Charge(ctx context.Context, key string, p Payment) error {
+func (g *Gateway) Charge(ctx context.Context, key string, p Payment) (string, error) {
 	timeout := g.Timeout
 	if timeout <= 0 {
 		timeout = 10 * time.Second
@@ -61,16 +62,16 @@ func (g *Gateway) Charge(ctx context.Context, key string, p Payment) error {
 
 	body, err := json.Marshal(chargeRequest{OrderID: p.OrderID, AmountCents: p.AmountCents, Currency: p.Currency})
 	if err != nil {
-		return retry.Permanent(fmt.Errorf("gateway: encode charge: %w", err))
+		return "", retry.Permanent(fmt.Errorf("gateway: encode charge: %w", err))
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(g.BaseURL, "/")+"/charges", bytes.NewReader(body))
 	if err != nil {
-		return invalidRequest(fmt.Errorf("gateway: build request: %w", err))
+		return "", invalidRequest(fmt.Errorf("gateway: build request: %w", err))
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", key)
 	if err := sendable(req); err != nil {
-		return invalidRequest(fmt.Errorf("gateway: charge %s: %w", p.OrderID, err))
+		return "", invalidRequest(fmt.Errorf("gateway: charge %s: %w", p.OrderID, err))
 	}
 
 	resp, err := client.Do(req)
@@ -78,17 +79,24 @@ func (g *Gateway) Charge(ctx context.Context, key string, p Payment) error {
 		// The caller's own cancellation (shutdown, lost lease) is not a
 		// gateway failure: hand it back unchanged for the consumer to see.
 		if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.DeadlineExceeded) {
-			return fmt.Errorf("gateway: charge %s: %w", p.OrderID, err)
+			return "", fmt.Errorf("gateway: charge %s: %w", p.OrderID, err)
 		}
 		var uerr interface{ Timeout() bool }
 		if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &uerr) && uerr.Timeout()) {
-			return retry.WithReason(reasonGatewayTimeout, retry.Retryable(fmt.Errorf("gateway: charge %s timed out: %w", p.OrderID, err)))
+			return "", retry.WithReason(reasonGatewayTimeout, retry.Retryable(fmt.Errorf("gateway: charge %s timed out: %w", p.OrderID, err)))
 		}
-		return retry.WithReason(reasonGatewayNetwork, retry.Retryable(fmt.Errorf("gateway: charge %s: %w", p.OrderID, err)))
+		return "", retry.WithReason(reasonGatewayNetwork, retry.Retryable(fmt.Errorf("gateway: charge %s: %w", p.OrderID, err)))
 	}
 	defer resp.Body.Close()
 	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-	return classifyStatus(resp.StatusCode, resp.Header.Get("Retry-After"), p.OrderID, strings.TrimSpace(string(msg)))
+	if err := classifyStatus(resp.StatusCode, resp.Header.Get("Retry-After"), p.OrderID, strings.TrimSpace(string(msg))); err != nil {
+		return "", err
+	}
+	var answer struct {
+		ID string `json:"id"`
+	}
+	_ = json.Unmarshal(msg, &answer) // an answer without an id is still a charge
+	return answer.ID, nil
 }
 
 // invalidRequest marks err, a request that can never be sent, permanent.

@@ -472,6 +472,8 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer g.mu.Unlock()
 	g.calls[req.OrderID] = append(g.calls[req.OrderID], r.Header.Get("Idempotency-Key"))
 	switch {
+	case strings.HasPrefix(req.OrderID, "down-"):
+		http.Error(w, "upstream unavailable", http.StatusServiceUnavailable)
 	case strings.HasPrefix(req.OrderID, "reject-"):
 		http.Error(w, "card declined", http.StatusUnprocessableEntity)
 	case strings.HasPrefix(req.OrderID, "flaky-") && len(g.calls[req.OrderID]) == 1:
@@ -479,7 +481,7 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	default:
 		g.paid[req.OrderID]++
 		w.WriteHeader(http.StatusCreated)
-		_, _ = io.WriteString(w, `{"status":"charged"}`)
+		_, _ = fmt.Fprintf(w, `{"id":"ch_%s_%d","status":"charged"}`, req.OrderID, g.paid[req.OrderID])
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inboxtype"
+	"github.com/inboxmq/inboxmq/middleware"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
@@ -168,7 +169,7 @@ func TestGatewayInvalidRequestIsPermanent(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			err := (&Gateway{BaseURL: tt.baseURL, Timeout: 5 * time.Second}).Charge(t.Context(), tt.key, p)
+			_, err := (&Gateway{BaseURL: tt.baseURL, Timeout: 5 * time.Second}).Charge(t.Context(), tt.key, p)
 			d := retry.Classify(err)
 			require.Equal(t, retry.KindPermanent, d.Kind, "%v", err)
 			require.Equal(t, retry.ReasonInvalid, d.Reason, "%v", err)
@@ -178,7 +179,8 @@ func TestGatewayInvalidRequestIsPermanent(t *testing.T) {
 	require.Empty(t, calls, "nothing reached the gateway")
 
 	// A tab is a valid header value: the charge goes through.
-	require.NoError(t, (&Gateway{BaseURL: srv}).Charge(t.Context(), "payment:o\tp", p))
+	_, err := (&Gateway{BaseURL: srv}).Charge(t.Context(), "payment:o\tp", p)
+	require.NoError(t, err)
 }
 
 func TestConfigFromEnv(t *testing.T) {
@@ -205,21 +207,38 @@ func TestConfigFromEnv(t *testing.T) {
 	_, err = configFromEnv(env("QUEUE_TYPE", "stream"))
 	require.EqualError(t, err, `QUEUE_TYPE "stream": want quorum or classic`)
 
-	c, err = configFromEnv(env("LOCK_TTL", "2s", "WORKER_CONCURRENCY", "3", "PAYMENT_QUEUE", "q.1", "GATEWAY_URL", "http://127.0.0.1:1", "GROUP_COMMIT", "on"))
+	c, err = configFromEnv(env("LOCK_TTL", "2s", "WORKER_CONCURRENCY", "3", "PAYMENT_QUEUE", "q.1", "GATEWAY_URL", "http://127.0.0.1:1", "GROUP_COMMIT", "on",
+		"FAULT_EVENTS", "on"))
 	require.NoError(t, err)
 	require.Equal(t, 2*time.Second, c.LockTTL)
 	require.Equal(t, 3, c.Concurrency)
 	require.Equal(t, "q.1", c.Queue)
 	require.True(t, c.GroupCommit)
+	require.True(t, c.FaultEvents)
 	c, err = configFromEnv(env("CONNECT_TIMEOUT", "5s"))
 	require.NoError(t, err)
 	require.Equal(t, 5*time.Second, c.ConnectTimeout)
 
+	c, err = configFromEnv(env())
+	require.NoError(t, err)
+	require.Nil(t, c.Breaker, "BREAKER defaults to off")
+	require.Zero(t, c.GatewayRateLimit, "no rate limit by default")
+	c, err = configFromEnv(env("BREAKER", "on", "BREAKER_WINDOW", "10s", "BREAKER_THRESHOLD", "0.25",
+		"BREAKER_MIN_CALLS", "4", "BREAKER_COOLDOWN", "3s", "GATEWAY_RATE_LIMIT", "50", "GATEWAY_WORKERS", "3"))
+	require.NoError(t, err)
+	require.Equal(t, &middleware.BreakerOpts{
+		Downstream: "gateway", Window: 10 * time.Second, Threshold: 0.25, MinCalls: 4, CoolDown: 3 * time.Second,
+	}, c.Breaker)
+	require.InDelta(t, 50, c.GatewayRateLimit, 0)
+	require.Equal(t, 3, c.GatewayWorkers)
+
 	for _, bad := range [][]string{
+		{"BREAKER", "yes"}, {"BREAKER_WINDOW", "soon"}, {"BREAKER_COOLDOWN", "-1s"}, {"BREAKER_THRESHOLD", "2"},
+		{"BREAKER_MIN_CALLS", "0"}, {"GATEWAY_RATE_LIMIT", "-1"}, {"GATEWAY_RATE_LIMIT", "fast"}, {"GATEWAY_WORKERS", "0"},
 		{"LOCK_TTL", "soon"}, {"LOCK_TTL", "-1s"}, {"LOCK_TTL", "1ns"}, {"LOCK_TTL", "1ms"}, {"LOCK_TTL", "999ms"},
 		{"LOCK_TTL", "1h"}, {"LOCK_TTL", "10m1s"}, {"WORKER_CONCURRENCY", "0"},
 		{"PAYMENT_QUEUE", "bad queue"}, {"GATEWAY_URL", "ftp://x"}, {"GROUP_COMMIT", "yes"},
-		{"CONNECT_TIMEOUT", "0s"}, {"CONNECT_TIMEOUT", "soon"},
+		{"FAULT_EVENTS", "yes"}, {"CONNECT_TIMEOUT", "0s"}, {"CONNECT_TIMEOUT", "soon"},
 		{"QUEUE_TYPE", "Quorum"}, {"QUEUE_TYPE", "mirrored"}, {"DELIVERY_LIMIT", "0"}, {"DELIVERY_LIMIT", "-3"},
 		{"DELIVERY_LIMIT", "many"},
 	} {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"net/url"
 	"strings"
 	"time"
 
@@ -162,9 +163,29 @@ func newRoutes(cfg config, tr *tracing) *inboxmq.Routes {
 	opts := &inboxmq.RouteOpts{
 		Queue: consumer.QueueOpts{Concurrency: cfg.Concurrency, Type: cfg.QueueType, DeliveryLimit: cfg.DeliveryLimit},
 		Lock:  &middleware.LockOpts{TTL: cfg.LockTTL, RetryDelay: time.Second},
+		// A request (reply_to) gets the payment's stored result, the
+		// first copy and every duplicate alike.
+		Reply: true,
+	}
+	if cfg.FaultEvents {
+		// A declined or exhausted payment is announced through the
+		// outbox, once, when it is dead-lettered.
+		opts.Faults = &inboxmq.FaultOpts{Exchange: cfg.EventsExchange, RoutingKey: failedRoutingKey}
 	}
 	if cfg.GroupCommit { // the store's defaults: up to 64, 2ms, 2 in flight
 		opts.GroupCommit = &inbox.GroupCommit{}
+	}
+	opts.Breaker = cfg.Breaker // nil unless BREAKER=on
+	if cfg.GatewayRateLimit > 0 {
+		// The limit belongs to the gateway: every worker calling the same
+		// host shares it (one Redis key per host).
+		downstream := "gateway"
+		if u, err := url.Parse(cfg.GatewayURL); err == nil && u.Host != "" {
+			downstream = "gateway:" + u.Host
+		}
+		opts.RateLimit = &middleware.RateLimitOpts{
+			Downstream: downstream, Rate: cfg.GatewayRateLimit, ExpectedWorkers: cfg.GatewayWorkers,
+		}
 	}
 	if cfg.GatewayURL == "" {
 		inboxmq.HandleTx(routes, cfg.Queue, recordPayment(cfg.EventsExchange), opts)
@@ -179,7 +200,11 @@ func newRoutes(cfg config, tr *tracing) *inboxmq.Routes {
 // records the inbox row, so they commit together or not at all.
 func recordPayment(events string) inbox.TxHandlerFunc[Payment] {
 	return func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[Payment]) error {
-		return writePayment(ctx, tx, events, msg.Body)
+		entry, err := writePayment(ctx, tx, events, msg.Body)
+		if err != nil {
+			return err
+		}
+		return msg.SetResult(paymentResult{OrderID: msg.Body.OrderID, Status: "completed", LedgerEntryID: entry})
 	}
 }
 
@@ -192,15 +217,36 @@ func chargeAndRecord(gw *Gateway, events string) inbox.ClaimFunc[Payment] {
 		// A recorded step is skipped on a later attempt: a crash between the
 		// charge and the completion does not even repeat the call (and if
 		// it did, the gateway would see the same Idempotency-Key).
-		if _, err := claim.Step(ctx, "charge", func(ctx context.Context) (any, error) {
-			return nil, gw.Charge(ctx, claim.Key, msg.Body)
-		}); err != nil {
+		raw, err := claim.Step(ctx, "charge", func(ctx context.Context) (any, error) {
+			return gw.Charge(ctx, claim.Key, msg.Body)
+		})
+		if err != nil {
 			return err
 		}
+		var chargeID string
+		_ = json.Unmarshal(raw, &chargeID) // a step recorded as null: no id
 		return claim.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error {
-			return writePayment(ctx, tx, events, msg.Body)
+			entry, err := writePayment(ctx, tx, events, msg.Body)
+			if err != nil {
+				return err
+			}
+			// The gateway's answer is stored with the payment, in the
+			// completion's transaction.
+			return msg.SetResult(paymentResult{OrderID: msg.Body.OrderID, Status: "completed", ChargeID: chargeID, LedgerEntryID: entry})
 		})
 	}
+}
+
+// paymentResult is the result stored with each payment and carried by the
+// reply to every copy of a request (reply_to): the first and each
+// duplicate get the same bytes.
+type paymentResult struct {
+	OrderID string `json:"order_id"`
+	Status  string `json:"status"`
+	// ChargeID is the gateway's id of the charge (claim mode).
+	ChargeID string `json:"charge_id,omitempty"`
+	// LedgerEntryID is the id of the payment's ledger entry.
+	LedgerEntryID int64 `json:"ledger_entry_id"`
 }
 
 // completedEvent is the body of a payment.completed event.
@@ -214,24 +260,31 @@ type completedEvent struct {
 // eventRoutingKey is the routing key of the events on the events exchange.
 const eventRoutingKey = "payment.completed"
 
-func writePayment(ctx context.Context, tx pgx.Tx, events string, p Payment) error {
+// failedRoutingKey is the routing key of the fault events (an
+// inboxmq.FaultEvent body) on the events exchange (FAULT_EVENTS=on).
+const failedRoutingKey = "payment.failed"
+
+// writePayment writes the payment, its ledger entry and its event, and
+// returns the ledger entry's id.
+func writePayment(ctx context.Context, tx pgx.Tx, events string, p Payment) (int64, error) {
 	if _, err := tx.Exec(ctx,
 		`INSERT INTO payments (order_id, amount_cents, currency) VALUES ($1, $2, $3)`,
 		p.OrderID, p.AmountCents, p.Currency); err != nil {
-		return fmt.Errorf("insert payment %s: %w", p.OrderID, err)
+		return 0, fmt.Errorf("insert payment %s: %w", p.OrderID, err)
 	}
-	if _, err := tx.Exec(ctx,
-		`INSERT INTO ledger_entries (order_id, amount_cents) VALUES ($1, $2)`,
-		p.OrderID, p.AmountCents); err != nil {
-		return fmt.Errorf("insert ledger entry %s: %w", p.OrderID, err)
+	var entry int64
+	if err := tx.QueryRow(ctx,
+		`INSERT INTO ledger_entries (order_id, amount_cents) VALUES ($1, $2) RETURNING id`,
+		p.OrderID, p.AmountCents).Scan(&entry); err != nil {
+		return 0, fmt.Errorf("insert ledger entry %s: %w", p.OrderID, err)
 	}
 	body, err := json.Marshal(completedEvent{OrderID: p.OrderID, AmountCents: p.AmountCents, Currency: p.Currency, Status: "completed"})
 	if err != nil {
-		return fmt.Errorf("encode event %s: %w", p.OrderID, err)
+		return 0, fmt.Errorf("encode event %s: %w", p.OrderID, err)
 	}
 	// The message id derives from the key: a re-run enqueues nothing new,
 	// and a relay crash between publish and mark only repeats the same id.
-	return outbox.Enqueue(ctx, tx, outbox.Message{
+	return entry, outbox.Enqueue(ctx, tx, outbox.Message{
 		Exchange:       events,
 		RoutingKey:     eventRoutingKey,
 		IdempotencyKey: p.IdempotencyKey(),

@@ -1,0 +1,96 @@
+package inboxmq_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inboxmq/inboxmq"
+	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
+	"github.com/inboxmq/inboxmq/internal/amqptest"
+	"github.com/inboxmq/inboxmq/internal/testenv"
+	"github.com/inboxmq/inboxmq/retry"
+)
+
+// signalHandler is a slog.Handler that closes a channel at the first
+// record with the given message.
+type signalHandler struct {
+	msg  string
+	seen chan struct{}
+}
+
+func (h signalHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h signalHandler) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == h.msg {
+		select {
+		case <-h.seen:
+		default:
+			close(h.seen)
+		}
+	}
+	return nil
+}
+func (h signalHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h signalHandler) WithGroup(string) slog.Handler      { return h }
+
+// The crash window between the DLQ copy's confirm and the fault event's
+// outbox row: the row cannot be written (its table is gone for a while),
+// so the original is requeued, not acked; its redelivery is dead-lettered
+// again and writes the event then. Exactly one event goes out, and the
+// DLQ holds the two copies (a replay absorbs the second).
+func TestWorker_FaultEventWrittenOnceAfterAFailedOutboxWrite(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	failed := make(chan struct{})
+	routes := inboxmq.NewRoutes()
+	inboxmq.HandleTx(routes, b.queue, func(context.Context, pgx.Tx, *inboxtype.Message[order]) error {
+		return retry.Permanent(errors.New("declined"))
+	}, &inboxmq.RouteOpts{
+		Queue:  consumer.QueueOpts{Concurrency: 1},
+		Faults: &inboxmq.FaultOpts{Exchange: b.events, RoutingKey: "order.fault", Body: true},
+	})
+	w, err := inboxmq.NewWorker(&inboxmq.Config{
+		URL: testenv.AMQPURL(), DB: b.pool, Routes: routes,
+		Logger: slog.New(signalHandler{msg: "consumer: settlement failed", seen: failed}),
+		Outbox: &inboxmq.OutboxConfig{Exchanges: []inboxmq.Exchange{{Name: b.events}}},
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = w.Stop(context.Background()) })
+	require.NoError(t, w.Start(t.Context()))
+	ch, err := b.conn.Channel()
+	require.NoError(t, err)
+	_, err = ch.QueueDeclare(b.sink, false, false, false, false, nil)
+	require.NoError(t, err)
+	require.NoError(t, ch.QueueBind(b.sink, "order.fault", b.events, false, nil))
+	require.NoError(t, ch.Close())
+
+	_, err = b.pool.Exec(t.Context(), `ALTER TABLE inboxmq_outbox RENAME TO inboxmq_outbox_away`)
+	require.NoError(t, err)
+	b.pub.Publish(b.queue, []byte(`{"id":"p1"}`), amqp.Publishing{MessageId: "m-p1"})
+	testenv.WaitChan(t, failed, "the fault event's row could not be written")
+	require.Equal(t, 1, amqptest.Depth(t, b.conn, b.queue+".dlq"), "the copy was confirmed first")
+	_, err = b.pool.Exec(t.Context(), `ALTER TABLE inboxmq_outbox_away RENAME TO inboxmq_outbox`)
+	require.NoError(t, err)
+
+	testenv.WaitFor(t, "the redelivery is dead-lettered and its event published", func() bool {
+		return amqptest.Depth(t, b.conn, b.sink) == 1 && amqptest.Depth(t, b.conn, b.queue+".dlq") == 2 &&
+			amqptest.Depth(t, b.conn, b.queue) == 0
+	})
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM inboxmq_outbox`), "one event row")
+	ev, ok := amqptest.Get(t, b.conn, b.sink)
+	require.True(t, ok)
+	var fe inboxmq.FaultEvent
+	require.NoError(t, json.Unmarshal(ev.Body, &fe))
+	require.Equal(t, "order:p1", fe.Key)
+	require.Equal(t, "permanent", fe.Reason)
+	require.JSONEq(t, `{"id":"p1"}`, string(fe.Body))
+	require.Equal(t, fe.ID, ev.Headers[inboxtype.HeaderIdempotencyKey])
+	require.NoError(t, w.Stop(context.Background()))
+}

@@ -1,0 +1,62 @@
+package inbox
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/inboxmq/inboxmq/inboxtype"
+	"github.com/inboxmq/inboxmq/retry"
+)
+
+// Results: a handler records its job's result with
+// inboxtype.Message.SetResult; the inbox stores it on the key's row in the
+// transaction of the effect, and hands it to every later duplicate of the
+// key (Delivery.Result). The statement runs on the handler's own
+// transaction (in group commit its savepoint or pipeline, in claim mode
+// the completion's), so a handler that fails stores none, and each
+// delivery of a batch stores its own.
+
+// ReasonResultTooLarge: the handler's result is larger than
+// StoreConfig.MaxResultBytes; the delivery fails permanently and nothing
+// of it commits.
+const ReasonResultTooLarge = "result_too_large"
+
+// defaultMaxResultBytes is StoreConfig.MaxResultBytes's default.
+const defaultMaxResultBytes = 64 << 10
+
+// storeResult writes raw, the handler's result, on the row of (consumerName,
+// key) through tx. A nil raw stores nothing.
+func (s *Store) storeResult(ctx context.Context, tx pgx.Tx, consumerName, key string, raw []byte) error {
+	if raw == nil {
+		return nil
+	}
+	if len(raw) > s.cfg.MaxResultBytes {
+		return retry.Permanent(retry.WithReason(ReasonResultTooLarge, fmt.Errorf(
+			"inbox: result of key %q of consumer %q is %d bytes, more than MaxResultBytes %d",
+			key, consumerName, len(raw), s.cfg.MaxResultBytes)))
+	}
+	if _, err := tx.Exec(ctx, s.sql.setResult, consumerName, key, string(raw)); err != nil {
+		return fmt.Errorf("inbox: store result: %w", err)
+	}
+	return nil
+}
+
+// takeResult returns d's result and clears it, so that a later run of the
+// same delivery (an in-process retry) starts without one.
+func takeResult(d *inboxtype.Delivery) []byte {
+	if d == nil {
+		return nil
+	}
+	r := d.Result
+	d.Result = nil
+	return r
+}
+
+// replayResult hands a duplicate's stored result to its delivery.
+func replayResult(d *inboxtype.Delivery, result []byte, err error) {
+	if d != nil && result != nil && err != nil && retry.Classify(err).Kind == retry.KindDuplicate {
+		d.Result = result
+	}
+}
