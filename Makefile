@@ -59,11 +59,19 @@ test/short: up ## The quick loop: the Go tests without -race (-short skips only 
 
 BENCH_N    ?= 20000
 BENCH_RUNS ?= 5
+# The cluster that make cluster starts (scripts/cluster.sh writes its URLs
+# to $(CLUSTER_DIR)/env); CLUSTER_AMQP_URLS in the environment wins.
+CLUSTER_DIR ?= /var/tmp/inboxmq-cluster
 
 .PHONY: bench
-bench: up ## One-run benchmark against the ceilings (cmd/inboxbench): msgs/s, latency, allocs, CPU, RSS and the ratios; then the per-message cases again at 32 handlers
+bench: up ## One-run benchmark against the ceilings (cmd/inboxbench): msgs/s, latency, allocs, CPU, RSS and the ratios, per-message and group commit on classic and quorum queues; then the per-message cases at 32 handlers; then, when a cluster is up (make cluster), the quorum cases on its 3 nodes
 	$(GO) run ./cmd/inboxbench -n $(BENCH_N) -runs $(BENCH_RUNS) -batch 64 -inflight 8
-	$(GO) run ./cmd/inboxbench -n $(BENCH_N) -runs $(BENCH_RUNS) -workers 32 -cases b,d,f,g -latency 0
+	$(GO) run ./cmd/inboxbench -n $(BENCH_N) -runs $(BENCH_RUNS) -workers 32 -cases b,d,f,g -quorum= -latency 0
+	@urls="$${CLUSTER_AMQP_URLS:-}"; \
+	if [ -z "$$urls" ] && [ -f "$(CLUSTER_DIR)/env" ]; then urls=$$(. "$(CLUSTER_DIR)/env" && echo "$$CLUSTER_AMQP_URLS"); fi; \
+	if [ -z "$$urls" ]; then echo "no cluster up (make cluster): the 3-node cases are left out"; exit 0; fi; \
+	echo "== the per-message and group-commit cases on the 3-node cluster (its first node; quorum queues replicate to all 3)"; \
+	$(GO) run ./cmd/inboxbench -amqp "$${urls%%,*}" -n $(BENCH_N) -runs $(BENCH_RUNS) -batch 64 -inflight 8 -cases b,c,d,e -latency 0
 
 .PHONY: bench/go
 bench/go: up ## Run the packages' go test benchmarks (no tests)

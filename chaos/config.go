@@ -2,12 +2,15 @@ package chaos
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/inboxmq/inboxmq/middleware"
 )
@@ -70,13 +73,40 @@ type Config struct {
 	// WorkDir holds the binary and the workers' logs. Defaults to a new
 	// temporary directory, removed after a passing run unless Keep is set.
 	WorkDir string
-	// AMQPURL is the broker. Defaults to amqp://guest:guest@127.0.0.1:5672/.
+	// AMQPURL is the broker: one URL, or the comma-separated URLs of a
+	// cluster's nodes. The workers get it as AMQP_URL; the runner connects
+	// to the first node that answers and moves to another when its node
+	// goes away. Defaults to amqp://guest:guest@127.0.0.1:5672/.
 	AMQPURL string
 	// DatabaseURL is the database in which each scenario creates its own
 	// schema. Defaults to postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable.
 	DatabaseURL string
 	// RedisURL is the workers' Redis. Defaults to redis://127.0.0.1:6379/0.
 	RedisURL string
+	// WorkerAMQPURL, WorkerDatabaseURL and WorkerRedisURL are what the
+	// workers get when it differs from what the runner uses: the TLS
+	// listeners of the same servers, for example. The runner still adds the
+	// schema's search_path to WorkerDatabaseURL. Default to AMQPURL,
+	// DatabaseURL and RedisURL.
+	WorkerAMQPURL, WorkerDatabaseURL, WorkerRedisURL string
+	// WorkerEnv is added to each worker's environment, after the runner's
+	// own settings (so it can override them): SSL_CERT_FILE, for example.
+	// Defaults to nothing.
+	WorkerEnv []string
+	// QueueType is each worker's QUEUE_TYPE (quorum or classic). Defaults
+	// to "", which leaves the worker's default.
+	QueueType string
+	// GatewayDelay is added to every call of the fake gateway, all run
+	// long (gateway scenario): a steady, slow outside call that bounds the
+	// workers' throughput, so a backlog lasts through a long fault.
+	// Defaults to 0.
+	GatewayDelay time.Duration
+	// Failover, when set, replaces the worker faults: the orders are
+	// published at once as a backlog, the copies of each order side by
+	// side (so that they race each other for the lock and the claim), and
+	// Failover.Inject breaks the servers once, mid-drain. Defaults to nil
+	// (the seeded worker faults).
+	Failover *Failover
 	// Keep keeps the schemas, queues and logs of the run. Defaults to false.
 	Keep bool
 	// Log receives progress lines, one Write per line; Run serialises the
@@ -96,7 +126,7 @@ func (c *Config) withDefaults() Config {
 	out.Workers = cmp.Or(out.Workers, 3)
 	out.Duration = cmp.Or(out.Duration, 30*time.Second)
 	out.FaultEvery = cmp.Or(out.FaultEvery, 2*time.Second)
-	if out.Faults == nil {
+	if out.Faults == nil && out.Failover == nil {
 		out.Faults = slices.Clone(AllFaults)
 		if out.RestartRedis {
 			out.Faults = append(out.Faults, FaultRedisRestart)
@@ -111,11 +141,50 @@ func (c *Config) withDefaults() Config {
 	out.AMQPURL = cmp.Or(out.AMQPURL, "amqp://guest:guest@127.0.0.1:5672/")
 	out.DatabaseURL = cmp.Or(out.DatabaseURL, "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable")
 	out.RedisURL = cmp.Or(out.RedisURL, "redis://127.0.0.1:6379/0")
+	out.WorkerAMQPURL = cmp.Or(out.WorkerAMQPURL, out.AMQPURL)
+	out.WorkerDatabaseURL = cmp.Or(out.WorkerDatabaseURL, out.DatabaseURL)
+	out.WorkerRedisURL = cmp.Or(out.WorkerRedisURL, out.RedisURL)
+	if out.Failover != nil {
+		f := *out.Failover
+		if f.After == 0 {
+			f.After = 0.25
+		}
+		out.Failover = &f
+	}
 	if out.Log == nil {
 		out.Log = io.Discard
 	}
 	out.Log = &lockedWriter{w: out.Log}
 	return out
+}
+
+// Failover is a fault injected into the servers once per scenario, in the
+// middle of the drain of a backlog: a broker node killed, the brokers
+// restarted one by one, the database's standby promoted, Redis failed over.
+// The run measures how long consumption stopped around it and what the
+// workers' metrics counted, then judges the run as always.
+type Failover struct {
+	// Name names the fault in the report ("kill-leader").
+	Name string
+	// After is the share of the orders (between 0 and 1) that have their
+	// ledger entry when the fault is injected. Defaults to 0.25.
+	After float64
+	// Inject breaks the servers and returns once the fault is over (a
+	// standby promoted, three brokers restarted in turn; a killed node may
+	// stay down), with a line saying what it did. It runs on the goroutine
+	// that called [Run].
+	Inject func(ctx context.Context, run FailoverRun) (detail string, err error)
+}
+
+// FailoverRun is what a Failover's Inject may act on.
+type FailoverRun struct {
+	// Queue is the scenario's work queue (a quorum queue's leader can be
+	// looked up by its name).
+	Queue string
+	// RunID is part of every Redis key of the run (see FlushRedisKeys).
+	RunID string
+	// Redis is the runner's client of Config.RedisURL.
+	Redis redis.UniversalClient
 }
 
 // lockedWriter serialises writes from the runner's goroutines.
@@ -147,6 +216,25 @@ func (c *Config) validate() error {
 		if f == FaultRedisRestart && !c.RestartRedis {
 			return errors.New("chaos: fault redis-restart needs RestartRedis")
 		}
+	}
+	if f := c.Failover; f != nil {
+		if f.Name == "" || f.Inject == nil {
+			return errors.New("chaos: a Failover needs a Name and an Inject function")
+		}
+		if f.After <= 0 || f.After >= 1 {
+			return fmt.Errorf("chaos: Failover.After %v: want a share of the orders between 0 and 1", f.After)
+		}
+		if len(c.Faults) > 0 {
+			return errors.New("chaos: Failover replaces the worker faults: leave Faults empty")
+		}
+	}
+	if c.GatewayDelay < 0 {
+		return errors.New("chaos: GatewayDelay must not be negative")
+	}
+	switch c.QueueType {
+	case "", "quorum", "classic":
+	default:
+		return fmt.Errorf("chaos: unknown QueueType %q (want quorum or classic)", c.QueueType)
 	}
 	for _, s := range c.Scenarios {
 		if s != ScenarioInbox && s != ScenarioGateway {

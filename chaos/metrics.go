@@ -30,10 +30,11 @@ var ContractMetrics = []string{
 type scraper struct {
 	url string
 
-	mu   sync.Mutex
-	cur  map[string]float64
-	done map[string]float64
-	seen map[string]bool // metric name suffixes seen (contract check)
+	mu     sync.Mutex
+	cur    map[string]float64
+	done   map[string]float64
+	seen   map[string]bool    // metric name suffixes seen (contract check)
+	series map[string]float64 // the current process's series, see seriesKey
 }
 
 func newScraper(addr string) *scraper {
@@ -81,10 +82,10 @@ func (s *scraper) scrape(ctx context.Context) bool {
 	if resp.StatusCode != http.StatusOK {
 		return false
 	}
-	vals, names := parseMetrics(resp.Body)
+	vals, names, series := parseMetrics(resp.Body)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.cur = vals
+	s.cur, s.series = vals, series
 	for n := range names {
 		for _, c := range ContractMetrics {
 			if strings.HasSuffix(n, c) || strings.HasSuffix(n, c+"_bucket") || strings.HasSuffix(n, c+"_count") {
@@ -113,6 +114,7 @@ func (s *scraper) missing() []string {
 var counted = []string{
 	"duplicate_detected_total",
 	"job_retry_total",
+	"lock_acquire_success_total",
 	"lock_acquire_failed_total",
 	"lock_expired_before_completion_total",
 	"idempotency_conflict_total",
@@ -156,12 +158,25 @@ func (s *scraper) processed(ctx context.Context) (float64, bool) {
 	return s.cur[processedMetric], true
 }
 
+// currentSeries returns a copy of the last scrape's series.
+func (s *scraper) currentSeries() map[string]float64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string]float64, len(s.series))
+	for k, v := range s.series {
+		out[k] = v
+	}
+	return out
+}
+
 // parseMetrics reads the Prometheus text format and sums the counted
 // series: "<suffix>" over all labels and "duplicate_detected_total/<source>"
-// per source. It also returns every metric name seen.
-func parseMetrics(r io.Reader) (map[string]float64, map[string]bool) {
-	vals := make(map[string]float64)
-	names := make(map[string]bool)
+// per source. It also returns every metric name seen, and every series of
+// the worker's own metrics by seriesKey.
+func parseMetrics(r io.Reader) (vals map[string]float64, names map[string]bool, series map[string]float64) {
+	vals = make(map[string]float64)
+	names = make(map[string]bool)
+	series = make(map[string]float64)
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64*1024), 1<<20)
 	for sc.Scan() {
@@ -173,12 +188,15 @@ func parseMetrics(r io.Reader) (map[string]float64, map[string]bool) {
 		if sp < 0 {
 			continue
 		}
-		series, valStr := line[:sp], line[sp+1:]
-		name, labels, _ := strings.Cut(series, "{")
+		text, valStr := line[:sp], line[sp+1:]
+		name, labels, _ := strings.Cut(text, "{")
 		names[name] = true
 		v, err := strconv.ParseFloat(valStr, 64)
 		if err != nil {
 			continue
+		}
+		if k, ok := seriesKey(name, labels); ok {
+			series[k] += v
 		}
 		for _, c := range counted {
 			if !strings.HasSuffix(name, c) {
@@ -190,7 +208,49 @@ func parseMetrics(r io.Reader) (map[string]float64, map[string]bool) {
 			}
 		}
 	}
-	return vals, names
+	return vals, names, series
+}
+
+// seriesKey names a series for the failover report: the metric name
+// without the "inboxmq_" namespace, with its labels but queue and consumer
+// (one run has one of each), as `job_retry_total{reason="db_connection"}`.
+// The Go and process collectors and histogram buckets are left out (ok
+// false).
+func seriesKey(name, labels string) (string, bool) {
+	for _, p := range []string{"go_", "process_", "promhttp_"} {
+		if strings.HasPrefix(name, p) {
+			return "", false
+		}
+	}
+	if strings.HasSuffix(name, "_bucket") {
+		return "", false
+	}
+	name = strings.TrimPrefix(name, "inboxmq_")
+	var kept []string
+	rest := strings.TrimSuffix(labels, "}")
+	for rest != "" {
+		eq := strings.Index(rest, `="`)
+		if eq < 0 {
+			break
+		}
+		key := strings.TrimPrefix(rest[:eq], ",")
+		// The value ends at the first quote not escaped by a backslash.
+		i := eq + 2
+		for i < len(rest) && (rest[i] != '"' || rest[i-1] == '\\') {
+			i++
+		}
+		if i >= len(rest) {
+			break
+		}
+		if key != "queue" && key != "consumer" {
+			kept = append(kept, strings.TrimPrefix(rest[:i+1], ","))
+		}
+		rest = rest[i+1:]
+	}
+	if len(kept) == 0 {
+		return name, true
+	}
+	return name + "{" + strings.Join(kept, ",") + "}", true
 }
 
 // labelValue returns the value of label name in a `a="x",b="y"}` list.

@@ -18,12 +18,18 @@ inboxmq_job_retry_total{queue="q",reason="lock_expired"} 1
 inboxmq_job_processing_duration_seconds_bucket{le="0.1"} 5
 malformed line
 `
-	vals, names := parseMetrics(strings.NewReader(text))
+	vals, names, series := parseMetrics(strings.NewReader(text))
 	require.InDelta(t, 7, vals["duplicate_detected_total"], 0)
 	require.InDelta(t, 3, vals["duplicate_detected_total/inbox"], 0)
 	require.InDelta(t, 4, vals["duplicate_detected_total/cache"], 0)
 	require.InDelta(t, 3, vals["job_retry_total"], 0)
 	require.True(t, names["inboxmq_job_processing_duration_seconds_bucket"])
+	require.Equal(t, map[string]float64{
+		`duplicate_detected_total{source="inbox"}`: 3,
+		`duplicate_detected_total{source="cache"}`: 4,
+		`job_retry_total{reason="error"}`:          2,
+		`job_retry_total{reason="lock_expired"}`:   1,
+	}, series, "series without the queue and consumer labels, without buckets")
 	require.Equal(t, "inbox", labelValue(`consumer="q",source="inbox"}`, "source"))
 	require.Equal(t, "x", labelValue(`source="x"}`, "source"))
 	require.Equal(t, "unknown", labelValue(`xsource="y"}`, "source"))

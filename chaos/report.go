@@ -68,6 +68,20 @@ func (r *Report) WriteTable(w io.Writer) {
 	_ = tw.Flush()
 
 	for _, s := range r.Scenarios {
+		if s.SeriesBefore == nil {
+			continue
+		}
+		for _, f := range s.Faults {
+			fmt.Fprintf(w, "\n%s %s: %s; took %s with %d of %d orders pending; consumption stopped for at most %s; first ledger entry %s after it ended; last 5 %% of the orders in %s; %.0f/s before, %.0f/s after\n",
+				s.Name, f.Kind, f.Detail, f.Took.Round(time.Millisecond), f.Pending, s.Orders, f.Stall.Round(10*time.Millisecond),
+				f.Recovery.Round(10*time.Millisecond), f.Tail.Round(10*time.Millisecond), f.RateBefore, f.RateAfter)
+		}
+		fmt.Fprintf(w, "metrics from the fault's start to the drain, summed over the workers:\n")
+		for _, line := range s.MetricChanges() {
+			fmt.Fprintf(w, "  %s\n", line)
+		}
+	}
+	for _, s := range r.Scenarios {
 		for _, v := range s.Violations {
 			fmt.Fprintf(w, "VIOLATION %s: %s\n", s.Name, v)
 		}

@@ -46,6 +46,26 @@ type FaultEvent struct {
 	// Err is set when the fault could not be injected or the run did not
 	// recover.
 	Err string
+	// Took is how long the injection itself took (a Failover's Inject: a
+	// node killed and started again, three brokers restarted in turn).
+	Took time.Duration
+	// Stall is the longest time without a new order's ledger entry from
+	// the start of a Failover until 95 % of the orders had theirs: how long
+	// consumption stopped. Zero for the worker faults.
+	Stall time.Duration
+	// Tail is the time from the ledger entry that completed 95 % of the
+	// orders to the last one. The backlog drains at an even pace, so a long
+	// tail is orders a Failover interrupted and that waited for something
+	// (a claim whose completion failed waits for its lease). Zero for the
+	// worker faults.
+	Tail time.Duration
+	// Pending is how many orders had no ledger entry yet when a Failover
+	// began: the work its stall is measured on. Zero for the worker faults.
+	Pending int
+	// RateBefore and RateAfter are the orders recorded per second in the
+	// 5s before a Failover and from its end until 95 % of the orders had
+	// their entry. Zero for the worker faults.
+	RateBefore, RateAfter float64
 }
 
 // ScenarioReport is the outcome of one scenario.
@@ -62,6 +82,11 @@ type ScenarioReport struct {
 	// Metrics are the workers' counters summed over all processes (by
 	// metric-name suffix; duplicates also as "duplicate_detected_total/<source>").
 	Metrics map[string]float64
+	// SeriesBefore and SeriesAfter are the workers' series (without the Go
+	// and process collectors, histogram buckets and the queue and consumer
+	// labels) summed over all processes, scraped just before a Failover and
+	// once the run drained; nil without a Failover. See MetricChanges.
+	SeriesBefore, SeriesAfter map[string]float64
 	// Check is the checker's result (nil if the run broke off before it).
 	Check *Result
 	// Violations are every broken guarantee: the checker's and the
@@ -158,10 +183,14 @@ type scenarioRun struct {
 	dbURL   string
 	pool    *pgxpool.Pool
 	rdb     redis.UniversalClient
-	conn    *amqp.Connection
 	gw      *Gateway
 	workers []*worker
 	start   time.Time
+	// faultStart and faultEnd bound a Failover's Inject.
+	faultStart, faultEnd time.Time
+
+	connMu sync.Mutex
+	conn   *amqp.Connection // the runner's, on any node: see channel
 
 	mu         sync.Mutex
 	violations []string
@@ -212,29 +241,44 @@ func runScenario(ctx context.Context, cfg *Config, name string, rnd *mrand.Rand,
 	defer r.teardown()
 	if name == ScenarioGateway {
 		r.gw = NewGateway(rnd.Uint64())
+		r.gw.SetPhase(GatewayPhase{Delay: cfg.GatewayDelay}, 0)
 		defer r.gw.Close()
 	}
 	exp, msgs := r.messages()
 	r.rep.Orders, r.rep.Declined, r.rep.Poison, r.rep.Publishes = len(exp.Orders), len(exp.Declined), len(exp.Poison), len(msgs)
 
+	// Whatever happens (an Inject that ends the calling goroutine
+	// included), no worker process outlives the scenario.
+	defer r.killWorkers()
 	if err := r.startWorkers(ctx); err != nil {
 		r.stopWorkers()
 		return r.rep, err
 	}
 
-	// Fault phase: publish over the first 80 %, inject throughout, scrape.
+	// Fault phase: publish over the first 80 % (with a Failover: at once,
+	// a backlog), inject throughout, scrape.
 	r.start = time.Now()
 	phaseCtx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	pubErr := make(chan error, 1)
-	wg.Go(func() { pubErr <- r.publish(phaseCtx, msgs, cfg.Duration*8/10) })
+	span := cfg.Duration * 8 / 10
+	if cfg.Failover != nil {
+		span = 0
+	}
+	wg.Go(func() { pubErr <- r.publish(phaseCtx, msgs, span) })
 	wg.Go(func() { r.scrapeLoop(phaseCtx) })
-	r.injectLoop(phaseCtx)
-	if err := <-pubErr; err != nil {
+	var phaseErr error
+	if cfg.Failover != nil {
+		phaseErr = r.failover(phaseCtx, exp, pubErr)
+	} else {
+		r.injectLoop(phaseCtx)
+		phaseErr = <-pubErr
+	}
+	if phaseErr != nil {
 		cancel()
 		wg.Wait()
 		r.stopWorkers()
-		return r.rep, err
+		return r.rep, phaseErr
 	}
 
 	// Heal, then wait for the drain.
@@ -248,6 +292,10 @@ func runScenario(ctx context.Context, cfg *Config, name string, rnd *mrand.Rand,
 	cancel()
 	wg.Wait()
 	r.scrapeAll(ctx)
+	if cfg.Failover != nil {
+		r.rep.SeriesAfter = r.seriesSum()
+		r.measureStall(ctx)
+	}
 	r.stopWorkers()
 	r.rep.Metrics = make(map[string]float64)
 	for _, w := range r.workers {
@@ -302,10 +350,11 @@ func (r *scenarioRun) setup(ctx context.Context) error {
 	if r.rdb, err = inboxmq.RedisFromURL(r.cfg.RedisURL, nil); err != nil {
 		return fmt.Errorf("chaos: REDIS_URL: %w", err)
 	}
-	r.conn, _, err = consumer.Dial(ctx, r.cfg.AMQPURL, &consumer.DialOpts{Name: "inboxmq-chaos runner " + r.runID})
+	ch, err := r.channel()
 	if err != nil {
-		return fmt.Errorf("chaos: RabbitMQ: %w", err)
+		return err
 	}
+	_ = ch.Close()
 	// The worker's own migrate command, as operators run it (twice: it
 	// must be safe to repeat).
 	for range 2 {
@@ -328,20 +377,27 @@ func (r *scenarioRun) teardown() {
 	if r.pool != nil {
 		r.pool.Close()
 	}
-	if r.cfg.Keep {
-		if r.conn != nil {
-			_ = r.conn.Close()
-		}
-		return
-	}
-	if r.conn != nil {
+	if !r.cfg.Keep {
+		// At once: deleting a quorum queue with a member node down waits
+		// for that node's timeout, queue by queue.
+		var wg sync.WaitGroup
 		for _, q := range r.queueNames(true) {
-			if ch, err := r.conn.Channel(); err == nil {
-				_, _ = ch.QueueDelete(q, false, false, false)
-				_ = ch.Close()
+			if ch, err := r.channel(); err == nil {
+				wg.Go(func() {
+					_, _ = ch.QueueDelete(q, false, false, false)
+					_ = ch.Close()
+				})
 			}
 		}
+		wg.Wait()
+	}
+	r.connMu.Lock()
+	if r.conn != nil {
 		_ = r.conn.Close()
+	}
+	r.connMu.Unlock()
+	if r.cfg.Keep {
+		return
 	}
 	if admin, err := pgx.Connect(ctx, r.cfg.DatabaseURL); err == nil {
 		_, _ = admin.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{r.schema}.Sanitize()+" CASCADE")
@@ -413,22 +469,48 @@ func (r *scenarioRun) messages() (Expect, []producer.Message) {
 		exp.Poison = append(exp.Poison, b)
 		add(b, 1)
 	}
-	r.rnd.Shuffle(len(msgs), func(i, j int) { msgs[i], msgs[j] = msgs[j], msgs[i] })
+	if r.cfg.Failover != nil {
+		// A backlog whose copies of one order sit side by side: they are
+		// delivered together and race for the lock and the claim.
+		groups := groupCopies(msgs)
+		r.rnd.Shuffle(len(groups), func(i, j int) { groups[i], groups[j] = groups[j], groups[i] })
+		msgs = slices.Concat(groups...)
+	} else {
+		r.rnd.Shuffle(len(msgs), func(i, j int) { msgs[i], msgs[j] = msgs[j], msgs[i] })
+	}
 	for i := range msgs {
 		msgs[i].ID = r.runID + "-m" + randomHex(6) // duplicates carry different ids
 	}
 	return exp, msgs
 }
 
+// groupCopies splits msgs into runs of equal bodies (an order's copies).
+func groupCopies(msgs []producer.Message) [][]producer.Message {
+	var out [][]producer.Message
+	for i := 0; i < len(msgs); {
+		j := i + 1
+		for j < len(msgs) && string(msgs[j].Body) == string(msgs[i].Body) {
+			j++
+		}
+		out = append(out, msgs[i:j])
+		i = j
+	}
+	return out
+}
+
 // publish sends msgs spread over span with package producer (confirmed,
 // mandatory, retried across a lost connection), one at a time. The bodies
 // are sent as they are (poison included), so Producer.Send, not Publish.
+// A zero span publishes them at once (publishBacklog).
 func (r *scenarioRun) publish(ctx context.Context, msgs []producer.Message, span time.Duration) error {
 	p, err := producer.New(&producer.Config{URL: r.cfg.AMQPURL, ConnectionName: "inboxmq-chaos publisher " + r.runID})
 	if err != nil {
 		return fmt.Errorf("chaos: publisher: %w", err)
 	}
 	defer p.Close()
+	if span == 0 {
+		return r.publishBacklog(ctx, p, msgs)
+	}
 	gap := span / time.Duration(max(len(msgs), 1))
 	start := time.Now()
 	for i := range msgs {
@@ -453,6 +535,54 @@ func (r *scenarioRun) publish(ctx context.Context, msgs []producer.Message, span
 	return nil
 }
 
+// backlogSenders is how many sends publishBacklog keeps in flight.
+const backlogSenders = 32
+
+// publishBacklog publishes msgs at once with p, backlogSenders at a time
+// (each waits for its confirm), roughly in order: an order's adjacent
+// copies still reach the queue together.
+func (r *scenarioRun) publishBacklog(ctx context.Context, p *producer.Producer, msgs []producer.Message) error {
+	start := time.Now()
+	// Publishing is not a fault target: the end of the fault phase never
+	// cuts it off.
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
+	defer cancel()
+	next := make(chan int)
+	errs := make(chan error, backlogSenders)
+	var wg sync.WaitGroup
+	for range backlogSenders {
+		wg.Go(func() {
+			for i := range next {
+				if err := p.Send(pctx, &msgs[i]); err != nil {
+					errs <- fmt.Errorf("chaos: publish message %d: %w", i, err)
+					cancel()
+					return
+				}
+			}
+		})
+	}
+feed:
+	for i := range msgs {
+		select {
+		case next <- i:
+		case <-pctx.Done():
+			break feed
+		}
+	}
+	close(next)
+	wg.Wait()
+	select {
+	case err := <-errs:
+		return err
+	default:
+	}
+	if err := pctx.Err(); err != nil {
+		return fmt.Errorf("chaos: publish the backlog: %w", err)
+	}
+	fmt.Fprintf(r.cfg.Log, "chaos: published a backlog of %d messages in %s\n", len(msgs), time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
 func (r *scenarioRun) startWorkers(ctx context.Context) error {
 	for i := range r.cfg.Workers {
 		addr, err := freePort()
@@ -461,9 +591,9 @@ func (r *scenarioRun) startWorkers(ctx context.Context) error {
 		}
 		app := fmt.Sprintf("inboxchaos_%s_w%d", r.runID, i)
 		env := []string{
-			"AMQP_URL=" + r.cfg.AMQPURL,
-			"DATABASE_URL=" + withParams(r.dbURL, "application_name="+app),
-			"REDIS_URL=" + r.cfg.RedisURL,
+			"AMQP_URL=" + r.cfg.WorkerAMQPURL,
+			"DATABASE_URL=" + withParams(r.cfg.WorkerDatabaseURL, "search_path="+r.schema, "application_name="+app),
+			"REDIS_URL=" + r.cfg.WorkerRedisURL,
 			"PAYMENT_QUEUE=" + r.queue,
 			"LOCK_TTL=" + r.cfg.LockTTL.String(),
 			fmt.Sprintf("WORKER_CONCURRENCY=%d", r.cfg.Concurrency),
@@ -475,6 +605,10 @@ func (r *scenarioRun) startWorkers(ctx context.Context) error {
 		if r.cfg.GroupCommit {
 			env = append(env, "GROUP_COMMIT=on")
 		}
+		if r.cfg.QueueType != "" {
+			env = append(env, "QUEUE_TYPE="+r.cfg.QueueType)
+		}
+		env = append(env, r.cfg.WorkerEnv...)
 		w := &worker{
 			idx: i, bin: r.cfg.Binary, env: env, appName: app, metrics: addr,
 			logPath: filepath.Join(r.rep.LogDir, fmt.Sprintf("worker-%d.log", i)), scrape: newScraper(addr),
@@ -526,6 +660,16 @@ func (r *scenarioRun) stopWorkers() {
 	wg.Wait()
 }
 
+// killWorkers SIGKILLs every worker still running (the last resort when a
+// scenario ends early).
+func (r *scenarioRun) killWorkers() {
+	for _, w := range r.workers {
+		if exited, _ := w.wait(0); !exited {
+			w.kill()
+		}
+	}
+}
+
 func (r *scenarioRun) scrapeAll(ctx context.Context) {
 	for _, w := range r.workers {
 		w.mu.Lock()
@@ -550,11 +694,38 @@ func (r *scenarioRun) scrapeLoop(ctx context.Context) {
 	}
 }
 
+// channel opens a channel on the runner's connection, dialling again
+// (consumer.Dial tries a cluster's nodes in turn) when that connection was
+// lost.
+func (r *scenarioRun) channel() (*amqp.Channel, error) {
+	r.connMu.Lock()
+	defer r.connMu.Unlock()
+	for attempt := 0; ; attempt++ {
+		if r.conn == nil || r.conn.IsClosed() {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			conn, _, err := consumer.Dial(ctx, r.cfg.AMQPURL, &consumer.DialOpts{Name: "inboxmq-chaos runner " + r.runID, Timeout: 5 * time.Second})
+			cancel()
+			if err != nil {
+				return nil, fmt.Errorf("chaos: RabbitMQ: %w", err)
+			}
+			r.conn = conn
+		}
+		ch, err := r.conn.Channel()
+		if err == nil {
+			return ch, nil
+		}
+		_ = r.conn.Close()
+		if attempt > 0 {
+			return nil, fmt.Errorf("chaos: channel: %w", err)
+		}
+	}
+}
+
 // depth returns the ready messages in queue (0 if it does not exist).
 func (r *scenarioRun) depth(queue string) (int, error) {
-	ch, err := r.conn.Channel()
+	ch, err := r.channel()
 	if err != nil {
-		return 0, fmt.Errorf("chaos: channel: %w", err)
+		return 0, err
 	}
 	q, err := ch.QueueDeclarePassive(queue, false, false, false, false, nil)
 	if err != nil {
@@ -574,15 +745,21 @@ func (r *scenarioRun) ledgerCount(ctx context.Context) int {
 	return n
 }
 
-// heal ends every fault: continues stopped workers, restarts dead ones and
-// makes the gateway healthy.
+// heal ends every fault: continues stopped workers, restarts dead ones (a
+// violation after a Failover, which kills no worker) and makes the gateway
+// healthy.
 func (r *scenarioRun) heal(ctx context.Context) {
 	if r.gw != nil {
-		r.gw.SetPhase(GatewayPhase{}, 0)
+		r.gw.SetPhase(GatewayPhase{Delay: r.cfg.GatewayDelay}, 0)
 	}
 	for _, w := range r.workers {
 		_ = w.signal(syscall.SIGCONT)
-		if exited, _ := w.wait(0); exited {
+		if exited, werr := w.wait(0); exited {
+			if r.cfg.Failover != nil {
+				// Nothing killed it: a worker must ride a failover out.
+				r.violate("worker %d exited after %s (%v): a worker must ride a failover out without a restart (log %s)",
+					w.idx, r.cfg.Failover.Name, werr, w.logPath)
+			}
 			w.scrape.restarted()
 			if err := w.start(); err != nil {
 				r.violate("heal: %v", err)
@@ -641,9 +818,9 @@ func (r *scenarioRun) leftovers() map[string]int {
 }
 
 func (r *scenarioRun) drainDLQ() ([]DeadLetter, error) {
-	ch, err := r.conn.Channel()
+	ch, err := r.channel()
 	if err != nil {
-		return nil, fmt.Errorf("chaos: channel: %w", err)
+		return nil, err
 	}
 	defer ch.Close()
 	var out []DeadLetter

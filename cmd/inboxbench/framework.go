@@ -72,29 +72,36 @@ func (e *env) groupCommit() *inbox.GroupCommit {
 }
 
 // groupQueue is the queue settings of cases (e) and (h): enough handlers
-// to fill every batch in flight, and twice that prefetched.
-func (e *env) groupQueue() consumer.QueueOpts {
-	return consumer.QueueOpts{Concurrency: e.inflight * e.batch, Prefetch: 2 * e.inflight * e.batch}
+// to fill every batch in flight, and twice that prefetched, on a queue of
+// type typ.
+func (e *env) groupQueue(typ consumer.QueueType) consumer.QueueOpts {
+	return consumer.QueueOpts{Type: typ, Concurrency: e.inflight * e.batch, Prefetch: 2 * e.inflight * e.batch, DeliveryLimit: benchDeliveryLimit}
 }
 
-// frameworkCases returns the inboxmq cases (d), (e), (f) and (h).
-func frameworkCases(e *env) []benchCase {
+// frameworkCases returns the inboxmq cases (d), (e), (f) and (h) on a
+// queue of type typ; on a quorum queue their ids get the suffix "q".
+func frameworkCases(e *env, typ consumer.QueueType) []benchCase {
+	suffix, on := "", ""
+	if typ == consumer.Quorum {
+		suffix, on = "q", ", quorum queue"
+	}
+	perMessage := consumer.QueueOpts{Type: typ, Concurrency: e.workers, DeliveryLimit: benchDeliveryLimit}
 	return []benchCase{
-		{"d", fmt.Sprintf("inboxmq per-message transactional mode, %d handlers", e.workers), inboxmqCase(e, func(store *inbox.Store, r *consumer.Router, q string) {
+		{"d" + suffix, fmt.Sprintf("inboxmq per-message transactional mode, %d handlers%s", e.workers, on), typ, inboxmqCase(e, func(store *inbox.Store, r *consumer.Router, q string) {
 			consumer.Register(r, q, inbox.Handler(store, func(ctx context.Context, tx pgx.Tx, m *inboxtype.Message[payment]) error {
 				return writePayment(ctx, tx, m.Body)
-			}, nil), &consumer.HandlerOpts{Namespace: benchConsumer, Queue: consumer.QueueOpts{Concurrency: e.workers}})
+			}, nil), &consumer.HandlerOpts{Namespace: benchConsumer, Queue: perMessage})
 		})},
-		{"e", fmt.Sprintf("inboxmq group commit (%d per tx, %d in flight, pipeline %v)", e.batch, e.inflight, e.pipeline), inboxmqCase(e, func(store *inbox.Store, r *consumer.Router, q string) {
+		{"e" + suffix, fmt.Sprintf("inboxmq group commit (%d per tx, %d in flight, pipeline %v)%s", e.batch, e.inflight, e.pipeline, on), typ, inboxmqCase(e, func(store *inbox.Store, r *consumer.Router, q string) {
 			consumer.Register(r, q, inbox.Handler(store, func(ctx context.Context, tx pgx.Tx, m *inboxtype.Message[payment]) error {
 				return writePayment(ctx, tx, m.Body)
 			}, &inbox.HandlerOpts{GroupCommit: e.groupCommit()}),
-				&consumer.HandlerOpts{Namespace: benchConsumer, Queue: e.groupQueue()})
+				&consumer.HandlerOpts{Namespace: benchConsumer, Queue: e.groupQueue(typ)})
 		})},
-		{"f", fmt.Sprintf("inboxmq Redis lock + claim mode, %d handlers", e.workers),
-			claimCase(e, nil, consumer.QueueOpts{Concurrency: e.workers})},
-		{"h", "inboxmq Redis lock + claim mode, completions group-committed as (e)",
-			claimCase(e, &inbox.ClaimOpts{GroupCommit: e.groupCommit()}, e.groupQueue())},
+		{"f" + suffix, fmt.Sprintf("inboxmq Redis lock + claim mode, %d handlers%s", e.workers, on), typ,
+			claimCase(e, nil, perMessage)},
+		{"h" + suffix, "inboxmq Redis lock + claim mode, completions group-committed as (e)" + on, typ,
+			claimCase(e, &inbox.ClaimOpts{GroupCommit: e.groupCommit()}, e.groupQueue(typ))},
 	}
 }
 

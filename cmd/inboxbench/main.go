@@ -9,6 +9,7 @@
 //	(f) inboxmq, Redis lock + claim mode
 //	(g) hand-written loop, Redis lock + claim — (f)'s protocol by hand: its ceiling
 //	(h) inboxmq, Redis lock + claim mode with group-committed completions
+//	(dq), (eq)  (d) and (e) again on a quorum queue (-quorum: which of d,e,f,h)
 //
 // For each case it drains the same number of pre-published persistent
 // messages (median of -runs, the cases' runs interleaved), then measures
@@ -20,7 +21,9 @@
 // claim mode comes to its own protocol's ceiling, and what the protocol
 // itself costs against one transaction per delivery; and (h)/(e), (h)/(d):
 // claim mode with group commit against transactional mode with and
-// without it.
+// without it; and (dq)/(d), (eq)/(e): what a quorum queue costs against a
+// classic one. Pointed at one node of a RabbitMQ cluster (-amqp), the
+// quorum cases replicate every message to the other nodes.
 //
 //	go run ./cmd/inboxbench -n 20000 -runs 3
 package main
@@ -61,7 +64,10 @@ type runner func(ctx context.Context, queue string, done func(publishedAt time.T
 
 type benchCase struct {
 	id, name string
-	run      runner
+	// queueType is the type of the queue the case drains: the inboxmq
+	// cases declare their own topology, which must match.
+	queueType consumer.QueueType
+	run       runner
 }
 
 type env struct {
@@ -97,6 +103,7 @@ func main() {
 		n        = flag.Int("n", 20000, "messages per drain")
 		runs     = flag.Int("runs", 3, "drains per case (the median is reported)")
 		cases    = flag.String("cases", "a,b,c,d,e,f,g,h", "cases to run")
+		quorum   = flag.String("quorum", "d,e", "inboxmq cases (d,e,f,h) to run again on a quorum queue, as (dq), (eq), …; empty for none")
 		workers  = flag.Int("workers", 8, "handlers for the per-message cases")
 		batch    = flag.Int("batch", 64, "deliveries per transaction in the batched cases")
 		inflight = flag.Int("inflight", 4, "batches in flight in the batched cases")
@@ -126,11 +133,17 @@ func main() {
 	e.workers, e.batch, e.inflight, e.pipeline, e.maxWait = *workers, *batch, *inflight, *pipeline, *maxWait
 
 	all := append([]benchCase{
-		{"a", "raw amqp091 drain, ack only (broker ceiling)", rawDrain(e)},
-		{"b", fmt.Sprintf("hand-written loop, 1 tx per delivery, %d handlers", *workers), perMessageLoop(e, *workers)},
-		{"c", fmt.Sprintf("hand-written loop, %d per tx, %d batches in flight", *batch, *inflight), batchedLoop(e, *batch, *inflight, 2*time.Millisecond)},
-	}, frameworkCases(e)...)
-	all = append(all, benchCase{"g", fmt.Sprintf("hand-written loop, Redis lock + claim, %d handlers", *workers), claimLoop(e, *workers)})
+		{"a", "raw amqp091 drain, ack only (broker ceiling)", consumer.Classic, rawDrain(e)},
+		{"b", fmt.Sprintf("hand-written loop, 1 tx per delivery, %d handlers", *workers), consumer.Classic, perMessageLoop(e, *workers)},
+		{"c", fmt.Sprintf("hand-written loop, %d per tx, %d batches in flight", *batch, *inflight), consumer.Classic, batchedLoop(e, *batch, *inflight, 2*time.Millisecond)},
+	}, frameworkCases(e, consumer.Classic)...)
+	all = append(all, benchCase{"g", fmt.Sprintf("hand-written loop, Redis lock + claim, %d handlers", *workers), consumer.Classic, claimLoop(e, *workers)})
+	wantQuorum := strings.Split(*quorum, ",")
+	for _, c := range frameworkCases(e, consumer.Quorum) {
+		if slices.Contains(wantQuorum, strings.TrimSuffix(c.id, "q")) {
+			all = append(all, c)
+		}
+	}
 	slices.SortFunc(all, func(a, b benchCase) int { return cmp.Compare(a.id, b.id) })
 	if *cpuProf != "" {
 		f, err := os.Create(*cpuProf)
@@ -156,7 +169,8 @@ func main() {
 	want := strings.Split(*cases, ",")
 	var results []*result
 	for _, c := range all {
-		if slices.Contains(want, c.id) {
+		// A quorum case runs when its classic twin was asked for, or by its own id.
+		if slices.Contains(want, c.id) || (c.queueType == consumer.Quorum && slices.Contains(want, strings.TrimSuffix(c.id, "q"))) {
 			results = append(results, &result{c: c})
 		}
 	}
@@ -311,17 +325,29 @@ func (e *env) reset(ctx context.Context) error {
 
 var queueSeq atomic.Int64
 
-func (e *env) freshQueue() (string, error) {
+// benchDeliveryLimit is the quorum cases' QueueOpts.DeliveryLimit, which
+// freshQueue declares alike.
+const benchDeliveryLimit = 20
+
+// freshQueue declares a new work queue of type typ, with the arguments the
+// consumer declares it with (a mismatch would fail the consumer's
+// declaration).
+func (e *env) freshQueue(typ consumer.QueueType) (string, error) {
 	q := fmt.Sprintf("inboxbench.%d.%d", os.Getpid(), queueSeq.Add(1))
 	ch, err := e.conn.Channel()
 	if err != nil {
 		return "", err
 	}
 	defer ch.Close()
-	// As the consumer declares a classic work queue.
-	_, err = ch.QueueDeclare(q, true, false, false, false, amqp.Table{
-		"x-queue-type": "classic", "x-dead-letter-exchange": "", "x-dead-letter-routing-key": q + ".dlq",
-	})
+	args := amqp.Table{
+		"x-queue-type": string(typ), "x-dead-letter-exchange": "", "x-dead-letter-routing-key": q + ".dlq",
+	}
+	if typ == consumer.Quorum {
+		args["x-delivery-limit"] = int64(benchDeliveryLimit)
+		args["x-dead-letter-strategy"] = "at-least-once"
+		args["x-overflow"] = "reject-publish"
+	}
+	_, err = ch.QueueDeclare(q, true, false, false, false, args)
 	return q, err
 }
 
@@ -386,7 +412,7 @@ func drain(ctx context.Context, e *env, c benchCase, n int) (rate, allocsPer, cp
 	if err := e.reset(ctx); err != nil {
 		return 0, 0, 0, 0, err
 	}
-	q, err := e.freshQueue()
+	q, err := e.freshQueue(c.queueType)
 	if err != nil {
 		return 0, 0, 0, 0, err
 	}
@@ -440,7 +466,7 @@ func latency(ctx context.Context, e *env, c benchCase, rate float64, dur time.Du
 	if err := e.reset(ctx); err != nil {
 		return 0, 0, err
 	}
-	q, err := e.freshQueue()
+	q, err := e.freshQueue(c.queueType)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -511,6 +537,9 @@ func report(w io.Writer, rs []*result, n, runs, latRuns int) {
 			runsS = append(runsS, fmtRate(x))
 		}
 		lat := fmt.Sprintf("%s | %s", r.p50.Round(10*time.Microsecond), r.p99.Round(10*time.Microsecond))
+		if r.p50 == 0 && r.p99 == 0 && r.latencyErr == "" {
+			lat = "— | —" // no latency runs (-latency 0)
+		}
 		if r.latencyErr != "" {
 			lat += " (" + r.latencyErr + ")"
 		}
@@ -530,6 +559,9 @@ func report(w io.Writer, rs []*result, n, runs, latRuns int) {
 	ratio("g", "b", "the claim protocol's own ceiling against one tx per delivery")
 	ratio("h", "e", "claim mode against transactional mode, both group-committed")
 	ratio("h", "d", "claim mode group-committed against per-message transactional mode")
+	for _, id := range []string{"d", "e", "f", "h"} {
+		ratio(id+"q", id, "the same case on a quorum queue against a classic one")
+	}
 	var d, g *result
 	for _, r := range rs {
 		switch r.c.id {
