@@ -5,13 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"strings"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/inboxmq/inboxmq/internal/amqpdial"
 )
 
 // Config configures a [Producer]. Only URL is required.
@@ -100,13 +100,10 @@ func (c *Config) withDefaults() Config {
 
 func (c *Config) validate() error {
 	var errs []error
-	if len(c.urls()) == 0 {
+	if strings.TrimSpace(c.URL) == "" {
 		errs = append(errs, errors.New("producer: Config.URL is required"))
-	}
-	for _, u := range c.urls() {
-		if _, err := amqp.ParseURI(u); err != nil {
-			errs = append(errs, fmt.Errorf("producer: Config.URL %s is not an AMQP URL", redact(u)))
-		}
+	} else if _, err := amqpdial.Parse(c.URL); err != nil {
+		errs = append(errs, fmt.Errorf("producer: Config.URL: %w", err))
 	}
 	for name, d := range map[string]time.Duration{
 		"DialTimeout": c.DialTimeout, "Heartbeat": c.Heartbeat, "PublishTimeout": c.PublishTimeout,
@@ -126,25 +123,4 @@ func (c *Config) validate() error {
 		errs = append(errs, fmt.Errorf("producer: Config.MaxChannels must be positive, got %d", c.MaxChannels))
 	}
 	return errors.Join(errs...)
-}
-
-// urls splits URL into the nodes' URLs.
-func (c *Config) urls() []string {
-	var out []string
-	for u := range strings.SplitSeq(c.URL, ",") {
-		if u = strings.TrimSpace(u); u != "" {
-			out = append(out, u)
-		}
-	}
-	return out
-}
-
-// redact returns u with its password replaced, for logs and errors. An
-// unparsable URL is not echoed at all.
-func redact(u string) string {
-	p, err := url.Parse(u)
-	if err != nil {
-		return "<invalid URL>"
-	}
-	return p.Redacted()
 }

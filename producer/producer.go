@@ -14,6 +14,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/inboxmq/inboxmq/internal/amqpdial"
 	"github.com/inboxmq/inboxmq/internal/confirm"
 )
 
@@ -24,19 +25,18 @@ import (
 // its own (up to Config.MaxChannels).
 type Producer struct {
 	cfg    Config
-	urls   []string
+	dialer *amqpdial.Dialer
 	log    *slog.Logger
 	tracer trace.Tracer
 
 	cur  atomic.Pointer[session] // the current connection, nil before the first
 	gate chan struct{}           // held while the connection is replaced or closed
-	next int                     // the node to dial next (under gate)
 
 	closeOnce sync.Once
 	closed    chan struct{}
 
 	// dialed, when set (by tests), gets every network connection dialed.
-	dialed func(net.Conn)
+	dialed atomic.Pointer[func(net.Conn)]
 }
 
 // session is one connection with its pool of confirm channels.
@@ -61,14 +61,30 @@ func New(cfg *Config) (*Producer, error) {
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
-	return &Producer{
+	p := &Producer{
 		cfg:    c,
-		urls:   c.urls(),
 		log:    c.Logger.With(slog.String("component", "producer"), slog.String("connection_name", c.ConnectionName)),
 		tracer: c.TracerProvider.Tracer("github.com/inboxmq/inboxmq/producer"),
 		gate:   make(chan struct{}, 1),
 		closed: make(chan struct{}),
-	}, nil
+	}
+	d, err := amqpdial.New(amqpdial.Config{
+		URL:       c.URL,
+		TLS:       c.TLS,
+		Heartbeat: c.Heartbeat,
+		Timeout:   c.DialTimeout,
+		Logger:    c.Logger,
+		OnConn: func(nc net.Conn) {
+			if f := p.dialed.Load(); f != nil {
+				(*f)(nc)
+			}
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("producer: Config.URL: %w", err)
+	}
+	p.dialer = d
+	return p, nil
 }
 
 // Close closes the connection. Publishes in flight end with [ErrClosed]
@@ -130,7 +146,7 @@ func (p *Producer) session(ctx context.Context) (*session, error) {
 	}
 	s := &session{conn: conn, pool: pool, frameMax: conn.Config.FrameSize}
 	p.cur.Store(s)
-	p.log.LogAttrs(ctx, slog.LevelInfo, "producer connected", slog.String("url", redact(node)))
+	p.log.LogAttrs(ctx, slog.LevelInfo, "producer connected", slog.String("url", node))
 	return s, nil
 }
 
@@ -142,53 +158,15 @@ func (p *Producer) drop(s *session) {
 	}
 }
 
-// dial connects to the next node that answers, trying each once, bounded
-// by ctx and DialTimeout per node, and returns the node's URL. It is the producer's one dial: the
-// place to plug a shared cluster-aware dialer into.
+// dial connects to a node of Config.URL that answers (the cluster-aware
+// dialer every broker connection of the project uses), bounded by ctx and
+// DialTimeout per node, and returns the node's redacted URL.
 func (p *Producer) dial(ctx context.Context) (*amqp.Connection, string, error) {
-	var errs []error
-	for range p.urls {
-		u := p.urls[p.next%len(p.urls)]
-		p.next++
-		// ctx ends the TLS and AMQP handshakes too: its end sets the
-		// socket's deadline, until the handshake is over.
-		var stop func() bool
-		conn, err := amqp.DialConfig(u, amqp.Config{
-			Heartbeat:       p.cfg.Heartbeat,
-			TLSClientConfig: p.cfg.TLS.Clone(),
-			Locale:          "en_US",
-			Properties:      amqp.Table{"connection_name": p.cfg.ConnectionName, "product": "inboxmq"},
-			Dial: func(network, addr string) (net.Conn, error) {
-				d := net.Dialer{Timeout: p.cfg.DialTimeout}
-				nc, err := d.DialContext(ctx, network, addr)
-				if err != nil {
-					return nil, err
-				}
-				// Bounds the TLS and AMQP handshakes; amqp091 clears it after.
-				if err := nc.SetDeadline(time.Now().Add(p.cfg.DialTimeout)); err != nil {
-					_ = nc.Close()
-					return nil, err
-				}
-				stop = context.AfterFunc(ctx, func() { _ = nc.SetDeadline(time.Now()) })
-				if p.dialed != nil {
-					p.dialed(nc)
-				}
-				return nc, nil
-			},
-		})
-		if stop != nil && !stop() && err == nil {
-			_ = conn.Close() // ctx ended as the handshake finished
-			err = ctx.Err()
-		}
-		if err == nil {
-			return conn, u, nil
-		}
-		errs = append(errs, fmt.Errorf("connect to %s: %w", redact(u), err))
-		if ctx.Err() != nil {
-			break
-		}
+	conn, node, err := p.dialer.Dial(ctx, p.cfg.ConnectionName, amqpdial.RoleProducer)
+	if err != nil {
+		return nil, "", &transientError{fmt.Errorf("producer: %w", err)}
 	}
-	return nil, "", &transientError{fmt.Errorf("producer: %w", errors.Join(errs...))}
+	return conn, node.Redacted(), nil
 }
 
 // transientError marks a failure that a later attempt may not meet: a lost

@@ -41,6 +41,7 @@ const (
 	RoleParker    = "parker"    // control.DialParker's connection
 	RoleRelay     = "relay"     // an outbox relay lane's connection
 	RoleAdmin     = "admin"     // a short-lived connection: declarations, inboxctl
+	RoleProducer  = "producer"  // a producer.Producer's connection
 )
 
 // Config configures a [Dialer].
@@ -64,6 +65,9 @@ type Config struct {
 	// (host:port) when a connection opens (connected true) and when it
 	// closes (false). Defaults to nil.
 	OnNode func(role, node string, connected bool)
+	// OnConn, when set, gets every network connection dialed, before the
+	// handshakes (tests use it to cut a connection). Defaults to nil.
+	OnConn func(net.Conn)
 }
 
 // Dialer dials one node of a broker address that answers. It is safe for
@@ -176,7 +180,8 @@ func (d *Dialer) dialNode(ctx context.Context, n Node, name string) (*amqp.Conne
 	if name != "" {
 		props["connection_name"] = name
 	}
-	return amqp.DialConfig(n.URL, amqp.Config{
+	var stop func() bool
+	conn, err := amqp.DialConfig(n.URL, amqp.Config{
 		Heartbeat:       d.cfg.Heartbeat,
 		TLSClientConfig: tlsCfg,
 		Locale:          "en_US",
@@ -192,9 +197,19 @@ func (d *Dialer) dialNode(ctx context.Context, n Node, name string) (*amqp.Conne
 				_ = nc.Close()
 				return nil, err
 			}
+			// ctx's end also ends the handshakes in progress.
+			stop = context.AfterFunc(ctx, func() { _ = nc.SetDeadline(time.Now()) })
+			if d.cfg.OnConn != nil {
+				d.cfg.OnConn(nc)
+			}
 			return nc, nil
 		},
 	})
+	if stop != nil && !stop() && err == nil {
+		_ = conn.Close() // ctx ended as the handshake finished
+		return nil, ctx.Err()
+	}
+	return conn, err
 }
 
 // connected logs the connect (a failover when the same connection name
