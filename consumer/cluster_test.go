@@ -58,27 +58,6 @@ func hostPort(t *testing.T, raw string) string {
 	return u.Host
 }
 
-// aliasURL is the test broker under its other loopback name: one broker
-// that plays a second cluster node.
-func aliasURL(t *testing.T) string {
-	t.Helper()
-	u, err := url.Parse(testenv.AMQPURL())
-	require.NoError(t, err)
-	port := u.Port()
-	if port == "" {
-		port = "5672"
-	}
-	switch u.Hostname() {
-	case "127.0.0.1":
-		u.Host = "localhost:" + port
-	case "localhost":
-		u.Host = "127.0.0.1:" + port
-	default:
-		t.Skipf("TEST_AMQP_URL's host %s has no loopback alias", u.Hostname())
-	}
-	return u.String()
-}
-
 // Config.URL lists a node that is down before the live one: the consumer
 // and its publisher connect to the live node, consume and settle (an ack
 // and a dead letter through the publisher), and report the node.
@@ -134,7 +113,7 @@ func TestConsumer_ClusterURLSkipsADeadNode(t *testing.T) {
 func TestConsumer_FailsOverToAnotherNode(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	a, other := testenv.AMQPURL(), aliasURL(t)
+	a, other := testenv.AMQPURL(), amqptest.AliasURL(t)
 	log, rec := logtest.New(slog.LevelInfo)
 	var nodes nodeLog
 	gate, reached := make(chan struct{}), make(chan struct{})

@@ -3,7 +3,6 @@ package control_test
 import (
 	"crypto/rand"
 	"encoding/hex"
-	"strings"
 	"sync"
 	"testing"
 
@@ -63,10 +62,7 @@ func TestDialParker_FailsOverThroughTheNodeList(t *testing.T) {
 	_, _ = rand.Read(b[:])
 	name := "dial-parker-test-" + hex.EncodeToString(b[:])
 	live := testenv.AMQPURL()
-	alias := strings.Replace(live, "127.0.0.1", "localhost", 1)
-	if alias == live {
-		t.Skip("TEST_AMQP_URL is not on 127.0.0.1")
-	}
+	alias := amqptest.AliasURL(t)
 	var mu sync.Mutex
 	var opened []string
 	p := control.NewDialParker(amqptest.DeadURL(t)+","+live+","+alias, &control.DialParkerOpts{

@@ -3,7 +3,6 @@ package amqpdial_test
 import (
 	"fmt"
 	"log/slog"
-	"net/url"
 	"strings"
 	"sync"
 	"syscall"
@@ -37,30 +36,6 @@ func (e *nodeEvents) list() []string {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return append([]string(nil), e.events...)
-}
-
-// aliasURL returns the test broker's URL under another host name for the
-// same node (127.0.0.1 and localhost), so that one broker plays two nodes.
-func aliasURL(t *testing.T) string {
-	t.Helper()
-	u, err := url.Parse(testenv.AMQPURL())
-	require.NoError(t, err)
-	switch u.Hostname() {
-	case "127.0.0.1":
-		u.Host = "localhost:" + cmpPort(u)
-	case "localhost":
-		u.Host = "127.0.0.1:" + cmpPort(u)
-	default:
-		t.Skipf("TEST_AMQP_URL's host %s has no loopback alias", u.Hostname())
-	}
-	return u.String()
-}
-
-func cmpPort(u *url.URL) string {
-	if p := u.Port(); p != "" {
-		return p
-	}
-	return "5672"
 }
 
 func addrOf(t *testing.T, raw string) string {
@@ -111,7 +86,7 @@ func TestDial_MovesPastADeadNode(t *testing.T) {
 // node it was on, and landing on another node is logged as a failover.
 func TestDial_RotatesAndLogsFailover(t *testing.T) {
 	t.Parallel()
-	a, b := testenv.AMQPURL(), aliasURL(t)
+	a, b := testenv.AMQPURL(), amqptest.AliasURL(t)
 	log, rec := logtest.New(slog.LevelDebug)
 	d, err := amqpdial.New(amqpdial.Config{URL: a + "," + b, Logger: log})
 	require.NoError(t, err)

@@ -273,3 +273,29 @@ func DeadURL(t testing.TB) string {
 	u.Host = addr
 	return u.String()
 }
+
+// AliasURL returns the test broker's URL under its other loopback name
+// (127.0.0.1 and localhost swapped), so that one broker plays a second
+// cluster node. A broker that is not on loopback has no such alias: the
+// test fails with CI=true and is skipped otherwise.
+func AliasURL(t testing.TB) string {
+	t.Helper()
+	u, err := url.Parse(testenv.AMQPURL())
+	if err != nil {
+		t.Fatalf("amqptest: parse AMQP URL: %v", err)
+	}
+	port := cmp.Or(u.Port(), "5672")
+	switch u.Hostname() {
+	case "127.0.0.1":
+		u.Host = "localhost:" + port
+	case "localhost":
+		u.Host = "127.0.0.1:" + port
+	default:
+		msg := fmt.Sprintf("amqptest: TEST_AMQP_URL's host %s has no loopback alias: set it to 127.0.0.1 or localhost", u.Hostname())
+		if testenv.CI() {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	return u.String()
+}
