@@ -17,7 +17,8 @@ type completionTx struct {
 	c      *Claim
 	tx     pgx.Tx
 	fenced bool
-	err    error // the start's error, repeated to every later call
+	err    error     // the start's error, repeated to every later call
+	b      pgx.Batch // the start's pipeline, kept here to save an allocation
 }
 
 // start sends BEGIN and the fenced completion, with sql (if not empty) in
@@ -26,7 +27,7 @@ func (t *completionTx) start(ctx context.Context, sql string, args []any) (pgcon
 	if t.tx != nil || t.err != nil {
 		return pgconn.CommandTag{}, t.err
 	}
-	b := &pgx.Batch{}
+	b := &t.b
 	b.BeginTx(pgx.TxOptions{})
 	b.Queue(t.c.s.sql.completeWith, t.c.Consumer, t.c.Key, t.c.Token, t.c.Fence, nil)
 	if sql != "" {
