@@ -138,6 +138,7 @@ type Claim struct {
 	// here to save two allocations per delivery.
 	req leaseReq
 	tx  completionTx
+	hb  beat // the lease's heartbeat, while the handler runs
 }
 
 // resulter is what a claim reads its handler's result from: the message.
@@ -383,7 +384,7 @@ func ClaimHandler[T any](s *Store, h ClaimFunc[T], opts *ClaimOpts) inboxtype.Ha
 		processing(msg.Delivery, c.Fence)
 		hctx, cancel := context.WithCancelCause(ctx)
 		defer cancel(nil)
-		stop := s.heartbeat(hctx, cancel, c, o, capAt, msg.Delivery)
+		hb := s.heartbeat(hctx, cancel, c, o, capAt, msg.Delivery)
 		returned := false
 		defer func() {
 			// h panicked on this delivery's own goroutine: the panic goes
@@ -393,14 +394,14 @@ func ClaimHandler[T any](s *Store, h ClaimFunc[T], opts *ClaimOpts) inboxtype.Ha
 			if returned {
 				return
 			}
-			stop()
+			hb.stop()
 			if !c.Completed() {
 				s.release(ctx, c, retry.WithReason(retry.ReasonPanic, errors.New("inbox: handler panicked")))
 			}
 		}()
 		herr := runClaimFunc(hctx, h, c, msg)
 		returned = true
-		stop()
+		hb.stop()
 		if herr == nil && !c.Completed() {
 			herr = c.Complete(hctx, nil)
 		}
@@ -473,20 +474,21 @@ func (s *Store) explainOne(ctx context.Context, u *unit) error {
 	return verdict(u, status, fp, time.Duration(lease*float64(time.Second)), found)
 }
 
-// heartbeat extends c's lease until the returned stop is called. When an
-// extension fails, or once the lease reached capAt and ran out, it cancels
-// the handler's context with ErrLeaseLost. stop is idempotent and returns
-// once no extension is under way.
+// heartbeat extends c's lease until the returned beat's stop is called.
+// When an extension fails, or once the lease reached capAt and ran out, it
+// cancels the handler's context with ErrLeaseLost. stop is idempotent and
+// returns once no extension is under way.
 //
 // It is a timer, not a goroutine: most claims end long before their first
 // extension is due, and a timer costs a delivery less than a goroutine
 // with a ticker and a context of its own.
-func (s *Store) heartbeat(ctx context.Context, cancel context.CancelCauseFunc, c *Claim, o ClaimOpts, capAt time.Time, d *inboxtype.Delivery) (stop func()) {
-	b := &beat{s: s, c: c, o: o, capAt: capAt, ctx: ctx, cancel: cancel, d: d}
+func (s *Store) heartbeat(ctx context.Context, cancel context.CancelCauseFunc, c *Claim, o ClaimOpts, capAt time.Time, d *inboxtype.Delivery) *beat {
+	b := &c.hb // the claim holds it: one allocation fewer per delivery
+	b.s, b.c, b.o, b.capAt, b.ctx, b.cancel, b.d = s, c, o, capAt, ctx, cancel, d
 	b.mu.Lock()
 	b.t = time.AfterFunc(o.Heartbeat, b.extend)
 	b.mu.Unlock()
-	return b.stop
+	return b
 }
 
 // beat is one claim's heartbeat (see heartbeat).
