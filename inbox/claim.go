@@ -292,6 +292,9 @@ func (c *Claim) completeInBatch(ctx context.Context, fn func(ctx context.Context
 
 // completeAlone runs the completion in a transaction of its own.
 func (c *Claim) completeAlone(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	if fn == nil && c.resultBytes() == nil {
+		return c.completeBare(ctx)
+	}
 	// BEGIN and the fenced completion travel in one pipeline with fn's
 	// first Exec (completionTx).
 	tx := &c.tx
