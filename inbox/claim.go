@@ -121,16 +121,28 @@ type Claim struct {
 
 	s     *Store
 	batch *batcher // the handler's group commit (ClaimOpts.GroupCommit), or nil
-	// result returns the result the handler set on its message
-	// (inboxtype.Message.SetResult), stored by Complete; nil for none.
-	result func() []byte
+	// result is the message whose result (inboxtype.Message.SetResult)
+	// Complete stores; nil for none.
+	result resulter
 	// won is the result stored by the owner that completed the key, read
 	// when this claim was fenced out.
-	won   []byte
-	mu    sync.Mutex // serialises the row's updates: heartbeat, Step, Complete
-	steps map[string]json.RawMessage
-	done  bool
+	won []byte
+	mu  sync.Mutex // serialises the row's updates: heartbeat, Step, Complete
+	// stepsRaw is the steps column as the claim read it (JSON), decoded
+	// into steps by the first Step: a handler that records no step pays
+	// for no decoding.
+	stepsRaw []byte
+	steps    map[string]json.RawMessage
+	done     bool
+	// req and tx are the claim's request and Complete's transaction, kept
+	// here to save two allocations per delivery.
+	req leaseReq
+	tx  completionTx
+	hb  beat // the lease's heartbeat, while the handler runs
 }
+
+// resulter is what a claim reads its handler's result from: the message.
+type resulter interface{ Result() json.RawMessage }
 
 // Step runs fn as recovery point name, once per key across attempts: if an
 // earlier attempt recorded the step, fn is skipped and the recorded result
@@ -140,6 +152,10 @@ type Claim struct {
 // retry.ErrDuplicate (source fenced): the handler should return it.
 func (c *Claim) Step(ctx context.Context, name string, fn func(ctx context.Context) (any, error)) (json.RawMessage, error) {
 	c.mu.Lock()
+	if err := c.loadSteps(); err != nil {
+		c.mu.Unlock()
+		return nil, err
+	}
 	if r, ok := c.steps[name]; ok {
 		c.mu.Unlock()
 		return r, nil
@@ -164,6 +180,23 @@ func (c *Claim) Step(ctx context.Context, name string, fn func(ctx context.Conte
 	}
 	c.steps[name] = raw
 	return raw, nil
+}
+
+// loadSteps decodes the steps the claim read, once; c.mu is held.
+func (c *Claim) loadSteps() error {
+	if c.steps != nil {
+		return nil
+	}
+	c.steps = map[string]json.RawMessage{}
+	if len(c.stepsRaw) == 0 {
+		return nil
+	}
+	if err := json.Unmarshal(c.stepsRaw, &c.steps); err != nil {
+		c.steps = nil
+		return fmt.Errorf("inbox: recorded steps of key %q: %w", c.Key, err)
+	}
+	c.stepsRaw = nil
+	return nil
 }
 
 // Completed reports whether Complete succeeded.
@@ -259,9 +292,13 @@ func (c *Claim) completeInBatch(ctx context.Context, fn func(ctx context.Context
 
 // completeAlone runs the completion in a transaction of its own.
 func (c *Claim) completeAlone(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	if fn == nil && c.resultBytes() == nil {
+		return c.completeBare(ctx)
+	}
 	// BEGIN and the fenced completion travel in one pipeline with fn's
 	// first Exec (completionTx).
-	tx := &completionTx{c: c}
+	tx := &c.tx
+	*tx = completionTx{c: c}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	if fn != nil {
 		if err := fn(ctx, tx); err != nil {
@@ -291,7 +328,7 @@ func (c *Claim) resultBytes() []byte {
 	if c.result == nil {
 		return nil
 	}
-	return c.result()
+	return c.result.Result()
 }
 
 // ClaimHandler adapts h into a consumer handler for effects outside
@@ -346,25 +383,28 @@ func ClaimHandler[T any](s *Store, h ClaimFunc[T], opts *ClaimOpts) inboxtype.Ha
 			return err
 		}
 		c.batch = b
-		c.result = func() []byte { return msg.Result() }
+		c.result = msg
 		processing(msg.Delivery, c.Fence)
 		hctx, cancel := context.WithCancelCause(ctx)
 		defer cancel(nil)
-		stop := s.heartbeat(hctx, cancel, c, o, capAt, msg.Delivery)
+		hb := s.heartbeat(hctx, cancel, c, o, capAt, msg.Delivery)
 		returned := false
 		defer func() {
 			// h panicked on this delivery's own goroutine: the panic goes
 			// on to the consumer's last guard, the one recover of the
 			// path. Release the claim on the way, so that the retry takes
 			// the key at once rather than after the lease.
-			if !returned && !c.Completed() {
-				stop()
+			if returned {
+				return
+			}
+			hb.stop()
+			if !c.Completed() {
 				s.release(ctx, c, retry.WithReason(retry.ReasonPanic, errors.New("inbox: handler panicked")))
 			}
 		}()
 		herr := runClaimFunc(hctx, h, c, msg)
 		returned = true
-		stop()
+		hb.stop()
 		if herr == nil && !c.Completed() {
 			herr = c.Complete(hctx, nil)
 		}
@@ -392,8 +432,10 @@ func runClaimFunc[T any](ctx context.Context, h ClaimFunc[T], c *Claim, msg *inb
 
 func newToken() string {
 	var b [16]byte
+	var h [32]byte
 	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
+	hex.Encode(h[:], b[:])
+	return string(h[:])
 }
 
 // claimLease takes the key in claim mode; it returns the claim and the
@@ -402,7 +444,8 @@ func (s *Store) claimLease(ctx context.Context, u *unit, o ClaimOpts) (c *Claim,
 	ctx, span := startSpan(ctx, "inbox.claim")
 	defer func() { endSpan(span, err) }()
 	c = &Claim{Consumer: u.consumer, Key: u.key, Token: newToken(), s: s}
-	r := &leaseReq{u: u, token: c.Token, lease: o.Lease.Microseconds(), durable: o.DurableClaim}
+	r := &c.req
+	*r = leaseReq{u: u, token: c.Token, lease: o.Lease.Microseconds(), durable: o.DurableClaim}
 	err = s.leases.Do(ctx, r)
 	if err == nil {
 		err = r.err
@@ -413,10 +456,7 @@ func (s *Store) claimLease(ctx context.Context, u *unit, o ClaimOpts) (c *Claim,
 	if !r.claimed {
 		return nil, time.Time{}, s.explainOne(ctx, u)
 	}
-	c.Fence, c.Attempt, c.steps = r.fence, r.attempts, r.steps
-	if c.steps == nil {
-		c.steps = map[string]json.RawMessage{}
-	}
+	c.Fence, c.Attempt, c.stepsRaw = r.fence, r.attempts, r.steps
 	return c, r.now.Add(o.MaxLease), nil
 }
 
@@ -437,52 +477,112 @@ func (s *Store) explainOne(ctx context.Context, u *unit) error {
 	return verdict(u, status, fp, time.Duration(lease*float64(time.Second)), found)
 }
 
-// heartbeat extends c's lease until the returned stop is called. When an
-// extension fails, or once the lease reached capAt and ran out, it cancels
-// the handler's context with ErrLeaseLost.
-func (s *Store) heartbeat(ctx context.Context, cancel context.CancelCauseFunc, c *Claim, o ClaimOpts, capAt time.Time, d *inboxtype.Delivery) (stop func()) {
-	hbCtx, hbCancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	lost := func(err error) {
-		if d != nil {
-			d.Transition(inboxtype.StatusLockExpired, err)
-		}
-		cancel(err)
+// heartbeat extends c's lease until the returned beat's stop is called.
+// When an extension fails, or once the lease reached capAt and ran out, it
+// cancels the handler's context with ErrLeaseLost. stop is idempotent and
+// returns once no extension is under way.
+//
+// It is a timer, not a goroutine: most claims end long before their first
+// extension is due, and a timer costs a delivery less than a goroutine
+// with a ticker and a context of its own.
+func (s *Store) heartbeat(ctx context.Context, cancel context.CancelCauseFunc, c *Claim, o ClaimOpts, capAt time.Time, d *inboxtype.Delivery) *beat {
+	b := &c.hb // the claim holds it: one allocation fewer per delivery
+	b.s, b.c, b.o, b.capAt, b.ctx, b.cancel, b.d = s, c, o, capAt, ctx, cancel, d
+	b.mu.Lock()
+	b.t = time.AfterFunc(o.Heartbeat, b.extend)
+	b.mu.Unlock()
+	return b
+}
+
+// beat is one claim's heartbeat (see heartbeat).
+type beat struct {
+	s      *Store
+	c      *Claim
+	o      ClaimOpts
+	capAt  time.Time
+	ctx    context.Context //nolint:containedctx // the handler's context, under which extensions run
+	cancel context.CancelCauseFunc
+	d      *inboxtype.Delivery
+
+	mu      sync.Mutex
+	t       *time.Timer
+	capped  bool               // the lease reached capAt: the timer's next firing ends it
+	stopped bool               // stop was called: nothing more is scheduled
+	abort   context.CancelFunc // ends the extension under way, if any
+	running sync.WaitGroup     // the timer's function under way
+}
+
+// enter marks the timer's function as running; it reports false once
+// stop was called or the handler's context ended.
+func (b *beat) enter() (ok, capped bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.stopped || b.ctx.Err() != nil {
+		return false, false
 	}
-	go func() {
-		defer close(done)
-		tick := time.NewTicker(o.Heartbeat)
-		defer tick.Stop()
-		for {
-			select {
-			case <-hbCtx.Done():
-				return
-			case <-tick.C:
-			}
-			capped, left, err := s.extend(hbCtx, c, o, capAt)
-			if hbCtx.Err() != nil {
-				return
-			}
-			if err != nil {
-				lost(fmt.Errorf("%w: %w", ErrLeaseLost, err))
-				return
-			}
-			if capped {
-				t := time.NewTimer(left)
-				select {
-				case <-hbCtx.Done():
-					t.Stop()
-				case <-t.C:
-					lost(fmt.Errorf("%w: MaxLease %s reached", ErrLeaseLost, o.MaxLease))
-				}
-				return
-			}
-		}
-	}()
-	return func() {
-		hbCancel()
-		<-done
+	b.running.Add(1)
+	return true, b.capped
+}
+
+// extend is the timer's function: it extends the lease and schedules the
+// next extension, or, once the lease is capped, reports it lost.
+func (b *beat) extend() {
+	ok, capped := b.enter()
+	if !ok {
+		return
 	}
+	defer b.running.Done()
+	if capped {
+		b.lost(fmt.Errorf("%w: MaxLease %s reached", ErrLeaseLost, b.o.MaxLease))
+		return
+	}
+	ctx, abort := context.WithCancel(b.ctx)
+	defer abort()
+	b.mu.Lock()
+	b.abort = abort
+	b.mu.Unlock()
+
+	began := time.Now()
+	capped, left, err := b.s.extend(ctx, b.c, b.o, b.capAt)
+	done := b.c.Completed()
+
+	b.mu.Lock()
+	b.abort = nil
+	if b.stopped || ctx.Err() != nil || done {
+		b.mu.Unlock()
+		return
+	}
+	if err != nil {
+		b.mu.Unlock()
+		b.lost(fmt.Errorf("%w: %w", ErrLeaseLost, err))
+		return
+	}
+	next := max(b.o.Heartbeat-time.Since(began), 0)
+	if capped {
+		b.capped, next = true, left
+	}
+	b.t.Reset(next)
+	b.mu.Unlock()
+}
+
+// lost reports the lease lost and cancels the handler's context with err.
+func (b *beat) lost(err error) {
+	if b.d != nil {
+		b.d.Transition(inboxtype.StatusLockExpired, err)
+	}
+	b.cancel(err)
+}
+
+// stop ends the heartbeat and waits for an extension under way.
+func (b *beat) stop() {
+	b.mu.Lock()
+	b.stopped = true
+	b.t.Stop()
+	if b.abort != nil {
+		b.abort()
+	}
+	b.mu.Unlock()
+	b.running.Wait()
 }
 
 var errTakenOver = errors.New("inbox: claim taken over")

@@ -2,7 +2,6 @@ package inbox
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"math"
 	"time"
@@ -22,7 +21,7 @@ type leaseReq struct {
 	claimed  bool // false: the row was not free (see explainOne)
 	fence    int64
 	attempts int
-	steps    map[string]json.RawMessage
+	steps    []byte // the steps column (JSON); nil if none were recorded
 	now      time.Time
 	err      error
 }
@@ -51,6 +50,11 @@ func (s *Store) newLeaseRounds() *combine.Combiner[*leaseReq] {
 // sendLeases claims batch: alone with claimLease, else in one claimLeases
 // statement, whose context ends when every caller's has.
 func (s *Store) sendLeases(batch []*leaseReq) {
+	if len(batch) == 1 {
+		// A round of one runs under its caller's context.
+		s.sendLease(batch[0].u.ctx, batch[0], !batch[0].durable)
+		return
+	}
 	units := make([]*unit, len(batch))
 	async := true
 	for i, r := range batch {
@@ -59,11 +63,6 @@ func (s *Store) sendLeases(batch []*leaseReq) {
 	}
 	ctx, done := batchContext(units)
 	defer done()
-
-	if len(batch) == 1 {
-		s.sendLease(ctx, batch[0], async)
-		return
-	}
 
 	n := len(batch)
 	consumers, keys, owners, mids := make([]string, n), make([]string, n), make([]string, n), make([]*string, n)
@@ -84,7 +83,7 @@ func (s *Store) sendLeases(batch []*leaseReq) {
 		var k unitKey
 		var fence int64
 		var attempts int
-		var steps map[string]json.RawMessage
+		var steps []byte
 		var now time.Time
 		dest := []any{&k.consumer, &k.key, &fence, &attempts, &steps, &now}
 		if async {

@@ -8,6 +8,25 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
+// completeBare completes a claim that has neither business writes nor a
+// result: the fenced completion is then the whole transaction, sent as one
+// autocommit statement — one round trip where BEGIN + completion and
+// COMMIT take two. It commits as durably as a COMMIT: the claim's
+// asynchronous commit is local to the claim's own statement. Zero rows is
+// the fenced verdict, as in start; an error may hide a completion that
+// did commit, as a failed COMMIT may, and is retried alike (the release
+// that follows is fenced and leaves a completed row alone).
+func (c *Claim) completeBare(ctx context.Context) error {
+	tag, err := c.s.pool.Exec(ctx, c.s.sql.completeWith, c.Consumer, c.Key, c.Token, c.Fence, nil)
+	if err != nil {
+		return infraError(ReasonDBCommit, fmt.Errorf("inbox: complete: %w", err))
+	}
+	if tag.RowsAffected() == 0 {
+		return c.lost(ctx)
+	}
+	return nil
+}
+
 // completionTx is the transaction Claim.Complete hands to its fn. It starts
 // lazily: BEGIN and the fenced completion travel in one pipeline with fn's
 // first Exec, which saves a round trip per delivery. If the completion finds
@@ -17,7 +36,8 @@ type completionTx struct {
 	c      *Claim
 	tx     pgx.Tx
 	fenced bool
-	err    error // the start's error, repeated to every later call
+	err    error     // the start's error, repeated to every later call
+	b      pgx.Batch // the start's pipeline, kept here to save an allocation
 }
 
 // start sends BEGIN and the fenced completion, with sql (if not empty) in
@@ -26,7 +46,7 @@ func (t *completionTx) start(ctx context.Context, sql string, args []any) (pgcon
 	if t.tx != nil || t.err != nil {
 		return pgconn.CommandTag{}, t.err
 	}
-	b := &pgx.Batch{}
+	b := &t.b
 	b.BeginTx(pgx.TxOptions{})
 	b.Queue(t.c.s.sql.completeWith, t.c.Consumer, t.c.Key, t.c.Token, t.c.Fence, nil)
 	if sql != "" {
