@@ -411,12 +411,19 @@ func (w *Worker) routeMiddleware(rt *route, block inboxtype.Middleware) ([]inbox
 		}
 		mw = append(mw, b.Guard(rt.queue))
 	}
-	if withLock && !withCache {
+	switch {
+	case withLock && !withCache:
 		lck, err := lockMW(nil)
 		if err != nil {
 			return nil, err
 		}
 		mw = append(mw, lck)
+	case !withLock && rdb != nil && rt.opts.Lock != nil:
+		// Checked though unused, so that turning the lock on never
+		// reveals a bad setting.
+		if _, err := lockMW(nil); err != nil {
+			return nil, err
+		}
 	}
 	if rt.opts.RateLimit != nil {
 		// After the lock: a delivery whose key another worker holds takes
