@@ -41,8 +41,10 @@ type BatcherOpts struct {
 //
 // Each operation keeps its own semantics: [Batcher.Obtain] is a single
 // attempt of [Locker.Obtain] (SET NX PX and the fencing counter in one
-// script), [Batcher.Release] is [Lock.Release] (compare-and-delete); each
-// caller returns once its own answer is in. A Batcher holds no goroutine;
+// script), [Batcher.Release] is [Lock.Release] (compare-and-delete), and
+// their marked variants [Batcher.ObtainUnlessMarked] and
+// [Batcher.ReleaseAndMark] add a look at, or a write of, a [Mark] in the
+// same script; each caller returns once its own answer is in. A Batcher holds no goroutine;
 // the zero value is not usable (see [NewBatcher]). It is safe for
 // concurrent use.
 //
