@@ -79,7 +79,10 @@ type RouteOpts struct {
 	// Config.Redis is set. Defaults to false.
 	NoCache bool
 	// Cache configures the completed-cache (its Logger and OnDegraded are
-	// the worker's). Defaults to nil: middleware.Cache's defaults.
+	// the worker's). On a route that takes the lock too, the lock keeps the
+	// cache (middleware.LockOpts.Cache): only Prefix and TTL apply, the
+	// lock's call timeout and probe serve both. Defaults to nil:
+	// middleware.Cache's defaults.
 	Cache *middleware.CacheOpts
 	// LockMode says whether the route takes the Redis lock on each
 	// delivery's key when Config.Redis is set (see [LockMode]). Defaults to

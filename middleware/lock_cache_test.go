@@ -263,3 +263,35 @@ func TestLockCache_PrefixMustNotMoveTheHashTag(t *testing.T) {
 	_, err := middleware.Lock(b.rdb, &middleware.LockOpts{Cache: &middleware.CacheOpts{Prefix: "done:{x}:"}})
 	require.ErrorContains(t, err, "middleware: Lock: Cache.Prefix")
 }
+
+// On a Redis Cluster (which refuses a script whose keys hash apart with
+// CROSSSLOT), the cache entry joins the lock's slot: the first delivery is
+// locked and cached, its redelivery is a cache duplicate, and no call
+// degrades.
+func TestLockCache_OnRedisCluster(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	node := redistest.StartCluster(t)
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{node.Addr()}, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = rdb.Close() })
+	require.ErrorContains(t, rdb.Eval(ctx, `return redis.call("MGET", KEYS[1], KEYS[2])`, []string{"a", "b"}).Err(), "CROSSSLOT")
+
+	degraded := false
+	mw := mustLock(t, rdb, &middleware.LockOpts{
+		Cache:      &middleware.CacheOpts{},
+		OnDegraded: func(d bool) { degraded = degraded || d },
+	})
+	for _, key := range []string{"order-1", "has{braces}inside", "trailing}"} {
+		calls := 0
+		d := keyedDelivery(key)
+		require.NoError(t, mw(countingHandler(&calls, nil))(ctx, d), key)
+		require.Equal(t, middleware.LockAcquired, d.LockResult, key)
+		entry := "inboxmq:done:{" + d.LockKey + "}"
+		require.Equal(t, cacheValue(d), rdb.Get(ctx, entry).Val(), key)
+
+		err := mw(countingHandler(&calls, nil))(ctx, keyedDelivery(key))
+		require.Equal(t, retry.SourceCache, retry.Classify(err).Source, key)
+		require.Equal(t, 1, calls, key)
+	}
+	require.False(t, degraded, "every script ran on the cluster")
+}
