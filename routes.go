@@ -79,10 +79,20 @@ type RouteOpts struct {
 	// Config.Redis is set. Defaults to false.
 	NoCache bool
 	// Cache configures the completed-cache (its Logger and OnDegraded are
-	// the worker's). Defaults to nil: middleware.Cache's defaults.
+	// the worker's). On a route that takes the lock too, the lock keeps the
+	// cache (middleware.LockOpts.Cache): only Prefix and TTL apply, the
+	// lock's call timeout and probe serve both. Defaults to nil:
+	// middleware.Cache's defaults.
 	Cache *middleware.CacheOpts
-	// NoLock leaves out the Redis lock that the worker mounts when
-	// Config.Redis is set. Defaults to false.
+	// LockMode says whether the route takes the Redis lock on each
+	// delivery's key when Config.Redis is set (see [LockMode]). Defaults to
+	// LockAuto: the lock in claim mode ([HandleClaim]), none in
+	// transactional mode ([HandleTx]), where PostgreSQL already makes
+	// concurrent copies wait for one another (docs/performance.md, "Does
+	// the lock earn its keep?").
+	LockMode LockMode
+	// NoLock leaves out the Redis lock whatever LockMode says; LockOff
+	// does the same. Defaults to false.
 	NoLock bool
 	// Lock configures the lock (its Logger and OnDegraded are the
 	// worker's). Defaults to nil: middleware.Lock's defaults.
@@ -108,10 +118,29 @@ type RouteOpts struct {
 	RateLimit *middleware.RateLimitOpts
 }
 
+// LockMode says whether a route takes the Redis lock (middleware.Lock)
+// when the worker has Redis. With the completed-cache too, the two share
+// their round trips: one before the handler and one after.
+type LockMode int
+
+// Values of RouteOpts.LockMode.
+const (
+	// LockAuto takes the lock in claim mode only. There it keeps two
+	// copies of a key from racing to the outside call while the first
+	// holds the claim; in transactional mode a copy would only wait for
+	// the first's inbox row, which PostgreSQL already does.
+	LockAuto LockMode = iota
+	// LockOn takes the lock in either mode.
+	LockOn
+	// LockOff never takes the lock.
+	LockOff
+)
+
 // route is one registration, kept until a worker builds its router.
 type route struct {
 	queue string
 	opts  RouteOpts
+	claim bool // HandleClaim (else HandleTx)
 	err   error
 	// register adds the route to router with hopts and returns the function
 	// that, once the worker has its store, builds the inbox handler.
@@ -120,12 +149,24 @@ type route struct {
 
 func (r *route) namespace() string { return cmp.Or(r.opts.Namespace, r.queue) }
 
+// lockOn reports whether the route takes the Redis lock when the worker
+// has Redis.
+func (r *route) lockOn() bool {
+	switch {
+	case r.opts.NoLock || r.opts.LockMode == LockOff:
+		return false
+	case r.opts.LockMode == LockOn:
+		return true
+	}
+	return r.claim
+}
+
 // HandleTx registers fn for queue in transactional mode (inbox.Handler):
 // fn runs once per idempotency key, in the transaction that records the
 // inbox row, and its writes commit with it or not at all. T (or *T) must
 // implement inboxtype.Keyer.
 func HandleTx[T any](r *Routes, queue string, fn inbox.TxHandlerFunc[T], opts *RouteOpts) {
-	add(r, queue, fn == nil, opts, func(s *inbox.Store, o *RouteOpts) inboxtype.Handler[T] {
+	add(r, queue, false, fn == nil, opts, func(s *inbox.Store, o *RouteOpts) inboxtype.Handler[T] {
 		return inbox.Handler(s, fn, &inbox.HandlerOpts{GroupCommit: o.GroupCommit, StorePayload: o.StorePayload})
 	})
 }
@@ -135,7 +176,7 @@ func HandleTx[T any](r *Routes, queue string, fn inbox.TxHandlerFunc[T], opts *R
 // with the claim's key and commits through Claim.Complete. T (or *T) must
 // implement inboxtype.Keyer.
 func HandleClaim[T any](r *Routes, queue string, fn inbox.ClaimFunc[T], opts *RouteOpts) {
-	add(r, queue, fn == nil, opts, func(s *inbox.Store, o *RouteOpts) inboxtype.Handler[T] {
+	add(r, queue, true, fn == nil, opts, func(s *inbox.Store, o *RouteOpts) inboxtype.Handler[T] {
 		var co inbox.ClaimOpts
 		if o.Claim != nil {
 			co = *o.Claim
@@ -145,8 +186,8 @@ func HandleClaim[T any](r *Routes, queue string, fn inbox.ClaimFunc[T], opts *Ro
 	})
 }
 
-func add[T any](r *Routes, queue string, nilFn bool, opts *RouteOpts, build func(*inbox.Store, *RouteOpts) inboxtype.Handler[T]) {
-	rt := &route{queue: queue}
+func add[T any](r *Routes, queue string, claim, nilFn bool, opts *RouteOpts, build func(*inbox.Store, *RouteOpts) inboxtype.Handler[T]) {
+	rt := &route{queue: queue, claim: claim}
 	if opts != nil {
 		rt.opts = *opts
 	}
@@ -155,6 +196,8 @@ func add[T any](r *Routes, queue string, nilFn bool, opts *RouteOpts, build func
 		panic("inboxmq: nil Routes")
 	case nilFn:
 		rt.err = fmt.Errorf("inboxmq: route %q: nil handler", queue)
+	case rt.opts.LockMode < LockAuto || rt.opts.LockMode > LockOff:
+		rt.err = fmt.Errorf("inboxmq: route %q: unknown LockMode %d", queue, rt.opts.LockMode)
 	case !reflect.TypeFor[*T]().Implements(reflect.TypeFor[inboxtype.Keyer]()):
 		// The inbox, the cache and the lock all work on the key.
 		rt.err = fmt.Errorf("inboxmq: route %q: payload %s does not implement inboxtype.Keyer: the inbox, the cache and the lock need its idempotency key",

@@ -357,40 +357,73 @@ func (w *Worker) replyOpts(rt *route) *consumer.ReplyOpts {
 
 // routeMiddleware returns a route's handler middleware: a blocked key is
 // parked before anything else runs, then the completed-cache, the
-// breaker, the lock, the rate limit, then the route's own.
+// breaker, the lock, the rate limit, then the route's own. When a route
+// has both the cache and the lock they are one middleware (the lock with
+// LockOpts.Cache), in the cache's place before the breaker, so each
+// delivery costs one Redis round trip before the chain and one after it.
 func (w *Worker) routeMiddleware(rt *route, block inboxtype.Middleware) ([]inboxtype.Middleware, error) {
 	var mw []inboxtype.Middleware
 	if block != nil {
 		mw = append(mw, block)
 	}
 	rdb := w.s.Redis
-	if rdb != nil && !rt.opts.NoCache {
+	withCache, withLock := rdb != nil && !rt.opts.NoCache, rdb != nil && rt.lockOn()
+	var cache *middleware.CacheOpts
+	if withCache {
 		var o middleware.CacheOpts
 		if rt.opts.Cache != nil {
 			o = *rt.opts.Cache
 		}
 		o.Logger, o.OnDegraded = w.logger, w.degradedHook("cache", &w.cacheDown)
-		mw = append(mw, middleware.Cache(rdb, &o))
+		cache = &o
+	}
+	lockMW := func(cache *middleware.CacheOpts) (inboxtype.Middleware, error) {
+		var o middleware.LockOpts
+		if rt.opts.Lock != nil {
+			o = *rt.opts.Lock
+		}
+		o.Logger, o.OnDegraded = w.logger, w.degradedHook("lock", &w.lockDown)
+		if cache != nil {
+			lockHook, cacheHook := o.OnDegraded, cache.OnDegraded
+			o.OnDegraded = func(degraded bool) {
+				lockHook(degraded)
+				cacheHook(degraded)
+			}
+			o.Cache = cache
+		}
+		return middleware.Lock(rdb, &o)
+	}
+	switch {
+	case withCache && withLock:
+		lck, err := lockMW(cache)
+		if err != nil {
+			return nil, err
+		}
+		mw = append(mw, lck)
+	case withCache:
+		mw = append(mw, middleware.Cache(rdb, cache))
 	}
 	if rt.opts.Breaker != nil {
-		// Before the lock: a delivery held back takes no lock.
+		// Before a lock of its own: a delivery held back takes no lock.
 		b, err := w.breaker(rt)
 		if err != nil {
 			return nil, err
 		}
 		mw = append(mw, b.Guard(rt.queue))
 	}
-	if rdb != nil && !rt.opts.NoLock {
-		var o middleware.LockOpts
-		if rt.opts.Lock != nil {
-			o = *rt.opts.Lock
-		}
-		o.Logger, o.OnDegraded = w.logger, w.degradedHook("lock", &w.lockDown)
-		lck, err := middleware.Lock(rdb, &o)
+	switch {
+	case withLock && !withCache:
+		lck, err := lockMW(nil)
 		if err != nil {
 			return nil, err
 		}
 		mw = append(mw, lck)
+	case !withLock && rdb != nil && rt.opts.Lock != nil:
+		// Checked though unused, so that turning the lock on never
+		// reveals a bad setting.
+		if _, err := lockMW(nil); err != nil {
+			return nil, err
+		}
 	}
 	if rt.opts.RateLimit != nil {
 		// After the lock: a delivery whose key another worker holds takes

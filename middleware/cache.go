@@ -89,6 +89,10 @@ func (o *CacheOpts) withDefaults() CacheOpts {
 // Redis errors and timeouts are reported through OnDegraded and the logger
 // once per change; the middleware recovers by itself. Cache panics if
 // client is nil.
+//
+// Where the route takes the lock too, mount [Lock] with LockOpts.Cache
+// instead: the same cache, kept in the lock's round trips (one before
+// next and one after, where Cache and Lock mounted apart take four).
 func Cache(client redis.UniversalClient, opts *CacheOpts) inboxtype.Middleware {
 	if client == nil {
 		panic("middleware: Cache: nil redis client")

@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -129,6 +130,17 @@ type LockOpts struct {
 	// called synchronously on the delivery path, once per change; keep it
 	// fast. Defaults to nothing.
 	OnDegraded func(degraded bool)
+	// Cache, when set, makes the lock keep the completed-cache too, in its
+	// own round trips: one before the rest of the chain (is this job
+	// completed? if not, the lock) and one after (the release, and the
+	// entry when the job completed). Mount it instead of a separate
+	// [Cache]: the semantics are Cache's, listed in its documentation. Only
+	// the Prefix (which must not contain '{') and TTL of these options
+	// apply; the lock's CallTimeout, ProbeInterval, Logger and OnDegraded
+	// serve both. The entry's key is "<Cache.Prefix>{<lock name>}", in the
+	// lock's Redis Cluster slot, not the key a separate Cache uses (see
+	// docs/internals.md). Defaults to nil: no cache.
+	Cache *CacheOpts
 }
 
 func (o *LockOpts) withDefaults() LockOpts {
@@ -157,6 +169,10 @@ func (o *LockOpts) withDefaults() LockOpts {
 	if out.ProbeInterval == 0 {
 		out.ProbeInterval = time.Second
 	}
+	if out.Cache != nil {
+		c := out.Cache.withDefaults()
+		out.Cache = &c
+	}
 	return out
 }
 
@@ -174,6 +190,8 @@ func (o LockOpts) validate() error {
 		return fmt.Errorf("middleware: Lock: CallTimeout %s: want a positive duration below a third of TTL (%s)", o.CallTimeout, o.TTL/3)
 	case o.ProbeInterval < -1:
 		return fmt.Errorf("middleware: Lock: ProbeInterval %s: want a positive duration, or -1 to probe on every delivery", o.ProbeInterval)
+	case o.Cache != nil && strings.ContainsAny(o.Cache.Prefix, "{}"):
+		return fmt.Errorf("middleware: Lock: Cache.Prefix %q: want no '{' or '}' (the entry joins the lock's hash tag)", o.Cache.Prefix)
 	}
 	return nil
 }
@@ -208,6 +226,13 @@ func (o LockOpts) validate() error {
 //     change; the middleware recovers by itself when Redis answers again,
 //     and then releases the locks that the calls it gave up on may have
 //     set.
+//
+// With LockOpts.Cache, a delivery whose job the cache records as completed
+// returns retry.Duplicate(retry.SourceCache, nil) before any lock is taken
+// (LockResult stays empty), and a delivery that completes writes the entry
+// with its release; see [Cache] for when an entry is read and written.
+// Each delivery then costs one Redis round trip before the rest of the
+// chain and one after it, shared with concurrent deliveries'.
 //
 // The Redis keys and scripts are described in docs/internals.md.
 //
@@ -256,11 +281,23 @@ func (m *lockMiddleware) wrap(next inboxtype.DeliveryHandler) inboxtype.Delivery
 			d.LockResult = LockDegraded
 			return next(ctx, d)
 		}
+		var mark *lock.Mark
+		if c := m.opts.Cache; c != nil && len(d.Fingerprint) > 0 {
+			mark = &lock.Mark{Key: lock.MarkKey(c.Prefix, key), Value: hex.EncodeToString(d.Fingerprint), TTL: c.TTL}
+		}
 
 		sctx, span := trace.SpanFromContext(ctx).TracerProvider().Tracer(tracerName).Start(ctx, "lock.acquire",
 			trace.WithAttributes(attribute.String("inboxmq.lock.key", key)))
 		cctx, cancel := context.WithTimeout(sctx, m.opts.CallTimeout)
-		l, err := m.batcher.Obtain(cctx, key, m.opts.TTL)
+		var (
+			l   *lock.Lock
+			err error
+		)
+		if mark != nil {
+			l, err = m.batcher.ObtainUnlessMarked(cctx, key, m.opts.TTL, *mark)
+		} else {
+			l, err = m.batcher.Obtain(cctx, key, m.opts.TTL)
+		}
 		cancel()
 
 		switch {
@@ -271,7 +308,13 @@ func (m *lockMiddleware) wrap(next inboxtype.DeliveryHandler) inboxtype.Delivery
 			span.SetAttributes(attribute.String("inboxmq.lock.result", LockAcquired), attribute.Int64("inboxmq.lock.fence", l.Fence()))
 			span.End()
 			d.Transition(inboxtype.StatusLocked, nil)
-			return m.runLocked(ctx, d, l, next)
+			return m.runLocked(ctx, d, l, mark, next)
+
+		case errors.Is(err, lock.ErrMarked):
+			m.health.set(false, nil)
+			span.SetAttributes(attribute.String("inboxmq.lock.result", "completed"))
+			span.End()
+			return retry.Duplicate(retry.SourceCache, nil)
 
 		case errors.Is(err, lock.ErrNotObtained):
 			m.health.set(false, nil)
@@ -325,7 +368,9 @@ func (m *lockMiddleware) deferral(d *inboxtype.Delivery, err error, now time.Tim
 	return delay
 }
 
-func (m *lockMiddleware) runLocked(ctx context.Context, d *inboxtype.Delivery, l *lock.Lock, next inboxtype.DeliveryHandler) error {
+// runLocked runs next under l, then releases l, writing mark (if any) in
+// the same round trip when next completed the job.
+func (m *lockMiddleware) runLocked(ctx context.Context, d *inboxtype.Delivery, l *lock.Lock, mark *lock.Mark, next inboxtype.DeliveryHandler) error {
 	kctx, stop := l.KeepAlive(ctx, &lock.KeepAliveOpts{
 		TTL:         m.opts.TTL,
 		MaxHold:     m.opts.MaxHold,
@@ -338,7 +383,12 @@ func (m *lockMiddleware) runLocked(ctx context.Context, d *inboxtype.Delivery, l
 	// Release even when ctx has ended; compare-and-delete never touches a
 	// successor's lock.
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.opts.CallTimeout)
-	rerr := m.batcher.Release(rctx, l)
+	var rerr error
+	if mark != nil && completed(err) {
+		rerr = m.batcher.ReleaseAndMark(rctx, l, *mark)
+	} else {
+		rerr = m.batcher.Release(rctx, l)
+	}
 	cancel()
 	if rerr != nil && !errors.Is(rerr, lock.ErrNotHeld) {
 		// The lock expires by its TTL; later deliveries of the key wait.

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/inboxmq/inboxmq"
 	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/middleware"
 )
@@ -22,6 +23,9 @@ type config struct {
 	Queue       string
 	GatewayURL  string
 	LockTTL     time.Duration
+	// Lock says whether a payment takes the Redis lock (LOCK): auto (in
+	// claim mode only), on or off.
+	Lock        inboxmq.LockMode
 	Concurrency int
 	MetricsAddr string
 	// GroupCommit lets deliveries handled concurrently share one
@@ -113,6 +117,15 @@ func configFromEnv(getenv func(string) string) (config, error) {
 			return c, fmt.Errorf("LOCK_TTL %q: want a Go duration from %s to %s, such as 30s", v, middleware.MinLockTTL, middleware.MaxLockTTL)
 		}
 		c.LockTTL = d
+	}
+	switch v := getenv("LOCK"); v {
+	case "", "auto":
+	case "on":
+		c.Lock = inboxmq.LockOn
+	case "off":
+		c.Lock = inboxmq.LockOff
+	default:
+		return c, fmt.Errorf("LOCK %q: want auto, on or off", v)
 	}
 	switch v := getenv("GROUP_COMMIT"); v {
 	case "", "off":

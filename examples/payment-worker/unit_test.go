@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/inboxmq/inboxmq"
 	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/middleware"
@@ -245,6 +246,13 @@ func TestConfigFromEnv(t *testing.T) {
 		_, err := configFromEnv(env(bad...))
 		require.Error(t, err, "%v", bad)
 	}
+	for v, want := range map[string]inboxmq.LockMode{"": inboxmq.LockAuto, "auto": inboxmq.LockAuto, "on": inboxmq.LockOn, "off": inboxmq.LockOff} {
+		c, err := configFromEnv(env("LOCK", v))
+		require.NoError(t, err, "LOCK=%s", v)
+		require.Equal(t, want, c.Lock, "LOCK=%s", v)
+	}
+	_, err = configFromEnv(env("LOCK", "yes"))
+	require.EqualError(t, err, `LOCK "yes": want auto, on or off`)
 	for v, want := range map[string]time.Duration{"1s": time.Second, "10m": 10 * time.Minute} {
 		c, err := configFromEnv(env("LOCK_TTL", v))
 		require.NoError(t, err, "LOCK_TTL=%s is in range", v)

@@ -155,14 +155,16 @@ func redisClient(rawURL string) (redis.UniversalClient, error) {
 }
 
 // newRoutes registers the payment handler: transactional mode without a
-// gateway, claim mode with one. A copy that finds the key locked waits 1s
-// at first: a payment commits in milliseconds, so by then the copy is
+// gateway, claim mode with one. The Redis lock is taken in claim mode
+// only, unless LOCK says otherwise. A copy that finds the key locked waits
+// 1s at first: a payment commits in milliseconds, so by then the copy is
 // acked as a duplicate.
 func newRoutes(cfg config, tr *tracing) *inboxmq.Routes {
 	routes := inboxmq.NewRoutes()
 	opts := &inboxmq.RouteOpts{
-		Queue: consumer.QueueOpts{Concurrency: cfg.Concurrency, Type: cfg.QueueType, DeliveryLimit: cfg.DeliveryLimit},
-		Lock:  &middleware.LockOpts{TTL: cfg.LockTTL, RetryDelay: time.Second},
+		Queue:    consumer.QueueOpts{Concurrency: cfg.Concurrency, Type: cfg.QueueType, DeliveryLimit: cfg.DeliveryLimit},
+		LockMode: cfg.Lock,
+		Lock:     &middleware.LockOpts{TTL: cfg.LockTTL, RetryDelay: time.Second},
 		// A request (reply_to) gets the payment's stored result, the
 		// first copy and every duplicate alike.
 		Reply: true,

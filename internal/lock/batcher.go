@@ -41,8 +41,10 @@ type BatcherOpts struct {
 //
 // Each operation keeps its own semantics: [Batcher.Obtain] is a single
 // attempt of [Locker.Obtain] (SET NX PX and the fencing counter in one
-// script), [Batcher.Release] is [Lock.Release] (compare-and-delete); each
-// caller returns once its own answer is in. A Batcher holds no goroutine;
+// script), [Batcher.Release] is [Lock.Release] (compare-and-delete), and
+// their marked variants [Batcher.ObtainUnlessMarked] and
+// [Batcher.ReleaseAndMark] add a look at, or a write of, a [Mark] in the
+// same script; each caller returns once its own answer is in. A Batcher holds no goroutine;
 // the zero value is not usable (see [NewBatcher]). It is safe for
 // concurrent use.
 //
@@ -75,13 +77,43 @@ const (
 	unsettledPerRound = 128
 )
 
-// op is one obtain (lock nil until answered) or release.
+// op is one obtain (lock nil until answered) or release, with or without
+// a mark.
 type op struct {
 	release    bool
 	key, token string // obtain: the request; its answer is lock
 	ttl        time.Duration
+	mark       *Mark // obtain: skip when marked; release: write it
 	lock       *Lock
 	err        error
+}
+
+// script returns the script that runs o, and its keys and arguments.
+func (b *Batcher) script(o *op) (*redis.Script, []string, []any) {
+	if o.release {
+		if o.mark != nil {
+			return releaseAndMarkScript, []string{o.lock.lockKey, o.mark.Key},
+				[]any{o.lock.token, o.mark.Value, o.mark.TTL.Milliseconds()}
+		}
+		return releaseScript, []string{o.lock.lockKey}, []any{o.lock.token}
+	}
+	lockKey, fenceKey := RedisKeys(o.key)
+	lease := b.locker.cfg.lease(o.ttl)
+	keys := []string{lockKey, fenceKey}
+	args := []any{o.token, lease.Milliseconds(), b.locker.fenceTTLMillis()}
+	if o.mark != nil {
+		return obtainUnlessMarkedScript, append(keys, o.mark.Key), append(args, o.mark.Value)
+	}
+	return obtainScript, keys, args
+}
+
+// answer reads cmd, o's answer to a script sent at sent, into o.
+func (b *Batcher) answer(ctx context.Context, o *op, sent time.Time, cmd *redis.Cmd) {
+	if o.release {
+		o.err = b.released(ctx, o.lock, cmd)
+		return
+	}
+	o.err = b.obtained(ctx, o, sent, cmd)
 }
 
 // NewBatcher returns a Batcher for l's locks. l's client must support
@@ -163,24 +195,16 @@ func (b *Batcher) send(batch []*op) {
 	unsettled := b.takeUnsettled()
 	if len(batch) == 1 && len(unsettled) == 0 {
 		o := batch[0]
-		if o.release {
-			o.err = b.released(ctx, o.lock, o.lock.release(ctx))
-			return
-		}
 		sent := time.Now()
-		keys, args := b.obtainArgs(o)
-		o.err = b.obtained(ctx, o, sent, obtainScript.Run(ctx, b.client, keys, args...))
+		script, keys, args := b.script(o)
+		b.answer(ctx, o, sent, script.Run(ctx, b.client, keys, args...))
 		return
 	}
 	pipe := b.client.Pipeline()
 	cmds := make([]*redis.Cmd, len(batch))
 	for i, o := range batch {
-		if o.release {
-			cmds[i] = releaseScript.EvalSha(ctx, pipe, []string{o.lock.lockKey}, o.lock.token)
-		} else {
-			keys, args := b.obtainArgs(o)
-			cmds[i] = obtainScript.EvalSha(ctx, pipe, keys, args...)
-		}
+		script, keys, args := b.script(o)
+		cmds[i] = script.EvalSha(ctx, pipe, keys, args...)
 	}
 	extra := make([]*redis.Cmd, len(unsettled))
 	for i, l := range unsettled {
@@ -189,19 +213,13 @@ func (b *Batcher) send(batch []*op) {
 	sent := time.Now()    // no lock of this round can have been set earlier
 	_, _ = pipe.Exec(ctx) // each command carries its own error
 	for i, o := range batch {
-		cmd, noScript := cmds[i], redis.HasErrorPrefix(cmds[i].Err(), "NOSCRIPT")
-		switch {
-		case o.release && noScript:
-			o.err = b.released(ctx, o.lock, o.lock.release(ctx))
-		case o.release:
-			o.err = b.released(ctx, o.lock, cmd)
-		case noScript:
-			again := time.Now()
-			keys, args := b.obtainArgs(o)
-			o.err = b.obtained(ctx, o, again, obtainScript.Run(ctx, b.client, keys, args...))
-		default:
-			o.err = b.obtained(ctx, o, sent, cmd)
+		cmd, at := cmds[i], sent
+		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+			at = time.Now()
+			script, keys, args := b.script(o)
+			cmd = script.Run(ctx, b.client, keys, args...)
 		}
+		b.answer(ctx, o, at, cmd)
 	}
 	for i, l := range unsettled {
 		cmd := extra[i]
@@ -252,23 +270,24 @@ func answered(err error) bool {
 	return err == nil || errors.As(err, &reply)
 }
 
-func (b *Batcher) obtainArgs(o *op) (keys []string, args []any) {
-	lockKey, fenceKey := RedisKeys(o.key)
-	lease := b.locker.cfg.lease(o.ttl)
-	return []string{lockKey, fenceKey}, []any{o.token, lease.Milliseconds(), b.locker.fenceTTLMillis()}
-}
-
 // obtained reads an obtain script's answer into o.lock: the lock, sent
-// at sent, or a *HeldError. An obtain without an answer is unsettled.
+// at sent, a *HeldError, or ErrMarked. An obtain without an answer is
+// unsettled.
 func (b *Batcher) obtained(ctx context.Context, o *op, sent time.Time, cmd *redis.Cmd) error {
-	fence, err := cmd.Int64()
+	val, err := cmd.Result()
 	if err != nil {
-		if !answered(cmd.Err()) {
+		if !answered(err) {
 			b.unsettle(b.locker.newLock(o.key, o.token, 0, o.ttl, sent))
 		}
 		return joinCtx(ctx, fmt.Errorf("lock: obtain %q: %w", o.key, err))
 	}
-	if fence <= 0 {
+	fence, ok := val.(int64)
+	switch {
+	case val == markedReply:
+		return ErrMarked
+	case !ok:
+		return fmt.Errorf("lock: obtain %q: unexpected answer %v", o.key, val)
+	case fence <= 0:
 		return newHeldError(o.key, fence)
 	}
 	o.lock = b.locker.newLock(o.key, o.token, fence, o.ttl, sent)

@@ -58,6 +58,8 @@ func TestRedisKeysShareClusterSlot(t *testing.T) {
 		require.NotEmpty(t, hashTag(lockKey), key)
 		require.Equal(t, hashTag(lockKey), hashTag(fenceKey), key)
 		require.Equal(t, slot(lockKey), slot(fenceKey), key)
+		markKey := lock.MarkKey("inboxmq:done:", key)
+		require.Equal(t, hashTag(lockKey), hashTag(markKey), key)
 	}
 }
 
@@ -66,7 +68,8 @@ func TestRedisKeysShareClusterSlot(t *testing.T) {
 // the server's CLUSTER KEYSLOT agrees with slot above for both keys of
 // every lock, including the middleware's "<prefix><consumer>:<key>" names,
 // and every script of the lock (obtain with its fence, refresh, ttl,
-// release, and the Batcher's pipelined obtains and releases) runs there.
+// release, the Batcher's pipelined obtains and releases, and their marked
+// variants with the completed-cache entry of MarkKey) runs there.
 func TestLockOnRedisCluster(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
@@ -91,6 +94,9 @@ func TestLockOnRedisCluster(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, ls, fs, name)
 		require.Equal(t, int64(slot(lockKey)), ls, name)
+		ms, err := rdb.ClusterKeySlot(ctx, lock.MarkKey("inboxmq:done:", name)).Result()
+		require.NoError(t, err)
+		require.Equal(t, ls, ms, name)
 	}
 
 	locker, err := lock.New(rdb, nil)
@@ -111,6 +117,13 @@ func TestLockOnRedisCluster(t *testing.T) {
 		l2, err := batcher.Obtain(ctx, key, 10*time.Second)
 		require.NoError(t, err, name)
 		require.Greater(t, l2.Fence(), l.Fence(), name)
-		require.NoError(t, l2.Release(ctx), name)
+
+		// The completed-cache entry of the lock joins its slot: the marked
+		// scripts run on the cluster too.
+		mark := lock.Mark{Key: lock.MarkKey("inboxmq:done:", key), Value: "fp", TTL: time.Minute}
+		require.NoError(t, batcher.ReleaseAndMark(ctx, l2, mark), name)
+		_, err = batcher.ObtainUnlessMarked(ctx, key, 10*time.Second, mark)
+		require.ErrorIs(t, err, lock.ErrMarked, name)
+		require.NoError(t, rdb.Del(ctx, mark.Key).Err())
 	}
 }

@@ -56,6 +56,19 @@
 //	l, err := b.Obtain(ctx, "payment:42", 30*time.Second) // or ErrNotObtained
 //	err = b.Release(ctx, l)                               // nil, ErrNotHeld, or a Redis error
 //
+// # Marks
+//
+// A [Mark] is a key in the lock's hash slot ([MarkKey]) that says "this
+// work is done". [Batcher.ObtainUnlessMarked] reads it in the obtain's own
+// script and takes no lock when it holds the value asked for
+// ([ErrMarked]); [Batcher.ReleaseAndMark] writes it in the release's
+// script. A completed-cache in front of a lock thus costs no round trip of
+// its own:
+//
+//	done := lock.Mark{Key: lock.MarkKey("done:", "payment:42"), Value: fingerprint, TTL: 24 * time.Hour}
+//	l, err := b.ObtainUnlessMarked(ctx, "payment:42", 30*time.Second, done) // or ErrMarked
+//	err = b.ReleaseAndMark(ctx, l, done)
+//
 // # Calls that got no answer
 //
 // A call that timed out may still run in Redis: while Redis hangs (a

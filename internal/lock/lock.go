@@ -23,11 +23,20 @@ var (
 	refreshSrc string
 	//go:embed pttl.lua
 	pttlSrc string
+	//go:embed mark_check.lua
+	markCheckSrc string
+	//go:embed mark_set.lua
+	markSetSrc string
 
 	obtainScript  = redis.NewScript(obtainSrc)
 	releaseScript = redis.NewScript(releaseSrc)
 	refreshScript = redis.NewScript(refreshSrc)
 	pttlScript    = redis.NewScript(pttlSrc)
+
+	// The marked variants run their prefix, then the plain script
+	// unchanged: one source for each rule.
+	obtainUnlessMarkedScript = redis.NewScript(markCheckSrc + obtainSrc)
+	releaseAndMarkScript     = redis.NewScript(markSetSrc + releaseSrc)
 )
 
 // Client is the narrowest Redis client the lock needs: script evaluation.

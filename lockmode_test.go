@@ -1,0 +1,168 @@
+package inboxmq_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inboxmq/inboxmq"
+	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/inboxtype"
+	"github.com/inboxmq/inboxmq/internal/redistest"
+	"github.com/inboxmq/inboxmq/internal/testenv"
+	"github.com/inboxmq/inboxmq/middleware"
+)
+
+// tripCounter is a go-redis hook counting round trips (commands sent
+// alone, and pipelines).
+type tripCounter struct{ n atomic.Int64 }
+
+func (c *tripCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (c *tripCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+
+func (c *tripCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		c.n.Add(1)
+		return next(ctx, cmds)
+	}
+}
+
+// RouteOpts.LockMode: the lock in claim mode only by default, in either
+// mode when asked, in neither when turned off. The route's own middleware
+// runs inside the lock, so it sees whether the delivery holds it.
+func TestWorker_LockMode(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name   string
+		claim  bool
+		mode   inboxmq.LockMode
+		noLock bool
+		locked bool
+	}{
+		{name: "TxAuto", mode: inboxmq.LockAuto, locked: false},
+		{name: "TxOn", mode: inboxmq.LockOn, locked: true},
+		{name: "TxOff", mode: inboxmq.LockOff, locked: false},
+		{name: "ClaimAuto", claim: true, mode: inboxmq.LockAuto, locked: true},
+		{name: "ClaimOff", claim: true, mode: inboxmq.LockOff, locked: false},
+		{name: "ClaimNoLock", claim: true, mode: inboxmq.LockOn, noLock: true, locked: false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			rdb, prefix := redistest.Client(t)
+			results := make(chan string, 1)
+			opts := &inboxmq.RouteOpts{
+				LockMode: tt.mode, NoLock: tt.noLock,
+				Lock:  &middleware.LockOpts{Prefix: prefix + "lock:"},
+				Cache: &middleware.CacheOpts{Prefix: prefix + "done:"},
+				Middleware: []inboxtype.Middleware{func(next inboxtype.DeliveryHandler) inboxtype.DeliveryHandler {
+					return func(ctx context.Context, d *inboxtype.Delivery) error {
+						results <- d.LockResult
+						return next(ctx, d)
+					}
+				}},
+			}
+			routes := inboxmq.NewRoutes()
+			insert := func(ctx context.Context, tx pgx.Tx, id string) error {
+				_, err := tx.Exec(ctx, `INSERT INTO effects (id) VALUES ($1)`, id)
+				return err
+			}
+			if tt.claim {
+				inboxmq.HandleClaim(routes, b.queue, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[order]) error {
+					return c.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error { return insert(ctx, tx, msg.Body.ID) })
+				}, opts)
+			} else {
+				inboxmq.HandleTx(routes, b.queue, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
+					return insert(ctx, tx, msg.Body.ID)
+				}, opts)
+			}
+			w := startWorker(t, b, rdb, routes, prometheus.NewRegistry())
+			b.pub.Publish(b.queue, []byte(`{"id":"o1"}`), amqp.Publishing{MessageId: "m1"})
+			got := testenv.WaitChan(t, results, "the delivery reaches the route's middleware")
+			if tt.locked {
+				require.Equal(t, middleware.LockAcquired, got)
+			} else {
+				require.Empty(t, got, "no lock")
+			}
+			testenv.WaitFor(t, "the effect", func() bool { return b.count(t, `SELECT count(*) FROM effects`) == 1 })
+			require.NoError(t, w.Stop(context.Background()))
+		})
+	}
+}
+
+// A route with the cache and the lock costs one Redis round trip before
+// its handler and one after; a copy of a completed job costs one and never
+// reaches the handler.
+func TestWorker_CacheAndLockShareRoundTrips(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	rdb, prefix := redistest.Client(t) // for the test's own look-ups
+	counted, _ := redistest.Client(t)  // the worker's
+	trips := &tripCounter{}
+	counted.AddHook(trips)
+	var before atomic.Int64
+	calls := make(chan string, 4)
+	routes := inboxmq.NewRoutes()
+	inboxmq.HandleTx(routes, b.queue, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
+		before.Store(trips.n.Load())
+		_, err := tx.Exec(ctx, `INSERT INTO effects (id) VALUES ($1)`, msg.Body.ID)
+		calls <- msg.Body.ID
+		return err
+	}, &inboxmq.RouteOpts{
+		LockMode: inboxmq.LockOn,
+		Lock:     &middleware.LockOpts{Prefix: prefix + "lock:"},
+		Cache:    &middleware.CacheOpts{Prefix: prefix + "done:"},
+	})
+	reg := prometheus.NewRegistry()
+	startWorker(t, b, counted, routes, reg)
+
+	// The first delivery loads the scripts (NOSCRIPT, then EVAL).
+	b.pub.Publish(b.queue, []byte(`{"id":"warm-up"}`), amqp.Publishing{MessageId: "m0"})
+	require.Equal(t, "warm-up", testenv.WaitChan(t, calls, "the warm-up delivery"))
+	testenv.WaitFor(t, "the warm-up is cached", func() bool { return rdb.Exists(t.Context(), cacheEntry(prefix, b.queue, "warm-up")).Val() == 1 })
+
+	start := trips.n.Load()
+	b.pub.Publish(b.queue, []byte(`{"id":"o1"}`), amqp.Publishing{MessageId: "m1"})
+	require.Equal(t, "o1", testenv.WaitChan(t, calls, "the delivery"))
+	require.Equal(t, start+1, before.Load(), "one round trip before the handler")
+	testenv.WaitFor(t, "the release writes the entry", func() bool { return rdb.Exists(t.Context(), cacheEntry(prefix, b.queue, "o1")).Val() == 1 })
+	require.Equal(t, start+2, trips.n.Load(), "one round trip after it")
+
+	start = trips.n.Load()
+	b.pub.Publish(b.queue, []byte(`{"id":"o1"}`), amqp.Publishing{MessageId: "m2"})
+	testenv.WaitFor(t, "the copy is acked as a cache duplicate", func() bool {
+		return gatherSums(t, reg)[`duplicate_detected_total{source="cache"}`] == 1
+	})
+	require.Equal(t, start+1, trips.n.Load(), "a cache hit costs one round trip")
+	require.Empty(t, calls, "and never reaches the handler")
+	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM effects`))
+}
+
+func cacheEntry(prefix, queue, id string) string {
+	return fmt.Sprintf("%sdone:{%slock:%s:order:%s}", prefix, prefix, queue, id)
+}
+
+func startWorker(t *testing.T, b *testBundle, rdb redis.UniversalClient, routes *inboxmq.Routes, reg *prometheus.Registry) *inboxmq.Worker {
+	t.Helper()
+	w, err := inboxmq.NewWorker(&inboxmq.Config{
+		URL: testenv.AMQPURL(), DB: b.pool, Redis: rdb, Routes: routes,
+		Metrics: &inboxmq.MetricsConfig{Registerer: reg},
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = w.Stop(context.Background()) })
+	require.NoError(t, w.Start(t.Context()))
+	return w
+}
