@@ -299,3 +299,52 @@ func AliasURL(t testing.TB) string {
 	}
 	return u.String()
 }
+
+// PublishTo sends body to exchange with routingKey and waits for the
+// broker's confirm (mandatory: an unroutable message fails the test).
+func (p *Publisher) PublishTo(exchange, routingKey string, body []byte, msg amqp.Publishing) {
+	p.t.Helper()
+	msg.Body = body
+	if msg.DeliveryMode == 0 {
+		msg.DeliveryMode = amqp.Persistent
+	}
+	if msg.ContentType == "" {
+		msg.ContentType = "application/json"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), testenv.Timeout())
+	defer cancel()
+	dc, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, routingKey, true, false, msg)
+	if err != nil {
+		p.t.Fatalf("amqptest: publish: %v", err)
+	}
+	ok, err := dc.WaitContext(ctx)
+	if err != nil || !ok {
+		p.t.Fatalf("amqptest: publish not confirmed (ok=%v): %v", ok, err)
+	}
+}
+
+// DeleteOrderedAtCleanup deletes, when the test ends, the topology of an
+// ordered route on queue (consumer.OrderedOpts) with shards shard queues:
+// the shard queues, the members queue and the exchange named queue (its
+// DLQ goes with QueueName's clean-up).
+func DeleteOrderedAtCleanup(t testing.TB, conn *amqp.Connection, queue string, shards int) {
+	t.Helper()
+	t.Cleanup(func() {
+		names := []string{queue + ".members"}
+		for i := range shards {
+			names = append(names, consumer.ShardQueueName(queue, i))
+		}
+		for _, n := range names {
+			ch, err := conn.Channel()
+			if err != nil {
+				return
+			}
+			_, _ = ch.QueueDelete(n, false, false, false)
+			_ = ch.Close()
+		}
+		if ch, err := conn.Channel(); err == nil {
+			_ = ch.ExchangeDelete(queue, false, false)
+			_ = ch.Close()
+		}
+	})
+}
