@@ -348,3 +348,52 @@ func DeleteOrderedAtCleanup(t testing.TB, conn *amqp.Connection, queue string, s
 		}
 	})
 }
+
+// Vhost creates a virtual host of the test broker for this test alone
+// (rabbitmqctl add_vhost, with full permissions for the URL's user),
+// deletes it with everything in it when the test ends, and returns the
+// broker URL pointing at it. A missing or failing rabbitmqctl fails the
+// test: CI installs it (package rabbitmq-server).
+func Vhost(t testing.TB) string {
+	t.Helper()
+	u, err := url.Parse(testenv.AMQPURL())
+	if err != nil {
+		t.Fatalf("amqptest: parse AMQP URL: %v", err)
+	}
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	name := strings.Trim(unsafeChars.ReplaceAllString(t.Name(), "-"), "-")
+	if len(name) > 80 {
+		name = name[:80]
+	}
+	vhost := fmt.Sprintf("t.%s.%s", name, hex.EncodeToString(b[:]))
+	rabbitmqctl := func(args ...string) {
+		ctx, cancel := context.WithTimeout(context.Background(), testenv.Timeout())
+		defer cancel()
+		out, err := exec.CommandContext(ctx, "rabbitmqctl", append([]string{"-q"}, args...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("amqptest: rabbitmqctl %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	rabbitmqctl("add_vhost", vhost)
+	t.Cleanup(func() { rabbitmqctl("delete_vhost", vhost) })
+	rabbitmqctl("set_permissions", "-p", vhost, cmp.Or(u.User.Username(), "guest"), ".*", ".*", ".*")
+	u.Path = "/" + vhost
+	u.RawPath = "/" + url.PathEscape(vhost)
+	return u.String()
+}
+
+// DialURL opens a connection to rawURL (such as a [Vhost]'s), closed when
+// the test ends.
+func DialURL(t testing.TB, rawURL string) *amqp.Connection {
+	t.Helper()
+	conn, err := amqp.DialConfig(rawURL, amqp.Config{
+		Properties: amqp.Table{"connection_name": "inboxmq-test " + t.Name()},
+		Heartbeat:  10 * time.Second,
+	})
+	if err != nil {
+		testenv.Unavailable(t, "RabbitMQ", err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn
+}
