@@ -397,3 +397,48 @@ func DialURL(t testing.TB, rawURL string) *amqp.Connection {
 	t.Cleanup(func() { _ = conn.Close() })
 	return conn
 }
+
+// DeclareOrdered declares what an ordered route (consumer.OrderedOpts)
+// declares, without a consumer: a consistent-hash exchange named queue
+// bound to shards shard queues with single active consumer. Everything
+// is deleted when the test ends. queue must come from [QueueName].
+func DeclareOrdered(t testing.TB, conn *amqp.Connection, queue string, shards int) {
+	t.Helper()
+	DeleteOrderedAtCleanup(t, conn, queue, shards)
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatalf("amqptest: channel: %v", err)
+	}
+	defer func() { _ = ch.Close() }()
+	if err := ch.ExchangeDeclare(queue, consumer.ExchangeConsistentHash, true, false, false, false, nil); err != nil {
+		t.Fatalf("amqptest: declare exchange %s: %v", queue, err)
+	}
+	for i := range shards {
+		name := consumer.ShardQueueName(queue, i)
+		if _, err := ch.QueueDeclare(name, true, false, false, false, amqp.Table{"x-single-active-consumer": true}); err != nil {
+			t.Fatalf("amqptest: declare %s: %v", name, err)
+		}
+		if err := ch.QueueBind(name, "1", queue, false, nil); err != nil {
+			t.Fatalf("amqptest: bind %s: %v", name, err)
+		}
+	}
+}
+
+// ShardOf drains the shards of an ordered route on queue and returns, per
+// routing key, the index of the shard its messages were in and their
+// bodies in queue order. It fails the test when a key's messages are
+// spread over several shards.
+func ShardOf(t testing.TB, conn *amqp.Connection, queue string, shards int) (shardOf map[string]int, bodies map[string][]string) {
+	t.Helper()
+	shardOf, bodies = make(map[string]int), make(map[string][]string)
+	for i := range shards {
+		for _, d := range Drain(t, conn, consumer.ShardQueueName(queue, i)) {
+			if s, ok := shardOf[d.RoutingKey]; ok && s != i {
+				t.Fatalf("amqptest: key %s is in shards %d and %d", d.RoutingKey, s, i)
+			}
+			shardOf[d.RoutingKey] = i
+			bodies[d.RoutingKey] = append(bodies[d.RoutingKey], string(d.Body))
+		}
+	}
+	return shardOf, bodies
+}
