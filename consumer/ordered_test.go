@@ -243,8 +243,12 @@ func TestOrderedRetryHoldsKey(t *testing.T) {
 		Policy: retry.Exponential{InitialInterval: 10 * time.Millisecond, RandomizationFactor: -1, MaxAttempts: 4},
 	})
 	attempts := make(map[string]int)
+	lastTry := -1 // effects applied when dead:1 failed its last attempt
 	b.fx.fail = func(e seqEvent, attempt int) error {
 		attempts[e.IdempotencyKey()] = attempt
+		if e.Key == "dead" && e.Seq == 1 && attempt == 4 {
+			lastTry = len(b.fx.log)
+		}
 		switch {
 		case e.Key == "held" && e.Seq == 1 && attempt < 3:
 			return errors.New("blip") // succeeds on the 3rd attempt
@@ -263,11 +267,13 @@ func TestOrderedRetryHoldsKey(t *testing.T) {
 
 	b.fx.mu.Lock()
 	var dead []int
-	for _, e := range b.fx.log {
+	for i, e := range b.fx.log {
 		if e.key == "dead" {
 			dead = append(dead, e.seq)
+			require.GreaterOrEqual(t, i, lastTry, "dead:%d waited for dead:1's last attempt", e.seq)
 		}
 	}
+	require.GreaterOrEqual(t, lastTry, 0, "dead:1 reached its last attempt")
 	require.Equal(t, []int{2, 3}, dead, "the dead-lettered event released the key's later ones, in order")
 	require.Equal(t, 3, attempts["held:1"])
 	require.Equal(t, 4, attempts["dead:1"])
