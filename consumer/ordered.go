@@ -30,6 +30,11 @@ const argSingleActiveConsumer = "x-single-active-consumer"
 // deliveries wait for the previous one to settle. Workers that join or
 // leave share the shards out by themselves (see RebalanceInterval).
 //
+// On a Quorum route each shard channel has a prefetch of 1 (a quorum
+// queue returns a departing worker's unacked messages out of order, so
+// only one may be outstanding); a Classic route uses QueueOpts.Prefetch
+// per shard.
+//
 // A retryable failure is retried in process, under HandlerOpts.Policy, and
 // holds the key's later messages back until it succeeds or is
 // dead-lettered after the last attempt; a dead-lettered message releases

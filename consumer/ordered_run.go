@@ -90,10 +90,16 @@ func (c *Consumer) runLane(r *route, j *job, action inboxtype.Action) {
 	if j.shard == nil {
 		return
 	}
+	sess := j.sess
 	for {
 		next, ok := r.lanes.next(j.key)
 		if !ok {
 			return
+		}
+		if next.sess != sess {
+			// The first of a new session: what came before it was on a
+			// channel that is gone, and is redelivered ahead of it.
+			sess, action = next.sess, inboxtype.ActionAcked
 		}
 		switch {
 		case next.sess.gone():
@@ -243,7 +249,7 @@ func (s *session) subscribeShard(r *route, sh *shardSub) (*amqp.Channel, <-chan 
 	if err != nil {
 		return nil, nil, fmt.Errorf("consumer: open channel for %q: %w", sh.queue, err)
 	}
-	if err := ch.Qos(r.Opts.Queue.Prefetch, 0, false); err != nil {
+	if err := ch.Qos(shardPrefetch(r.Opts.Queue), 0, false); err != nil {
 		return nil, nil, fmt.Errorf("consumer: set prefetch on %q: %w", sh.queue, err)
 	}
 	s.watchErr("channel of "+sh.queue, ch.NotifyClose(make(chan *amqp.Error, 1)))
@@ -253,6 +259,20 @@ func (s *session) subscribeShard(r *route, sh *shardSub) (*amqp.Channel, <-chan 
 		return nil, nil, fmt.Errorf("consumer: consume %q: %w", sh.queue, err)
 	}
 	return ch, deliveries, nil
+}
+
+// shardPrefetch is the prefetch of a shard's channel. A classic queue
+// puts the unacked messages of a departing consumer back at their places,
+// so the next consumer receives them in queue order. A quorum queue
+// (RabbitMQ 3.10) returns them in another order: two messages prefetched
+// and not started when a worker hands the shard over (or crashes) could
+// swap. With one message outstanding per shard there is never more than
+// one to return, at the price of one delivery at a time per shard.
+func shardPrefetch(q QueueOpts) int {
+	if q.Type == Quorum {
+		return 1
+	}
+	return q.Prefetch
 }
 
 // pumpShard admits the shard's deliveries to their keys' lanes and hands

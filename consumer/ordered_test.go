@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -30,9 +31,11 @@ func (e seqEvent) IdempotencyKey() string { return e.Key + ":" + strconv.Itoa(e.
 
 // effect is one applied event, in the order effects were applied.
 type effect struct {
-	key    string
-	seq    int
-	worker string
+	key         string
+	seq         int
+	worker      string
+	redelivered bool
+	at          time.Time
 }
 
 // effects is an in-memory inbox plus business table: an event applies
@@ -66,7 +69,7 @@ func (f *effects) handle(ctx context.Context, m *inboxtype.Message[seqEvent]) er
 		}
 	}
 	f.done[m.Key] = true
-	f.log = append(f.log, effect{key: m.Body.Key, seq: m.Body.Seq, worker: m.Delivery.WorkerID})
+	f.log = append(f.log, effect{key: m.Body.Key, seq: m.Body.Seq, worker: m.Delivery.WorkerID, redelivered: m.Redelivered, at: time.Now()})
 	return nil
 }
 
@@ -96,6 +99,13 @@ func (f *effects) requireInOrder(t *testing.T, last map[string]int) {
 		want := make([]int, n)
 		for i := range want {
 			want[i] = i + 1
+		}
+		if !slices.Equal(want, seqs[key]) {
+			for _, e := range f.log {
+				if e.key == key {
+					t.Logf("%s %d %s redelivered=%v %s", e.key, e.seq, e.worker, e.redelivered, e.at.Format("15:04:05.000000"))
+				}
+			}
 		}
 		require.Equal(t, want, seqs[key], "key %s: effects out of order, missing or repeated", key)
 	}
@@ -177,7 +187,16 @@ func (b *orderedBundle) publishBurst(t *testing.T, events []seqEvent) {
 // each, in publish order, and each worker that joined took shards over.
 func TestOrderedAcrossWorkers(t *testing.T) {
 	t.Parallel()
-	b := setupOrdered(t, 6, nil)
+	for _, typ := range []consumer.QueueType{consumer.Classic, consumer.Quorum} {
+		t.Run(string(typ), func(t *testing.T) {
+			t.Parallel()
+			testOrderedAcrossWorkers(t, typ)
+		})
+	}
+}
+
+func testOrderedAcrossWorkers(t *testing.T, typ consumer.QueueType) {
+	b := setupOrdered(t, 6, &consumer.HandlerOpts{Queue: consumer.QueueOpts{Type: typ}})
 	const keys = 24
 	last := make(map[string]int)
 	var sent []seqEvent
