@@ -17,6 +17,11 @@ const ExchangeConsistentHash = "x-consistent-hash"
 
 const argSingleActiveConsumer = "x-single-active-consumer"
 
+// HeaderOrderingKey carries, on a dead letter of an ordered route, the
+// ordering key (routing key) the message was published with, so that
+// [ReplayDLQ] sends it back through the route's exchange to its shard.
+const HeaderOrderingKey = "x-ordering-key"
+
 // OrderedOpts spread a route over shard queues so that the messages of one
 // ordering key are handled one at a time, in the order the broker received
 // them, while different keys run in parallel on many workers.

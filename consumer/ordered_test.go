@@ -285,6 +285,7 @@ func TestOrderedRetryHoldsKey(t *testing.T) {
 	b.fx.requireInOrder(t, map[string]int{"held": 3})
 
 	b.fx.mu.Lock()
+	applied := len(b.fx.log) // effects before the replay
 	var dead []int
 	for i, e := range b.fx.log {
 		if e.key == "dead" {
@@ -298,10 +299,25 @@ func TestOrderedRetryHoldsKey(t *testing.T) {
 	require.Equal(t, 4, attempts["dead:1"])
 	b.fx.mu.Unlock()
 
-	m, ok := amqptest.Get(t, b.conn, b.queue+".dlq")
-	require.True(t, ok, "dead:1 is in the DLQ")
-	require.Equal(t, "dead:1", m.MessageId)
-	require.Contains(t, consumer.DeadLetterReason(m.Headers), retry.ReasonExhausted)
+	// The way out: fix the cause, replay from the DLQ. The replay goes
+	// through the route's exchange to the key's shard and applies after
+	// the key's later events (the documented gap).
+	b.fx.mu.Lock()
+	before := b.fx.fail
+	b.fx.fail = func(e seqEvent, attempt int) error {
+		if e.Key == "dead" {
+			return nil
+		}
+		return before(e, attempt)
+	}
+	b.fx.mu.Unlock()
+	res, err := consumer.ReplayDLQ(t.Context(), b.conn, b.queue, &consumer.ReplayOpts{Reason: retry.ReasonExhausted})
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Replayed, "dead:1 was dead-lettered as exhausted")
+	testenv.WaitFor(t, "the replayed dead:1 applied", func() bool { return b.fx.count("") >= 6 })
+	b.fx.mu.Lock()
+	defer b.fx.mu.Unlock()
+	require.Equal(t, effect{key: "dead", seq: 1}, effect{key: b.fx.log[applied].key, seq: b.fx.log[applied].seq})
 }
 
 func TestOrderedOptsValidate(t *testing.T) {

@@ -445,6 +445,9 @@ func (c *Consumer) deadLetter(r *route, j *job, d *inboxtype.Delivery, out *inbo
 	if d.Key != "" {
 		h[inboxtype.HeaderIdempotencyKey] = d.Key
 	}
+	if r.Opts.Ordered != nil {
+		h[HeaderOrderingKey] = orderingKey(&j.raw)
+	}
 	if err := j.sess.pub.publish(c.baseCtx, r.Opts.Queue.DeadLetterQueue, copyOf(&j.raw, h)); err != nil {
 		return c.requeueAfter(r, j, out, err)
 	}
