@@ -110,6 +110,18 @@ type RouteOpts struct {
 	// defaults to the route's Rules and retry's taxonomy. Defaults to nil:
 	// no breaker.
 	Breaker *middleware.BreakerOpts
+	// Ordered consumes the route through shard queues behind a
+	// consistent-hash exchange, with per-key order across workers: the
+	// messages of one ordering key (the routing key producers publish
+	// with to the exchange, by default named after the queue) apply one
+	// at a time, in publish order, while different keys run in parallel
+	// on every worker; workers that join or leave share the shards out
+	// by themselves. Retries then run in process and hold the key's later
+	// messages back until the message succeeds or is dead-lettered (see
+	// consumer.OrderedOpts and docs/scaling.md, "Ordering"). Needs the
+	// broker's rabbitmq_consistent_hash_exchange plugin. Defaults to nil:
+	// one work queue, no order between messages.
+	Ordered *consumer.OrderedOpts
 	// RateLimit limits the route's calls to a downstream across every
 	// worker (middleware.RateLimit) through Config.Redis, or to each
 	// worker's share of it without Redis. A delivery waits for its slot

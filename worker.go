@@ -309,6 +309,7 @@ func (w *Worker) buildRouter() (*consumer.Router, error) {
 			InProcess:  rt.opts.InProcess,
 			Queue:      rt.opts.Queue,
 			Reply:      w.replyOpts(rt),
+			Ordered:    rt.opts.Ordered,
 
 			OnDeadLetter: onDead,
 		})

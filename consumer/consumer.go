@@ -410,6 +410,10 @@ func (c *Consumer) open(s *session) error {
 	}
 	s.pub = pub
 	for _, r := range c.routes {
+		if r.Opts.Ordered != nil {
+			s.openOrdered(r)
+			continue
+		}
 		ch, err := s.conn.Channel()
 		if err != nil {
 			return fmt.Errorf("consumer: open channel for %q: %w", r.Queue, err)

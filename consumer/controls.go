@@ -16,6 +16,8 @@ type route struct {
 	Route
 	jobs chan job
 	sem  *semaphore
+	// lanes serialise an ordered route's deliveries per ordering key.
+	lanes *lanes
 
 	// copyFailures counts retry/DLQ copies that failed in a row; it spaces
 	// the requeues that follow (requeueAfter).
@@ -35,6 +37,7 @@ func newRoute(r Route) *route {
 	n := r.Opts.Queue.Concurrency
 	return &route{
 		Route:   r,
+		lanes:   newLanes(),
 		jobs:    make(chan job),
 		sem:     &semaphore{limit: n, wake: make(chan struct{})},
 		changed: make(chan struct{}),

@@ -111,6 +111,18 @@
 // from one queue (a paused queue stays paused across reconnects), and
 // [Consumer.SetConcurrency] lowers how many of its handlers run at once.
 //
+// # Ordered routes
+//
+// With [HandlerOpts].Ordered ([OrderedOpts]) a route applies the messages
+// of one ordering key one at a time, in the order the broker received
+// them, across all its workers, while different keys run in parallel.
+// Producers publish to the route's consistent-hash exchange with the key
+// (an aggregate's id) as routing key; each of the route's shard queues is
+// consumed by one worker at a time, and workers that join or leave share
+// the shards out by themselves. A failing message is retried in process
+// and holds its key's later messages back until it succeeds or is
+// dead-lettered.
+//
 // # Dead letters
 //
 // [ReplayDLQ] moves selected dead letters (by reason, key or count) back to

@@ -32,7 +32,8 @@ func trimNote(dropped int) string {
 // bounded and the other properties are short strings.
 func trimRank(k string) int {
 	switch k {
-	case inboxtype.HeaderAttempt, inboxtype.HeaderError, inboxtype.HeaderFirstFailedAt, inboxtype.HeaderLastFailedAt, inboxtype.HeaderOriginalQueue:
+	case inboxtype.HeaderAttempt, inboxtype.HeaderError, inboxtype.HeaderFirstFailedAt, inboxtype.HeaderLastFailedAt, inboxtype.HeaderOriginalQueue,
+		HeaderOrderingKey:
 		return 3
 	case inboxtype.HeaderIdempotencyKey:
 		return 2

@@ -54,6 +54,12 @@ func (p *publisher) close() { p.pool.Close() }
 // never acked). A copy whose properties would not fit in one frame of the
 // connection has its headers trimmed first ([fitFrame]).
 func (p *publisher) publish(ctx context.Context, queue string, msg amqp.Publishing) error {
+	return p.publishTo(ctx, "", queue, msg)
+}
+
+// publishTo is publish through exchange with routingKey (queue is then
+// the routing key, for the logs and errors).
+func (p *publisher) publishTo(ctx context.Context, exchange, queue string, msg amqp.Publishing) error {
 	if n := fitFrame(&msg, p.frameMax); n > 0 {
 		p.log.LogAttrs(ctx, slog.LevelWarn, "consumer: a retry or dead-letter copy did not fit in one frame; headers dropped",
 			slog.String("queue", queue), slog.String("message_id", msg.MessageId), slog.Int("dropped", n),
@@ -61,7 +67,7 @@ func (p *publisher) publish(ctx context.Context, queue string, msg amqp.Publishi
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()
-	err := p.pool.Publish(ctx, "", queue, true, msg)
+	err := p.pool.Publish(ctx, exchange, queue, true, msg)
 	var ret *confirm.ReturnedError
 	switch {
 	case err == nil:

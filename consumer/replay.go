@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -41,6 +42,11 @@ type ReplayOpts struct {
 	DeadLetterQueue string
 	// PublishTimeout bounds each publisher confirm. Defaults to 10s.
 	PublishTimeout time.Duration
+	// Exchange is the exchange of an ordered route (OrderedOpts.Exchange):
+	// a dead letter that carries HeaderOrderingKey is replayed through it,
+	// with its ordering key as routing key, so it lands in its key's
+	// shard. Defaults to the queue name (OrderedOpts' default).
+	Exchange string
 }
 
 // ReplayResult counts what [ReplayDLQ] did.
@@ -66,7 +72,9 @@ type ReplayResult struct {
 // incremented; the failure headers and the broker's death headers are
 // dropped, and so is any per-message expiration, so a message that expired
 // does not expire again. Every other message is re-published to the DLQ,
-// so it stays there. Each publish is confirmed before the original is acked; on any
+// so it stays there. A dead letter of an ordered route ([HeaderOrderingKey])
+// goes back through the route's exchange (ReplayOpts.Exchange) with its
+// ordering key, to its key's shard, after the key's later messages. Each publish is confirmed before the original is acked; on any
 // error the unsettled message stays in the DLQ. Because a replay goes
 // through the same inbox, replaying a message whose effect was already
 // committed is acked as a duplicate.
@@ -84,6 +92,9 @@ func ReplayDLQ(ctx context.Context, conn *amqp.Connection, queue string, opts *R
 	}
 	if o.PublishTimeout <= 0 {
 		o.PublishTimeout = 10 * time.Second
+	}
+	if o.Exchange != "" && !ValidName(o.Exchange) {
+		return res, fmt.Errorf("consumer: replay: invalid exchange name %q", o.Exchange)
 	}
 	if !ValidName(queue) || !ValidName(o.DeadLetterQueue) {
 		return res, fmt.Errorf("consumer: replay: invalid queue name %q or %q", queue, o.DeadLetterQueue)
@@ -119,15 +130,19 @@ func ReplayDLQ(ctx context.Context, conn *amqp.Connection, queue string, opts *R
 		res.Scanned++
 		selected := (o.Limit <= 0 || res.Replayed < o.Limit) && replayMatches(queue, m.MessageId, m.Headers, &o)
 		replays := inboxtype.HeaderInt(m.Headers, inboxtype.HeaderReplayCount)
-		target, h := o.DeadLetterQueue, m.Headers
+		exchange, target, h := "", o.DeadLetterQueue, m.Headers
+		replayed := false
 		switch {
 		case selected && o.MaxReplays > 0 && replays >= o.MaxReplays:
 			h = cloneTable(m.Headers)
 			h[HeaderReplayRefused] = true
 		case selected:
-			target, h = queue, replayHeaders(m.Headers, replays)
+			target, h, replayed = queue, replayHeaders(m.Headers, replays), true
+			if key, ok := m.Headers[HeaderOrderingKey].(string); ok && key != "" {
+				exchange, target = cmp.Or(o.Exchange, queue), key // an ordered route's shard
+			}
 		}
-		if err := pub.publish(ctx, target, copyOf(&m, h)); err != nil {
+		if err := pub.publishTo(ctx, exchange, target, copyOf(&m, h)); err != nil {
 			_ = m.Nack(false, true)
 			return res, fmt.Errorf("consumer: replay: %w", err)
 		}
@@ -137,7 +152,7 @@ func ReplayDLQ(ctx context.Context, conn *amqp.Connection, queue string, opts *R
 		switch {
 		case !selected:
 			res.Kept++
-		case target == queue:
+		case replayed:
 			res.Replayed++
 		default:
 			res.Refused++

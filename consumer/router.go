@@ -93,6 +93,11 @@ type HandlerOpts struct {
 	// absorbs as a duplicate) and OnDeadLetter runs again, so it must be
 	// idempotent. Defaults to nil.
 	OnDeadLetter func(ctx context.Context, dl DeadLetter) error
+	// Ordered, when non-nil, consumes the route through shard queues
+	// with per-key order across workers (see OrderedOpts); its retries
+	// then run in process, never through the delay tiers. Defaults to
+	// nil: one work queue, no order between deliveries.
+	Ordered *OrderedOpts
 }
 
 func (o *HandlerOpts) withDefaults(queue string) HandlerOpts {
@@ -131,6 +136,7 @@ func (o *HandlerOpts) withDefaults(queue string) HandlerOpts {
 	if q.DeadLetterQueue == "" {
 		q.DeadLetterQueue = queue + ".dlq"
 	}
+	out.Ordered = out.Ordered.withDefaults(queue)
 	return out
 }
 
@@ -167,7 +173,7 @@ func (o HandlerOpts) validate(queue string) error {
 			return fmt.Errorf("consumer: retry tier %s is below 1ms", t)
 		}
 	}
-	return nil
+	return o.Ordered.validate(queue)
 }
 
 // Route is one registered handler with its options resolved.

@@ -144,6 +144,14 @@ func declareRoute(conn *amqp.Connection, r Route) (declared, error) {
 	if q.NoDeclare {
 		return declared{}, nil
 	}
+	if o := r.Opts.Ordered; o != nil {
+		// No work queue and no delay tiers: the shard queues take the
+		// work queue's place and retries run in process.
+		if err := declareQueue(conn, queueDecl{name: q.DeadLetterQueue, args: amqp.Table{argQueueType: string(q.Type)}}); err != nil {
+			return declared{}, err
+		}
+		return declared{}, declareOrdered(conn, r.Queue, q, o)
+	}
 	var out declared
 	if kept, ok := existingOtherType(conn, r.Queue, q); ok {
 		q.Type, out.kept = kept, kept

@@ -27,6 +27,18 @@ type job struct {
 	raw  amqp.Delivery
 	sess *session
 	acks *acker
+	// shard is the shard an ordered route's delivery came from (nil on
+	// other routes); key is its ordering key.
+	shard *shardSub
+	key   string
+}
+
+// finish tells an ordered delivery's shard that the delivery is settled
+// (or will be redelivered): a handover waits for all of them.
+func (j *job) finish() {
+	if j.shard != nil {
+		j.shard.inflight.Done()
+	}
 }
 
 // ack acks the delivery through its channel's acker (coalesced with other
@@ -152,17 +164,23 @@ func (c *Consumer) work(r *route) {
 			// hold none and a lowered limit applies at once.
 			if !r.sem.acquire(c.workersQuit) {
 				_ = j.requeue()
+				j.finish()
+				c.runLane(r, &j, inboxtype.ActionRequeued)
 				return
 			}
 			if j.sess.gone() {
 				// Its channel died while the job waited for a slot: the
 				// broker has redelivered it to the new session already.
+				j.finish()
+				c.runLane(r, &j, inboxtype.ActionAbandoned)
 				r.sem.release()
 				continue
 			}
 			c.progress.begin()
-			c.process(r, &j)
+			action := c.process(r, &j)
 			c.progress.end()
+			j.finish()
+			c.runLane(r, &j, action)
 			r.sem.release()
 		case <-c.workersQuit:
 			return
@@ -170,8 +188,9 @@ func (c *Consumer) work(r *route) {
 	}
 }
 
-// process runs one delivery through the handler chain and settles it.
-func (c *Consumer) process(r *route, j *job) {
+// process runs one delivery through the handler chain, settles it and
+// returns the action that settled it.
+func (c *Consumer) process(r *route, j *job) inboxtype.Action {
 	opts := &r.Opts
 	d := inboxtype.NewDelivery(r.Queue, opts.Namespace, c.cfg.Name, &j.raw, c.cfg.Observers...)
 	settled := d.Own() // this consumer settles d and runs its hooks
@@ -179,8 +198,7 @@ func (c *Consumer) process(r *route, j *job) {
 		// Stop, or the end of the delivery's session, cut the wait short:
 		// the handler did not run; it is requeued (or redelivered).
 		d.Transition(inboxtype.StatusReceived, nil) // keeps received and settled lines paired
-		c.settle(r, j, d, settled, retry.Decision{Kind: retry.KindInterrupted, Reason: "stopped"}, 0)
-		return
+		return c.settle(r, j, d, settled, retry.Decision{Kind: retry.KindInterrupted, Reason: "stopped"}, 0)
 	}
 	ctx := c.baseCtx
 	tries := 1
@@ -190,13 +208,22 @@ func (c *Consumer) process(r *route, j *job) {
 	// in-process check, the in-process loop and the settlement decision
 	// all read that classification.
 	cls := retry.Classify(err, opts.Rules...)
+	if err != nil && opts.Ordered != nil {
+		// An ordered route retries in process only: the key's later
+		// deliveries wait behind this one.
+		dec, stopped := c.retryOrdered(ctx, r, j, d, settled, err, cls, &tries)
+		if stopped {
+			dec = retry.Decision{Kind: retry.KindInterrupted, Reason: "stopped", Err: dec.Err}
+		}
+		return c.settle(r, j, d, settled, dec, max(tries-1, 0))
+	}
 	if err != nil && inProcessTries(opts.InProcess) > 0 && cls.Kind == retry.KindRetry && cls.Delay == 0 && ctx.Err() == nil {
 		// A blip: retry in process. The fast path above keeps the
 		// backoff machinery off the path of deliveries that succeed;
 		// Do's first "call" replays the error we already have.
 		cls, err = c.retryInProcess(ctx, r, d, settled, err, cls, &tries)
 	}
-	c.settle(r, j, d, settled, decide(ctx, err, cls), max(tries-1, 0))
+	return c.settle(r, j, d, settled, decide(ctx, err, cls), max(tries-1, 0))
 }
 
 // holdBack makes a delivery whose settlement failed lately wait out its
@@ -336,8 +363,9 @@ func decide(ctx context.Context, err error, dec retry.Decision) retry.Decision {
 
 // settle turns the decision into broker actions and reports the outcome:
 // to the delivery's OnSettled hooks first, then to the observers. Nothing
-// is acked before it is committed or durably re-published.
-func (c *Consumer) settle(r *route, j *job, d *inboxtype.Delivery, settled func(inboxtype.Outcome), dec retry.Decision, inProcess int) {
+// is acked before it is committed or durably re-published. It returns the
+// action taken.
+func (c *Consumer) settle(r *route, j *job, d *inboxtype.Delivery, settled func(inboxtype.Outcome), dec retry.Decision, inProcess int) inboxtype.Action {
 	out := inboxtype.Outcome{Decision: dec, InProcessRetries: inProcess}
 	var status inboxtype.Status
 	switch {
@@ -355,6 +383,11 @@ func (c *Consumer) settle(r *route, j *job, d *inboxtype.Delivery, settled func(
 		}
 		out.Action = inboxtype.ActionAcked
 		status = c.settled(r, j, &out, j.ack(), status)
+	case dec.Kind == retry.KindRetry && r.Opts.Ordered != nil:
+		// An ordered route retried in process (retryOrdered) until the
+		// policy gave up: the last attempt is spent.
+		out.Decision.Reason = retry.ReasonExhausted
+		status = c.deadLetter(r, j, d, &out)
 	case dec.Kind == retry.KindRetry:
 		// A deferred retry (another worker holds the key) is not a failed
 		// attempt: same attempt number, no policy bound.
@@ -402,6 +435,7 @@ func (c *Consumer) settle(r *route, j *job, d *inboxtype.Delivery, settled func(
 	for _, o := range c.cfg.Observers {
 		o.OnOutcome(d, out)
 	}
+	return out.Action
 }
 
 // deadLetter publishes a copy to the DLQ with confirm, then acks.
@@ -410,6 +444,9 @@ func (c *Consumer) deadLetter(r *route, j *job, d *inboxtype.Delivery, out *inbo
 	h[inboxtype.HeaderAttempt] = int64(d.Attempt)
 	if d.Key != "" {
 		h[inboxtype.HeaderIdempotencyKey] = d.Key
+	}
+	if r.Opts.Ordered != nil {
+		h[HeaderOrderingKey] = orderingKey(&j.raw)
 	}
 	if err := j.sess.pub.publish(c.baseCtx, r.Opts.Queue.DeadLetterQueue, copyOf(&j.raw, h)); err != nil {
 		return c.requeueAfter(r, j, out, err)

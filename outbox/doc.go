@@ -65,6 +65,13 @@
 // transactions that write one aggregate serialise on it, as business writes
 // to the same row do.
 //
+// To keep that order up to the handlers, send an aggregate's messages to
+// an ordered route (consumer.OrderedOpts): Exchange is the route's
+// consistent-hash exchange, and RoutingKey and OrderingKey are both the
+// aggregate's id. The routing key puts all of the aggregate's messages in
+// one shard queue, the ordering key makes the relay publish them in
+// order, and the route applies them in that order.
+//
 // # Retention
 //
 // Sent rows stay for RelayConfig.Retention (default 24h) and are then

@@ -35,6 +35,17 @@
 // id: a resend, a retry or a second producer of the same job is absorbed
 // whatever its id.
 //
+// # Ordered routes
+//
+// A route consumed with consumer.OrderedOpts applies the messages of one
+// ordering key in the order it receives them. Publish to its exchange
+// (named after the queue unless configured otherwise) with the ordering
+// key, typically the aggregate's id, as routing key: all of the
+// aggregate's messages then land in one shard queue. Messages of one key
+// keep their order when they are published one after another (each
+// Publish returns after its confirm); concurrent Publish calls for one
+// key have no order between them.
+//
 // # Failures
 //
 // A lost connection or channel, a confirm that never came within

@@ -81,9 +81,21 @@ start() {
   if [ -n "$DRY_RUN" ]; then log "dry run: would run: $2"; else bash -c "$2"; fi
 }
 
+# hash_plugin CMD...: enables rabbitmq_consistent_hash_exchange (ordered
+# routes declare an x-consistent-hash exchange) with CMD (rabbitmq-plugins,
+# or the same run in the compose container) when it is not enabled yet.
+# Enabling is online: the broker is not restarted. Nothing happens when it
+# is enabled already.
+hash_plugin() {
+  if "$@" list -e -m 2>/dev/null | grep -qx rabbitmq_consistent_hash_exchange; then return 0; fi
+  log "enabling the rabbitmq_consistent_hash_exchange plugin (ordered routes need it)"
+  act "$@" enable rabbitmq_consistent_hash_exchange >/dev/null
+}
+
 if [ -z "${NO_DOCKER:-}" ] && command -v docker >/dev/null && docker info >/dev/null 2>&1; then
   log "Docker engine found: docker compose up -d --wait rabbitmq postgres redis"
   docker compose up -d --wait rabbitmq postgres redis
+  hash_plugin docker compose exec -T rabbitmq rabbitmq-plugins
   exit 0
 fi
 
@@ -155,6 +167,10 @@ if $rabbit_started; then
   wait_for RabbitMQ 120 rabbit_ping
 elif [ -z "${TEST_AMQP_URL:-}" ]; then
   wait_for RabbitMQ 120 rabbit_ready
+fi
+# The local broker's plugin (a broker of TEST_AMQP_URL is the user's).
+if [ -z "${TEST_AMQP_URL:-}" ] && $is_root && command -v rabbitmq-plugins >/dev/null; then
+  hash_plugin rabbitmq-plugins || log "could not enable rabbitmq_consistent_hash_exchange: ordered routes will not start"
 fi
 if [ -n "$DRY_RUN" ] && [ ${#down[@]} -gt 0 ]; then
   log "dry run: PostgreSQL login not checked (servers were down)"

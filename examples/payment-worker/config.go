@@ -60,6 +60,12 @@ type config struct {
 	// (GATEWAY_WORKERS).
 	GatewayRateLimit float64
 	GatewayWorkers   int
+
+	// OrderedShards, when positive, consumes the payments through that
+	// many shard queues with per-order order across workers
+	// (ORDERED_SHARDS; 0: one work queue). Publishers then send to the
+	// exchange named after the queue with the order id as routing key.
+	OrderedShards int
 }
 
 // Defaults, as documented in the README.
@@ -150,6 +156,14 @@ func configFromEnv(getenv func(string) string) (config, error) {
 	}
 	if err := c.resilienceFromEnv(getenv); err != nil {
 		return c, err
+	}
+	// Ordered consumption (docs/scaling.md, "Ordering").
+	if v := getenv("ORDERED_SHARDS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 || n > 1024 {
+			return c, fmt.Errorf("ORDERED_SHARDS %q: want 0 (off) to 1024", v)
+		}
+		c.OrderedShards = n
 	}
 	if v := getenv("CONNECT_TIMEOUT"); v != "" {
 		d, err := time.ParseDuration(v)

@@ -94,6 +94,23 @@ const publishers = 16
 // package producer (persistent, confirmed, mandatory, retried across a
 // lost connection), publishers at a time. It returns the first error.
 func publishAll(ctx context.Context, amqpURL, queue string, msgs []outgoing) error {
+	return publishTo(ctx, amqpURL, queue, false, msgs)
+}
+
+// publishTo is publishAll, or with ordered to the ordered route's
+// exchange (named after queue) with each payment's order id as routing
+// key, so that an order's payments share a shard and keep their order.
+func publishTo(ctx context.Context, amqpURL, queue string, ordered bool, msgs []outgoing) error {
+	exchange, key := "", func(outgoing) string { return queue }
+	if ordered {
+		exchange = queue
+		key = func(m outgoing) string {
+			if m.payment != nil {
+				return m.payment.OrderID
+			}
+			return m.id
+		}
+	}
 	p, err := producer.New(&producer.Config{URL: amqpURL, ConnectionName: "payment-worker publish"})
 	if err != nil {
 		return fmt.Errorf("publish: %w", err)
@@ -108,9 +125,9 @@ func publishAll(ctx context.Context, amqpURL, queue string, msgs []outgoing) err
 			for m := range next {
 				var err error
 				if m.payment != nil {
-					err = producer.Publish(ctx, p, "", queue, *m.payment, &producer.PublishOpts{MessageID: m.id})
+					err = producer.Publish(ctx, p, exchange, key(m), *m.payment, &producer.PublishOpts{MessageID: m.id})
 				} else {
-					err = p.Send(ctx, &producer.Message{RoutingKey: queue, ID: m.id, ContentType: "application/json", Body: m.raw})
+					err = p.Send(ctx, &producer.Message{Exchange: exchange, RoutingKey: key(m), ID: m.id, ContentType: "application/json", Body: m.raw})
 				}
 				if err != nil {
 					cancel(err)
@@ -180,7 +197,7 @@ func newPublishCmd() *cobra.Command {
 			msgs, s := burst(runID, orders, maxCopies, invalid)
 			s.Queue = cfg.Queue
 			s.StartedAt = time.Now()
-			if err := publishAll(cmd.Context(), cfg.AMQPURL, cfg.Queue, msgs); err != nil {
+			if err := publishTo(cmd.Context(), cfg.AMQPURL, cfg.Queue, cfg.OrderedShards > 0, msgs); err != nil {
 				return err
 			}
 			out, _ := json.Marshal(s)

@@ -177,6 +177,10 @@ func newRoutes(cfg config, tr *tracing) *inboxmq.Routes {
 	if cfg.GroupCommit { // the store's defaults: up to 64, 2ms, 2 in flight
 		opts.GroupCommit = &inbox.GroupCommit{}
 	}
+	if cfg.OrderedShards > 0 {
+		// One order's payments apply in publish order, on any worker.
+		opts.Ordered = &consumer.OrderedOpts{Shards: cfg.OrderedShards}
+	}
 	opts.Breaker = cfg.Breaker // nil unless BREAKER=on
 	if cfg.GatewayRateLimit > 0 {
 		// The limit belongs to the gateway: every worker calling the same

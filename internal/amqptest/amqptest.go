@@ -299,3 +299,146 @@ func AliasURL(t testing.TB) string {
 	}
 	return u.String()
 }
+
+// PublishTo sends body to exchange with routingKey and waits for the
+// broker's confirm (mandatory: an unroutable message fails the test).
+func (p *Publisher) PublishTo(exchange, routingKey string, body []byte, msg amqp.Publishing) {
+	p.t.Helper()
+	msg.Body = body
+	if msg.DeliveryMode == 0 {
+		msg.DeliveryMode = amqp.Persistent
+	}
+	if msg.ContentType == "" {
+		msg.ContentType = "application/json"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), testenv.Timeout())
+	defer cancel()
+	dc, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, routingKey, true, false, msg)
+	if err != nil {
+		p.t.Fatalf("amqptest: publish: %v", err)
+	}
+	ok, err := dc.WaitContext(ctx)
+	if err != nil || !ok {
+		p.t.Fatalf("amqptest: publish not confirmed (ok=%v): %v", ok, err)
+	}
+}
+
+// DeleteOrderedAtCleanup deletes, when the test ends, the topology of an
+// ordered route on queue (consumer.OrderedOpts) with shards shard queues:
+// the shard queues, the members queue and the exchange named queue (its
+// DLQ goes with QueueName's clean-up).
+func DeleteOrderedAtCleanup(t testing.TB, conn *amqp.Connection, queue string, shards int) {
+	t.Helper()
+	t.Cleanup(func() {
+		names := []string{queue + ".members"}
+		for i := range shards {
+			names = append(names, consumer.ShardQueueName(queue, i))
+		}
+		for _, n := range names {
+			ch, err := conn.Channel()
+			if err != nil {
+				return
+			}
+			_, _ = ch.QueueDelete(n, false, false, false)
+			_ = ch.Close()
+		}
+		if ch, err := conn.Channel(); err == nil {
+			_ = ch.ExchangeDelete(queue, false, false)
+			_ = ch.Close()
+		}
+	})
+}
+
+// Vhost creates a virtual host of the test broker for this test alone
+// (rabbitmqctl add_vhost, with full permissions for the URL's user),
+// deletes it with everything in it when the test ends, and returns the
+// broker URL pointing at it. A missing or failing rabbitmqctl fails the
+// test: CI installs it (package rabbitmq-server).
+func Vhost(t testing.TB) string {
+	t.Helper()
+	u, err := url.Parse(testenv.AMQPURL())
+	if err != nil {
+		t.Fatalf("amqptest: parse AMQP URL: %v", err)
+	}
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	name := strings.Trim(unsafeChars.ReplaceAllString(t.Name(), "-"), "-")
+	if len(name) > 80 {
+		name = name[:80]
+	}
+	vhost := fmt.Sprintf("t.%s.%s", name, hex.EncodeToString(b[:]))
+	rabbitmqctl := func(args ...string) {
+		ctx, cancel := context.WithTimeout(context.Background(), testenv.Timeout())
+		defer cancel()
+		out, err := exec.CommandContext(ctx, "rabbitmqctl", append([]string{"-q"}, args...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("amqptest: rabbitmqctl %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	rabbitmqctl("add_vhost", vhost)
+	t.Cleanup(func() { rabbitmqctl("delete_vhost", vhost) })
+	rabbitmqctl("set_permissions", "-p", vhost, cmp.Or(u.User.Username(), "guest"), ".*", ".*", ".*")
+	u.Path = "/" + vhost
+	u.RawPath = "/" + url.PathEscape(vhost)
+	return u.String()
+}
+
+// DialURL opens a connection to rawURL (such as a [Vhost]'s), closed when
+// the test ends.
+func DialURL(t testing.TB, rawURL string) *amqp.Connection {
+	t.Helper()
+	conn, err := amqp.DialConfig(rawURL, amqp.Config{
+		Properties: amqp.Table{"connection_name": "inboxmq-test " + t.Name()},
+		Heartbeat:  10 * time.Second,
+	})
+	if err != nil {
+		testenv.Unavailable(t, "RabbitMQ", err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn
+}
+
+// DeclareOrdered declares what an ordered route (consumer.OrderedOpts)
+// declares, without a consumer: a consistent-hash exchange named queue
+// bound to shards shard queues with single active consumer. Everything
+// is deleted when the test ends. queue must come from [QueueName].
+func DeclareOrdered(t testing.TB, conn *amqp.Connection, queue string, shards int) {
+	t.Helper()
+	DeleteOrderedAtCleanup(t, conn, queue, shards)
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatalf("amqptest: channel: %v", err)
+	}
+	defer func() { _ = ch.Close() }()
+	if err := ch.ExchangeDeclare(queue, consumer.ExchangeConsistentHash, true, false, false, false, nil); err != nil {
+		t.Fatalf("amqptest: declare exchange %s: %v", queue, err)
+	}
+	for i := range shards {
+		name := consumer.ShardQueueName(queue, i)
+		if _, err := ch.QueueDeclare(name, true, false, false, false, amqp.Table{"x-single-active-consumer": true}); err != nil {
+			t.Fatalf("amqptest: declare %s: %v", name, err)
+		}
+		if err := ch.QueueBind(name, "1", queue, false, nil); err != nil {
+			t.Fatalf("amqptest: bind %s: %v", name, err)
+		}
+	}
+}
+
+// ShardOf drains the shards of an ordered route on queue and returns, per
+// routing key, the index of the shard its messages were in and their
+// bodies in queue order. It fails the test when a key's messages are
+// spread over several shards.
+func ShardOf(t testing.TB, conn *amqp.Connection, queue string, shards int) (shardOf map[string]int, bodies map[string][]string) {
+	t.Helper()
+	shardOf, bodies = make(map[string]int), make(map[string][]string)
+	for i := range shards {
+		for _, d := range Drain(t, conn, consumer.ShardQueueName(queue, i)) {
+			if s, ok := shardOf[d.RoutingKey]; ok && s != i {
+				t.Fatalf("amqptest: key %s is in shards %d and %d", d.RoutingKey, s, i)
+			}
+			shardOf[d.RoutingKey] = i
+			bodies[d.RoutingKey] = append(bodies[d.RoutingKey], string(d.Body))
+		}
+	}
+	return shardOf, bodies
+}

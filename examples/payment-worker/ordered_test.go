@@ -1,0 +1,65 @@
+package main
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/internal/amqptest"
+	"github.com/inboxmq/inboxmq/internal/testenv"
+)
+
+func TestConfigOrderedShards(t *testing.T) {
+	t.Parallel()
+	env := func(v string) func(string) string {
+		return func(k string) string {
+			if k == "ORDERED_SHARDS" {
+				return v
+			}
+			return ""
+		}
+	}
+	c, err := configFromEnv(env(""))
+	require.NoError(t, err)
+	require.Zero(t, c.OrderedShards, "off by default")
+	c, err = configFromEnv(env("6"))
+	require.NoError(t, err)
+	require.Equal(t, 6, c.OrderedShards)
+	for _, bad := range []string{"-1", "x", "2000"} {
+		_, err = configFromEnv(env(bad))
+		require.ErrorContains(t, err, "ORDERED_SHARDS", bad)
+	}
+}
+
+// With ORDERED_SHARDS, two workers consume the payments through shard
+// queues, published to the queue's exchange by order id: one effect per
+// order, invalid messages dead-lettered, the shards drained.
+func TestWorkerOrdered(t *testing.T) {
+	t.Parallel()
+	const shards = 3
+	b := setup(t, "ORDERED_SHARDS=3")
+	amqptest.DeleteOrderedAtCleanup(t, b.conn, b.queue, shards)
+	b.migrate(t)
+	w1 := b.start(t)
+	w2 := b.start(t)
+
+	const orders, invalid = 40, 2
+	msgs, _ := burst("ord", orders, 3, invalid)
+	require.NoError(t, publishTo(t.Context(), testenv.AMQPURL(), b.queue, true, msgs))
+	testenv.WaitFor(t, "every order paid once and the invalid ones dead-lettered", func() bool {
+		return b.count(t, `SELECT count(*) FROM payments WHERE order_id LIKE 'ord-%'`) >= orders &&
+			amqptest.DepthOrZero(t, b.conn, b.queue+".dlq") == invalid
+	})
+	testenv.WaitFor(t, "every copy taken from the shards", func() bool {
+		for i := range shards {
+			if amqptest.Depth(t, b.conn, consumer.ShardQueueName(b.queue, i)) != 0 {
+				return false
+			}
+		}
+		return true
+	})
+	b.requireOneEffectPerOrder(t, "ord", orders)
+	w1.stop(t)
+	w2.stop(t)
+}
