@@ -22,6 +22,9 @@ type config struct {
 	Queue       string
 	GatewayURL  string
 	LockTTL     time.Duration
+	// Concurrency is the handlers at once (WORKER_CONCURRENCY); 0 with
+	// GROUP_COMMIT=on unless set: the route picks enough to fill its
+	// batches.
 	Concurrency int
 	MetricsAddr string
 	// GroupCommit lets deliveries handled concurrently share one
@@ -127,6 +130,11 @@ func configFromEnv(getenv func(string) string) (config, error) {
 		c.FaultEvents = true
 	default:
 		return c, fmt.Errorf("FAULT_EVENTS %q: want on or off", v)
+	}
+	if c.GroupCommit {
+		// 0: the route's default with group commit, enough handlers to
+		// fill its batches (inboxmq.RouteOpts.Queue).
+		c.Concurrency = 0
 	}
 	if v := getenv("WORKER_CONCURRENCY"); v != "" {
 		n, err := strconv.Atoi(v)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -121,7 +122,9 @@ func openPool(cfg config, tr *tracing) (*pgxpool.Pool, error) {
 		return nil, fmt.Errorf("DATABASE_URL %s: not a valid PostgreSQL URL", consumer.RedactURL(cfg.DatabaseURL))
 	}
 	if !strings.Contains(cfg.DatabaseURL, "pool_max_conns") {
-		pcfg.MaxConns = int32(min(cfg.Concurrency+8, 200)) //nolint:gosec // bounded above
+		// With group commit (Concurrency 0) the handlers share a few
+		// connections: the batches in flight.
+		pcfg.MaxConns = int32(min(cmp.Or(cfg.Concurrency, defaultConcurrency)+8, 200)) //nolint:gosec // bounded above
 	}
 	if pcfg.ConnConfig.ConnectTimeout == 0 {
 		pcfg.ConnConfig.ConnectTimeout = cfg.ConnectTimeout
@@ -172,7 +175,10 @@ func newRoutes(cfg config, tr *tracing) *inboxmq.Routes {
 		// outbox, once, when it is dead-lettered.
 		opts.Faults = &inboxmq.FaultOpts{Exchange: cfg.EventsExchange, RoutingKey: failedRoutingKey}
 	}
-	if cfg.GroupCommit { // the store's defaults: up to 64, 2ms, 2 in flight
+	if cfg.GroupCommit {
+		// The store's defaults: up to 64 per transaction, 2ms, 2 in
+		// flight; with WORKER_CONCURRENCY unset (Concurrency 0) the route
+		// runs 128 handlers, enough to fill them.
 		opts.GroupCommit = &inbox.GroupCommit{}
 	}
 	opts.Breaker = cfg.Breaker // nil unless BREAKER=on
