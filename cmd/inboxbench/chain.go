@@ -6,10 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log"
 	"log/slog"
-	"math"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,9 +17,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
-	"go.uber.org/zap"
-	"go.uber.org/zap/exp/zapslog"
-	"go.uber.org/zap/zapcore"
 
 	"github.com/inboxmq/inboxmq"
 	"github.com/inboxmq/inboxmq/consumer"
@@ -137,13 +132,18 @@ func chainCase(e *env, typ consumer.QueueType, gc *inbox.GroupCommit, concurrenc
 	}
 }
 
-// exampleLogger is the example's logger (zap JSON through zapslog, no
-// stack traces), writing to io.Discard: the encoding is paid, not the
-// writes to stderr.
+// exampleLogger stands in for the example's logger (zap JSON at info
+// through zapslog, which this command may not import): a JSON slog
+// logger at info writing to nowhere, so every line is encoded and none is
+// written (slog.DiscardHandler would skip the encoding).
 func exampleLogger() *slog.Logger {
-	core := zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(io.Discard), zapcore.InfoLevel)
-	return slog.New(zapslog.NewHandler(core, zapslog.WithCaller(true), zapslog.AddStacktraceAt(slog.Level(math.MaxInt))))
+	return slog.New(slog.NewJSONHandler(nowhere{}, &slog.HandlerOptions{Level: slog.LevelInfo}))
 }
+
+// nowhere drops what is written to it.
+type nowhere struct{}
+
+func (nowhere) Write(p []byte) (int, error) { return len(p), nil }
 
 // committed reports every delivery whose handler returned nil to done: as
 // the route's innermost middleware it returns after the inbox's commit
@@ -221,7 +221,7 @@ func chainCases(e *env, typ consumer.QueueType) []benchCase {
 	return []benchCase{
 		{"p" + suffix, fmt.Sprintf("inboxmq full payment chain (payment-worker defaults), %d handlers%s", e.workers, on), typ,
 			chainCase(e, typ, nil, e.workers), e.chainSettled},
-		{"pg" + suffix, "inboxmq full payment chain, GROUP_COMMIT=on (GroupCommit{}, façade's concurrency)" + on, typ,
+		{"pg" + suffix, "inboxmq full payment chain, GROUP_COMMIT=on (GroupCommit{}, the route's default concurrency)" + on, typ,
 			chainCase(e, typ, &inbox.GroupCommit{}, 0), e.chainSettled},
 		{"pc" + suffix, fmt.Sprintf("hand-written full payment chain, %d handlers%s", e.workers, on), typ,
 			chainLoop(e, e.workers), e.chainSettled},

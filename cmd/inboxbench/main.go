@@ -9,7 +9,17 @@
 //	(f) inboxmq, Redis lock + claim mode
 //	(g) hand-written loop, Redis lock + claim — (f)'s protocol by hand: its ceiling
 //	(h) inboxmq, Redis lock + claim mode with group-committed completions
-//	(dq), (eq)  (d) and (e) again on a quorum queue (-quorum: which of d,e,f,h)
+//	(p) the full payment chain, as examples/payment-worker wires it through
+//	    inboxmq.NewWorker: block check, completed-cache, Redis lock,
+//	    replies, an outbox event per payment relayed with confirms
+//	(pg) (p) with GROUP_COMMIT=on: GroupCommit{} and the route's default
+//	    concurrency
+//	(pc) hand-written full chain — (p)'s work by hand: its ceiling
+//	(dq), (eq)  (d) and (e) again on a quorum queue (-quorum: which of
+//	    d,e,f,h,p,pg,pc)
+//
+// A chain case's drain ends when every delivery is acked and every outbox
+// row is sent.
 //
 // For each case it drains the same number of pre-published persistent
 // messages (median of -runs, the cases' runs interleaved), then measures
@@ -21,8 +31,12 @@
 // claim mode comes to its own protocol's ceiling, and what the protocol
 // itself costs against one transaction per delivery; and (h)/(e), (h)/(d):
 // claim mode with group commit against transactional mode with and
-// without it; and (dq)/(d), (eq)/(e): what a quorum queue costs against a
-// classic one. Pointed at one node of a RabbitMQ cluster (-amqp), the
+// without it; (p)/(d), (p)/(pc), (pg)/(d) and (pg)/(p): the full chain
+// against the bare inbox and its own ceiling, and group commit on
+// against off on it; and (dq)/(d), (eq)/(e): what a quorum queue costs
+// against a classic one. Every case also gets its round trips per
+// delivery to PostgreSQL and Redis, and the broker's packets in and out
+// (roundtrips.go says how each is counted). Pointed at one node of a RabbitMQ cluster (-amqp), the
 // quorum cases replicate every message to the other nodes.
 //
 //	go run ./cmd/inboxbench -n 20000 -runs 3
@@ -130,9 +144,13 @@ func main() {
 		redisURL = flag.String("redis", cmp.Or(os.Getenv("REDIS_URL"), "redis://127.0.0.1:6379/0"), "redis")
 		out      = flag.String("out", "", "also write the markdown report to this file")
 		cpuProf  = flag.String("cpuprofile", "", "write a CPU profile of the drains to this file")
+		tripSQL  = flag.Bool("tripsql", false, "log each drain's PostgreSQL round trips per statement")
 		memProf  = flag.String("memprofile", "", "write an allocation profile (all allocations) to this file at the end")
 	)
 	flag.Parse()
+	if *tripSQL {
+		bySQL = &sync.Map{}
+	}
 	log.SetFlags(0)
 	log.SetPrefix("inboxbench: ")
 
@@ -466,6 +484,7 @@ func drain(ctx context.Context, e *env, c benchCase, n int) (rate, allocsPer, cp
 		return 0, 0, 0, 0, rt, err
 	}
 	inBefore, outBefore, brokerOK := brokerPackets(ctx)
+	printSQLCounts("before "+c.id, n) // resets the counts
 	pgBefore, redisBefore := pgTrips.Load(), redisTrips.Load()
 	runtime.GC()
 	var count atomic.Int64
@@ -498,6 +517,7 @@ func drain(ctx context.Context, e *env, c benchCase, n int) (rate, allocsPer, cp
 	after := snapshot()
 	rt.pg = float64(pgTrips.Load()-pgBefore) / float64(n)
 	rt.redis = float64(redisTrips.Load()-redisBefore) / float64(n)
+	printSQLCounts(c.id, n)
 	rt.brokerIn, rt.brokerOut = -1, -1
 	if inAfter, outAfter, ok := brokerPackets(ctx); ok && brokerOK {
 		rt.brokerIn, rt.brokerOut = float64(inAfter-inBefore)/float64(n), float64(outAfter-outBefore)/float64(n)

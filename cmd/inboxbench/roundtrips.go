@@ -1,12 +1,16 @@
 package main
 
 import (
+	"cmp"
 	"context"
+	"log"
 	"net"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
@@ -34,6 +38,49 @@ var (
 	redisTrips atomic.Int64
 )
 
+// bySQL, with -tripsql, counts the round trips per statement (a batch by
+// its first one); nil otherwise.
+var bySQL *sync.Map
+
+func countSQL(sql string) {
+	if bySQL == nil {
+		return
+	}
+	sql = strings.Join(strings.Fields(sql), " ")
+	if len(sql) > 90 {
+		sql = sql[:90]
+	}
+	c, _ := bySQL.LoadOrStore(sql, new(atomic.Int64))
+	if n, ok := c.(*atomic.Int64); ok {
+		n.Add(1)
+	}
+}
+
+// printSQLCounts prints and resets the counts of bySQL, per delivery.
+func printSQLCounts(id string, n int) {
+	if bySQL == nil {
+		return
+	}
+	type kv struct {
+		sql string
+		n   int64
+	}
+	var all []kv
+	bySQL.Range(func(k, v any) bool {
+		sql, _ := k.(string)
+		if n, ok := v.(*atomic.Int64); ok {
+			all = append(all, kv{sql, n.Swap(0)})
+		}
+		return true
+	})
+	slices.SortFunc(all, func(a, b kv) int { return cmp.Compare(b.n, a.n) })
+	for _, x := range all {
+		if x.n > 0 {
+			log.Printf("(%s) PG %.3f/delivery: %s", id, float64(x.n)/float64(n), x.sql)
+		}
+	}
+}
+
 // pgCounter counts PostgreSQL round trips; install it as
 // ConnConfig.Tracer.
 type pgCounter struct{}
@@ -43,15 +90,23 @@ var (
 	_ pgx.BatchTracer = pgCounter{}
 )
 
-func (pgCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+func (pgCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	pgTrips.Add(1)
+	countSQL(d.SQL)
 	return ctx
 }
 
 func (pgCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
-func (pgCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+func (pgCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
 	pgTrips.Add(1)
+	if bySQL != nil && d.Batch != nil && len(d.Batch.QueuedQueries) > 0 {
+		q := d.Batch.QueuedQueries[0].SQL
+		if len(d.Batch.QueuedQueries) > 1 {
+			q += " …+" + strconv.Itoa(len(d.Batch.QueuedQueries)-1)
+		}
+		countSQL("batch: " + q)
+	}
 	return ctx
 }
 
