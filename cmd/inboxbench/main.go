@@ -145,12 +145,14 @@ func main() {
 		out      = flag.String("out", "", "also write the markdown report to this file")
 		cpuProf  = flag.String("cpuprofile", "", "write a CPU profile of the drains to this file")
 		tripSQL  = flag.Bool("tripsql", false, "log each drain's PostgreSQL round trips per statement")
+		brokerRT = flag.Bool("brokercounts", true, "read the broker's packet counters (rabbitmqctl, about 1s before and after each drain)")
 		memProf  = flag.String("memprofile", "", "write an allocation profile (all allocations) to this file at the end")
 	)
 	flag.Parse()
 	if *tripSQL {
 		bySQL = &sync.Map{}
 	}
+	brokerCounts = *brokerRT
 	log.SetFlags(0)
 	log.SetPrefix("inboxbench: ")
 
