@@ -73,6 +73,9 @@ func (r *Relay) relayBatch(ctx context.Context, l *lane) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	if r.hooks.claimed != nil {
+		r.hooks.claimed(len(batch))
+	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	if len(batch) == 0 {
 		if err := tx.Commit(ctx); err != nil {

@@ -55,6 +55,8 @@ type testHooks struct {
 	// idle runs when a lane found no more rows and is about to wait;
 	// wakePending reports whether a wake-up is already queued for it.
 	idle func(wakePending bool)
+	// claimed runs after each claim with the number of rows it took.
+	claimed func(rows int)
 }
 
 // NewRelay returns a relay that publishes the outbox table of pool's
