@@ -37,13 +37,20 @@ type RouteOpts struct {
 	// queue name.
 	Namespace string
 	// Queue is the queue's topology and concurrency. The zero value is
-	// usable (a classic queue, 8 at once).
+	// usable (a classic queue, 8 at once). With GroupCommit set and
+	// Queue.Concurrency 0, the concurrency is enough handlers to fill
+	// every batch in flight (GroupCommit's MaxBatch × MaxInFlight, after
+	// the store's defaults: 128), with a prefetch of twice that unless
+	// Queue.Prefetch is set: group commit only pays when many deliveries
+	// are handled at once.
 	Queue consumer.QueueOpts
 	// Codec decodes payloads. Defaults to JSON.
 	Codec consumer.Codec
 	// GroupCommit lets deliveries handled concurrently share one
-	// transaction (in claim mode, their completions). Defaults to nil: one
-	// transaction per delivery.
+	// transaction (in claim mode, their completions). Leave
+	// Queue.Concurrency at 0 with it: the route then handles enough
+	// deliveries at once to fill its batches (see Queue). Defaults to nil:
+	// one transaction per delivery.
 	GroupCommit *inbox.GroupCommit
 	// StorePayload keeps the payload in the inbox row, for replay by the
 	// reconciler. Defaults to false.
@@ -171,6 +178,38 @@ func (r *route) lockOn() bool {
 		return true
 	}
 	return r.claim
+}
+
+// Group commit's defaults when neither the route nor the store sets them
+// (inbox.GroupCommit documents them).
+const (
+	defaultGroupMaxBatch    = 64
+	defaultGroupMaxInFlight = 2
+)
+
+// queueOpts returns the route's queue settings. With group commit and no
+// concurrency set, enough handlers run at once to fill MaxInFlight
+// batches of MaxBatch (the route's settings, else the store's, else
+// inbox's defaults), with twice that prefetched: with the per-message
+// default of 8, a batch could never hold more than 8 deliveries and group
+// commit would be slower than one transaction each.
+func (r *route) queueOpts(store *inbox.StoreConfig) consumer.QueueOpts {
+	q := r.opts.Queue
+	gc := r.opts.GroupCommit
+	if gc == nil || q.Concurrency > 0 {
+		return q
+	}
+	var def inbox.GroupCommit
+	if store != nil {
+		def = store.GroupCommit
+	}
+	batch := cmp.Or(max(gc.MaxBatch, 0), max(def.MaxBatch, 0), defaultGroupMaxBatch)
+	inFlight := cmp.Or(max(gc.MaxInFlight, 0), max(def.MaxInFlight, 0), defaultGroupMaxInFlight)
+	q.Concurrency = batch * inFlight
+	if q.Prefetch <= 0 {
+		q.Prefetch = 2 * q.Concurrency
+	}
+	return q
 }
 
 // HandleTx registers fn for queue in transactional mode (inbox.Handler):

@@ -307,7 +307,7 @@ func (w *Worker) buildRouter() (*consumer.Router, error) {
 			Rules:      rt.opts.Rules,
 			Policy:     rt.opts.Policy,
 			InProcess:  rt.opts.InProcess,
-			Queue:      rt.opts.Queue,
+			Queue:      rt.queueOpts(w.s.Inbox),
 			Reply:      w.replyOpts(rt),
 			Ordered:    rt.opts.Ordered,
 

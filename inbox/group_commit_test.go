@@ -286,3 +286,54 @@ func TestGroupCommit_HandlerContextEndingMidStatementFailsOnlyItsDelivery(t *tes
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM effects WHERE key = 'order:2'`))
 	require.Equal(t, inbox.RecordFailed, b.get(t, "payments", "order:2").Status)
 }
+
+// A handler that sends its writes as one batch gets its savepoint in that
+// batch: a batch whose statement fails rolls back only its delivery, and
+// the others' batched writes commit.
+func TestGroupCommit_BatchHandlerInsideSavepoints(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
+		batch := &pgx.Batch{}
+		batch.Queue(`INSERT INTO effects (key, amount) VALUES ($1, 0)`, msg.Key)
+		if msg.Body.OrderID == "2" {
+			batch.Queue(`SELECT 1/0`)
+		}
+		batch.Queue(`SELECT $1::text`, msg.Key)
+		br := tx.SendBatch(ctx, batch)
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			return err
+		}
+		if msg.Body.OrderID == "2" {
+			if _, err := br.Exec(); err != nil {
+				_ = br.Close()
+				return err
+			}
+		}
+		var echoed string
+		if err := br.QueryRow().Scan(&echoed); err != nil {
+			_ = br.Close()
+			return err
+		}
+		if echoed != msg.Key {
+			return errors.New("batch results out of order: " + echoed)
+		}
+		return br.Close()
+	}, fullBatch(3))
+	msgs := make([]*inboxtype.Message[order], 3)
+	for i := range msgs {
+		msgs[i] = newMsg(t, "payments", order{OrderID: strconv.Itoa(i + 1)}, false)
+	}
+	errs := handleAll(t, h, msgs)
+	require.NoError(t, errs[0])
+	require.ErrorContains(t, errs[1], "division by zero")
+	require.NoError(t, errs[2])
+	rows, err := b.pool.Query(t.Context(), `SELECT key FROM effects ORDER BY key`)
+	require.NoError(t, err)
+	keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"order:1", "order:3"}, keys)
+	require.Equal(t, inbox.RecordFailed, b.get(t, "payments", "order:2").Status)
+	require.Equal(t, inbox.RecordCompleted, b.get(t, "payments", "order:3").Status)
+}

@@ -92,12 +92,26 @@ func (t *lazySavepoint) QueryRow(ctx context.Context, sql string, args ...any) p
 	return t.Tx.QueryRow(ctx, sql, args...)
 }
 
-// SendBatch sends b after the savepoint.
+// SendBatch sends b after the savepoint; the first call carries the
+// savepoint in the same round trip, ahead of b's queries (its result is
+// read here, so the caller reads b's results only).
 func (t *lazySavepoint) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	if err := t.ensure(ctx); err != nil {
-		return errBatch{err}
+	if t.sent || b == nil || len(b.QueuedQueries) == 0 {
+		if err := t.ensure(ctx); err != nil {
+			return errBatch{err}
+		}
+		return t.Tx.SendBatch(ctx, b)
 	}
-	return t.Tx.SendBatch(ctx, b)
+	sb := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, len(b.QueuedQueries)+1)}
+	sb.Queue(savepointSQL)
+	sb.QueuedQueries = append(sb.QueuedQueries, b.QueuedQueries...)
+	br := t.Tx.SendBatch(ctx, sb)
+	if _, err := br.Exec(); err != nil {
+		_ = br.Close()
+		return errBatch{fmt.Errorf("%s: %w", savepointLabel, err)}
+	}
+	t.sent = true
+	return br
 }
 
 // CopyFrom copies after the savepoint.

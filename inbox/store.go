@@ -68,14 +68,24 @@ type StoreConfig struct {
 // collected into one transaction (in claim mode, their completions). The
 // zero value of a field takes the store's default (StoreConfig.GroupCommit),
 // else the built-in one.
+//
+// A batch only fills if that many deliveries are handled at once: run at
+// least MaxBatch × MaxInFlight handlers (consumer.QueueOpts.Concurrency),
+// as the inboxmq façade does by itself when a route's concurrency is left
+// at 0. With fewer, batches stay small and group commit can be slower than
+// one transaction per delivery.
 type GroupCommit struct {
-	// MaxBatch is the most deliveries in one transaction. Defaults to 64.
+	// MaxBatch is the most deliveries in one transaction. Raise it above 64
+	// only with Pipeline: each delivery of a serial batch takes a savepoint,
+	// and PostgreSQL slows down past 64 of them in one transaction.
+	// Defaults to 64.
 	MaxBatch int
-	// MaxWait is how long the first delivery of a batch waits for others.
-	// Defaults to 2ms.
+	// MaxWait is how long the first delivery of a batch waits for others:
+	// the latency group commit adds under light load. Defaults to 2ms.
 	MaxWait time.Duration
 	// MaxInFlight is the most batches of one handler executing at once
-	// (each holds a pool connection). Defaults to 2.
+	// (each holds a pool connection). Raise it while cores and pool
+	// connections are free. Defaults to 2.
 	MaxInFlight int
 	// Pipeline runs a batch's handlers concurrently on its transaction and
 	// sends their statements together, so a batch waits on the database

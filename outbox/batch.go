@@ -69,28 +69,14 @@ func (r *Relay) relayBatch(ctx context.Context, l *lane) (int, error) {
 	defer cancel()
 	start := time.Now()
 
-	tx, err := r.pool.Begin(ctx)
+	tx, batch, err := r.claim(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("outbox: begin: %w", err)
+		return 0, err
+	}
+	if r.hooks.claimed != nil {
+		r.hooks.claimed(len(batch))
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-
-	q := claimSQL
-	if r.cfg.Ordered {
-		q = claimOrderedSQL
-	}
-	rows, err := tx.Query(ctx, q, r.cfg.BatchSize)
-	if err != nil {
-		return 0, fmt.Errorf("outbox: claim: %w", err)
-	}
-	batch, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (pendingRow, error) {
-		var p pendingRow
-		err := row.Scan(&p.id, &p.messageID, &p.exchange, &p.routingKey, &p.headers, &p.contentType, &p.body, &p.attempts)
-		return p, err
-	})
-	if err != nil {
-		return 0, fmt.Errorf("outbox: claim: %w", err)
-	}
 	if len(batch) == 0 {
 		if err := tx.Commit(ctx); err != nil {
 			return 0, fmt.Errorf("outbox: commit: %w", err)
@@ -169,6 +155,53 @@ func (r *Relay) relayBatch(ctx context.Context, l *lane) (int, error) {
 		return len(batch), &brokerError{err: res.err}
 	}
 	return len(batch), nil
+}
+
+// claim begins the batch's transaction and claims up to BatchSize rows in
+// it, in one round trip.
+func (r *Relay) claim(ctx context.Context) (pgx.Tx, []pendingRow, error) {
+	q := claimSQL
+	if r.cfg.Ordered {
+		q = claimOrderedSQL
+	}
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	b.Queue(q, r.cfg.BatchSize)
+	br := r.pool.SendBatch(ctx, b)
+	tx := br.Tx()
+	batch, err := readClaim(br)
+	if err != nil {
+		if tx != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+		return nil, nil, err
+	}
+	return tx, batch, nil
+}
+
+// readClaim reads BEGIN's and the claim's results from br, and closes it.
+func readClaim(br pgx.BatchResults) (batch []pendingRow, err error) {
+	defer func() {
+		if cerr := br.Close(); err == nil && cerr != nil {
+			err = fmt.Errorf("outbox: claim: %w", cerr)
+		}
+	}()
+	if _, err := br.Exec(); err != nil {
+		return nil, fmt.Errorf("outbox: begin: %w", err)
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return nil, fmt.Errorf("outbox: claim: %w", err)
+	}
+	batch, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (pendingRow, error) {
+		var p pendingRow
+		err := row.Scan(&p.id, &p.messageID, &p.exchange, &p.routingKey, &p.headers, &p.contentType, &p.body, &p.attempts)
+		return p, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: claim: %w", err)
+	}
+	return batch, nil
 }
 
 type failure struct {

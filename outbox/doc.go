@@ -30,6 +30,10 @@
 //		})
 //	})
 //
+// A handler that sends its writes as one pgx.Batch adds the messages to
+// that batch with [AddToBatch] instead: the writes and the outbox rows then
+// cost one round trip.
+//
 // The message id is never random: it is Message.ID or [DeriveID] of the
 // destination and the idempotency key, so a handler re-run produces the
 // same id (and enqueueing an id already in the table is a no-op). The

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -129,12 +130,50 @@ func EnqueueBatch(ctx context.Context, tx pgx.Tx, msgs []Message) error {
 		rows[i] = r
 	}
 	b := &pgx.Batch{}
-	for _, r := range rows {
-		b.Queue(insertSQL, r.id, r.exchange, r.routingKey, r.headers, r.contentType, r.body, r.orderingKey, r.idempotencyKey)
-	}
-	b.Queue(notifySQL)
+	queueRows(b, rows)
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("outbox: enqueue: %w", err)
 	}
 	return nil
+}
+
+// AddToBatch is Enqueue for a handler that sends its own writes as one
+// [pgx.Batch]: it appends the statements that enqueue msgs to b, so the
+// business writes and the outbox rows travel together, in one round trip
+// to PostgreSQL instead of one for the writes and one for Enqueue. Send b
+// with SendBatch on the transaction whose commit should enqueue the
+// messages (inside transactional mode's handler, its tx), and read or
+// close its results as usual: the messages are enqueued, and the relays
+// woken, only if that transaction commits.
+//
+// It validates every message before adding anything to b; on an error b
+// is unchanged. Like Enqueue, a message id already in the outbox is a
+// no-op. ctx supplies the trace context of the messages' headers. The
+// statements it adds return no rows; they are the last ones in b unless
+// the caller queues more after them.
+func AddToBatch(ctx context.Context, b *pgx.Batch, msgs ...Message) error {
+	if b == nil {
+		return errors.New("outbox: AddToBatch: nil batch")
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	rows := make([]row, len(msgs))
+	for i, m := range msgs {
+		r, err := prepare(ctx, m)
+		if err != nil {
+			return fmt.Errorf("outbox: message %d: %w", i, err)
+		}
+		rows[i] = r
+	}
+	queueRows(b, rows)
+	return nil
+}
+
+// queueRows appends the inserts of rows and the NOTIFY to b.
+func queueRows(b *pgx.Batch, rows []row) {
+	for _, r := range rows {
+		b.Queue(insertSQL, r.id, r.exchange, r.routingKey, r.headers, r.contentType, r.body, r.orderingKey, r.idempotencyKey)
+	}
+	b.Queue(notifySQL)
 }

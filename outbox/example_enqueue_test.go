@@ -108,3 +108,24 @@ func Example_enqueue() {
 	// idempotency key: payment-42/captured
 	// stable message id: true
 }
+
+// ExampleAddToBatch sends a handler's business writes and its outgoing
+// message in one batch, on the transaction that should enqueue it.
+func ExampleAddToBatch() {
+	handler := func(ctx context.Context, tx pgx.Tx, orderID string, amount int64) error {
+		b := &pgx.Batch{}
+		b.Queue(`INSERT INTO payments (order_id, amount_cents) VALUES ($1, $2)`, orderID, amount)
+		if err := outbox.AddToBatch(ctx, b, outbox.Message{
+			Exchange:       "payments.events",
+			RoutingKey:     "payment.completed",
+			IdempotencyKey: "payment:" + orderID,
+			ContentType:    "application/json",
+			Body:           []byte(`{"order_id":"` + orderID + `"}`),
+		}); err != nil {
+			return err
+		}
+		// One round trip: the insert, the outbox row and the NOTIFY.
+		return tx.SendBatch(ctx, b).Close()
+	}
+	_ = handler // a handler's body: transactional mode calls it with its tx
+}

@@ -55,6 +55,8 @@ type testHooks struct {
 	// idle runs when a lane found no more rows and is about to wait;
 	// wakePending reports whether a wake-up is already queued for it.
 	idle func(wakePending bool)
+	// claimed runs after each claim with the number of rows it took.
+	claimed func(rows int)
 }
 
 // NewRelay returns a relay that publishes the outbox table of pool's
@@ -99,12 +101,16 @@ func (r *Relay) run(ctx context.Context) error {
 
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
+	// The lanes share one wake-up: a NOTIFY wakes one idle lane (or, with
+	// none idle, the first to finish its batch), not every lane, of which
+	// all but one would then claim nothing and pay a transaction for it.
+	// A lane that claims a full batch wakes another to help.
+	wake := make(chan struct{}, 1)
 	lanes := make([]*lane, r.cfg.Concurrency)
-	wakes := make([]chan struct{}, len(lanes))
 	for i := range lanes {
-		lanes[i] = &lane{index: i, wake: make(chan struct{}, 1)}
-		wakes[i] = lanes[i].wake
+		lanes[i] = &lane{index: i, wake: wake}
 	}
+	wakes := []chan struct{}{wake}
 	r.log.LogAttrs(ctx, slog.LevelInfo, "outbox relay starting", slog.String("url", redactURL(r.cfg.URL)),
 		slog.Bool("ordered", r.cfg.Ordered), slog.Int("concurrency", r.cfg.Concurrency))
 	var wg sync.WaitGroup
@@ -134,7 +140,7 @@ func (r *Relay) run(ctx context.Context) error {
 // another commits. Lanes claim with SKIP LOCKED, like separate relays.
 type lane struct {
 	index   int
-	wake    chan struct{}
+	wake    chan struct{} // shared by the relay's lanes
 	conn    *amqp.Connection
 	ch      *amqp.Channel
 	returns chan amqp.Return
@@ -177,7 +183,8 @@ func (r *Relay) runLane(ctx context.Context, l *lane) error {
 		}
 		bo.Reset()
 		if n == r.cfg.BatchSize {
-			continue // more may be waiting
+			notify(l.wake) // more may be waiting: another idle lane helps
+			continue
 		}
 		if r.hooks.idle != nil {
 			r.hooks.idle(len(l.wake) > 0)

@@ -411,3 +411,48 @@ func TestNotifyWakesRelay(t *testing.T) {
 	waitAllSent(t, b.pool, 1)
 	require.Len(t, amqptest.Drain(t, b.conn, b.queue), 1)
 }
+
+// TestNotifyWakesOneLane: a NOTIFY wakes one of the relay's idle lanes,
+// not every lane (which would have all but one claim nothing).
+func TestNotifyWakesOneLane(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const lanes = 4
+	r, _ := b.newRelay(t, &RelayConfig{PollInterval: time.Hour, Concurrency: lanes})
+	var listened atomic.Bool
+	var parkings, claims, empty atomic.Int64
+	settled := make(chan struct{}, 1)
+	parked := make(chan struct{}, 16)
+	r.hooks.listening = func() { listened.Store(true) }
+	r.hooks.claimed = func(rows int) {
+		claims.Add(1)
+		if rows == 0 {
+			empty.Add(1)
+		}
+	}
+	r.hooks.idle = func(wakePending bool) {
+		// Every lane has parked once, and the listener's wake-up after
+		// LISTEN has been taken: only a new NOTIFY wakes a lane now.
+		if parkings.Add(1) >= lanes && listened.Load() && !wakePending {
+			notify(settled)
+		}
+		parked <- struct{}{}
+	}
+	start(t, r)
+	testenv.WaitChan(t, settled, "every lane parked after LISTEN")
+	for len(parked) > 0 {
+		<-parked
+	}
+	claims.Store(0)
+	empty.Store(0)
+
+	enqueue(t, b.pool, msgTo(b.queue, "one"))
+	waitAllSent(t, b.pool, 1)
+	testenv.WaitChan(t, parked, "the lane that published parked again")
+	// The listener's own wake-up after LISTEN may still be in flight when
+	// the counts are reset: it accounts for at most one empty claim. Every
+	// lane woken by the NOTIFY would add lanes-1 = 3 more.
+	require.LessOrEqual(t, empty.Load(), int64(1), "no lane woke to claim nothing")
+	require.LessOrEqual(t, claims.Load(), int64(2), "one lane claimed the row")
+	require.Len(t, amqptest.Drain(t, b.conn, b.queue), 1)
+}

@@ -91,17 +91,17 @@ func frameworkCases(e *env, typ consumer.QueueType) []benchCase {
 			consumer.Register(r, q, inbox.Handler(store, func(ctx context.Context, tx pgx.Tx, m *inboxtype.Message[payment]) error {
 				return writePayment(ctx, tx, m.Body)
 			}, nil), &consumer.HandlerOpts{Namespace: benchConsumer, Queue: perMessage})
-		})},
+		}), nil},
 		{"e" + suffix, fmt.Sprintf("inboxmq group commit (%d per tx, %d in flight, pipeline %v)%s", e.batch, e.inflight, e.pipeline, on), typ, inboxmqCase(e, func(store *inbox.Store, r *consumer.Router, q string) {
 			consumer.Register(r, q, inbox.Handler(store, func(ctx context.Context, tx pgx.Tx, m *inboxtype.Message[payment]) error {
 				return writePayment(ctx, tx, m.Body)
 			}, &inbox.HandlerOpts{GroupCommit: e.groupCommit()}),
 				&consumer.HandlerOpts{Namespace: benchConsumer, Queue: e.groupQueue(typ)})
-		})},
+		}), nil},
 		{"f" + suffix, fmt.Sprintf("inboxmq Redis lock + claim mode, %d handlers%s", e.workers, on), typ,
-			claimCase(e, nil, perMessage)},
+			claimCase(e, nil, perMessage), nil},
 		{"h" + suffix, "inboxmq Redis lock + claim mode, completions group-committed as (e)" + on, typ,
-			claimCase(e, &inbox.ClaimOpts{GroupCommit: e.groupCommit()}, e.groupQueue(typ))},
+			claimCase(e, &inbox.ClaimOpts{GroupCommit: e.groupCommit()}, e.groupQueue(typ)), nil},
 	}
 }
 
@@ -115,7 +115,7 @@ func inboxmqCase(e *env, register func(store *inbox.Store, r *consumer.Router, q
 		register(store, r, queue)
 		c, err := consumer.New(&consumer.Config{
 			URL:       e.amqpURL,
-			Name:      "inboxbench",
+			Name:      benchName,
 			Router:    r,
 			Observers: []inboxtype.Observer{doneObserver{done: done}},
 		})

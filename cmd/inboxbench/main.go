@@ -9,7 +9,17 @@
 //	(f) inboxmq, Redis lock + claim mode
 //	(g) hand-written loop, Redis lock + claim — (f)'s protocol by hand: its ceiling
 //	(h) inboxmq, Redis lock + claim mode with group-committed completions
-//	(dq), (eq)  (d) and (e) again on a quorum queue (-quorum: which of d,e,f,h)
+//	(p) the full payment chain, as examples/payment-worker wires it through
+//	    inboxmq.NewWorker: block check, completed-cache, Redis lock,
+//	    replies, an outbox event per payment relayed with confirms
+//	(pg) (p) with GROUP_COMMIT=on: GroupCommit{} and the route's default
+//	    concurrency
+//	(pc) hand-written full chain — (p)'s work by hand: its ceiling
+//	(dq), (eq)  (d) and (e) again on a quorum queue (-quorum: which of
+//	    d,e,f,h,p,pg,pc)
+//
+// A chain case's drain ends when every delivery is acked and every outbox
+// row is sent.
 //
 // For each case it drains the same number of pre-published persistent
 // messages (median of -runs, the cases' runs interleaved), then measures
@@ -21,8 +31,12 @@
 // claim mode comes to its own protocol's ceiling, and what the protocol
 // itself costs against one transaction per delivery; and (h)/(e), (h)/(d):
 // claim mode with group commit against transactional mode with and
-// without it; and (dq)/(d), (eq)/(e): what a quorum queue costs against a
-// classic one. Pointed at one node of a RabbitMQ cluster (-amqp), the
+// without it; (p)/(d), (p)/(pc), (pg)/(d) and (pg)/(p): the full chain
+// against the bare inbox and its own ceiling, and group commit on
+// against off on it; and (dq)/(d), (eq)/(e): what a quorum queue costs
+// against a classic one. Every case also gets its round trips per
+// delivery to PostgreSQL and Redis, and the broker's packets in and out
+// (roundtrips.go says how each is counted). Pointed at one node of a RabbitMQ cluster (-amqp), the
 // quorum cases replicate every message to the other nodes.
 //
 //	go run ./cmd/inboxbench -n 20000 -runs 3
@@ -68,10 +82,17 @@ type benchCase struct {
 	// cases declare their own topology, which must match.
 	queueType consumer.QueueType
 	run       runner
+	// settle, when set, waits after the last ack until the case's work is
+	// done (the chain cases: every outbox row sent); the drain's clock
+	// stops after it.
+	settle func(ctx context.Context, n int) error
 }
 
 type env struct {
-	pool     *pgxpool.Pool
+	pool *pgxpool.Pool // counts its round trips (pgCounter)
+	// admin is a pool whose round trips are not counted: the drain's own
+	// checks and waits.
+	admin    *pgxpool.Pool
 	conn     *amqp.Connection
 	redis    redis.UniversalClient
 	amqpURL  string
@@ -82,17 +103,23 @@ type env struct {
 	inflight int
 	pipeline bool
 	maxWait  time.Duration
+	// acked, while a chain case runs the worker, reads the worker's count
+	// of acked deliveries.
+	acked atomic.Pointer[func() float64]
 }
 
 type result struct {
-	c          benchCase
-	rates      []float64
-	allocs     float64   // per delivery
-	cpuUS      float64   // CPU µs per delivery
-	machines   []float64 // the machine's CPU µs per delivery, servers included, per run
-	rss        float64   // MiB at the end of the drain
-	p50, p99   time.Duration
-	latencyErr string
+	c        benchCase
+	rates    []float64
+	allocs   float64   // per delivery
+	cpuUS    float64   // CPU µs per delivery
+	machines []float64 // the machine's CPU µs per delivery, servers included, per run
+	rss      float64   // MiB at the end of the drain
+	// Round trips per delivery, per run: PostgreSQL, Redis, and the
+	// broker's packets in and out (negative: not measured).
+	pgRT, redisRT, brokerIn, brokerOut []float64
+	p50, p99                           time.Duration
+	latencyErr                         string
 	// Group commit only: latency at the load (d) carries at 50 %.
 	atPerMessageRate float64
 	p50d, p99d       time.Duration
@@ -102,8 +129,8 @@ func main() {
 	var (
 		n        = flag.Int("n", 20000, "messages per drain")
 		runs     = flag.Int("runs", 3, "drains per case (the median is reported)")
-		cases    = flag.String("cases", "a,b,c,d,e,f,g,h", "cases to run")
-		quorum   = flag.String("quorum", "d,e", "inboxmq cases (d,e,f,h) to run again on a quorum queue, as (dq), (eq), …; empty for none")
+		cases    = flag.String("cases", "a,b,c,d,e,f,g,h,p,pg,pc", "cases to run")
+		quorum   = flag.String("quorum", "d,e", "cases (d,e,f,h,p,pg,pc) to run again on a quorum queue, as (dq), (eq), …; empty for none")
 		workers  = flag.Int("workers", 8, "handlers for the per-message cases")
 		batch    = flag.Int("batch", 64, "deliveries per transaction in the batched cases")
 		inflight = flag.Int("inflight", 4, "batches in flight in the batched cases")
@@ -117,9 +144,15 @@ func main() {
 		redisURL = flag.String("redis", cmp.Or(os.Getenv("REDIS_URL"), "redis://127.0.0.1:6379/0"), "redis")
 		out      = flag.String("out", "", "also write the markdown report to this file")
 		cpuProf  = flag.String("cpuprofile", "", "write a CPU profile of the drains to this file")
+		tripSQL  = flag.Bool("tripsql", false, "log each drain's PostgreSQL round trips per statement")
+		brokerRT = flag.Bool("brokercounts", true, "read the broker's packet counters (rabbitmqctl, about 1s before and after each drain)")
 		memProf  = flag.String("memprofile", "", "write an allocation profile (all allocations) to this file at the end")
 	)
 	flag.Parse()
+	if *tripSQL {
+		bySQL = &sync.Map{}
+	}
+	brokerCounts = *brokerRT
 	log.SetFlags(0)
 	log.SetPrefix("inboxbench: ")
 
@@ -133,13 +166,14 @@ func main() {
 	e.workers, e.batch, e.inflight, e.pipeline, e.maxWait = *workers, *batch, *inflight, *pipeline, *maxWait
 
 	all := append([]benchCase{
-		{"a", "raw amqp091 drain, ack only (broker ceiling)", consumer.Classic, rawDrain(e)},
-		{"b", fmt.Sprintf("hand-written loop, 1 tx per delivery, %d handlers", *workers), consumer.Classic, perMessageLoop(e, *workers)},
-		{"c", fmt.Sprintf("hand-written loop, %d per tx, %d batches in flight", *batch, *inflight), consumer.Classic, batchedLoop(e, *batch, *inflight, 2*time.Millisecond)},
+		{"a", "raw amqp091 drain, ack only (broker ceiling)", consumer.Classic, rawDrain(e), nil},
+		{"b", fmt.Sprintf("hand-written loop, 1 tx per delivery, %d handlers", *workers), consumer.Classic, perMessageLoop(e, *workers), nil},
+		{"c", fmt.Sprintf("hand-written loop, %d per tx, %d batches in flight", *batch, *inflight), consumer.Classic, batchedLoop(e, *batch, *inflight, 2*time.Millisecond), nil},
 	}, frameworkCases(e, consumer.Classic)...)
-	all = append(all, benchCase{"g", fmt.Sprintf("hand-written loop, Redis lock + claim, %d handlers", *workers), consumer.Classic, claimLoop(e, *workers)})
+	all = append(all, chainCases(e, consumer.Classic)...)
+	all = append(all, benchCase{"g", fmt.Sprintf("hand-written loop, Redis lock + claim, %d handlers", *workers), consumer.Classic, claimLoop(e, *workers), nil})
 	wantQuorum := strings.Split(*quorum, ",")
-	for _, c := range frameworkCases(e, consumer.Quorum) {
+	for _, c := range append(frameworkCases(e, consumer.Quorum), chainCases(e, consumer.Quorum)...) {
 		if slices.Contains(wantQuorum, strings.TrimSuffix(c.id, "q")) {
 			all = append(all, c)
 		}
@@ -195,17 +229,20 @@ func main() {
 	// the ratios stay fair.
 	for i := range *runs {
 		for _, r := range results {
-			rate, allocs, cpu, machine, err := drain(ctx, e, r.c, *n)
+			rate, allocs, cpu, machine, trips, err := drain(ctx, e, r.c, *n)
 			if err != nil {
 				log.Fatalf("case %s run %d: %v", r.c.id, i+1, err)
 			}
+			r.pgRT, r.redisRT = append(r.pgRT, trips.pg), append(r.redisRT, trips.redis)
+			r.brokerIn, r.brokerOut = append(r.brokerIn, trips.brokerIn), append(r.brokerOut, trips.brokerOut)
 			r.rates = append(r.rates, rate)
 			if i == 0 || allocs < r.allocs {
 				r.allocs, r.cpuUS = allocs, cpu
 			}
 			r.machines = append(r.machines, machine)
 			r.rss = max(r.rss, rssMiB())
-			log.Printf("(%s) run %d: %.0f msg/s, %.1f allocs/delivery, %.0f µs CPU/delivery, machine %.0f µs/delivery", r.c.id, i+1, rate, allocs, cpu, machine)
+			log.Printf("(%s) run %d: %.0f msg/s, %.1f allocs/delivery, %.0f µs CPU/delivery, machine %.0f µs/delivery, round trips/delivery: PG %.2f, Redis %.2f, broker packets in %.2f out %.2f",
+				r.c.id, i+1, rate, allocs, cpu, machine, trips.pg, trips.redis, trips.brokerIn, trips.brokerOut)
 		}
 	}
 	if *latDur > 0 {
@@ -265,13 +302,14 @@ func main() {
 }
 
 func setup(ctx context.Context, amqpURL, dbURL, redisURL string) (*env, error) {
-	const schema = "inboxbench"
-	admin, err := pgx.Connect(ctx, dbURL)
+	// A schema of this process's own: other runs may share the database.
+	schema := "inboxbench_" + strconv.Itoa(os.Getpid())
+	c, err := pgx.Connect(ctx, dbURL)
 	if err != nil {
 		return nil, fmt.Errorf("database: %w", err)
 	}
-	_, err = admin.Exec(ctx, "DROP SCHEMA IF EXISTS "+schema+" CASCADE; CREATE SCHEMA "+schema)
-	_ = admin.Close(ctx)
+	_, err = c.Exec(ctx, "DROP SCHEMA IF EXISTS "+schema+" CASCADE; CREATE SCHEMA "+schema)
+	_ = c.Close(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -281,6 +319,11 @@ func setup(ctx context.Context, amqpURL, dbURL, redisURL string) (*env, error) {
 	}
 	cfg.ConnConfig.RuntimeParams["search_path"] = schema
 	cfg.MaxConns = 16
+	admin, err := pgxpool.NewWithConfig(ctx, cfg.Copy())
+	if err != nil {
+		return nil, err
+	}
+	cfg.ConnConfig.Tracer = pgCounter{}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, err
@@ -293,7 +336,7 @@ CREATE TABLE bench_payments (order_id text PRIMARY KEY, amount_cents bigint NOT 
 CREATE TABLE bench_ledger (id bigserial PRIMARY KEY, order_id text NOT NULL, amount_cents bigint NOT NULL, created_at timestamptz NOT NULL DEFAULT now());`); err != nil {
 		return nil, err
 	}
-	conn, _, err := consumer.Dial(ctx, amqpURL, &consumer.DialOpts{Name: "inboxbench"})
+	conn, _, err := consumer.Dial(ctx, amqpURL, &consumer.DialOpts{Name: benchName})
 	if err != nil {
 		return nil, fmt.Errorf("broker: %w", err)
 	}
@@ -301,7 +344,18 @@ CREATE TABLE bench_ledger (id bigserial PRIMARY KEY, order_id text NOT NULL, amo
 	if err != nil {
 		return nil, err
 	}
-	return &env{pool: pool, conn: conn, redis: rdb, amqpURL: amqpURL, dbURL: pgURLWithSchema(dbURL, schema), schema: schema}, nil
+	rdb.AddHook(redisCounter{})
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil, err
+	}
+	// The chain cases' events exchange, as the worker declares it.
+	err = ch.ExchangeDeclare(eventsExchange, amqp.ExchangeTopic, true, false, false, false, nil)
+	_ = ch.Close()
+	if err != nil {
+		return nil, err
+	}
+	return &env{pool: pool, admin: admin, conn: conn, redis: rdb, amqpURL: amqpURL, dbURL: pgURLWithSchema(dbURL, schema), schema: schema}, nil
 }
 
 func pgURLWithSchema(u, schema string) string {
@@ -312,14 +366,20 @@ func pgURLWithSchema(u, schema string) string {
 }
 
 func (e *env) close() {
+	if ch, err := e.conn.Channel(); err == nil {
+		_ = ch.ExchangeDelete(eventsExchange, false, false)
+		_ = ch.Close()
+	}
 	_ = e.conn.Close()
 	_ = e.redis.Close()
 	e.pool.Close()
+	_, _ = e.admin.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+e.schema+" CASCADE")
+	e.admin.Close()
 }
 
 // reset empties the tables between drains so every case starts alike.
 func (e *env) reset(ctx context.Context) error {
-	_, err := e.pool.Exec(ctx, "TRUNCATE inboxmq_inbox, bench_payments, bench_ledger")
+	_, err := e.admin.Exec(ctx, "TRUNCATE inboxmq_inbox, inboxmq_outbox, bench_payments, bench_ledger")
 	return err
 }
 
@@ -357,7 +417,7 @@ func (e *env) deleteQueue(q string) {
 		return
 	}
 	defer ch.Close()
-	for _, n := range []string{q, q + ".dlq"} {
+	for _, n := range []string{q, q + ".dlq", q + ".parked"} {
 		_, _ = ch.QueueDelete(n, false, false, false)
 	}
 	for _, t := range []time.Duration{time.Second, 5 * time.Second, 30 * time.Second, 2 * time.Minute, 10 * time.Minute} {
@@ -407,19 +467,27 @@ func (e *env) publish(ctx context.Context, q string, n int) error {
 	return nil
 }
 
+// trips are one drain's round trips per delivery.
+type trips struct {
+	pg, redis, brokerIn, brokerOut float64
+}
+
 // drain pre-publishes n messages, then times the case draining them.
-func drain(ctx context.Context, e *env, c benchCase, n int) (rate, allocsPer, cpuPerUS, machinePerUS float64, err error) {
+func drain(ctx context.Context, e *env, c benchCase, n int) (rate, allocsPer, cpuPerUS, machinePerUS float64, rt trips, err error) {
 	if err := e.reset(ctx); err != nil {
-		return 0, 0, 0, 0, err
+		return 0, 0, 0, 0, rt, err
 	}
 	q, err := e.freshQueue(c.queueType)
 	if err != nil {
-		return 0, 0, 0, 0, err
+		return 0, 0, 0, 0, rt, err
 	}
 	defer e.deleteQueue(q)
 	if err := e.publish(ctx, q, n); err != nil {
-		return 0, 0, 0, 0, err
+		return 0, 0, 0, 0, rt, err
 	}
+	inBefore, outBefore, brokerOK := brokerPackets(ctx)
+	printSQLCounts("before "+c.id, n) // resets the counts
+	pgBefore, redisBefore := pgTrips.Load(), redisTrips.Load()
 	runtime.GC()
 	var count atomic.Int64
 	finished := make(chan struct{})
@@ -431,33 +499,46 @@ func drain(ctx context.Context, e *env, c benchCase, n int) (rate, allocsPer, cp
 		}
 	})
 	if err != nil {
-		return 0, 0, 0, 0, err
+		return 0, 0, 0, 0, rt, err
 	}
 	select {
 	case <-finished:
 	case <-time.After(5 * time.Minute):
 		_ = stop()
-		return 0, 0, 0, 0, fmt.Errorf("%w after %d of %d", errTimeout, count.Load(), n)
+		return 0, 0, 0, 0, rt, fmt.Errorf("%w after %d of %d", errTimeout, count.Load(), n)
 	case <-ctx.Done():
 		_ = stop()
-		return 0, 0, 0, 0, ctx.Err()
+		return 0, 0, 0, 0, rt, ctx.Err()
+	}
+	if c.settle != nil {
+		if err := c.settle(ctx, n); err != nil {
+			_ = stop()
+			return 0, 0, 0, 0, rt, err
+		}
 	}
 	after := snapshot()
+	rt.pg = float64(pgTrips.Load()-pgBefore) / float64(n)
+	rt.redis = float64(redisTrips.Load()-redisBefore) / float64(n)
+	printSQLCounts(c.id, n)
+	rt.brokerIn, rt.brokerOut = -1, -1
+	if inAfter, outAfter, ok := brokerPackets(ctx); ok && brokerOK {
+		rt.brokerIn, rt.brokerOut = float64(inAfter-inBefore)/float64(n), float64(outAfter-outBefore)/float64(n)
+	}
 	if err := stop(); err != nil {
 		log.Printf("(%s) stop: %v", c.id, err)
 	}
 	if c.id != "a" {
 		var rows int
-		if err := e.pool.QueryRow(ctx, "SELECT count(*) FROM bench_ledger").Scan(&rows); err != nil {
-			return 0, 0, 0, 0, err
+		if err := e.admin.QueryRow(ctx, "SELECT count(*) FROM bench_ledger").Scan(&rows); err != nil {
+			return 0, 0, 0, 0, rt, err
 		}
 		if rows != n {
-			return 0, 0, 0, 0, fmt.Errorf("case %s wrote %d ledger rows for %d messages", c.id, rows, n)
+			return 0, 0, 0, 0, rt, fmt.Errorf("case %s wrote %d ledger rows for %d messages", c.id, rows, n)
 		}
 	}
 	el := after.at.Sub(before.at)
 	return float64(n) / el.Seconds(), float64(after.mallocs-before.mallocs) / float64(n), float64((after.cpu - before.cpu).Microseconds()) / float64(n),
-		float64((after.machine - before.machine).Microseconds()) / float64(n), nil
+		float64((after.machine - before.machine).Microseconds()) / float64(n), rt, nil
 }
 
 // latency publishes at a steady rate for dur and records publish-to-commit
@@ -526,8 +607,8 @@ func report(w io.Writer, rs []*result, n, runs, latRuns int) {
 	byID := map[string]float64{}
 	rates := map[string][]float64{}
 	fmt.Fprintf(w, "\n%d persistent messages per drain, median of %d; latency: medians of %d runs; GOMAXPROCS=%d; Go %s\n\n", n, runs, latRuns, runtime.GOMAXPROCS(0), runtime.Version())
-	fmt.Fprintln(w, "| case | msg/s (median) | runs | allocs/delivery | worker CPU µs/delivery | machine CPU µs/delivery | RSS MiB | p50 | p99 |")
-	fmt.Fprintln(w, "|---|---:|---|---:|---:|---:|---:|---:|---:|")
+	fmt.Fprintln(w, "| case | msg/s (median) | runs | allocs/delivery | worker CPU µs/delivery | machine CPU µs/delivery | PG round trips/delivery | Redis round trips/delivery | broker packets in/out per delivery | RSS MiB | p50 | p99 |")
+	fmt.Fprintln(w, "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, r := range rs {
 		m := median(r.rates)
 		byID[r.c.id] = m
@@ -543,7 +624,12 @@ func report(w io.Writer, rs []*result, n, runs, latRuns int) {
 		if r.latencyErr != "" {
 			lat += " (" + r.latencyErr + ")"
 		}
-		fmt.Fprintf(w, "| (%s) %s | %.0f | %s | %.1f | %.0f | %.0f | %.0f | %s |\n", r.c.id, r.c.name, m, strings.Join(runsS, " / "), r.allocs, r.cpuUS, median(r.machines), r.rss, lat)
+		broker := "—"
+		if bi, bo := median(r.brokerIn), median(r.brokerOut); bi >= 0 && bo >= 0 && len(r.brokerIn) > 0 {
+			broker = fmt.Sprintf("%.2f / %.2f", bi, bo)
+		}
+		fmt.Fprintf(w, "| (%s) %s | %.0f | %s | %.1f | %.0f | %.0f | %.2f | %.2f | %s | %.0f | %s |\n", r.c.id, r.c.name, m, strings.Join(runsS, " / "), r.allocs, r.cpuUS, median(r.machines),
+			median(r.pgRT), median(r.redisRT), broker, r.rss, lat)
 	}
 	fmt.Fprintln(w)
 	ratio := func(a, b, target string) {
@@ -562,6 +648,10 @@ func report(w io.Writer, rs []*result, n, runs, latRuns int) {
 	for _, id := range []string{"d", "e", "f", "h"} {
 		ratio(id+"q", id, "the same case on a quorum queue against a classic one")
 	}
+	ratio("p", "d", "the full payment chain against the bare inbox: target ≥ 0.6")
+	ratio("p", "pc", "the full chain against its hand-written ceiling: target ≥ 0.9")
+	ratio("pg", "d", "the full chain group-committed against the bare inbox: target ≥ 2.5")
+	ratio("pg", "p", "group commit on against off, on the full chain: target > 1")
 	var d, g *result
 	for _, r := range rs {
 		switch r.c.id {

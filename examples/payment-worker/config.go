@@ -25,7 +25,10 @@ type config struct {
 	LockTTL     time.Duration
 	// Lock says whether a payment takes the Redis lock (LOCK): auto (in
 	// claim mode only), on or off.
-	Lock        inboxmq.LockMode
+	Lock inboxmq.LockMode
+	// Concurrency is the handlers at once (WORKER_CONCURRENCY); 0 with
+	// GROUP_COMMIT=on unless set: the route picks enough to fill its
+	// batches.
 	Concurrency int
 	MetricsAddr string
 	// GroupCommit lets deliveries handled concurrently share one
@@ -146,6 +149,11 @@ func configFromEnv(getenv func(string) string) (config, error) {
 		c.FaultEvents = true
 	default:
 		return c, fmt.Errorf("FAULT_EVENTS %q: want on or off", v)
+	}
+	if c.GroupCommit {
+		// 0: the route's default with group commit, enough handlers to
+		// fill its batches (inboxmq.RouteOpts.Queue).
+		c.Concurrency = 0
 	}
 	if v := getenv("WORKER_CONCURRENCY"); v != "" {
 		n, err := strconv.Atoi(v)

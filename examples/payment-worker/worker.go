@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -121,7 +122,9 @@ func openPool(cfg config, tr *tracing) (*pgxpool.Pool, error) {
 		return nil, fmt.Errorf("DATABASE_URL %s: not a valid PostgreSQL URL", consumer.RedactURL(cfg.DatabaseURL))
 	}
 	if !strings.Contains(cfg.DatabaseURL, "pool_max_conns") {
-		pcfg.MaxConns = int32(min(cfg.Concurrency+8, 200)) //nolint:gosec // bounded above
+		// With group commit (Concurrency 0) the handlers share a few
+		// connections: the batches in flight.
+		pcfg.MaxConns = int32(min(cmp.Or(cfg.Concurrency, defaultConcurrency)+8, 200)) //nolint:gosec // bounded above
 	}
 	if pcfg.ConnConfig.ConnectTimeout == 0 {
 		pcfg.ConnConfig.ConnectTimeout = cfg.ConnectTimeout
@@ -174,7 +177,10 @@ func newRoutes(cfg config, tr *tracing) *inboxmq.Routes {
 		// outbox, once, when it is dead-lettered.
 		opts.Faults = &inboxmq.FaultOpts{Exchange: cfg.EventsExchange, RoutingKey: failedRoutingKey}
 	}
-	if cfg.GroupCommit { // the store's defaults: up to 64, 2ms, 2 in flight
+	if cfg.GroupCommit {
+		// The store's defaults: up to 64 per transaction, 2ms, 2 in
+		// flight; with WORKER_CONCURRENCY unset (Concurrency 0) the route
+		// runs 128 handlers, enough to fill them.
 		opts.GroupCommit = &inbox.GroupCommit{}
 	}
 	if cfg.OrderedShards > 0 {
@@ -271,30 +277,40 @@ const eventRoutingKey = "payment.completed"
 const failedRoutingKey = "payment.failed"
 
 // writePayment writes the payment, its ledger entry and its event, and
-// returns the ledger entry's id.
+// returns the ledger entry's id. The three statements travel as one batch:
+// one round trip to PostgreSQL.
 func writePayment(ctx context.Context, tx pgx.Tx, events string, p Payment) (int64, error) {
-	if _, err := tx.Exec(ctx,
-		`INSERT INTO payments (order_id, amount_cents, currency) VALUES ($1, $2, $3)`,
-		p.OrderID, p.AmountCents, p.Currency); err != nil {
-		return 0, fmt.Errorf("insert payment %s: %w", p.OrderID, err)
-	}
-	var entry int64
-	if err := tx.QueryRow(ctx,
-		`INSERT INTO ledger_entries (order_id, amount_cents) VALUES ($1, $2) RETURNING id`,
-		p.OrderID, p.AmountCents).Scan(&entry); err != nil {
-		return 0, fmt.Errorf("insert ledger entry %s: %w", p.OrderID, err)
-	}
 	body, err := json.Marshal(completedEvent{OrderID: p.OrderID, AmountCents: p.AmountCents, Currency: p.Currency, Status: "completed"})
 	if err != nil {
 		return 0, fmt.Errorf("encode event %s: %w", p.OrderID, err)
 	}
+	b := &pgx.Batch{}
+	b.Queue(`INSERT INTO payments (order_id, amount_cents, currency) VALUES ($1, $2, $3)`,
+		p.OrderID, p.AmountCents, p.Currency)
+	b.Queue(`INSERT INTO ledger_entries (order_id, amount_cents) VALUES ($1, $2) RETURNING id`,
+		p.OrderID, p.AmountCents)
 	// The message id derives from the key: a re-run enqueues nothing new,
 	// and a relay crash between publish and mark only repeats the same id.
-	return entry, outbox.Enqueue(ctx, tx, outbox.Message{
+	if err := outbox.AddToBatch(ctx, b, outbox.Message{
 		Exchange:       events,
 		RoutingKey:     eventRoutingKey,
 		IdempotencyKey: p.IdempotencyKey(),
 		ContentType:    "application/json",
 		Body:           body,
-	})
+	}); err != nil {
+		return 0, err
+	}
+	br := tx.SendBatch(ctx, b)
+	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return 0, fmt.Errorf("insert payment %s: %w", p.OrderID, err)
+	}
+	var entry int64
+	if err := br.QueryRow().Scan(&entry); err != nil {
+		return 0, fmt.Errorf("insert ledger entry %s: %w", p.OrderID, err)
+	}
+	if err := br.Close(); err != nil {
+		return 0, fmt.Errorf("enqueue event %s: %w", p.OrderID, err)
+	}
+	return entry, nil
 }

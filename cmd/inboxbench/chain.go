@@ -1,0 +1,456 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/inboxmq/inboxmq"
+	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/inboxtype"
+	"github.com/inboxmq/inboxmq/middleware"
+	"github.com/inboxmq/inboxmq/outbox"
+)
+
+// The full payment chain, cases (p), (pg) and (pc): what
+// examples/payment-worker does per delivery, through the façade
+// (inboxmq.NewWorker) and by hand.
+
+// eventsExchange receives the chain's payment.completed events; nothing
+// is bound to it (the example's relay allows unroutable events).
+var eventsExchange = benchName + ".events"
+
+const eventRoutingKey = "payment.completed"
+
+// chainEvent is the body of a payment.completed event.
+type chainEvent struct {
+	OrderID     string `json:"order_id"`
+	AmountCents int64  `json:"amount_cents"`
+	Currency    string `json:"currency"`
+	Status      string `json:"status"`
+}
+
+// chainResult is the result the example stores with each payment.
+type chainResult struct {
+	OrderID       string `json:"order_id"`
+	Status        string `json:"status"`
+	LedgerEntryID int64  `json:"ledger_entry_id"`
+}
+
+// recordPayment is examples/payment-worker's transactional handler
+// (worker.go), on the benchmark's tables: the payment, its ledger entry
+// and its event in one batch, in the inbox's transaction.
+func recordPayment(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[payment]) error {
+	p := msg.Body
+	body, err := json.Marshal(chainEvent{OrderID: p.OrderID, AmountCents: p.AmountCents, Currency: p.Currency, Status: "completed"})
+	if err != nil {
+		return err
+	}
+	b := &pgx.Batch{}
+	b.Queue(sqlPayment, p.OrderID, p.AmountCents, p.Currency)
+	b.Queue(sqlLedger+" RETURNING id", p.OrderID, p.AmountCents)
+	if err := outbox.AddToBatch(ctx, b, outbox.Message{
+		Exchange: eventsExchange, RoutingKey: eventRoutingKey, IdempotencyKey: p.IdempotencyKey(),
+		ContentType: "application/json", Body: body,
+	}); err != nil {
+		return err
+	}
+	br := tx.SendBatch(ctx, b)
+	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return fmt.Errorf("insert payment %s: %w", p.OrderID, err)
+	}
+	var entry int64
+	if err := br.QueryRow().Scan(&entry); err != nil {
+		return fmt.Errorf("insert ledger entry %s: %w", p.OrderID, err)
+	}
+	if err := br.Close(); err != nil {
+		return fmt.Errorf("enqueue event %s: %w", p.OrderID, err)
+	}
+	return msg.SetResult(chainResult{OrderID: p.OrderID, Status: "completed", LedgerEntryID: entry})
+}
+
+// chainCase is (p) (gc nil) or (pg): the example's worker, wired as its
+// run() wires it — controls (the block check), the completed-cache and the
+// lock on Redis, replies, the outbox relay with confirms to an events
+// exchange, metrics, reconciler and retention — on a queue of type typ
+// with concurrency handlers (0: the façade's default). Not wired: the
+// HTTP listener (/metrics is not scraped during the drain) and tracing
+// (no exporter configured: spans do not record). Its logger is the
+// example's (exampleLogger).
+func chainCase(e *env, typ consumer.QueueType, gc *inbox.GroupCommit, concurrency int) runner {
+	return func(ctx context.Context, queue string, done func(time.Time)) (func() error, error) {
+		routes := inboxmq.NewRoutes()
+		inboxmq.HandleTx(routes, queue, recordPayment, &inboxmq.RouteOpts{
+			Queue:       consumer.QueueOpts{Concurrency: concurrency, Type: typ, DeliveryLimit: benchDeliveryLimit},
+			Lock:        &middleware.LockOpts{TTL: 30 * time.Second, RetryDelay: time.Second},
+			Reply:       true,
+			GroupCommit: gc,
+			Middleware:  []inboxtype.Middleware{committed(done)},
+		})
+		reg := prometheus.NewRegistry()
+		w, err := inboxmq.NewWorker(&inboxmq.Config{
+			URL: e.amqpURL, DB: e.pool, Redis: e.redis, Routes: routes, Name: benchName,
+			Logger:   exampleLogger(),
+			Metrics:  &inboxmq.MetricsConfig{Registerer: reg},
+			Controls: &inboxmq.ControlsConfig{ParkerName: benchName + "-parker"},
+			Outbox: &inboxmq.OutboxConfig{
+				Relay:     outbox.RelayConfig{ConnectionName: benchName + "-outbox", AllowUnroutable: true},
+				Exchanges: []inboxmq.Exchange{{Name: eventsExchange}},
+			},
+			Reconciler: &inbox.ReconcilerConfig{},
+			Retention:  &inbox.RetentionConfig{},
+		})
+		if err != nil {
+			return nil, err
+		}
+		if err := w.Start(ctx); err != nil {
+			return nil, err
+		}
+		acked := func() float64 { return ackedTotal(reg) }
+		e.acked.Store(&acked)
+		return func() error {
+			e.acked.Store(nil)
+			sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			return w.Stop(sctx)
+		}, nil
+	}
+}
+
+// exampleLogger stands in for the example's logger (zap JSON at info
+// through zapslog, which this command may not import): a JSON slog
+// logger at info writing to nowhere, so every line is encoded and none is
+// written (slog.DiscardHandler would skip the encoding).
+func exampleLogger() *slog.Logger {
+	return slog.New(slog.NewJSONHandler(nowhere{}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
+
+// nowhere drops what is written to it.
+type nowhere struct{}
+
+func (nowhere) Write(p []byte) (int, error) { return len(p), nil }
+
+// committed reports every delivery whose handler returned nil to done: as
+// the route's innermost middleware it returns after the inbox's commit
+// (and, in group commit, after the batch's). The drain then waits for the
+// acks themselves (chainSettled).
+func committed(done func(time.Time)) inboxtype.Middleware {
+	return func(next inboxtype.DeliveryHandler) inboxtype.DeliveryHandler {
+		return func(ctx context.Context, d *inboxtype.Delivery) error {
+			err := next(ctx, d)
+			if err == nil {
+				done(publishedAt(d.Headers))
+			}
+			return err
+		}
+	}
+}
+
+// ackedTotal reads deliveries_settled_total{action="acked"} from reg.
+func ackedTotal(reg *prometheus.Registry) float64 {
+	mfs, err := reg.Gather()
+	if err != nil {
+		return 0
+	}
+	var n float64
+	for _, mf := range mfs {
+		if mf.GetName() != "inboxmq_deliveries_settled_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "action" && l.GetValue() == "acked" {
+					n += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return n
+}
+
+// chainSettled waits until every delivery is acked (the worker's own
+// count, when the case runs the worker) and every outbox row is sent: the
+// chain cases' drain ends then.
+func (e *env) chainSettled(ctx context.Context, n int) error {
+	deadline := time.Now().Add(2 * time.Minute)
+	if acked := e.acked.Load(); acked != nil {
+		for (*acked)() < float64(n) {
+			if time.Now().After(deadline) {
+				return fmt.Errorf("%w: %.0f of %d deliveries acked", errTimeout, (*acked)(), n)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	for {
+		var pending bool
+		if err := e.admin.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM inboxmq_outbox WHERE sent_at IS NULL)").Scan(&pending); err != nil {
+			return err
+		}
+		if !pending {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%w: outbox rows still pending", errTimeout)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// chainCases returns (p), (pg) and (pc) on a queue of type typ (ids
+// suffixed "q" on a quorum queue).
+func chainCases(e *env, typ consumer.QueueType) []benchCase {
+	suffix, on := "", ""
+	if typ == consumer.Quorum {
+		suffix, on = "q", ", quorum queue"
+	}
+	return []benchCase{
+		{"p" + suffix, fmt.Sprintf("inboxmq full payment chain (payment-worker defaults), %d handlers%s", e.workers, on), typ,
+			chainCase(e, typ, nil, e.workers), e.chainSettled},
+		{"pg" + suffix, "inboxmq full payment chain, GROUP_COMMIT=on (GroupCommit{}, the route's default concurrency)" + on, typ,
+			chainCase(e, typ, &inbox.GroupCommit{}, 0), e.chainSettled},
+		{"pc" + suffix, fmt.Sprintf("hand-written full payment chain, %d handlers%s", e.workers, on), typ,
+			chainLoop(e, e.workers), e.chainSettled},
+	}
+}
+
+// The hand-written chain, case (pc).
+const (
+	// Obtain the lock, read the completed-cache: one pipeline.
+	sqlChainInbox = `INSERT INTO inboxmq_inbox (consumer, key, status, fingerprint, attempts, message_id, completed_at, result)
+VALUES ($1, $2, 'completed', $3, 1, $4, now(), $5) ON CONFLICT (consumer, key) DO NOTHING`
+	sqlChainOutbox = `INSERT INTO inboxmq_outbox (message_id, exchange, routing_key, headers, content_type, body, idempotency_key)
+VALUES ($1, $2, $3, $4, 'application/json', $5, $6) RETURNING id`
+	sqlChainMark = `UPDATE inboxmq_outbox SET sent_at = clock_timestamp() WHERE id = ANY($1)`
+	chainLockTTL = 30 * time.Second
+	// chainCacheTTL bounds the benchmark's completed-cache keys in Redis.
+	chainCacheTTL = 10 * time.Minute
+)
+
+var errChainDuplicate = errors.New("inboxbench: duplicate")
+
+// chainLoop is case (pc): the work of (p) written directly against
+// amqp091, pgx and go-redis, as its ceiling. Per delivery:
+//
+//  1. Redis, one pipeline: SET lock NX PX, GET completed-cache;
+//  2. PostgreSQL, one batch: BEGIN, inbox row, payment, ledger entry
+//     (RETURNING id), outbox row (RETURNING id), COMMIT;
+//  3. the event published with a confirm, on the handler's own channel;
+//  4. the outbox row marked sent by a marker goroutine that takes every id
+//     waiting into one UPDATE (the delivery does not wait for it);
+//  5. Redis, one pipeline: SET completed-cache, compare-and-delete the lock;
+//  6. ack.
+func chainLoop(e *env, workers int) runner {
+	return func(ctx context.Context, queue string, done func(time.Time)) (func() error, error) {
+		ch, err := e.conn.Channel()
+		if err != nil {
+			return nil, err
+		}
+		if err := ch.Qos(2*workers, 0, false); err != nil {
+			return nil, err
+		}
+		msgs, err := ch.Consume(queue, "", false, false, false, false, nil)
+		if err != nil {
+			return nil, err
+		}
+		releaseSHA, err := e.redis.ScriptLoad(ctx, luaRelease).Result()
+		if err != nil {
+			return nil, err
+		}
+		marks := make(chan int64, 4*workers)
+		var markers sync.WaitGroup
+		markers.Go(func() { e.markSent(marks) })
+		var wg sync.WaitGroup
+		for range workers {
+			pub, err := e.conn.Channel()
+			if err != nil {
+				return nil, err
+			}
+			if err := pub.Confirm(false); err != nil {
+				return nil, err
+			}
+			confirms := pub.NotifyPublish(make(chan amqp.Confirmation, 1))
+			h := &chainHandler{e: e, pub: pub, confirms: confirms, marks: marks, releaseSHA: releaseSHA}
+			wg.Go(func() {
+				defer pub.Close()
+				for d := range msgs {
+					err := h.handle(ctx, d)
+					if err != nil && !errors.Is(err, errChainDuplicate) {
+						_ = d.Nack(false, true)
+						continue
+					}
+					if err := d.Ack(false); err != nil {
+						return
+					}
+					done(publishedAt(d.Headers))
+				}
+			})
+		}
+		return func() error {
+			err := ch.Close()
+			wg.Wait()
+			close(marks)
+			markers.Wait()
+			return err
+		}, nil
+	}
+}
+
+type chainHandler struct {
+	e          *env
+	pub        *amqp.Channel
+	confirms   chan amqp.Confirmation
+	marks      chan<- int64
+	releaseSHA string
+}
+
+func (h *chainHandler) handle(ctx context.Context, d amqp.Delivery) error {
+	var p payment
+	if err := json.Unmarshal(d.Body, &p); err != nil {
+		return err
+	}
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	key := p.IdempotencyKey()
+	lockKey, cacheKey := benchName+":pc:lock:"+key, benchName+":pc:done:"+key
+	token := d.MessageId
+
+	// 1. The lock and the cache, one round trip.
+	var locked *redis.BoolCmd
+	var cached *redis.StringCmd
+	if _, err := h.e.redis.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+		locked = pipe.SetNX(ctx, lockKey, token, chainLockTTL)
+		cached = pipe.Get(ctx, cacheKey)
+		return nil
+	}); err != nil && !errors.Is(err, redis.Nil) {
+		return err
+	}
+	if cached.Err() == nil {
+		h.release(ctx, locked.Val(), lockKey, token, "")
+		return errChainDuplicate
+	}
+	if !locked.Val() {
+		return errors.New("inboxbench: lock held")
+	}
+
+	// 2. The transaction, one round trip.
+	event, err := json.Marshal(chainEvent{OrderID: p.OrderID, AmountCents: p.AmountCents, Currency: p.Currency, Status: "completed"})
+	if err != nil {
+		return err
+	}
+	eventID := outbox.DeriveID(eventsExchange, eventRoutingKey, key)
+	headers := `{"` + inboxtype.HeaderIdempotencyKey + `":{"t":"string","v":` + strconv.Quote(key) + `}}`
+	fp := sha256.Sum256(d.Body)
+	conn, err := h.e.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	var b pgx.Batch
+	b.Queue("BEGIN")
+	b.Queue(sqlChainInbox, benchConsumer, key, fp[:], d.MessageId, nil)
+	b.Queue(sqlPayment, p.OrderID, p.AmountCents, p.Currency)
+	b.Queue(sqlLedger+" RETURNING id", p.OrderID, p.AmountCents)
+	b.Queue(sqlChainOutbox, eventID, eventsExchange, eventRoutingKey, headers, event, key)
+	b.Queue("COMMIT")
+	br := conn.SendBatch(ctx, &b)
+	var entry, rowID int64
+	_, err = br.Exec()
+	if err == nil {
+		var tag interface{ RowsAffected() int64 }
+		tag, err = br.Exec()
+		if err == nil && tag.RowsAffected() == 0 {
+			err = errChainDuplicate // the payment's primary key aborts the rest
+		}
+	}
+	if err == nil {
+		_, err = br.Exec()
+	}
+	if err == nil {
+		err = br.QueryRow().Scan(&entry)
+	}
+	if err == nil {
+		err = br.QueryRow().Scan(&rowID)
+	}
+	if err == nil {
+		_, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
+		conn.Release()
+		h.release(ctx, true, lockKey, token, "")
+		return err
+	}
+	conn.Release()
+
+	// 3. The event, confirmed.
+	if err := h.pub.PublishWithContext(ctx, eventsExchange, eventRoutingKey, false, false, amqp.Publishing{
+		DeliveryMode: amqp.Persistent, ContentType: "application/json", MessageId: eventID,
+		Headers: amqp.Table{inboxtype.HeaderIdempotencyKey: key}, Body: event,
+	}); err != nil {
+		return err // the row stays pending: a relay would publish it
+	}
+	if c := <-h.confirms; !c.Ack {
+		return errors.New("inboxbench: event nacked")
+	}
+	// 4. Marked sent in the background, batched.
+	h.marks <- rowID
+	// 5. Cache and release, one round trip.
+	res, _ := json.Marshal(chainResult{OrderID: p.OrderID, Status: "completed", LedgerEntryID: entry})
+	h.release(ctx, true, lockKey, token, string(res))
+	return nil
+}
+
+// release writes the completed-cache (when result is set) and releases
+// the lock (when held) in one pipeline.
+func (h *chainHandler) release(ctx context.Context, held bool, lockKey, token, result string) {
+	_, _ = h.e.redis.Pipelined(context.WithoutCancel(ctx), func(pipe redis.Pipeliner) error {
+		if result != "" {
+			pipe.Set(ctx, strings.Replace(lockKey, ":pc:lock:", ":pc:done:", 1), result, chainCacheTTL)
+		}
+		if held {
+			pipe.EvalSha(ctx, h.releaseSHA, []string{lockKey}, token)
+		}
+		return nil
+	})
+}
+
+// markSent marks the published rows sent, every id waiting in one UPDATE.
+func (e *env) markSent(marks <-chan int64) {
+	ids := make([]int64, 0, 256)
+	for id := range marks {
+		ids = append(ids[:0], id)
+	more:
+		for len(ids) < cap(ids) {
+			select {
+			case id, ok := <-marks:
+				if !ok {
+					break more
+				}
+				ids = append(ids, id)
+			default:
+				break more
+			}
+		}
+		if _, err := e.pool.Exec(context.Background(), sqlChainMark, ids); err != nil {
+			log.Printf("(pc) mark sent: %v", err)
+		}
+	}
+}
