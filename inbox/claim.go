@@ -276,12 +276,13 @@ func (c *Claim) Complete(ctx context.Context, fn func(ctx context.Context, tx pg
 func (c *Claim) completeInBatch(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
 	u := &unit{ctx: ctx, consumer: c.Consumer, key: c.Key, claim: c}
 	u.run = func(ctx context.Context, tx pgx.Tx) error {
+		u.pending = nil
 		if fn != nil {
 			if err := fn(ctx, tx); err != nil {
 				return err
 			}
 		}
-		return c.s.storeResult(ctx, tx, c.Consumer, c.Key, c.resultBytes())
+		return c.s.deferResult(u, c.resultBytes())
 	}
 	c.batch.do(u)
 	if u.result != nil {

@@ -209,7 +209,7 @@ func (s *Store) execGroup(units []*unit, pipeline bool) {
 			commitSpans = append(commitSpans, sp)
 		}
 	}
-	err = commit(ctx, tx)
+	err = s.commitResults(ctx, tx, claimedUnits(claimed))
 	for _, sp := range commitSpans {
 		endSpan(sp, err)
 	}
@@ -309,4 +309,13 @@ func failAll(units []*unit, err error) {
 			u.err = err
 		}
 	}
+}
+
+// claimedUnits returns the units of claimed.
+func claimedUnits(claimed []claimedUnit) []*unit {
+	units := make([]*unit, len(claimed))
+	for i, cu := range claimed {
+		units[i] = cu.u
+	}
+	return units
 }

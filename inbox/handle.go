@@ -33,6 +33,9 @@ type unit struct {
 	// result is the result a completed key's row holds, read with the
 	// verdict on a key that could not be claimed (a duplicate's).
 	result []byte
+	// pending is the result the handler left, written with the COMMIT
+	// (commitResults); nil when it left none or failed.
+	pending []byte
 	// claim is set on the completion of a claim in claim mode's group
 	// commit (ClaimOpts.GroupCommit): the batch's claim step is then the
 	// fenced completion of its claims, and a unit whose claim was taken
@@ -73,9 +76,10 @@ func (s *Store) handleOne(u *unit) error {
 		return MapError(herr)
 	}
 
-	// 3. COMMIT: the key is completed together with the handler's writes.
+	// 3. COMMIT, in one round trip with the result the handler left: the
+	// key is completed together with the handler's writes.
 	cctx, span = startSpan(ctx, "inbox.commit")
-	err = commit(cctx, tx)
+	err = s.commitResults(cctx, tx, []*unit{u})
 	endSpan(span, err)
 	return err
 }

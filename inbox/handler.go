@@ -104,12 +104,13 @@ func Handler[T any](s *Store, h TxHandlerFunc[T], opts *HandlerOpts) inboxtype.H
 			}
 		}
 		u.run = func(ctx context.Context, tx pgx.Tx) error {
+			u.pending = nil
 			processing(msg.Delivery, u.fence)
 			takeResult(msg.Delivery) // a result set by an earlier, failed run
 			if err := h(ctx, tx, msg); err != nil {
 				return err
 			}
-			return s.storeResult(ctx, tx, u.consumer, u.key, msg.Result())
+			return s.deferResult(u, msg.Result())
 		}
 		if b != nil {
 			b.do(u)

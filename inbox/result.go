@@ -13,10 +13,11 @@ import (
 // Results: a handler records its job's result with
 // inboxtype.Message.SetResult; the inbox stores it on the key's row in the
 // transaction of the effect, and hands it to every later duplicate of the
-// key (Delivery.Result). The statement runs on the handler's own
-// transaction (in group commit its savepoint or pipeline, in claim mode
-// the completion's), so a handler that fails stores none, and each
-// delivery of a batch stores its own.
+// key (Delivery.Result). In transactional mode the results of a
+// transaction's deliveries are written in one statement sent with its
+// COMMIT, only for the deliveries whose handlers succeeded (in claim mode,
+// by the completion's statement), so a handler that fails stores none, and
+// each delivery of a batch stores its own.
 
 // ReasonResultTooLarge: the handler's result is larger than
 // StoreConfig.MaxResultBytes; the delivery fails permanently and nothing
@@ -27,19 +28,43 @@ const ReasonResultTooLarge = "result_too_large"
 const defaultMaxResultBytes = 64 << 10
 
 // storeResult writes raw, the handler's result, on the row of (consumerName,
-// key) through tx. A nil raw stores nothing.
+// key) through tx: claim mode's completion outside a group commit. A nil
+// raw stores nothing.
 func (s *Store) storeResult(ctx context.Context, tx pgx.Tx, consumerName, key string, raw []byte) error {
 	if raw == nil {
 		return nil
 	}
+	if err := s.checkResult(consumerName, key, raw); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, s.sql.setResult, consumerName, key, string(raw)); err != nil {
+		return fmt.Errorf("inbox: store result: %w", err)
+	}
+	return nil
+}
+
+// checkResult refuses a result larger than MaxResultBytes, permanently.
+func (s *Store) checkResult(consumerName, key string, raw []byte) error {
 	if len(raw) > s.cfg.MaxResultBytes {
 		return retry.Permanent(retry.WithReason(ReasonResultTooLarge, fmt.Errorf(
 			"inbox: result of key %q of consumer %q is %d bytes, more than MaxResultBytes %d",
 			key, consumerName, len(raw), s.cfg.MaxResultBytes)))
 	}
-	if _, err := tx.Exec(ctx, s.sql.setResult, consumerName, key, string(raw)); err != nil {
-		return fmt.Errorf("inbox: store result: %w", err)
+	return nil
+}
+
+// deferResult checks raw, the handler's result, and leaves it on u for
+// the COMMIT's round trip (commitResults), which writes the results of all
+// the transaction's deliveries in one statement. A nil raw stores nothing.
+func (s *Store) deferResult(u *unit, raw []byte) error {
+	u.pending = nil
+	if raw == nil {
+		return nil
 	}
+	if err := s.checkResult(u.consumer, u.key, raw); err != nil {
+		return err
+	}
+	u.pending = raw
 	return nil
 }
 

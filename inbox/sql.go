@@ -30,6 +30,9 @@ type statements struct {
 	// setResult records the handler's result on the row claimed (or, in
 	// claim mode, completed) in this transaction.
 	setResult string
+	// setResults records the results of several deliveries of a group
+	// commit, in the COMMIT's round trip.
+	setResults string
 
 	// claimLease takes one key in claim mode (autocommit); claimLeases
 	// takes several, claimed by concurrent deliveries, in one statement in
@@ -114,6 +117,9 @@ RETURNING status, deliveries`,
 		// A claim still processing is its owner's (or the reconciler's) to
 		// settle; a completed row stays completed.
 		setResult: `UPDATE ` + t + ` SET result = $3::jsonb WHERE consumer = $1 AND key = $2`,
+		setResults: `UPDATE ` + t + ` AS i SET result = r.result::jsonb
+FROM unnest($1::text[], $2::text[], $3::text[]) AS r(consumer, key, result)
+WHERE i.consumer = r.consumer AND i.key = r.key`,
 
 		markDead: `UPDATE ` + t + ` SET status = 'dead', last_error = $3, attempts = $4,
 	last_failed_at = now(), updated_at = now()

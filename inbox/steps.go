@@ -31,8 +31,10 @@ func (s *Store) claimOne(ctx context.Context, u *unit) (pgx.Tx, int64, error) {
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
 	b.Queue(s.sql.claimOne, u.consumer, u.key, u.fp, mid, u.payload, u.attempt)
-	br := s.pool.SendBatch(ctx, b)
-	tx := br.Tx()
+	tx, br, err := s.beginBatch(ctx, b)
+	if err != nil {
+		return nil, 0, err
+	}
 	fence, found, err := readFence(br)
 	if err == nil && !found {
 		err = s.unclaimed(ctx, tx, []*unit{u})
@@ -87,8 +89,10 @@ func (s *Store) claimMany(ctx context.Context, units []*unit) (pgx.Tx, []claimed
 	} else {
 		s.queueClaim(b, units)
 	}
-	br := s.pool.SendBatch(ctx, b)
-	tx := br.Tx()
+	tx, br, err := s.beginBatch(ctx, b)
+	if err != nil {
+		return nil, nil, err
+	}
 	claimed, missing, err := readFences(br, units)
 	if err == nil && len(missing) > 0 {
 		err = s.unclaimed(ctx, tx, missing)
