@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // Pipelined group commit (GroupCommit.Pipeline): the handlers of a batch run
@@ -16,31 +17,40 @@ import (
 // running, so a batch of 64 handlers with two inserts each costs two round
 // trips instead of 128 — the same as a hand-written batched loop.
 //
-// It is optimistic: there are no savepoints, so a statement that fails, a
-// handler that returns an error or calls anything but Exec aborts the
-// attempt; the transaction is rolled back and the batch runs again in the
+// Exec, Query, QueryRow and SendBatch all travel that way (a batch's
+// statements back to back in one round trip; rows are read in full, see
+// pipeline_rows.go). It is optimistic: there are no savepoints, so a
+// statement that fails, a handler that returns an error or calls anything
+// else (Begin, CopyFrom, Conn, …) aborts the attempt; the transaction is rolled back and the batch runs again in the
 // serial savepoint mode, where each delivery is classified alone.
 
 // pipelineStall bounds how long the collector waits for a handler that is
 // neither in Exec nor finished before it aborts the pipelined attempt.
 const pipelineStall = 20 * time.Millisecond
 
-// errNotPipelined is what a pipelined handler gets for any call but Exec.
-var errNotPipelined = errors.New("inbox: pipelined group commit supports only Exec; the batch runs again with savepoints")
+// errNotPipelined is what a pipelined handler gets for a call the pipeline
+// cannot carry.
+var errNotPipelined = errors.New("inbox: pipelined group commit supports Exec, Query, QueryRow and SendBatch only; the batch runs again with savepoints")
 
 // errPipelineAborted is what a pipelined handler gets once the attempt has
 // failed.
 var errPipelineAborted = errors.New("inbox: pipelined group commit aborted; the batch runs again with savepoints")
 
+// pipeReq is one call of a handler: a statement (sql, args), or a batch of
+// them (batch); rows says whether its results are read in full.
 type pipeReq struct {
-	sql  string
-	args []any
-	res  chan pipeRes
+	sql   string
+	args  []any
+	batch *pgx.Batch
+	rows  bool
+	res   chan pipeRes
 }
 
 type pipeRes struct {
-	tag pgconn.CommandTag
-	err error
+	tag     pgconn.CommandTag
+	results []bufResult // rows or batch: a result per statement
+	typeMap *pgtype.Map
+	err     error
 }
 
 // pipeline collects the handlers' statements of one batch attempt.
@@ -118,15 +128,38 @@ func (p *pipeline) flush(ctx context.Context, tx pgx.Tx, pending []*pipeReq) {
 	}
 	b := &pgx.Batch{}
 	for _, r := range pending {
+		if r.batch != nil {
+			for _, qq := range r.batch.QueuedQueries {
+				b.Queue(qq.SQL, qq.Arguments...)
+			}
+			continue
+		}
 		b.Queue(r.sql, r.args...)
 	}
 	br := tx.SendBatch(ctx, b)
+	typeMap := tx.Conn().TypeMap()
 	for _, r := range pending {
-		tag, err := br.Exec()
-		if err != nil {
+		var res pipeRes
+		switch {
+		case r.batch != nil:
+			res.results = make([]bufResult, len(r.batch.QueuedQueries))
+			for i := range res.results {
+				res.results[i] = readResult(br)
+				if res.err == nil {
+					res.err = res.results[i].err
+				}
+			}
+		case r.rows:
+			res.results = []bufResult{readResult(br)}
+			res.err = res.results[0].err
+		default:
+			res.tag, res.err = br.Exec()
+		}
+		if res.err != nil {
 			p.aborted.Store(true)
 		}
-		r.res <- pipeRes{tag: tag, err: err}
+		res.typeMap = typeMap
+		r.res <- res
 	}
 	if err := br.Close(); err != nil {
 		p.aborted.Store(true)
@@ -134,18 +167,36 @@ func (p *pipeline) flush(ctx context.Context, tx pgx.Tx, pending []*pipeReq) {
 }
 
 func (p *pipeline) exec(sql string, args []any) (pgconn.CommandTag, error) {
+	res := p.send(&pipeReq{sql: sql, args: args})
+	return res.tag, res.err
+}
+
+// send queues r for the batch's next round trip and waits for its result.
+// Arguments that change how pgx runs a statement (a QueryExecMode, a
+// QueryRewriter…) cannot ride in the shared batch: the attempt aborts.
+func (p *pipeline) send(r *pipeReq) pipeRes {
 	if p.aborted.Load() {
-		return pgconn.CommandTag{}, errPipelineAborted
+		return pipeRes{err: errPipelineAborted}
 	}
-	if len(args) > 0 {
-		if _, mode := args[0].(pgx.QueryExecMode); mode {
-			return pgconn.CommandTag{}, p.refuse()
+	check := [][]any{r.args}
+	if r.batch != nil {
+		check = check[:0]
+		for _, qq := range r.batch.QueuedQueries {
+			check = append(check, qq.Arguments)
 		}
 	}
-	r := &pipeReq{sql: sql, args: args, res: make(chan pipeRes, 1)}
+	for _, args := range check {
+		if len(args) == 0 {
+			continue
+		}
+		switch args[0].(type) {
+		case pgx.QueryExecMode, pgx.QueryRewriter, pgx.QueryResultFormats, pgx.QueryResultFormatsByOID:
+			return pipeRes{err: p.refuse()}
+		}
+	}
+	r.res = make(chan pipeRes, 1)
 	p.reqs <- r
-	res := <-r.res
-	return res.tag, res.err
+	return <-r.res
 }
 
 func (p *pipeline) refuse() error {
@@ -153,9 +204,9 @@ func (p *pipeline) refuse() error {
 	return errNotPipelined
 }
 
-// pipeTx is the transaction a pipelined handler sees. Only Exec goes
-// through; every other call aborts the attempt (the handler must not touch
-// the shared connection directly).
+// pipeTx is the transaction a pipelined handler sees. Exec, Query,
+// QueryRow and SendBatch go through; every other call aborts the attempt
+// (the handler must not touch the shared connection directly).
 type pipeTx struct {
 	p *pipeline
 }
@@ -181,9 +232,17 @@ func (t *pipeTx) CopyFrom(context.Context, pgx.Identifier, []string, pgx.CopyFro
 	return 0, t.p.refuse()
 }
 
-// SendBatch aborts the attempt.
-func (t *pipeTx) SendBatch(context.Context, *pgx.Batch) pgx.BatchResults {
-	return errBatch{t.p.refuse()}
+// SendBatch queues b's statements, back to back, for the batch's next
+// round trip and waits for their results.
+func (t *pipeTx) SendBatch(_ context.Context, b *pgx.Batch) pgx.BatchResults {
+	if b.Len() == 0 {
+		return &bufBatch{b: b}
+	}
+	res := t.p.send(&pipeReq{batch: b})
+	if res.results == nil {
+		return errBatch{res.err}
+	}
+	return &bufBatch{b: b, results: res.results, typeMap: res.typeMap}
 }
 
 // LargeObjects aborts the attempt; the zero value it returns fails on use.
@@ -197,14 +256,21 @@ func (t *pipeTx) Prepare(context.Context, string, string) (*pgconn.StatementDesc
 	return nil, t.p.refuse()
 }
 
-// Query aborts the attempt.
-func (t *pipeTx) Query(context.Context, string, ...any) (pgx.Rows, error) {
-	return nil, t.p.refuse()
+// Query queues sql for the batch's next round trip and returns its rows,
+// read in full.
+func (t *pipeTx) Query(_ context.Context, sql string, args ...any) (pgx.Rows, error) {
+	res := t.p.send(&pipeReq{sql: sql, args: args, rows: true})
+	if res.err != nil {
+		return &bufRows{err: res.err}, res.err
+	}
+	return &bufRows{r: res.results[0], typeMap: res.typeMap, idx: -1}, nil
 }
 
-// QueryRow aborts the attempt.
-func (t *pipeTx) QueryRow(context.Context, string, ...any) pgx.Row {
-	return errRow{t.p.refuse()}
+// QueryRow queues sql for the batch's next round trip and returns its
+// first row.
+func (t *pipeTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	rows, _ := t.Query(ctx, sql, args...)
+	return (*bufRow)(rows.(*bufRows))
 }
 
 // Conn aborts the attempt and returns nil: the shared connection is not

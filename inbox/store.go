@@ -91,13 +91,14 @@ type GroupCommit struct {
 	// sends their statements together, so a batch waits on the database
 	// about as long as one handler would (see docs/performance.md). It is
 	// optimistic (no savepoints): a handler that returns an error, a
-	// statement that fails, any call other than Exec on the transaction, or
-	// a handler that pauses between its statements (waiting on something
-	// else) rolls the attempt back, and the batch runs again one handler after
-	// the other with a savepoint each, where every delivery is classified
-	// alone. A handler of such a batch therefore runs twice: use it for
-	// handlers that are pure database work through Exec (as transactional
-	// mode asks anyway). docs/performance.md measures what it gains over
+	// statement that fails, a call other than Exec, Query, QueryRow or
+	// SendBatch on the transaction, or a handler that pauses between its
+	// statements (waiting on something else) rolls the attempt back, and
+	// the batch runs again one handler after the other with a savepoint
+	// each, where every delivery is classified alone. A handler of such a
+	// batch therefore runs twice: use it for handlers that are pure
+	// database work (as transactional mode asks anyway). Rows a pipelined
+	// Query returns are read into memory in full. docs/performance.md measures what it gains over
 	// savepoints alone. Defaults to false.
 	Pipeline bool
 }

@@ -221,8 +221,8 @@ func chainCases(e *env, typ consumer.QueueType) []benchCase {
 	return []benchCase{
 		{"p" + suffix, fmt.Sprintf("inboxmq full payment chain (payment-worker defaults), %d handlers%s", e.workers, on), typ,
 			chainCase(e, typ, nil, e.workers), e.chainSettled},
-		{"pg" + suffix, "inboxmq full payment chain, GROUP_COMMIT=on (GroupCommit{}, the route's default concurrency)" + on, typ,
-			chainCase(e, typ, &inbox.GroupCommit{}, 0), e.chainSettled},
+		{"pg" + suffix, "inboxmq full payment chain, GROUP_COMMIT=on (GroupCommit{Pipeline: true}, the route's default concurrency)" + on, typ,
+			chainCase(e, typ, &inbox.GroupCommit{Pipeline: true}, 0), e.chainSettled},
 		{"pc" + suffix, fmt.Sprintf("hand-written full payment chain, %d handlers%s", e.workers, on), typ,
 			chainLoop(e, e.workers), e.chainSettled},
 	}

@@ -12,7 +12,7 @@
 //	(p) the full payment chain, as examples/payment-worker wires it through
 //	    inboxmq.NewWorker: block check, completed-cache, Redis lock,
 //	    replies, an outbox event per payment relayed with confirms
-//	(pg) (p) with GROUP_COMMIT=on: GroupCommit{} and the route's default
+//	(pg) (p) with GROUP_COMMIT=on: GroupCommit{Pipeline: true} and the route's default
 //	    concurrency
 //	(pc) hand-written full chain — (p)'s work by hand: its ceiling
 //	(dq), (eq)  (d) and (e) again on a quorum queue (-quorum: which of

@@ -180,8 +180,10 @@ func newRoutes(cfg config, tr *tracing) *inboxmq.Routes {
 	if cfg.GroupCommit {
 		// The store's defaults: up to 64 per transaction, 2ms, 2 in
 		// flight; with WORKER_CONCURRENCY unset (Concurrency 0) the route
-		// runs 128 handlers, enough to fill them.
-		opts.GroupCommit = &inbox.GroupCommit{}
+		// runs 128 handlers, enough to fill them. The handler is pure
+		// database work, so its batches are pipelined: every payment's
+		// statements of a batch travel in one round trip.
+		opts.GroupCommit = &inbox.GroupCommit{Pipeline: true}
 	}
 	if cfg.OrderedShards > 0 {
 		// One order's payments apply in publish order, on any worker.
