@@ -131,7 +131,9 @@ func TestPartitionInbox_ClaimsSerialiseAcrossTheBoundary(t *testing.T) {
 	var calls atomic.Int64
 	h := inbox.Handler(b.store, effectHandler(&calls), nil)
 	done := make(chan error, 1)
-	go func() { done <- h.Handle(context.Background(), newMsg(t, "payments", order{OrderID: "edge", Amount: 1}, false)) }()
+	go func() {
+		done <- h.Handle(context.Background(), newMsg(t, "payments", order{OrderID: "edge", Amount: 1}, false))
+	}()
 
 	// B waits on the key's advisory lock (a signal, not a sleep).
 	testenv.WaitFor(t, "copy B waiting on the key's lock", func() bool {

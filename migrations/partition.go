@@ -205,6 +205,11 @@ func PartitionInbox(ctx context.Context, pool *pgxpool.Pool, cfg *PartitionConfi
 
 	var p *Partitioning
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		// One conversion at a time per schema (the partitioning table is
+		// created in it), then per table.
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('inboxmq_partition'), hashtext(current_schema()))`); err != nil {
+			return fmt.Errorf("migrations: partition lock: %w", err)
+		}
 		if _, err := tx.Exec(ctx, metaTable); err != nil {
 			return fmt.Errorf("migrations: partitioning table: %w", err)
 		}
@@ -310,12 +315,13 @@ $f$`,
 const maxPartitions = 10000
 
 // CreatePartitions creates the partitions of p that are missing from the
-// current bucket of now to Ahead buckets past it. Each one is created as a
-// plain table and attached, which locks the inbox table only in SHARE
-// UPDATE EXCLUSIVE mode (workers keep reading and writing).
-func CreatePartitions(ctx context.Context, pool *pgxpool.Pool, p *Partitioning, now time.Time) error {
+// bucket of from to Ahead buckets past the current one (retention passes
+// time.Now()). Each one is created as a plain table and attached, which
+// locks the inbox table only in SHARE UPDATE EXCLUSIVE mode (workers keep
+// reading and writing).
+func CreatePartitions(ctx context.Context, pool *pgxpool.Pool, p *Partitioning, from time.Time) error {
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		return createPartitions(ctx, tx, p, now, now)
+		return createPartitions(ctx, tx, p, from, time.Now())
 	})
 }
 
