@@ -149,7 +149,7 @@ func SchemaWith(t testing.TB, maxConns int32) (*pgxpool.Pool, string) {
 }
 
 // Partitioned reports whether the tests run on a partitioned inbox table
-// (INBOXMQ_TEST_PARTITIONED=1, make test/partitioned): Schema then
+// (INBOXMQ_TEST_PARTITIONED=1): Schema then
 // partitions the inbox table (hourly buckets) after the migrations.
 func Partitioned() bool { return os.Getenv("INBOXMQ_TEST_PARTITIONED") == "1" }
 
