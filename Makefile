@@ -73,6 +73,14 @@ bench: up ## One-run benchmark against the ceilings (cmd/inboxbench): msgs/s, la
 	echo "== the per-message and group-commit cases on the 3-node cluster (its first node; quorum queues replicate to all 3)"; \
 	$(GO) run ./cmd/inboxbench -amqp "$${urls%%,*}" -n $(BENCH_N) -runs $(BENCH_RUNS) -batch 64 -inflight 8 -cases b,c,d,e -latency 0
 
+# bench/scale: the rows already in the table at each measured size; the
+# run stops short of a size that does not fit its disk budget and says so.
+SCALE_SIZES ?= 0,10000000,100000000
+
+.PHONY: bench/scale
+bench/scale: up ## The inbox table at scale (cmd/inboxscale, not part of bench): claims/s and p99 at SCALE_SIZES rows, today's table and the partitioned one side by side; retention over a simulated week; sizes. Its own database, dropped at the end
+	$(GO) run ./cmd/inboxscale -sizes $(SCALE_SIZES)
+
 .PHONY: bench/go
 bench/go: up ## Run the packages' go test benchmarks (no tests)
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 -timeout $(TIMEOUT) $(PKGS)

@@ -73,17 +73,35 @@ type RetentionConfig struct {
 
 // RetentionRun reports one retention run.
 type RetentionRun struct {
-	// Deleted is the number of rows deleted.
+	// Deleted is the number of rows deleted; on a partitioned table, the
+	// planner's estimate of the rows of the dropped partitions.
 	Deleted int64
-	// Batches is the number of DELETE statements run.
+	// Batches is the number of DELETE statements run (0 on a partitioned
+	// table).
 	Batches int
+	// Partitions is the number of partitions dropped (partitioned table).
+	Partitions int
+	// Moved is the number of rows moved out of expired partitions to the
+	// current one before these were dropped: rows not completed, or
+	// completed after the cut-off (partitioned table).
+	Moved int64
+	// Kept is the number of expired partitions not dropped because a worker
+	// was touching one of their keepers; the next run drops them
+	// (partitioned table).
+	Kept int
 	// Skipped is true when another process held the retention lock, so
 	// this run did nothing.
 	Skipped bool
 }
 
 // Retention deletes completed inbox rows older than the window, in small
-// batches, in the background. Only one process runs it at a time per inbox
+// batches, in the background. On a partitioned inbox
+// (migrations.PartitionInbox) it deletes no row: each run creates the
+// partitions ahead and drops the partitions whose whole span is older than
+// the window, after moving the rows it must keep (not completed, or
+// completed within the window) to the current partition; a completed row
+// then lives between Window and Window plus the partition width
+// (docs/scaling.md). Only one process runs it at a time per inbox
 // table: each run holds a PostgreSQL advisory lock (keyed by the table's
 // oid) for its duration and skips when another process holds it, so every
 // worker may start the job.
@@ -96,6 +114,7 @@ type Retention struct {
 	cfg   RetentionConfig
 	lock  string
 	del   string
+	part  partitionStatements
 
 	svc startstop.Service // the background job's lifecycle
 }
@@ -128,7 +147,12 @@ func NewRetention(s *Store, cfg *RetentionConfig) (*Retention, error) {
 	if err := CheckWindow(c.Window, c.RedeliveryHorizon); err != nil {
 		return nil, err
 	}
+	var part partitionStatements
+	if s.part != nil {
+		part = buildPartitionStatements(s.part)
+	}
 	return &Retention{
+		part:  part,
 		store: s,
 		cfg:   c,
 		svc:   startstop.Service{Name: "inbox: retention"},
@@ -155,7 +179,9 @@ func (r *Retention) RunOnce(ctx context.Context) (RetentionRun, error) {
 
 // PurgeBefore is RunOnce with an explicit cut-off: it deletes the rows
 // completed before cutoff (inboxctl purge --older-than). It does not apply
-// the window check: the caller chose the cut-off.
+// the window check: the caller chose the cut-off. On a partitioned table it
+// drops the partitions that ended before cutoff: rows of the partition
+// holding cutoff stay.
 func (r *Retention) PurgeBefore(ctx context.Context, cutoff time.Time) (RetentionRun, error) {
 	return r.purge(ctx, cutoff)
 }
@@ -185,6 +211,9 @@ func (r *Retention) purge(ctx context.Context, cutoff time.Time) (RetentionRun, 
 		}
 	}()
 
+	if r.store.part != nil {
+		return r.dropPartitions(ctx, conn, cutoff)
+	}
 	for r.cfg.MaxBatches <= 0 || run.Batches < r.cfg.MaxBatches {
 		tag, err := conn.Exec(ctx, r.del, cutoff, r.cfg.BatchSize)
 		if err != nil {

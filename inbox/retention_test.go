@@ -47,6 +47,7 @@ func newRetention(t *testing.T, pool *pgxpool.Pool, cfg *inbox.RetentionConfig) 
 
 func TestRetention_DeletesOnlyExpiredCompletedRowsInBatches(t *testing.T) {
 	t.Parallel()
+	skipPartitioned(t)
 	pool, _ := pgtest.Schema(t)
 	seedCompleted(t, pool, "old", 250, 48*time.Hour)
 	seedCompleted(t, pool, "young", 40, time.Hour)
@@ -71,6 +72,7 @@ func TestRetention_DeletesOnlyExpiredCompletedRowsInBatches(t *testing.T) {
 
 func TestRetention_MaxBatches(t *testing.T) {
 	t.Parallel()
+	skipPartitioned(t)
 	pool, _ := pgtest.Schema(t)
 	seedCompleted(t, pool, "c", 50, 48*time.Hour)
 	r := newRetention(t, pool, &inbox.RetentionConfig{Window: time.Hour, BatchSize: 10, MaxBatches: 2, BatchDelay: -1})
@@ -87,6 +89,7 @@ func TestRetention_MaxBatches(t *testing.T) {
 // Only one process runs retention on a table at a time.
 func TestRetention_SkipsWhileAnotherHoldsTheLock(t *testing.T) {
 	t.Parallel()
+	skipPartitioned(t)
 	pool, _ := pgtest.Schema(t)
 	seedCompleted(t, pool, "c", 10, 48*time.Hour)
 	r := newRetention(t, pool, &inbox.RetentionConfig{Window: time.Hour})
@@ -114,6 +117,7 @@ func TestRetention_SkipsWhileAnotherHoldsTheLock(t *testing.T) {
 // deadlock, no error, expired rows go, rows inside the window stay.
 func TestRetention_WithConcurrentInserters(t *testing.T) {
 	t.Parallel()
+	skipPartitioned(t)
 	pool, _ := pgtest.Schema(t)
 	seedCompleted(t, pool, "old", 3000, 72*time.Hour)
 	r := newRetention(t, pool, &inbox.RetentionConfig{Window: 24 * time.Hour, BatchSize: 200, BatchDelay: -1})
@@ -154,6 +158,7 @@ func TestRetention_WithConcurrentInserters(t *testing.T) {
 
 func TestRetention_StartStop(t *testing.T) {
 	t.Parallel()
+	skipPartitioned(t)
 	pool, _ := pgtest.Schema(t)
 	seedCompleted(t, pool, "c", 5, 48*time.Hour)
 	r := newRetention(t, pool, &inbox.RetentionConfig{Window: time.Hour, Interval: time.Hour})

@@ -1,5 +1,7 @@
 package inbox
 
+import "strings"
+
 // statements are the store's SQL, built once per table name (quoted with
 // pgx.Identifier). Every value is a parameter.
 //
@@ -74,17 +76,34 @@ const claimConflict = `ON CONFLICT (consumer, key) DO UPDATE SET
 WHERE i.status <> 'completed' AND NOT (i.status = 'processing' AND i.lease_until > now())
 `
 
-func buildStatements(t string) statements {
+// buildStatements returns the statements on table t. fn is the bucket
+// function of a partitioned table (migrations.PartitionInbox), "" for an
+// unpartitioned one: each inserting statement then also sets the bucket
+// column to fn(consumer, key), which serialises the claims of the key and
+// finds its row in whichever partition holds it, and its conflict target
+// includes bucket (docs/scaling.md).
+func buildStatements(t, fn string) statements {
+	// col and val add the bucket column and its value to an INSERT.
+	col := func() string { return "" }
+	val := func(string, string) string { return "" }
+	target := "(consumer, key)"
+	if fn != "" {
+		col = func() string { return ", bucket" }
+		val = func(c, k string) string { return ", " + fn + "(" + c + ", " + k + ")" }
+		target = "(consumer, key, bucket)"
+	}
+	conflict := strings.Replace(claimConflict, "(consumer, key)", target, 1)
+	leaseConflict := strings.Replace(claimLeaseConflict, "(consumer, key)", target, 1)
 	st := statements{
-		claim: `INSERT INTO ` + t + ` AS i (consumer, key, status, fingerprint, message_id, payload, fence, attempts, completed_at)
-SELECT k.consumer, k.key, 'completed', k.fp, k.mid, k.payload, 1, k.attempt, now()
+		claim: `INSERT INTO ` + t + ` AS i (consumer, key, status, fingerprint, message_id, payload, fence, attempts, completed_at` + col() + `)
+SELECT k.consumer, k.key, 'completed', k.fp, k.mid, k.payload, 1, k.attempt, now()` + val("k.consumer", "k.key") + `
 FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::bytea[], $6::int[]) AS k(consumer, key, fp, mid, payload, attempt)
 ORDER BY k.consumer, k.key
-` + claimConflict + `RETURNING consumer, key, fence`,
+` + conflict + `RETURNING consumer, key, fence`,
 
-		claimOne: `INSERT INTO ` + t + ` AS i (consumer, key, status, fingerprint, message_id, payload, fence, attempts, completed_at)
-VALUES ($1, $2, 'completed', $3, $4, $5, 1, $6, now())
-` + claimConflict + `RETURNING fence`,
+		claimOne: `INSERT INTO ` + t + ` AS i (consumer, key, status, fingerprint, message_id, payload, fence, attempts, completed_at` + col() + `)
+VALUES ($1, $2, 'completed', $3, $4, $5, 1, $6, now()` + val("$1", "$2") + `)
+` + conflict + `RETURNING fence`,
 
 		lookup: `SELECT consumer, key, status, fingerprint,
 	GREATEST(EXTRACT(EPOCH FROM (lease_until - now())), 0)::float8,
@@ -96,16 +115,16 @@ WHERE (consumer, key) IN (SELECT * FROM unnest($1::text[], $2::text[]))`,
 	last_failed_at = now(), updated_at = now()
 WHERE consumer = $1 AND key = $2`,
 
-		failAuto: `INSERT INTO ` + t + ` AS i (consumer, key, status, fingerprint, message_id, attempts, last_error, last_failed_at)
-VALUES ($1, $2, 'failed', $3, $4, $6, $5, now())
-ON CONFLICT (consumer, key) DO UPDATE SET
+		failAuto: `INSERT INTO ` + t + ` AS i (consumer, key, status, fingerprint, message_id, attempts, last_error, last_failed_at` + col() + `)
+VALUES ($1, $2, 'failed', $3, $4, $6, $5, now()` + val("$1", "$2") + `)
+ON CONFLICT ` + target + ` DO UPDATE SET
 	status = 'failed', fingerprint = EXCLUDED.fingerprint, message_id = EXCLUDED.message_id,
 	attempts = EXCLUDED.attempts, last_error = EXCLUDED.last_error, last_failed_at = now(), updated_at = now()
 WHERE i.status NOT IN ('completed', 'processing')`,
 
-		redelivered: `INSERT INTO ` + t + ` AS i (consumer, key, status, message_id, deliveries)
-VALUES ($1, $2, 'received', $3, 1)
-ON CONFLICT (consumer, key) DO UPDATE SET
+		redelivered: `INSERT INTO ` + t + ` AS i (consumer, key, status, message_id, deliveries` + col() + `)
+VALUES ($1, $2, 'received', $3, 1` + val("$1", "$2") + `)
+ON CONFLICT ` + target + ` DO UPDATE SET
 	deliveries = CASE WHEN i.status = 'dead' THEN 1 ELSE i.deliveries + 1 END,
 	status = CASE
 		WHEN i.status = 'dead' THEN 'received'
@@ -125,15 +144,15 @@ WHERE i.consumer = r.consumer AND i.key = r.key`,
 	last_failed_at = now(), updated_at = now()
 WHERE consumer = $1 AND key = $2 AND status NOT IN ('completed', 'processing')`,
 
-		claimLease: `INSERT INTO ` + t + ` AS i (consumer, key, status, owner, fence, lease_until, attempts, fingerprint, message_id, payload)
-VALUES ($1, $2, 'processing', $3, 1, now() + $4::bigint * interval '1 microsecond', $8, $5, $6, $7)
-` + claimLeaseConflict + `RETURNING fence, attempts, steps, now()`,
+		claimLease: `INSERT INTO ` + t + ` AS i (consumer, key, status, owner, fence, lease_until, attempts, fingerprint, message_id, payload` + col() + `)
+VALUES ($1, $2, 'processing', $3, 1, now() + $4::bigint * interval '1 microsecond', $8, $5, $6, $7` + val("$1", "$2") + `)
+` + leaseConflict + `RETURNING fence, attempts, steps, now()`,
 
-		claimLeases: `INSERT INTO ` + t + ` AS i (consumer, key, status, owner, fence, lease_until, attempts, fingerprint, message_id, payload)
-SELECT k.consumer, k.key, 'processing', k.owner, 1, now() + k.lease * interval '1 microsecond', k.attempt, k.fp, k.mid, k.payload
+		claimLeases: `INSERT INTO ` + t + ` AS i (consumer, key, status, owner, fence, lease_until, attempts, fingerprint, message_id, payload` + col() + `)
+SELECT k.consumer, k.key, 'processing', k.owner, 1, now() + k.lease * interval '1 microsecond', k.attempt, k.fp, k.mid, k.payload` + val("k.consumer", "k.key") + `
 FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bytea[], $6::text[], $7::bytea[], $8::int[]) AS k(consumer, key, owner, lease, fp, mid, payload, attempt)
 ORDER BY k.consumer, k.key
-` + claimLeaseConflict + `RETURNING i.consumer, i.key, fence, attempts, steps, now()`,
+` + leaseConflict + `RETURNING i.consumer, i.key, fence, attempts, steps, now()`,
 
 		extendLease: `UPDATE ` + t + ` SET lease_until = LEAST(now() + $5::bigint * interval '1 microsecond', $6::timestamptz), updated_at = now()
 WHERE consumer = $1 AND key = $2 AND owner = $3 AND fence = $4 AND status = 'processing'

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxmq/inboxmq/internal/combine"
+	"github.com/inboxmq/inboxmq/migrations"
 )
 
 // DefaultTable is the inbox table created by package migrations.
@@ -182,6 +183,8 @@ type Store struct {
 	cfg   StoreConfig
 	table string // quoted, ready for SQL
 	sql   statements
+	// part is the table's partitioning; nil for an unpartitioned table.
+	part *migrations.Partitioning
 	// leases shares claim mode's claims between concurrent deliveries.
 	leases *combine.Combiner[*leaseReq]
 }
@@ -200,8 +203,6 @@ func NewStore(ctx context.Context, pool *pgxpool.Pool, cfg *StoreConfig) (*Store
 		return nil, err
 	}
 	s := &Store{pool: pool, cfg: c, table: id.Sanitize()}
-	s.sql = buildStatements(s.table)
-	s.leases = s.newLeaseRounds()
 
 	var inRecovery, readOnly bool
 	var reg *string
@@ -217,6 +218,17 @@ func NewStore(ctx context.Context, pool *pgxpool.Pool, cfg *StoreConfig) (*Store
 	if reg == nil {
 		return nil, fmt.Errorf("%w (table %s)", ErrNoTable, s.table)
 	}
+	// A partitioned inbox (migrations.PartitionInbox) is detected, not
+	// configured: the statements must match the table.
+	var fn string
+	switch p, err := migrations.LoadPartitioning(ctx, pool, c.Table); {
+	case err == nil:
+		s.part, fn = p, p.Func
+	case !errors.Is(err, migrations.ErrNotPartitioned):
+		return nil, fmt.Errorf("inbox: check partitioning: %w", err)
+	}
+	s.sql = buildStatements(s.table, fn)
+	s.leases = s.newLeaseRounds()
 	if !configured(pool.Config()) {
 		c.Logger.LogAttrs(ctx, slog.LevelWarn, "inbox: the pool was not built through inbox.ConfigurePool: "+
 			"connections it opens after start-up are not checked for the primary, and may reach a standby or a fenced node after a fail-over")
@@ -229,6 +241,10 @@ func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 
 // Table returns the quoted name of the inbox table.
 func (s *Store) Table() string { return s.table }
+
+// Partitioned reports whether the inbox table is partitioned by time
+// (migrations.PartitionInbox): retention then drops whole partitions.
+func (s *Store) Partitioned() bool { return s.part != nil }
 
 // Record is one inbox row. Pointer fields are nil when the column is NULL.
 type Record struct {

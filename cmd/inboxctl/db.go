@@ -238,7 +238,12 @@ running, purge reports "skipped".
 
 A copy of a message that arrives after its row was deleted is processed
 again: never purge inside the redelivery horizon (retry delays × attempts
-plus the DLQ replay window).`,
+plus the DLQ replay window).
+
+On a partitioned inbox (inboxctl partition) purge deletes no row: it drops
+the partitions whose whole span is older than --older-than, after moving
+the rows it must keep (not completed, or completed since) to the current
+partition; --batch-size does not apply.`,
 		Example: `  inboxctl purge --older-than 168h`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -262,6 +267,17 @@ plus the DLQ replay window).`,
 			run, err := r.RunOnce(ctx)
 			if err != nil {
 				return err
+			}
+			if s.Partitioned() {
+				return c.emit(map[string]any{"partitions": run.Partitions, "deleted_estimate": run.Deleted, "moved": run.Moved,
+					"kept": run.Kept, "skipped": run.Skipped}, func(w io.Writer) {
+					if run.Skipped {
+						fmt.Fprintln(w, "skipped: another retention pass holds the lock")
+						return
+					}
+					fmt.Fprintf(w, "dropped %d partitions (about %d rows), moved %d rows to keep, %d partitions left for a later pass\n",
+						run.Partitions, run.Deleted, run.Moved, run.Kept)
+				})
 			}
 			return c.emit(map[string]any{"deleted": run.Deleted, "batches": run.Batches, "skipped": run.Skipped}, func(w io.Writer) {
 				if run.Skipped {

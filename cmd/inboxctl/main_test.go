@@ -278,6 +278,9 @@ func TestStaleAndReconcileDryRun(t *testing.T) {
 
 func TestPurge(t *testing.T) {
 	t.Parallel()
+	if pgtest.Partitioned() {
+		t.Skip("row-by-row purge: TestPartition_ThenStatusStatsAndPurge covers the partitioned table")
+	}
 	b := setup(t)
 	b.exec(t, `INSERT INTO inboxmq_inbox (consumer, key, status, completed_at)
 		SELECT 'payments', 'old:' || g, 'completed', now() - interval '10 days' FROM generate_series(1, 25) g`)

@@ -119,7 +119,7 @@ PostgreSQL; running workers pick them up within 2 seconds.`,
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 
 	root.AddCommand(
-		c.migrateCmd(), c.statusCmd(), c.staleCmd(), c.reconcileCmd(), c.statsCmd(), c.purgeCmd(),
+		c.migrateCmd(), c.partitionCmd(), c.statusCmd(), c.staleCmd(), c.reconcileCmd(), c.statsCmd(), c.purgeCmd(),
 		c.dlqCmd(),
 		c.pauseCmd(), c.resumeCmd(), c.concurrencyCmd(), c.blockCmd(), c.unblockCmd(), c.controlsCmd(),
 		c.uiCmd(),

@@ -43,13 +43,16 @@ func InboxStats(ctx context.Context, s *inbox.Store) (*Stats, error) {
 	if err != nil {
 		return nil, fmt.Errorf("stats: %w", err)
 	}
-	err = s.Pool().QueryRow(ctx, `SELECT
+	// tree is the table and, if it is partitioned, its partitions.
+	err = s.Pool().QueryRow(ctx, `WITH tree(r) AS (
+		SELECT to_regclass($1) UNION SELECT relid FROM pg_partition_tree(to_regclass($1)))
+	SELECT
 		(SELECT EXTRACT(EPOCH FROM now() - min(updated_at))::float8 FROM `+t+` WHERE status = 'processing'),
 		(SELECT count(*) FROM `+t+` WHERE status = 'processing' AND lease_until < now()),
-		pg_relation_size(to_regclass($1)),
-		pg_indexes_size(to_regclass($1)),
-		pg_total_relation_size(to_regclass($1)),
-		(SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = to_regclass($1))`, t,
+		(SELECT sum(pg_relation_size(r))::bigint FROM tree),
+		(SELECT sum(pg_indexes_size(r))::bigint FROM tree),
+		(SELECT sum(pg_total_relation_size(r))::bigint FROM tree),
+		(SELECT sum(greatest(reltuples, 0))::bigint FROM pg_class WHERE oid IN (SELECT r FROM tree) AND relkind = 'r')`, t,
 	).Scan(&v.OldestClaimAgeSeconds, &v.StaleClaims, &v.TableBytes, &v.IndexBytes, &v.TotalBytes, &v.EstimatedRows)
 	if err != nil {
 		return nil, fmt.Errorf("stats: %w", err)

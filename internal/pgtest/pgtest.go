@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"os"
 	"regexp"
 	"strconv"
 	"strings"
@@ -139,8 +140,18 @@ func SchemaWith(t testing.TB, maxConns int32) (*pgxpool.Pool, string) {
 	if err := migrations.Up(ctx, pool); err != nil { // its advisory lock is per schema
 		t.Fatalf("pgtest: migrate: %v", err)
 	}
+	if Partitioned() {
+		if _, err := migrations.PartitionInbox(ctx, pool, &migrations.PartitionConfig{Width: time.Hour}); err != nil {
+			t.Fatalf("pgtest: partition the inbox: %v", err)
+		}
+	}
 	return pool, schema
 }
+
+// Partitioned reports whether the tests run on a partitioned inbox table
+// (INBOXMQ_TEST_PARTITIONED=1): Schema then
+// partitions the inbox table (hourly buckets) after the migrations.
+func Partitioned() bool { return os.Getenv("INBOXMQ_TEST_PARTITIONED") == "1" }
 
 // Pool opens a pool on the test database with search_path set to schema,
 // closed when the test ends (before the schema is dropped).

@@ -1,0 +1,125 @@
+package inbox
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/inboxmq/inboxmq/migrations"
+)
+
+// Retention of a partitioned inbox (migrations.PartitionInbox): whole
+// partitions are dropped, no row is deleted. docs/scaling.md gives the
+// argument; in short, a partition whose span ended before the cut-off holds
+// rows completed before the cut-off, except the keepers (a row not
+// completed, or completed after the cut-off: a key claimed long ago and
+// completed, failed or dead since). The keepers are moved to the current
+// bucket first, each under its key's advisory lock (the one the bucket
+// function takes), then the partition is detached concurrently (workers
+// keep going) and dropped. No statement of the inbox turns a completed row
+// back into a keeper, and no insert targets an expired bucket, so a
+// partition without keepers stays without keepers until it is dropped.
+
+// partitionStatements are retention's statements on a partitioned table.
+type partitionStatements struct {
+	list, moveKeepers, hasKeepers string
+}
+
+func buildPartitionStatements(p *migrations.Partitioning) partitionStatements {
+	keeper := `bucket >= $1 AND bucket < $2 AND (status <> 'completed' OR completed_at >= $3)`
+	return partitionStatements{
+		// The partitions with their bounds, oldest first.
+		list: `SELECT c.oid::regclass::text, m[1]::timestamptz, m[2]::timestamptz, i.inhdetachpending
+FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid,
+	LATERAL regexp_match(pg_get_expr(c.relpartbound, c.oid), 'FROM \(''([^'']+)''\) TO \(''([^'']+)''\)') m
+WHERE i.inhparent = to_regclass($1)
+ORDER BY 2`,
+		// SKIP LOCKED and the try-lock leave the rows that a worker is
+		// touching: they stay keepers, and the partition waits for the next
+		// run.
+		moveKeepers: `UPDATE ` + p.Table + ` AS t SET bucket = DEFAULT, updated_at = now()
+FROM (SELECT consumer, key, bucket FROM ` + p.Table + ` WHERE ` + keeper + ` FOR UPDATE SKIP LOCKED) k
+WHERE t.consumer = k.consumer AND t.key = k.key AND t.bucket = k.bucket
+	AND pg_try_advisory_xact_lock(hashtext(t.consumer), hashtext(t.key))`,
+		hasKeepers: `SELECT EXISTS (SELECT 1 FROM ` + p.Table + ` WHERE ` + keeper + `)`,
+	}
+}
+
+type partitionInfo struct {
+	name    string
+	lo, hi  time.Time
+	pending bool
+}
+
+// dropPartitions is purge on a partitioned table: it creates the
+// partitions ahead, then drops each partition that ended before cutoff,
+// holding the retention lock on conn.
+func (r *Retention) dropPartitions(ctx context.Context, conn *pgxpool.Conn, cutoff time.Time) (RetentionRun, error) {
+	var run RetentionRun
+	p := r.store.part
+	if err := migrations.CreatePartitions(ctx, r.store.pool, p, time.Now()); err != nil {
+		return run, fmt.Errorf("inbox: retention: %w", err)
+	}
+	rows, err := conn.Query(ctx, r.part.list, p.Table)
+	if err != nil {
+		return run, fmt.Errorf("inbox: retention: list partitions: %w", err)
+	}
+	parts, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (partitionInfo, error) {
+		var pi partitionInfo
+		err := row.Scan(&pi.name, &pi.lo, &pi.hi, &pi.pending)
+		return pi, err
+	})
+	if err != nil {
+		return run, fmt.Errorf("inbox: retention: list partitions: %w", err)
+	}
+	for _, pi := range parts {
+		if pi.hi.After(cutoff) {
+			break
+		}
+		if !pi.pending {
+			tag, err := conn.Exec(ctx, r.part.moveKeepers, pi.lo, pi.hi, cutoff)
+			if err != nil {
+				return run, fmt.Errorf("inbox: retention: move keepers of %s: %w", pi.name, err)
+			}
+			run.Moved += tag.RowsAffected()
+			var kept bool
+			if err := conn.QueryRow(ctx, r.part.hasKeepers, pi.lo, pi.hi, cutoff).Scan(&kept); err != nil {
+				return run, fmt.Errorf("inbox: retention: keepers of %s: %w", pi.name, err)
+			}
+			if kept {
+				run.Kept++
+				continue
+			}
+		}
+		var est int64
+		if err := conn.QueryRow(ctx, `SELECT GREATEST(reltuples, 0)::bigint FROM pg_class WHERE oid = to_regclass($1)`,
+			pi.name).Scan(&est); err != nil {
+			return run, fmt.Errorf("inbox: retention: size of %s: %w", pi.name, err)
+		}
+		// CONCURRENTLY takes the inbox table in SHARE UPDATE EXCLUSIVE mode
+		// only; an interrupted detach leaves the partition pending, and the
+		// next run finalizes it.
+		detach := `ALTER TABLE ` + p.Table + ` DETACH PARTITION ` + pi.name + ` CONCURRENTLY`
+		if pi.pending {
+			detach = `ALTER TABLE ` + p.Table + ` DETACH PARTITION ` + pi.name + ` FINALIZE`
+		}
+		if _, err := conn.Exec(ctx, detach); err != nil {
+			return run, fmt.Errorf("inbox: retention: detach %s: %w", pi.name, err)
+		}
+		if _, err := conn.Exec(ctx, `DROP TABLE `+pi.name); err != nil {
+			return run, fmt.Errorf("inbox: retention: drop %s: %w", pi.name, err)
+		}
+		run.Partitions++
+		run.Deleted += est
+	}
+	if run.Partitions > 0 || run.Kept > 0 {
+		r.cfg.Logger.LogAttrs(ctx, slog.LevelInfo, "inbox: retention dropped expired partitions",
+			slog.Int("partitions", run.Partitions), slog.Int64("rows_estimate", run.Deleted),
+			slog.Int64("moved", run.Moved), slog.Int("kept", run.Kept), slog.Time("cutoff", cutoff))
+	}
+	return run, nil
+}
