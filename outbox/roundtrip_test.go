@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -167,4 +168,31 @@ CREATE TRIGGER fail_mark BEFORE UPDATE ON inboxmq_outbox FOR EACH ROW EXECUTE FU
 	require.NoError(t, err)
 	waitAllSent(t, b.pool, 2)
 	require.Positive(t, tc.count("update | commit"))
+}
+
+// TestIdleLaneClaimsWithoutGather checks that a lane woken from idle claims
+// at once: with a GatherDelay far beyond the test's timeout, rows enqueued
+// one at a time, each while the lane waits with no wake-up pending, are
+// still all sent, and the lane never gathered.
+func TestIdleLaneClaimsWithoutGather(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	r, _ := b.newRelay(t, &RelayConfig{Concurrency: 1, Retention: -1, GatherDelay: time.Hour, PollInterval: time.Hour})
+	idle := make(chan bool, 16)
+	r.hooks.idle = func(wakePending bool) { idle <- wakePending }
+	var gathered atomic.Int64
+	r.hooks.gather = func() { gathered.Add(1) }
+	start(t, r)
+	for i := range 3 {
+		for pending := true; pending; {
+			select {
+			case pending = <-idle:
+			case <-time.After(testenv.Timeout()):
+				t.Fatal("timed out waiting for the lane to go idle")
+			}
+		}
+		enqueue(t, b.pool, msgTo(b.queue, fmt.Sprintf("idle-%d", i)))
+		waitAllSent(t, b.pool, i+1)
+	}
+	require.Zero(t, gathered.Load())
 }
