@@ -61,6 +61,10 @@ WHERE id = $1`
 // confirms and marks the confirmed rows sent, in one transaction that holds
 // the rows' locks throughout. It returns the number of rows claimed.
 //
+// The transaction costs two PostgreSQL round trips: BEGIN with the claim,
+// then the marks with COMMIT. It runs on a connection the relay acquires
+// itself and releases idle, so the pool spends no round trip ending it.
+//
 // The batch runs on a context detached from ctx's cancellation, so a
 // stopping relay finishes it (bounded by PublishTimeout) instead of leaving
 // confirmed rows unmarked.
@@ -69,17 +73,26 @@ func (r *Relay) relayBatch(ctx context.Context, l *lane) (int, error) {
 	defer cancel()
 	start := time.Now()
 
-	tx, batch, err := r.claim(ctx)
+	c, err := r.pool.Acquire(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: acquire connection: %w", err)
+	}
+	// Release destroys a connection left in a transaction; rollback ends it
+	// first on every path where COMMIT was not reached.
+	defer c.Release()
+	conn := c.Conn()
+	defer rollback(ctx, conn)
+
+	batch, err := r.claim(ctx, conn)
 	if err != nil {
 		return 0, err
 	}
 	if r.hooks.claimed != nil {
 		r.hooks.claimed(len(batch))
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	if len(batch) == 0 {
-		if err := tx.Commit(ctx); err != nil {
-			return 0, fmt.Errorf("outbox: commit: %w", err)
+		if _, err := finish(ctx, conn, nil, &publishResult{}, nil); err != nil {
+			return 0, err
 		}
 		return 0, nil
 	}
@@ -101,29 +114,9 @@ func (r *Relay) relayBatch(ctx context.Context, l *lane) (int, error) {
 		}
 	}
 
-	var lags []float64
-	if len(res.sent) > 0 {
-		ids := make([]int64, len(res.sent))
-		for k, i := range res.sent {
-			ids[k] = batch[i].id
-		}
-		rows, err := tx.Query(ctx, markSentSQL, ids)
-		if err == nil {
-			lags, err = pgx.CollectRows(rows, pgx.RowTo[float64])
-		}
-		if err != nil {
-			return len(batch), fmt.Errorf("outbox: mark sent: %w", err)
-		}
-	}
-	for _, f := range res.failed {
-		p := batch[f.index]
-		delay := r.retryDelay(p.attempts + 1)
-		if _, err := tx.Exec(ctx, markFailedSQL, p.id, f.reason+": "+f.detail, delay.Seconds()); err != nil {
-			return len(batch), fmt.Errorf("outbox: mark failed: %w", err)
-		}
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return len(batch), fmt.Errorf("outbox: commit: %w", err)
+	lags, err := finish(ctx, conn, batch, &res, r.retryDelay)
+	if err != nil {
+		return len(batch), err
 	}
 
 	r.metrics.published.Add(float64(len(res.sent)))
@@ -157,27 +150,89 @@ func (r *Relay) relayBatch(ctx context.Context, l *lane) (int, error) {
 	return len(batch), nil
 }
 
-// claim begins the batch's transaction and claims up to BatchSize rows in
-// it, in one round trip.
-func (r *Relay) claim(ctx context.Context) (pgx.Tx, []pendingRow, error) {
+// claim begins the batch's transaction on conn and claims up to BatchSize
+// rows in it, in one round trip.
+func (r *Relay) claim(ctx context.Context, conn *pgx.Conn) ([]pendingRow, error) {
 	q := claimSQL
 	if r.cfg.Ordered {
 		q = claimOrderedSQL
 	}
 	b := &pgx.Batch{}
-	b.BeginTx(pgx.TxOptions{})
+	b.Queue("begin")
 	b.Queue(q, r.cfg.BatchSize)
-	br := r.pool.SendBatch(ctx, b)
-	tx := br.Tx()
-	batch, err := readClaim(br)
-	if err != nil {
-		if tx != nil {
-			_ = tx.Rollback(context.WithoutCancel(ctx))
-		}
-		return nil, nil, err
-	}
-	return tx, batch, nil
+	return readClaim(conn.SendBatch(ctx, b))
 }
+
+// finish marks the rows of res (the confirmed ones sent, the failed ones
+// for a retry after retryDelay) and commits, in one round trip: the
+// statements and COMMIT travel as one batch. On a failed mark PostgreSQL
+// skips the COMMIT and the transaction stays open (aborted) for rollback.
+// It returns the confirmed rows' enqueue-to-sent lags in seconds.
+func finish(ctx context.Context, conn *pgx.Conn, batch []pendingRow, res *publishResult, retryDelay func(int) time.Duration) (lags []float64, err error) {
+	b := &pgx.Batch{}
+	if len(res.sent) > 0 {
+		ids := make([]int64, len(res.sent))
+		for k, i := range res.sent {
+			ids[k] = batch[i].id
+		}
+		b.Queue(markSentSQL, ids)
+	}
+	for _, f := range res.failed {
+		p := batch[f.index]
+		b.Queue(markFailedSQL, p.id, f.reason+": "+f.detail, retryDelay(p.attempts+1).Seconds())
+	}
+	b.Queue("commit")
+	br := conn.SendBatch(ctx, b)
+	defer func() {
+		if cerr := br.Close(); err == nil && cerr != nil {
+			err = fmt.Errorf("outbox: commit: %w", cerr)
+		}
+	}()
+	if len(res.sent) > 0 {
+		rows, err := br.Query()
+		if err == nil {
+			lags, err = pgx.CollectRows(rows, pgx.RowTo[float64])
+		}
+		if err != nil {
+			return nil, fmt.Errorf("outbox: mark sent: %w", err)
+		}
+	}
+	for range res.failed {
+		if _, err := br.Exec(); err != nil {
+			return nil, fmt.Errorf("outbox: mark failed: %w", err)
+		}
+	}
+	tag, err := br.Exec()
+	if err != nil {
+		// As pgx's Tx.Commit: a COMMIT that failed with the transaction
+		// still open leaves the connection's state unknown.
+		if conn.PgConn().TxStatus() != 'I' {
+			_ = conn.Close(context.WithoutCancel(ctx))
+		}
+		return nil, fmt.Errorf("outbox: commit: %w", err)
+	}
+	if tag.String() == "ROLLBACK" {
+		return nil, fmt.Errorf("outbox: commit: %w", pgx.ErrTxCommitRollback)
+	}
+	return lags, nil
+}
+
+// rollback ends conn's transaction, if one is still open, so that the pool
+// gets the connection back idle. If the ROLLBACK fails it closes conn (the
+// server then rolls back), as pgx's Tx.Rollback does.
+func rollback(ctx context.Context, conn *pgx.Conn) {
+	if conn.IsClosed() || conn.PgConn().TxStatus() == 'I' {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+	defer cancel()
+	if _, err := conn.Exec(ctx, "rollback"); err != nil {
+		_ = conn.Close(ctx)
+	}
+}
+
+// rollbackTimeout bounds the ROLLBACK of a failed batch.
+const rollbackTimeout = 5 * time.Second
 
 // readClaim reads BEGIN's and the claim's results from br, and closes it.
 func readClaim(br pgx.BatchResults) (batch []pendingRow, err error) {

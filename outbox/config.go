@@ -45,6 +45,15 @@ type RelayConfig struct {
 	// PollInterval is the fallback wake-up when no NOTIFY arrives (and the
 	// time after which rows that backed off are picked up). Defaults to 1s.
 	PollInterval time.Duration
+	// GatherDelay is how long a lane waits before its next claim when rows
+	// kept arriving while its last batch was in flight (a wake-up is
+	// already pending when the batch ends), so that the next claim takes
+	// more rows for the same PostgreSQL round trips. A lane that was idle
+	// claims as soon as it is woken, without this wait, and a full batch
+	// is followed at once by the next. It adds at most GatherDelay to the
+	// latency of the rows that wait for it. Defaults to 1ms; -1 disables
+	// it.
+	GatherDelay time.Duration
 	// PublishTimeout bounds one batch: claim, publish, confirms and mark.
 	// A batch in flight when the relay stops still gets this long.
 	// Defaults to 30s.
@@ -127,6 +136,7 @@ func (c *RelayConfig) withDefaults() RelayConfig {
 		out.Concurrency = 2
 	}
 	def(&out.PollInterval, time.Second)
+	def(&out.GatherDelay, time.Millisecond)
 	def(&out.PublishTimeout, 30*time.Second)
 	def(&out.RetryMinDelay, time.Second)
 	def(&out.RetryMaxDelay, 5*time.Minute)
@@ -168,6 +178,9 @@ func (c *RelayConfig) validate() error {
 	}
 	if c.Retention < 0 && c.Retention != -1 {
 		errs = append(errs, fmt.Errorf("outbox: RelayConfig.Retention must be positive or -1, got %s", c.Retention))
+	}
+	if c.GatherDelay < 0 && c.GatherDelay != -1 {
+		errs = append(errs, fmt.Errorf("outbox: RelayConfig.GatherDelay must be positive or -1, got %s", c.GatherDelay))
 	}
 	for name, d := range map[string]time.Duration{
 		"PollInterval": c.PollInterval, "PublishTimeout": c.PublishTimeout,

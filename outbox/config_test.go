@@ -20,6 +20,8 @@ func TestConfigValidate(t *testing.T) {
 		"batch":           {RelayConfig{URL: "amqp://h/", BatchSize: -1}, "BatchSize"},
 		"retention":       {RelayConfig{URL: "amqp://h/", Retention: -2}, "Retention"},
 		"retention off":   {RelayConfig{URL: "amqp://h/", Retention: -1}, ""},
+		"gather":          {RelayConfig{URL: "amqp://h/", GatherDelay: -2}, "GatherDelay"},
+		"gather off":      {RelayConfig{URL: "amqp://h/", GatherDelay: -1}, ""},
 		"negative poll":   {RelayConfig{URL: "amqp://h/", PollInterval: -time.Second}, "PollInterval"},
 		"retry inverted":  {RelayConfig{URL: "amqp://h/", RetryMinDelay: time.Minute, RetryMaxDelay: time.Second}, "RetryMaxDelay"},
 		"reconnect order": {RelayConfig{URL: "amqp://h/", ReconnectMinDelay: time.Minute, ReconnectMaxDelay: time.Second}, "ReconnectMaxDelay"},
@@ -55,6 +57,7 @@ func TestNewRelayConfig(t *testing.T) {
 	require.Same(t, r1.metrics.published, r2.metrics.published)
 	require.Equal(t, 100, r1.cfg.BatchSize)
 	require.Equal(t, 24*time.Hour, r1.cfg.Retention)
+	require.Equal(t, time.Millisecond, r1.cfg.GatherDelay)
 }
 
 func TestRedactURL(t *testing.T) {

@@ -57,6 +57,8 @@ type testHooks struct {
 	idle func(wakePending bool)
 	// claimed runs after each claim with the number of rows it took.
 	claimed func(rows int)
+	// gather runs when a lane waits GatherDelay before its next claim.
+	gather func()
 }
 
 // NewRelay returns a relay that publishes the outbox table of pool's
@@ -186,6 +188,11 @@ func (r *Relay) runLane(ctx context.Context, l *lane) error {
 			notify(l.wake) // more may be waiting: another idle lane helps
 			continue
 		}
+		// A wake-up that came while this batch ran means rows keep
+		// arriving: gathering them a moment longer makes the next batch
+		// bigger, and each round trip serve more rows. A lane that found
+		// nothing new waits for its wake-up and claims at once.
+		busy := n > 0 && len(l.wake) > 0
 		if r.hooks.idle != nil {
 			r.hooks.idle(len(l.wake) > 0)
 		}
@@ -193,6 +200,12 @@ func (r *Relay) runLane(ctx context.Context, l *lane) error {
 		select {
 		case <-ctx.Done():
 		case <-l.wake:
+			if busy && r.cfg.GatherDelay > 0 {
+				if r.hooks.gather != nil {
+					r.hooks.gather()
+				}
+				sleep(ctx, r.cfg.GatherDelay)
+			}
 		case <-t.C:
 		}
 		t.Stop()

@@ -1,0 +1,198 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inboxmq/inboxmq/internal/pgtest"
+	"github.com/inboxmq/inboxmq/internal/testenv"
+)
+
+// tripCounter is a pgx tracer that records every round trip (a query, or a
+// batch however many statements it holds) by its statements, lower-cased
+// and joined with " | ".
+type tripCounter struct {
+	mu    sync.Mutex
+	trips []string
+}
+
+func (c *tripCounter) add(s string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.trips = append(c.trips, s)
+}
+
+func (c *tripCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	c.add(strings.ToLower(strings.Fields(d.SQL)[0]))
+	return ctx
+}
+
+func (c *tripCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (c *tripCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
+	stmts := make([]string, len(d.Batch.QueuedQueries))
+	for i, q := range d.Batch.QueuedQueries {
+		stmts[i] = strings.ToLower(strings.Fields(q.SQL)[0])
+	}
+	c.add(strings.Join(stmts, " | "))
+	return ctx
+}
+
+func (c *tripCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+
+func (c *tripCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+// reset forgets the round trips counted so far.
+func (c *tripCounter) reset() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.trips = nil
+}
+
+// count returns how many round trips were exactly s.
+func (c *tripCounter) count(s string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, t := range c.trips {
+		if t == s {
+			n++
+		}
+	}
+	return n
+}
+
+// tracedBundle is setup with a pool whose round trips are counted.
+func tracedBundle(t *testing.T) (*testBundle, *tripCounter) {
+	t.Helper()
+	b := setup(t)
+	var schema string
+	require.NoError(t, b.pool.QueryRow(t.Context(), "SELECT current_schema()").Scan(&schema))
+	cfg, err := pgxpool.ParseConfig(pgtest.URL(schema))
+	require.NoError(t, err)
+	tc := &tripCounter{}
+	cfg.ConnConfig.Tracer = tc
+	cfg.MaxConns = 4
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	b.pool = pool
+	return b, tc
+}
+
+// TestBatchCostsTwoRoundTrips checks that a batch's transaction costs two
+// PostgreSQL round trips, BEGIN with the claim and the mark with COMMIT,
+// and that the connection goes back to the pool idle (no ROLLBACK, no
+// COMMIT of its own).
+func TestBatchCostsTwoRoundTrips(t *testing.T) {
+	t.Parallel()
+	b, tc := tracedBundle(t)
+	const n = 30
+	msgs := make([]Message, n)
+	for i := range msgs {
+		msgs[i] = msgTo(b.queue, fmt.Sprintf("trip-%d", i))
+	}
+	enqueue(t, b.pool, msgs...) // before the relay starts: one claim takes all
+	tc.reset()
+
+	r, _ := b.newRelay(t, &RelayConfig{BatchSize: n, Concurrency: 1, Retention: -1})
+	var full, empty atomic.Int64
+	r.hooks.claimed = func(rows int) {
+		switch rows {
+		case n:
+			full.Add(1)
+		case 0:
+			empty.Add(1)
+		default:
+			t.Errorf("claimed %d rows, want %d or 0", rows, n)
+		}
+	}
+	start(t, r)
+	waitAllSent(t, b.pool, n)
+	ctx, cancel := context.WithTimeout(context.Background(), testenv.Timeout())
+	defer cancel()
+	require.NoError(t, r.Stop(ctx))
+
+	require.Equal(t, int64(1), full.Load(), "one claim took every row")
+	claims := tc.count("begin | select")
+	require.Equal(t, int(full.Load()+empty.Load()), claims, "one round trip per claim")
+	require.Equal(t, 1, tc.count("update | commit"), "mark and COMMIT in one round trip")
+	require.Equal(t, int(empty.Load()), tc.count("commit"), "an empty claim commits alone")
+	require.Zero(t, tc.count("rollback"))
+	require.Equal(t, n, countRows(t, b.pool, "sent_at IS NOT NULL"))
+	require.Zero(t, b.pool.Stat().AcquiredConns())
+}
+
+// TestFailedMarkRollsBackAndRetries makes the mark fail once: the batch
+// rolls back (its rows stay pending) and the
+// next batch publishes the rows again and marks them.
+func TestFailedMarkRollsBackAndRetries(t *testing.T) {
+	t.Parallel()
+	b, tc := tracedBundle(t)
+	ctx := t.Context()
+	_, err := b.pool.Exec(ctx, `
+CREATE TABLE fail_mark (armed bool NOT NULL);
+INSERT INTO fail_mark VALUES (true);
+CREATE FUNCTION fail_mark_once() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	IF NEW.sent_at IS NOT NULL AND (SELECT armed FROM fail_mark) THEN
+		RAISE EXCEPTION 'injected mark failure';
+	END IF;
+	RETURN NEW;
+END $$;
+CREATE TRIGGER fail_mark BEFORE UPDATE ON inboxmq_outbox FOR EACH ROW EXECUTE FUNCTION fail_mark_once();`)
+	require.NoError(t, err)
+	enqueue(t, b.pool, msgTo(b.queue, "fail-1"), msgTo(b.queue, "fail-2"))
+
+	r, _ := b.newRelay(t, &RelayConfig{Concurrency: 1, Retention: -1})
+	failed := make(chan struct{})
+	var once sync.Once
+	r.hooks.claimed = func(rows int) {
+		if rows > 0 && tc.count("rollback") > 0 {
+			once.Do(func() { close(failed) })
+		}
+	}
+	start(t, r)
+	testenv.WaitChan(t, failed, "a claim after the failed mark's rollback")
+	require.Equal(t, 2, countRows(t, b.pool, "sent_at IS NULL"), "the failed mark left the rows pending")
+	_, err = b.pool.Exec(ctx, "UPDATE fail_mark SET armed = false")
+	require.NoError(t, err)
+	waitAllSent(t, b.pool, 2)
+	require.Positive(t, tc.count("update | commit"))
+}
+
+// TestIdleLaneClaimsWithoutGather checks that a lane woken from idle claims
+// at once: with a GatherDelay far beyond the test's timeout, rows enqueued
+// one at a time, each while the lane waits with no wake-up pending, are
+// still all sent, and the lane never gathered.
+func TestIdleLaneClaimsWithoutGather(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	r, _ := b.newRelay(t, &RelayConfig{Concurrency: 1, Retention: -1, GatherDelay: time.Hour, PollInterval: time.Hour})
+	idle := make(chan bool, 16)
+	r.hooks.idle = func(wakePending bool) { idle <- wakePending }
+	var gathered atomic.Int64
+	r.hooks.gather = func() { gathered.Add(1) }
+	start(t, r)
+	for i := range 3 {
+		for pending := true; pending; {
+			select {
+			case pending = <-idle:
+			case <-time.After(testenv.Timeout()):
+				t.Fatal("timed out waiting for the lane to go idle")
+			}
+		}
+		enqueue(t, b.pool, msgTo(b.queue, fmt.Sprintf("idle-%d", i)))
+		waitAllSent(t, b.pool, i+1)
+	}
+	require.Zero(t, gathered.Load())
+}
