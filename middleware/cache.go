@@ -21,7 +21,8 @@ type CacheOpts struct {
 	// TTL is how long a completed entry is kept. Past it, a duplicate is
 	// still caught by the inbox, only more slowly. Defaults to 24h.
 	TTL time.Duration
-	// CallTimeout bounds each Redis call (GET, SET). Past it the delivery
+	// CallTimeout bounds each delivery's wait for a read (GET) and for a
+	// write (SET), a shared round trip included. Past it the delivery
 	// goes on without the cache. Build the client with
 	// ContextTimeoutEnabled so the bound covers socket reads. Defaults to
 	// 150ms.
@@ -90,6 +91,13 @@ func (o *CacheOpts) withDefaults() CacheOpts {
 // once per change; the middleware recovers by itself. Cache panics if
 // client is nil.
 //
+// The reads of concurrent deliveries share round trips, and so do their
+// writes: a read (or write) that finds none under way is sent at once,
+// alone; those that arrive meanwhile go out together in the next
+// pipeline (a plain one, no MULTI, so it suits a Redis Cluster). Each
+// delivery still gets its own answer, within its own CallTimeout; a round
+// ends by the earliest deadline among its deliveries.
+//
 // Where the route takes the lock too, mount [Lock] with LockOpts.Cache
 // instead: the same cache, kept in the lock's round trips (one before
 // next and one after, where Cache and Lock mounted apart take four).
@@ -97,18 +105,21 @@ func Cache(client redis.UniversalClient, opts *CacheOpts) inboxtype.Middleware {
 	if client == nil {
 		panic("middleware: Cache: nil redis client")
 	}
+	return newCache(client, opts).wrap
+}
+
+func newCache(client redis.UniversalClient, opts *CacheOpts) *cacheMiddleware {
 	o := opts.withDefaults()
-	m := &cacheMiddleware{
+	return &cacheMiddleware{
 		opts:   o,
-		client: client,
+		rounds: newCacheRounds(client, o.TTL),
 		health: newHealth("cache", o.ProbeInterval, o.Logger, o.OnDegraded),
 	}
-	return m.wrap
 }
 
 type cacheMiddleware struct {
 	opts   CacheOpts
-	client redis.UniversalClient
+	rounds *cacheRounds // the GETs and SETs, in shared round trips
 	health *health
 }
 
@@ -124,7 +135,7 @@ func (m *cacheMiddleware) wrap(next inboxtype.DeliveryHandler) inboxtype.Deliver
 		fp := hex.EncodeToString(d.Fingerprint)
 		if m.health.allow() {
 			cctx, cancel := context.WithTimeout(ctx, m.opts.CallTimeout)
-			val, err := m.client.Get(cctx, key).Result()
+			val, err := m.rounds.get(cctx, key)
 			cancel()
 			switch {
 			case err == nil:
@@ -145,7 +156,7 @@ func (m *cacheMiddleware) wrap(next inboxtype.DeliveryHandler) inboxtype.Deliver
 		if completed(err) && m.health.allow() {
 			// Written even if ctx has ended: the effect is committed.
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.opts.CallTimeout)
-			serr := m.client.Set(cctx, key, fp, m.opts.TTL).Err()
+			serr := m.rounds.set(cctx, key, fp)
 			cancel()
 			m.health.set(serr != nil, serr)
 		}
