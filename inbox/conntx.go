@@ -85,7 +85,7 @@ func (s *Store) commitResults(ctx context.Context, tx pgx.Tx, units []*unit) err
 		b.Queue(s.sql.setResults, consumers, keys, results)
 	}
 	b.Queue("commit")
-	br := ct.Tx.SendBatch(ctx, b)
+	br := ct.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
 		_ = br.Close()
 		// PostgreSQL refused a result (a value jsonb cannot hold): MapError

@@ -259,18 +259,22 @@ func (t *pipeTx) Prepare(context.Context, string, string) (*pgconn.StatementDesc
 // Query queues sql for the batch's next round trip and returns its rows,
 // read in full.
 func (t *pipeTx) Query(_ context.Context, sql string, args ...any) (pgx.Rows, error) {
+	rows := t.query(sql, args)
+	return rows, rows.err
+}
+
+func (t *pipeTx) query(sql string, args []any) *bufRows {
 	res := t.p.send(&pipeReq{sql: sql, args: args, rows: true})
 	if res.err != nil {
-		return &bufRows{err: res.err}, res.err
+		return &bufRows{err: res.err}
 	}
-	return &bufRows{r: res.results[0], typeMap: res.typeMap, idx: -1}, nil
+	return &bufRows{r: res.results[0], typeMap: res.typeMap, idx: -1}
 }
 
 // QueryRow queues sql for the batch's next round trip and returns its
 // first row.
-func (t *pipeTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	rows, _ := t.Query(ctx, sql, args...)
-	return (*bufRow)(rows.(*bufRows))
+func (t *pipeTx) QueryRow(_ context.Context, sql string, args ...any) pgx.Row {
+	return (*bufRow)(t.query(sql, args))
 }
 
 // Conn aborts the attempt and returns nil: the shared connection is not

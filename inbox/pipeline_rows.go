@@ -76,18 +76,20 @@ func (bb *bufBatch) Exec() (pgconn.CommandTag, error) {
 
 // Query returns the next statement's rows.
 func (bb *bufBatch) Query() (pgx.Rows, error) {
+	rows := bb.query()
+	return rows, rows.err
+}
+
+func (bb *bufBatch) query() *bufRows {
 	r, err := bb.take()
 	if err != nil {
-		return &bufRows{err: err, typeMap: bb.typeMap}, err
+		return &bufRows{err: err, typeMap: bb.typeMap}
 	}
-	return &bufRows{r: r, typeMap: bb.typeMap, idx: -1}, nil
+	return &bufRows{r: r, typeMap: bb.typeMap, idx: -1}
 }
 
 // QueryRow returns the next statement's first row.
-func (bb *bufBatch) QueryRow() pgx.Row {
-	rows, _ := bb.Query()
-	return (*bufRow)(rows.(*bufRows))
-}
+func (bb *bufBatch) QueryRow() pgx.Row { return (*bufRow)(bb.query()) }
 
 // Close runs the callbacks of the statements not read yet, as pgx does.
 func (bb *bufBatch) Close() error {
