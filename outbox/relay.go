@@ -180,7 +180,20 @@ func (r *Relay) runLane(ctx context.Context, l *lane) error {
 			d := bo.NextBackOff()
 			r.log.LogAttrs(ctx, slog.LevelWarn, "outbox relay: batch failed",
 				slog.Any("error", err), slog.Int("rows", n), slog.Duration("retry_in", d))
-			sleep(ctx, d)
+			if be != nil {
+				sleep(ctx, d)
+				continue
+			}
+			// A database failure: a row enqueued meanwhile (its NOTIFY)
+			// says the database answers again, so it ends the wait early
+			// instead of leaving the row for up to ReconnectMaxDelay.
+			t := time.NewTimer(d)
+			select {
+			case <-ctx.Done():
+			case <-l.wake:
+			case <-t.C:
+			}
+			t.Stop()
 			continue
 		}
 		bo.Reset()

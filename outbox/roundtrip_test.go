@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inboxmq/inboxmq/internal/logtest"
 	"github.com/inboxmq/inboxmq/internal/pgtest"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 )
@@ -195,4 +197,24 @@ func TestIdleLaneClaimsWithoutGather(t *testing.T) {
 		waitAllSent(t, b.pool, i+1)
 	}
 	require.Zero(t, gathered.Load())
+}
+
+// A database outage grows a lane's backoff; a row enqueued once the
+// database answers again ends that wait at once (its NOTIFY wakes the
+// lane), instead of waiting out the backoff (here an hour).
+func TestDatabaseOutageEndsOnTheNextRow(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	r, _ := b.newRelay(t, &RelayConfig{Concurrency: 1, Retention: -1, PollInterval: time.Hour,
+		ReconnectMinDelay: time.Hour, ReconnectMaxDelay: time.Hour})
+	logger, rec := logtest.New(slog.LevelDebug)
+	r.log = logger
+	_, err := b.pool.Exec(t.Context(), `ALTER TABLE inboxmq_outbox RENAME TO inboxmq_outbox_away`)
+	require.NoError(t, err)
+	start(t, r)
+	testenv.WaitFor(t, "a failed batch", func() bool { return rec.Count("outbox relay: batch failed") > 0 })
+	_, err = b.pool.Exec(t.Context(), `ALTER TABLE inboxmq_outbox_away RENAME TO inboxmq_outbox`)
+	require.NoError(t, err)
+	enqueue(t, b.pool, msgTo(b.queue, "after-the-outage"))
+	waitAllSent(t, b.pool, 1)
 }
