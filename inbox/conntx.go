@@ -68,9 +68,15 @@ func (s *Store) commitResults(ctx context.Context, tx pgx.Tx, units []*unit) err
 			consumers, keys, results = append(consumers, u.consumer), append(keys, u.key), append(results, string(u.pending))
 		}
 	}
-	if len(results) == 0 || !ok {
-		// Not the inbox's own transaction: the results were written by
-		// the handlers' statements already (see deferResult).
+	if len(results) == 0 {
+		return commit(ctx, tx)
+	}
+	if !ok {
+		// Not a transaction of the inbox's own connection (the claim
+		// steps always begin one): the results go in a statement first.
+		if _, err := tx.Exec(ctx, s.sql.setResults, consumers, keys, results); err != nil {
+			return MapError(fmt.Errorf("inbox: store result: %w", err))
+		}
 		return commit(ctx, tx)
 	}
 	if ct.ended {
