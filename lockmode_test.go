@@ -20,26 +20,6 @@ import (
 	"github.com/inboxmq/inboxmq/middleware"
 )
 
-// tripCounter is a go-redis hook counting round trips (commands sent
-// alone, and pipelines).
-type tripCounter struct{ n atomic.Int64 }
-
-func (c *tripCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (c *tripCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		c.n.Add(1)
-		return next(ctx, cmd)
-	}
-}
-
-func (c *tripCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		c.n.Add(1)
-		return next(ctx, cmds)
-	}
-}
-
 // RouteOpts.LockMode: the lock in claim mode only by default, in either
 // mode when asked, in neither when turned off. The route's own middleware
 // runs inside the lock, so it sees whether the delivery holds it.
@@ -111,13 +91,13 @@ func TestWorker_CacheAndLockShareRoundTrips(t *testing.T) {
 	b := setup(t)
 	rdb, prefix := redistest.Client(t) // for the test's own look-ups
 	counted, _ := redistest.Client(t)  // the worker's
-	trips := &tripCounter{}
+	trips := &redistest.Trips{}
 	counted.AddHook(trips)
 	var before atomic.Int64
 	calls := make(chan string, 4)
 	routes := inboxmq.NewRoutes()
 	inboxmq.HandleTx(routes, b.queue, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
-		before.Store(trips.n.Load())
+		before.Store(trips.N.Load())
 		_, err := tx.Exec(ctx, `INSERT INTO effects (id) VALUES ($1)`, msg.Body.ID)
 		calls <- msg.Body.ID
 		return err
@@ -134,19 +114,19 @@ func TestWorker_CacheAndLockShareRoundTrips(t *testing.T) {
 	require.Equal(t, "warm-up", testenv.WaitChan(t, calls, "the warm-up delivery"))
 	testenv.WaitFor(t, "the warm-up is cached", func() bool { return rdb.Exists(t.Context(), cacheEntry(prefix, b.queue, "warm-up")).Val() == 1 })
 
-	start := trips.n.Load()
+	start := trips.N.Load()
 	b.pub.Publish(b.queue, []byte(`{"id":"o1"}`), amqp.Publishing{MessageId: "m1"})
 	require.Equal(t, "o1", testenv.WaitChan(t, calls, "the delivery"))
 	require.Equal(t, start+1, before.Load(), "one round trip before the handler")
 	testenv.WaitFor(t, "the release writes the entry", func() bool { return rdb.Exists(t.Context(), cacheEntry(prefix, b.queue, "o1")).Val() == 1 })
-	require.Equal(t, start+2, trips.n.Load(), "one round trip after it")
+	require.Equal(t, start+2, trips.N.Load(), "one round trip after it")
 
-	start = trips.n.Load()
+	start = trips.N.Load()
 	b.pub.Publish(b.queue, []byte(`{"id":"o1"}`), amqp.Publishing{MessageId: "m2"})
 	testenv.WaitFor(t, "the copy is acked as a cache duplicate", func() bool {
 		return gatherSums(t, reg)[`duplicate_detected_total{source="cache"}`] == 1
 	})
-	require.Equal(t, start+1, trips.n.Load(), "a cache hit costs one round trip")
+	require.Equal(t, start+1, trips.N.Load(), "a cache hit costs one round trip")
 	require.Empty(t, calls, "and never reaches the handler")
 	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM effects`))
 }

@@ -3,7 +3,6 @@ package middleware_test
 import (
 	"context"
 	"errors"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,31 +17,11 @@ import (
 	"github.com/inboxmq/inboxmq/retry"
 )
 
-// roundTrips is a go-redis hook that counts the round trips a client
-// makes: each command sent alone, and each pipeline.
-type roundTrips struct{ n atomic.Int64 }
-
-func (r *roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (r *roundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		r.n.Add(1)
-		return next(ctx, cmd)
-	}
-}
-
-func (r *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		r.n.Add(1)
-		return next(ctx, cmds)
-	}
-}
-
 // lockCacheBundle is a Lock with LockOpts.Cache over a client whose round
 // trips are counted, and the keys it uses for consumer "svc".
 type lockCacheBundle struct {
 	*redisBundle
-	trips *roundTrips
+	trips *redistest.Trips
 	mw    inboxtype.Middleware
 }
 
@@ -50,7 +29,7 @@ func setupLockCache(t *testing.T, opts *middleware.LockOpts) *lockCacheBundle {
 	t.Helper()
 	b := setupRedis(t)
 	counted, _ := redistest.Client(t)
-	trips := &roundTrips{}
+	trips := &redistest.Trips{}
 	counted.AddHook(trips)
 	b.flaky = redistest.NewFlaky(counted)
 	o := middleware.LockOpts{}
@@ -83,20 +62,20 @@ func TestLockCache_OneRoundTripBeforeAndOneAfter(t *testing.T) {
 	// The first use loads the scripts into Redis (NOSCRIPT, then EVAL).
 	require.NoError(t, b.run(ctx, keyedDelivery("warm-up"), func(context.Context, *inboxtype.Delivery) error { return nil }))
 
-	b.trips.n.Store(0)
+	b.trips.N.Store(0)
 	d := keyedDelivery("order-1")
 	var before int64
 	calls := 0
 	err := b.run(ctx, d, func(_ context.Context, d *inboxtype.Delivery) error {
 		calls++
-		before = b.trips.n.Load()
+		before = b.trips.N.Load()
 		require.Equal(t, middleware.LockAcquired, d.LockResult)
 		return nil
 	})
 	require.NoError(t, err)
 	require.Equal(t, 1, calls)
 	require.Equal(t, int64(1), before, "one round trip before the handler")
-	require.Equal(t, int64(2), b.trips.n.Load(), "one round trip after it")
+	require.Equal(t, int64(2), b.trips.N.Load(), "one round trip after it")
 	lockKey, fenceKey := lock.RedisKeys(b.lockName("order-1"))
 	require.Zero(t, b.rdb.Exists(ctx, lockKey).Val(), "released")
 	require.Equal(t, cacheValue(d), b.rdb.Get(ctx, b.markKey("order-1")).Val(), "the entry is the job's fingerprint")
@@ -105,14 +84,14 @@ func TestLockCache_OneRoundTripBeforeAndOneAfter(t *testing.T) {
 	fence := b.rdb.Get(ctx, fenceKey).Val()
 
 	// The redelivery: one round trip, no lock, no handler.
-	b.trips.n.Store(0)
+	b.trips.N.Store(0)
 	again := keyedDelivery("order-1")
 	err = b.run(ctx, again, countingHandler(&calls, nil))
 	require.Equal(t, 1, calls, "the handler is skipped")
 	dec := retry.Classify(err)
 	require.Equal(t, retry.KindDuplicate, dec.Kind)
 	require.Equal(t, retry.SourceCache, dec.Source)
-	require.Equal(t, int64(1), b.trips.n.Load())
+	require.Equal(t, int64(1), b.trips.N.Load())
 	require.Empty(t, again.LockResult, "no lock taken")
 	require.Zero(t, again.LockFence)
 	require.Equal(t, fence, b.rdb.Get(ctx, fenceKey).Val(), "the fence did not move: no obtain ran")
