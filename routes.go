@@ -222,6 +222,19 @@ func HandleTx[T any](r *Routes, queue string, fn inbox.TxHandlerFunc[T], opts *R
 	})
 }
 
+// HandleBatch registers fn for queue in transactional mode with
+// inbox.BatchHandler: fn queues its writes instead of running them, and
+// the claim of the key, the writes and fn's result travel to PostgreSQL in
+// one round trip, as one transaction. fn runs before the key is claimed
+// (for duplicates too), so it must only build the batch; a handler that
+// reads before it writes uses HandleTx. Everything HandleTx guarantees
+// holds. T (or *T) must implement inboxtype.Keyer.
+func HandleBatch[T any](r *Routes, queue string, fn inbox.BatchHandlerFunc[T], opts *RouteOpts) {
+	add(r, queue, false, fn == nil, opts, func(s *inbox.Store, o *RouteOpts) inboxtype.Handler[T] {
+		return inbox.BatchHandler(s, fn, &inbox.HandlerOpts{GroupCommit: o.GroupCommit, StorePayload: o.StorePayload})
+	})
+}
+
 // HandleClaim registers fn for queue in claim mode (inbox.ClaimHandler),
 // for effects outside PostgreSQL: the key is claimed first, fn calls out
 // with the claim's key and commits through Claim.Complete. T (or *T) must

@@ -31,10 +31,13 @@ var commitMsg = []byte("Q\x00\x00\x00\x0bcommit\x00")
 type commitDropper struct {
 	ln     net.Listener
 	target string
-	armed  atomic.Bool
-	fired  chan struct{}
-	once   sync.Once
-	wg     sync.WaitGroup
+	// match is what marks the client's message that commits: pgx's COMMIT
+	// (commitMsg) unless set before the first connection.
+	match []byte
+	armed atomic.Bool
+	fired chan struct{}
+	once  sync.Once
+	wg    sync.WaitGroup
 }
 
 func newCommitDropper(t *testing.T) *commitDropper {
@@ -43,7 +46,7 @@ func newCommitDropper(t *testing.T) *commitDropper {
 	require.NoError(t, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	d := &commitDropper{ln: ln, target: u.Host, fired: make(chan struct{})}
+	d := &commitDropper{ln: ln, target: u.Host, match: commitMsg, fired: make(chan struct{})}
 	d.wg.Go(d.serve)
 	t.Cleanup(func() {
 		_ = ln.Close()
@@ -74,7 +77,7 @@ func (d *commitDropper) serve() {
 			for {
 				n, err := client.Read(buf)
 				if n > 0 {
-					if d.armed.Load() && bytes.Contains(buf[:n], commitMsg) && d.armed.CompareAndSwap(true, false) {
+					if d.armed.Load() && bytes.Contains(buf[:n], d.match) && d.armed.CompareAndSwap(true, false) {
 						commitSent.Store(true)
 					}
 					if _, werr := server.Write(buf[:n]); werr != nil {

@@ -84,6 +84,13 @@ func Handler[T any](s *Store, h TxHandlerFunc[T], opts *HandlerOpts) inboxtype.H
 	if s == nil || h == nil {
 		panic("inbox: Handler needs a store and a handler")
 	}
+	return newHandler(s, h, nil, opts)
+}
+
+// newHandler is the body of Handler and BatchHandler: h runs in the
+// transaction of the per-message path or of a group commit; build, when
+// set, first tries BatchHandler's one round trip (handleBatch).
+func newHandler[T any](s *Store, h TxHandlerFunc[T], build BatchHandlerFunc[T], opts *HandlerOpts) inboxtype.Handler[T] {
 	var o HandlerOpts
 	if opts != nil {
 		o = *opts
@@ -112,9 +119,18 @@ func Handler[T any](s *Store, h TxHandlerFunc[T], opts *HandlerOpts) inboxtype.H
 			}
 			return s.deferResult(u, msg.Result())
 		}
-		if b != nil {
+		switch {
+		case b != nil:
 			b.do(u)
-		} else {
+		case build != nil:
+			u.err = s.handleBatch(u, msg.Delivery, func(ctx context.Context, wb *pgx.Batch) error {
+				takeResult(msg.Delivery)
+				if err := build(ctx, wb, msg); err != nil {
+					return err
+				}
+				return s.deferResult(u, msg.Result())
+			})
+		default:
 			u.err = s.handleOne(u)
 		}
 		replayResult(msg.Delivery, u.result, u.err)

@@ -35,8 +35,8 @@ var propSeq atomic.Int64
 // TestProperty_AtMostOneEffectPerKey drives random groups of concurrent
 // deliveries — duplicates of a few keys, each failing in a random way or
 // succeeding — through the commit modes (per message, group commit,
-// pipelined group commit, and the same three for claim mode's
-// completions), and checks after every group that no key has more than one
+// pipelined group commit, BatchHandler's one round trip, and the first
+// three for claim mode's completions), and checks after every group that no key has more than one
 // effect, that a key some delivery completed has exactly one, and that
 // every key ends with exactly one effect once it is delivered successfully.
 func TestProperty_AtMostOneEffectPerKey(t *testing.T) {
@@ -45,7 +45,7 @@ func TestProperty_AtMostOneEffectPerKey(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
 		ctx := context.Background()
 		run := propSeq.Add(1)
-		mode := rapid.SampledFrom([]string{"per-message", "group", "pipelined", "claim", "claim-group", "claim-pipelined"}).Draw(rt, "mode")
+		mode := rapid.SampledFrom([]string{"per-message", "group", "pipelined", "batch", "claim", "claim-group", "claim-pipelined"}).Draw(rt, "mode")
 		var group *inbox.GroupCommit
 		switch mode {
 		case "group", "claim-group":
@@ -77,14 +77,35 @@ func TestProperty_AtMostOneEffectPerKey(t *testing.T) {
 			return nil
 		}
 		var h inboxtype.Handler[order]
-		if strings.HasPrefix(mode, "claim") {
+		switch {
+		case mode == "batch":
+			// The same writes and failures, queued: they fail in the
+			// batch's round trip, and again on the per-message path.
+			h = inbox.BatchHandler(b.store, func(_ context.Context, bt *pgx.Batch, msg *inboxtype.Message[order]) error {
+				be := behaviourOf(msg)
+				if be == behaveFailBeforeWrite {
+					return errors.New("fails before writing")
+				}
+				bt.Queue(`INSERT INTO effects (key, amount) VALUES ($1, $2)`, msg.Key, msg.Body.Amount)
+				bt.Queue(`INSERT INTO ledger (key) VALUES ($1)`, msg.Key)
+				switch be {
+				case behaveFailAfterWrite:
+					return retry.Permanent(errors.New("fails after writing"))
+				case behaveSQLError:
+					bt.Queue(`SELECT 1/0`)
+				case behaveCommitError:
+					bt.Queue(`INSERT INTO child (id) VALUES (42)`)
+				}
+				return nil
+			}, nil)
+		case strings.HasPrefix(mode, "claim"):
 			h = inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[order]) error {
 				if behaviourOf(msg) == behaveFailBeforeWrite {
 					return errors.New("fails before completing")
 				}
 				return c.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error { return write(ctx, tx, msg) })
 			}, &inbox.ClaimOpts{GroupCommit: group})
-		} else {
+		default:
 			h = inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
 				if behaviourOf(msg) == behaveFailBeforeWrite {
 					return errors.New("fails before writing")

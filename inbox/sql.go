@@ -19,6 +19,10 @@ type statements struct {
 	// claimOne is claim for one key (the per-message path), with scalar
 	// parameters; it returns the fence alone.
 	claimOne string
+	// claimOrAbort is claimOne for the one-round-trip path of BatchHandler:
+	// a key it does not claim raises an error, which aborts the implicit
+	// transaction of the writes sent after it.
+	claimOrAbort string
 	// lookup reads the rows of keys the claim did not return.
 	lookup string
 	// failInTx records a failed attempt on a row claimed in this transaction.
@@ -202,5 +206,12 @@ WHERE consumer = $1 AND key = $2 AND fence = $3 AND status = 'processing'`,
 	// implicit transaction, and runs only when a claim was written.
 	st.claimLeaseAsync = st.claimLease + `, set_config('synchronous_commit', 'off', true)`
 	st.claimLeasesAsync = st.claimLeases + `, set_config('synchronous_commit', 'off', true)`
+	// claimOrAbort fails with invalid_text_representation when the claim
+	// took no row: the cast's input depends on the aggregate, so the
+	// planner cannot fold it, and it runs only in the ELSE branch.
+	st.claimOrAbort = `WITH c AS (` + st.claimOne + `)
+SELECT CASE WHEN count(*) = 1 THEN min(c.fence)
+	ELSE ('inboxmq: key not free (' || count(*) || ' rows claimed)')::bigint END
+FROM c`
 	return st
 }

@@ -46,42 +46,29 @@ type chainEvent struct {
 
 // chainResult is the result the example stores with each payment.
 type chainResult struct {
-	OrderID       string `json:"order_id"`
-	Status        string `json:"status"`
-	LedgerEntryID int64  `json:"ledger_entry_id"`
+	OrderID string `json:"order_id"`
+	Status  string `json:"status"`
 }
 
 // recordPayment is examples/payment-worker's transactional handler
-// (worker.go), on the benchmark's tables: the payment, its ledger entry
-// and its event in one batch, in the inbox's transaction.
-func recordPayment(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[payment]) error {
+// (worker.go), on the benchmark's tables: a batch handler queueing the
+// payment, its ledger entry and its event, which the inbox sends with the
+// claim and the result in one round trip.
+func recordPayment(ctx context.Context, b *pgx.Batch, msg *inboxtype.Message[payment]) error {
 	p := msg.Body
 	body, err := json.Marshal(chainEvent{OrderID: p.OrderID, AmountCents: p.AmountCents, Currency: p.Currency, Status: "completed"})
 	if err != nil {
 		return err
 	}
-	b := &pgx.Batch{}
 	b.Queue(sqlPayment, p.OrderID, p.AmountCents, p.Currency)
-	b.Queue(sqlLedger+" RETURNING id", p.OrderID, p.AmountCents)
+	b.Queue(sqlLedger, p.OrderID, p.AmountCents)
 	if err := outbox.AddToBatch(ctx, b, outbox.Message{
 		Exchange: eventsExchange, RoutingKey: eventRoutingKey, IdempotencyKey: p.IdempotencyKey(),
 		ContentType: "application/json", Body: body,
 	}); err != nil {
 		return err
 	}
-	br := tx.SendBatch(ctx, b)
-	defer br.Close()
-	if _, err := br.Exec(); err != nil {
-		return fmt.Errorf("insert payment %s: %w", p.OrderID, err)
-	}
-	var entry int64
-	if err := br.QueryRow().Scan(&entry); err != nil {
-		return fmt.Errorf("insert ledger entry %s: %w", p.OrderID, err)
-	}
-	if err := br.Close(); err != nil {
-		return fmt.Errorf("enqueue event %s: %w", p.OrderID, err)
-	}
-	return msg.SetResult(chainResult{OrderID: p.OrderID, Status: "completed", LedgerEntryID: entry})
+	return msg.SetResult(chainResult{OrderID: p.OrderID, Status: "completed"})
 }
 
 // chainCase is (p) (gc nil) or (pg): the example's worker, wired as its
@@ -95,7 +82,7 @@ func recordPayment(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[paymen
 func chainCase(e *env, typ consumer.QueueType, gc *inbox.GroupCommit, concurrency int) runner {
 	return func(ctx context.Context, queue string, done func(time.Time)) (func() error, error) {
 		routes := inboxmq.NewRoutes()
-		inboxmq.HandleTx(routes, queue, recordPayment, &inboxmq.RouteOpts{
+		inboxmq.HandleBatch(routes, queue, recordPayment, &inboxmq.RouteOpts{
 			Queue:       consumer.QueueOpts{Concurrency: concurrency, Type: typ, DeliveryLimit: benchDeliveryLimit},
 			Lock:        &middleware.LockOpts{TTL: 30 * time.Second, RetryDelay: time.Second},
 			Reply:       true,
@@ -356,19 +343,23 @@ func (h *chainHandler) handle(ctx context.Context, d amqp.Delivery) error {
 	eventID := outbox.DeriveID(eventsExchange, eventRoutingKey, key)
 	headers := `{"` + inboxtype.HeaderIdempotencyKey + `":{"t":"string","v":` + strconv.Quote(key) + `}}`
 	fp := sha256.Sum256(d.Body)
+	res, err := json.Marshal(chainResult{OrderID: p.OrderID, Status: "completed"})
+	if err != nil {
+		return err
+	}
 	conn, err := h.e.pool.Acquire(ctx)
 	if err != nil {
 		return err
 	}
 	var b pgx.Batch
 	b.Queue("BEGIN")
-	b.Queue(sqlChainInbox, benchConsumer, key, fp[:], d.MessageId, nil)
+	b.Queue(sqlChainInbox, benchConsumer, key, fp[:], d.MessageId, string(res))
 	b.Queue(sqlPayment, p.OrderID, p.AmountCents, p.Currency)
-	b.Queue(sqlLedger+" RETURNING id", p.OrderID, p.AmountCents)
+	b.Queue(sqlLedger, p.OrderID, p.AmountCents)
 	b.Queue(sqlChainOutbox, eventID, eventsExchange, eventRoutingKey, headers, event, key)
 	b.Queue("COMMIT")
 	br := conn.SendBatch(ctx, &b)
-	var entry, rowID int64
+	var rowID int64
 	_, err = br.Exec()
 	if err == nil {
 		var tag interface{ RowsAffected() int64 }
@@ -381,7 +372,7 @@ func (h *chainHandler) handle(ctx context.Context, d amqp.Delivery) error {
 		_, err = br.Exec()
 	}
 	if err == nil {
-		err = br.QueryRow().Scan(&entry)
+		_, err = br.Exec()
 	}
 	if err == nil {
 		err = br.QueryRow().Scan(&rowID)
@@ -413,7 +404,6 @@ func (h *chainHandler) handle(ctx context.Context, d amqp.Delivery) error {
 	// 4. Marked sent in the background, batched.
 	h.marks <- rowID
 	// 5. Cache and release, one round trip.
-	res, _ := json.Marshal(chainResult{OrderID: p.OrderID, Status: "completed", LedgerEntryID: entry})
 	h.release(ctx, true, lockKey, token, string(res))
 	return nil
 }

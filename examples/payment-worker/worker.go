@@ -202,7 +202,7 @@ func newRoutes(cfg config, tr *tracing) *inboxmq.Routes {
 		}
 	}
 	if cfg.GatewayURL == "" {
-		inboxmq.HandleTx(routes, cfg.Queue, recordPayment(cfg.EventsExchange), opts)
+		inboxmq.HandleBatch(routes, cfg.Queue, recordPayment(cfg.EventsExchange), opts)
 	} else {
 		inboxmq.HandleClaim(routes, cfg.Queue, chargeAndRecord(&Gateway{BaseURL: cfg.GatewayURL, Client: tr.httpClient()}, cfg.EventsExchange), opts)
 	}
@@ -211,14 +211,17 @@ func newRoutes(cfg config, tr *tracing) *inboxmq.Routes {
 
 // recordPayment is the transactional handler: the payment, its ledger
 // entry and its payment.completed event are written in the transaction that
-// records the inbox row, so they commit together or not at all.
-func recordPayment(events string) inbox.TxHandlerFunc[Payment] {
-	return func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[Payment]) error {
-		entry, err := writePayment(ctx, tx, events, msg.Body)
-		if err != nil {
+// records the inbox row, so they commit together or not at all. It only
+// queues them (a batch handler): the inbox sends the claim of the key, the
+// three writes and the result in one round trip. A handler that must read
+// before it writes (a balance, a stock level) is a HandleTx handler
+// instead, with the transaction itself.
+func recordPayment(events string) inbox.BatchHandlerFunc[Payment] {
+	return func(ctx context.Context, b *pgx.Batch, msg *inboxtype.Message[Payment]) error {
+		if err := queuePayment(ctx, b, events, msg.Body, nil); err != nil {
 			return err
 		}
-		return msg.SetResult(paymentResult{OrderID: msg.Body.OrderID, Status: "completed", LedgerEntryID: entry})
+		return msg.SetResult(paymentResult{OrderID: msg.Body.OrderID, Status: "completed"})
 	}
 }
 
@@ -259,8 +262,9 @@ type paymentResult struct {
 	Status  string `json:"status"`
 	// ChargeID is the gateway's id of the charge (claim mode).
 	ChargeID string `json:"charge_id,omitempty"`
-	// LedgerEntryID is the id of the payment's ledger entry.
-	LedgerEntryID int64 `json:"ledger_entry_id"`
+	// LedgerEntryID is the id of the payment's ledger entry (claim mode,
+	// whose completion reads it back in its transaction).
+	LedgerEntryID int64 `json:"ledger_entry_id,omitempty"`
 }
 
 // completedEvent is the body of a payment.completed event.
@@ -278,41 +282,42 @@ const eventRoutingKey = "payment.completed"
 // inboxmq.FaultEvent body) on the events exchange (FAULT_EVENTS=on).
 const failedRoutingKey = "payment.failed"
 
-// writePayment writes the payment, its ledger entry and its event, and
-// returns the ledger entry's id. The three statements travel as one batch:
-// one round trip to PostgreSQL.
+// writePayment writes the payment, its ledger entry and its event in tx,
+// in one round trip, and returns the ledger entry's id.
 func writePayment(ctx context.Context, tx pgx.Tx, events string, p Payment) (int64, error) {
+	b := &pgx.Batch{}
+	var entry int64
+	if err := queuePayment(ctx, b, events, p, &entry); err != nil {
+		return 0, err
+	}
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return 0, fmt.Errorf("record payment %s: %w", p.OrderID, err)
+	}
+	return entry, nil
+}
+
+// queuePayment queues the payment, its ledger entry and its event in b;
+// entry, when set, receives the ledger entry's id once b has run.
+func queuePayment(ctx context.Context, b *pgx.Batch, events string, p Payment, entry *int64) error {
 	body, err := json.Marshal(completedEvent{OrderID: p.OrderID, AmountCents: p.AmountCents, Currency: p.Currency, Status: "completed"})
 	if err != nil {
-		return 0, fmt.Errorf("encode event %s: %w", p.OrderID, err)
+		return fmt.Errorf("encode event %s: %w", p.OrderID, err)
 	}
-	b := &pgx.Batch{}
 	b.Queue(`INSERT INTO payments (order_id, amount_cents, currency) VALUES ($1, $2, $3)`,
 		p.OrderID, p.AmountCents, p.Currency)
-	b.Queue(`INSERT INTO ledger_entries (order_id, amount_cents) VALUES ($1, $2) RETURNING id`,
-		p.OrderID, p.AmountCents)
+	if entry != nil {
+		b.Queue(`INSERT INTO ledger_entries (order_id, amount_cents) VALUES ($1, $2) RETURNING id`,
+			p.OrderID, p.AmountCents).QueryRow(func(row pgx.Row) error { return row.Scan(entry) })
+	} else {
+		b.Queue(`INSERT INTO ledger_entries (order_id, amount_cents) VALUES ($1, $2)`, p.OrderID, p.AmountCents)
+	}
 	// The message id derives from the key: a re-run enqueues nothing new,
 	// and a relay crash between publish and mark only repeats the same id.
-	if err := outbox.AddToBatch(ctx, b, outbox.Message{
+	return outbox.AddToBatch(ctx, b, outbox.Message{
 		Exchange:       events,
 		RoutingKey:     eventRoutingKey,
 		IdempotencyKey: p.IdempotencyKey(),
 		ContentType:    "application/json",
 		Body:           body,
-	}); err != nil {
-		return 0, err
-	}
-	br := tx.SendBatch(ctx, b)
-	defer br.Close()
-	if _, err := br.Exec(); err != nil {
-		return 0, fmt.Errorf("insert payment %s: %w", p.OrderID, err)
-	}
-	var entry int64
-	if err := br.QueryRow().Scan(&entry); err != nil {
-		return 0, fmt.Errorf("insert ledger entry %s: %w", p.OrderID, err)
-	}
-	if err := br.Close(); err != nil {
-		return 0, fmt.Errorf("enqueue event %s: %w", p.OrderID, err)
-	}
-	return entry, nil
+	})
 }

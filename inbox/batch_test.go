@@ -1,0 +1,237 @@
+package inbox_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/inboxtype"
+	"github.com/inboxmq/inboxmq/internal/pgtest"
+	"github.com/inboxmq/inboxmq/internal/testenv"
+	"github.com/inboxmq/inboxmq/retry"
+)
+
+// batchEffects queues effectHandler's two writes and a result, counting
+// its runs in calls (when set); the effect's id, read by a callback, goes
+// to ids (when set).
+func batchEffects(calls *atomic.Int64, ids chan<- int64) inbox.BatchHandlerFunc[order] {
+	return func(_ context.Context, b *pgx.Batch, msg *inboxtype.Message[order]) error {
+		if calls != nil {
+			calls.Add(1)
+		}
+		q := b.Queue(`INSERT INTO effects (key, amount) VALUES ($1, $2) RETURNING id`, msg.Key, msg.Body.Amount)
+		if ids != nil {
+			q.QueryRow(func(row pgx.Row) error {
+				var id int64
+				if err := row.Scan(&id); err != nil {
+					return err
+				}
+				ids <- id
+				return nil
+			})
+		}
+		b.Queue(`INSERT INTO ledger (key) VALUES ($1)`, msg.Key)
+		return msg.SetResult(paymentResult{Order: msg.Body.OrderID})
+	}
+}
+
+// A delivery whose key is free costs one round trip: the claim, the
+// handler's writes and its result, committed together; its callbacks read
+// what the writes returned.
+func TestBatchHandler_OneRoundTripForAFreeKey(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	tr := &countingTracer{}
+	b := setupOn(t, tracedPool(t, tr), nil)
+	ids := make(chan int64, 1)
+	h := inbox.BatchHandler(b.store, batchEffects(nil, ids), nil)
+
+	o := order{OrderID: "1", Amount: 7}
+	msg := newMsg(t, "c", o, false)
+	before := tr.n.Load()
+	require.NoError(t, h.Handle(ctx, msg))
+	require.Equal(t, int64(1), tr.n.Load()-before, "round trips of one delivery")
+
+	id := <-ids
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects WHERE id = $1 AND key = $2 AND amount = 7`, id, o.IdempotencyKey()))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM ledger`))
+	rec := b.get(t, "c", o.IdempotencyKey())
+	require.Equal(t, inbox.RecordCompleted, rec.Status)
+	require.Equal(t, "1", decodeResult(t, rec.Result).Order)
+	require.Equal(t, int64(1), rec.Fence)
+	require.Equal(t, int64(1), msg.Delivery.InboxFence, "the claim's fence is reported")
+}
+
+// A copy of a completed key is a duplicate with the first one's result,
+// and a copy with another payload a key conflict; neither writes.
+func TestBatchHandler_DuplicateAndConflictWriteNothing(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setup(t, nil)
+	var calls atomic.Int64
+	h := inbox.BatchHandler(b.store, batchEffects(&calls, nil), nil)
+	o := order{OrderID: "1", Amount: 5}
+	require.NoError(t, h.Handle(ctx, newMsg(t, "c", o, false)))
+
+	dup := newMsg(t, "c", o, true)
+	err := h.Handle(ctx, dup)
+	require.ErrorIs(t, err, retry.ErrDuplicate)
+	require.Equal(t, retry.KindDuplicate, retry.Classify(err).Kind)
+	require.Equal(t, "1", decodeResult(t, dup.Result()).Order, "the duplicate gets the stored result")
+
+	err = h.Handle(ctx, newMsg(t, "c", order{OrderID: "1", Amount: 6}, false))
+	require.ErrorIs(t, err, retry.ErrKeyConflict)
+	require.Equal(t, retry.KindPermanent, retry.Classify(err).Kind)
+
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`), "one effect")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM ledger`))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects WHERE amount = 5`))
+}
+
+// Copies of one key handled at once: exactly one commits its writes, the
+// others are duplicates.
+func TestBatchHandler_OneEffectUnderConcurrentDuplicates(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	h := inbox.BatchHandler(b.store, batchEffects(nil, nil), nil)
+	const keys, copies = 10, 4
+	var ok, dups atomic.Int64
+	var wg sync.WaitGroup
+	for k := range keys {
+		o := order{OrderID: strconv.Itoa(k), Amount: k + 1}
+		for range copies {
+			wg.Go(func() {
+				err := h.Handle(t.Context(), newMsg(t, "c", o, false))
+				switch {
+				case err == nil:
+					ok.Add(1)
+				case errors.Is(err, retry.ErrDuplicate):
+					dups.Add(1)
+				default:
+					t.Errorf("key %d: %v", k, err)
+				}
+			})
+		}
+	}
+	wg.Wait()
+	require.Equal(t, int64(keys), ok.Load(), "one success per key")
+	require.Equal(t, int64(keys*(copies-1)), dups.Load())
+	require.Equal(t, keys, b.count(t, `SELECT count(*) FROM effects`))
+	require.Equal(t, keys, b.count(t, `SELECT count(DISTINCT key) FROM effects`))
+	require.Equal(t, keys, b.count(t, `SELECT count(*) FROM ledger`))
+}
+
+// A write PostgreSQL refuses rolls back the claim and every write before
+// it; the failure is recorded on the row as Handler records it, and the
+// key is taken up again by the next copy.
+func TestBatchHandler_FailedWriteRollsBackAndIsRecorded(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setup(t, nil)
+	var fail atomic.Bool
+	fail.Store(true)
+	h := inbox.BatchHandler(b.store, func(ctx context.Context, bt *pgx.Batch, msg *inboxtype.Message[order]) error {
+		bt.Queue(`INSERT INTO effects (key, amount) VALUES ($1, $2)`, msg.Key, msg.Body.Amount)
+		if fail.Load() {
+			bt.Queue(`SELECT 1/0`)
+		}
+		return nil
+	}, nil)
+	o := order{OrderID: "1", Amount: 5}
+
+	err := h.Handle(ctx, newMsg(t, "c", o, false))
+	require.Error(t, err)
+	require.Equal(t, retry.KindPermanent, retry.Classify(err).Kind, "a data error is permanent: %v", err)
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM effects`), "the first write rolled back")
+	rec := b.get(t, "c", o.IdempotencyKey())
+	require.Equal(t, inbox.RecordFailed, rec.Status)
+	require.NotNil(t, rec.LastError)
+	require.Contains(t, *rec.LastError, "division by zero")
+
+	fail.Store(false)
+	require.NoError(t, h.Handle(ctx, newMsg(t, "c", o, true)))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`))
+	require.Equal(t, inbox.RecordCompleted, b.get(t, "c", o.IdempotencyKey()).Status)
+}
+
+// The handler's own error and its panic send nothing and are recorded;
+// a duplicate's handler failing does not hide that it is a duplicate.
+func TestBatchHandler_HandlerErrorAndPanic(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setup(t, nil)
+	errBoom := errors.New("boom")
+	h := inbox.BatchHandler(b.store, func(_ context.Context, bt *pgx.Batch, msg *inboxtype.Message[order]) error {
+		switch msg.Body.OrderID {
+		case "err":
+			return retry.Retryable(errBoom)
+		case "panic":
+			panic("kaboom")
+		}
+		bt.Queue(`INSERT INTO effects (key, amount) VALUES ($1, $2)`, msg.Key, msg.Body.Amount)
+		return nil
+	}, nil)
+
+	err := h.Handle(ctx, newMsg(t, "c", order{OrderID: "err"}, false))
+	require.ErrorIs(t, err, errBoom)
+	require.Equal(t, retry.KindRetry, retry.Classify(err).Kind)
+	require.Equal(t, inbox.RecordFailed, b.get(t, "c", "order:err").Status)
+
+	err = h.Handle(ctx, newMsg(t, "c", order{OrderID: "panic"}, false))
+	require.Equal(t, retry.ReasonPanic, retry.Classify(err).Reason, "%v", err)
+	require.Equal(t, inbox.RecordFailed, b.get(t, "c", "order:panic").Status)
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM effects`))
+}
+
+// In a group commit the batch goes into the delivery's savepoint: every
+// delivery commits once with its result, pipelined or not.
+func TestBatchHandler_GroupCommit(t *testing.T) {
+	t.Parallel()
+	for name, opts := range map[string]*inbox.HandlerOpts{"savepoints": fullBatch(8), "pipelined": pipelinedBatch(8)} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, nil)
+			var calls atomic.Int64
+			h := inbox.BatchHandler(b.store, batchEffects(&calls, nil), opts)
+			msgs := orders(t, 8)
+			for i, err := range handleAll(t, h, msgs) {
+				require.NoError(t, err, "delivery %d", i)
+			}
+			for _, m := range msgs {
+				require.Equal(t, m.Body.OrderID, decodeResult(t, b.get(t, "payments", m.Key).Result).Order)
+			}
+			require.Equal(t, int64(8), calls.Load(), "each handler ran once")
+			require.Equal(t, 8, b.count(t, `SELECT count(*) FROM effects`), "one effect per key")
+			require.Equal(t, 8, b.count(t, `SELECT count(*) FROM ledger`))
+		})
+	}
+}
+
+// The round trip's answer lost after PostgreSQL committed it: the
+// per-message path finds the key completed, so the delivery is a duplicate
+// of itself, with its result, and the writes are there once.
+func TestBatchHandler_CommitAnswerLostIsADuplicate(t *testing.T) {
+	t.Parallel()
+	d := newCommitDropper(t)
+	d.match = []byte("order:lost") // the key, in the batch's Bind
+	_, schema := pgtest.SchemaWith(t, 1)
+	b := setupOn(t, d.pool(t, schema), nil)
+	h := inbox.BatchHandler(b.store, batchEffects(nil, nil), nil)
+	require.NoError(t, h.Handle(t.Context(), newMsg(t, "c", order{OrderID: "warm", Amount: 1}, false)))
+
+	d.armed.Store(true)
+	msg := newMsg(t, "c", order{OrderID: "lost", Amount: 5}, false)
+	err := h.Handle(t.Context(), msg)
+	testenv.WaitChan(t, d.fired, "the batch answered and dropped")
+	require.ErrorIs(t, err, retry.ErrDuplicate)
+	require.Equal(t, "lost", decodeResult(t, msg.Result()).Order)
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects WHERE key = 'order:lost'`), "one effect")
+	require.Equal(t, inbox.RecordCompleted, b.get(t, "c", "order:lost").Status)
+}
