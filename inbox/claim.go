@@ -293,35 +293,42 @@ func (c *Claim) completeInBatch(ctx context.Context, fn func(ctx context.Context
 
 // completeAlone runs the completion in a transaction of its own.
 func (c *Claim) completeAlone(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
-	if fn == nil && c.resultBytes() == nil {
-		return c.completeBare(ctx)
+	if fn == nil {
+		// No business writes: the fenced completion, with the result if
+		// any, is the whole transaction.
+		raw := c.resultBytes()
+		if raw != nil {
+			if err := c.s.checkResult(c.Consumer, c.Key, raw); err != nil {
+				return err
+			}
+		}
+		return c.completeBare(ctx, raw)
 	}
 	// BEGIN and the fenced completion travel in one pipeline with fn's
 	// first Exec (completionTx).
 	tx := &c.tx
 	*tx = completionTx{c: c}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if fn != nil {
-		if err := fn(ctx, tx); err != nil {
-			if tx.err != nil { // the start's own verdict: fenced, or the connection
-				return tx.err
-			}
-			return MapError(err)
-		}
-	}
-	if err := c.s.storeResult(ctx, tx, c.Consumer, c.Key, c.resultBytes()); err != nil {
-		if tx.err != nil {
+	if err := fn(ctx, tx); err != nil {
+		if tx.err != nil { // the start's own verdict: fenced, or the connection
 			return tx.err
 		}
 		return MapError(err)
 	}
+	raw := c.resultBytes()
+	if raw != nil {
+		if err := c.s.checkResult(c.Consumer, c.Key, raw); err != nil {
+			return err
+		}
+	}
 	if err := tx.ensure(ctx); err != nil {
 		return err
 	}
-	if err := tx.tx.Commit(ctx); err != nil {
-		return infraError(ReasonDBCommit, fmt.Errorf("inbox: commit: %w", err))
+	// The result, if any, is written in COMMIT's round trip.
+	if raw == nil {
+		return c.s.commitResults(ctx, tx.tx, nil)
 	}
-	return nil
+	return c.s.commitResults(ctx, tx.tx, []*unit{{consumer: c.Consumer, key: c.Key, pending: raw}})
 }
 
 // resultBytes is the handler's result, if it set one.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmq/inboxmq/inbox"
@@ -52,17 +53,62 @@ func TestClaim_CompleteWithoutWritesIsOneStatement(t *testing.T) {
 	require.Equal(t, "another-worker", *r.Owner)
 }
 
-// With a result or business writes, the completion keeps its transaction:
-// the result and the writes commit with it.
-func TestClaim_CompleteWithAResultKeepsItsTransaction(t *testing.T) {
+// A result without business writes travels in the one completion
+// statement: the claim and the completion are the delivery's two round
+// trips, and a duplicate gets the stored result. A result PostgreSQL
+// refuses (jsonb holds no NUL) completes nothing and fails permanently,
+// as when a statement of the handler's writes it.
+func TestClaim_ResultWithoutWritesIsInTheCompletion(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	tr := &sqlTracer{}
+	tr := &countingTracer{}
 	b := setupOn(t, tracedPool(t, tr), nil)
 	h := inbox.ClaimHandler(b.store, func(_ context.Context, _ *inbox.Claim, msg *inboxtype.Message[order]) error {
-		return msg.SetResult(map[string]string{"charge": "ch_1"})
+		charge := "ch_" + msg.Body.OrderID
+		if msg.Body.OrderID == "nul" {
+			charge += "\x00"
+		}
+		return msg.SetResult(map[string]string{"charge": charge})
 	}, nil)
+
+	before := tr.n.Load()
 	require.NoError(t, h.Handle(ctx, newMsg(t, "pay", order{OrderID: "r", Amount: 1}, false)))
-	require.Empty(t, tr.matching(completeSQL...), "the completion went in the transaction's pipeline")
-	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM inboxmq_inbox WHERE key = 'order:r' AND status = 'completed' AND result->>'charge' = 'ch_1'`))
+	require.Equal(t, int64(2), tr.n.Load()-before, "round trips: the claim, then the completion with its result")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM inboxmq_inbox WHERE key = 'order:r' AND status = 'completed' AND result->>'charge' = 'ch_r'`))
+	dup := newMsg(t, "pay", order{OrderID: "r", Amount: 1}, true)
+	require.ErrorIs(t, h.Handle(ctx, dup), retry.ErrDuplicate)
+	require.JSONEq(t, `{"charge":"ch_r"}`, string(dup.Result()))
+
+	err := h.Handle(ctx, newMsg(t, "pay", order{OrderID: "nul", Amount: 1}, false))
+	d := retry.Classify(err)
+	require.Equal(t, retry.KindPermanent, d.Kind, "%v", err)
+	require.Equal(t, inbox.ReasonDBDataException, d.Reason)
+	r := b.get(t, "pay", "order:nul")
+	require.NotEqual(t, inbox.RecordCompleted, r.Status, "nothing completed")
+	require.Nil(t, r.Result)
+}
+
+// With business writes, a result set after them (the handler's answer,
+// known once they ran) is written in COMMIT's round trip: the claim, BEGIN
+// + completion + the first write, and the result with COMMIT — three round
+// trips, not a fourth for the result.
+func TestClaim_ResultWrittenInTheCommitsRoundTrip(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	tr := &countingTracer{}
+	b := setupOn(t, tracedPool(t, tr), nil)
+	h := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[order]) error {
+		return c.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error {
+			if err := completeWithEffect(msg)(ctx, tx); err != nil {
+				return err
+			}
+			return msg.SetResult(map[string]string{"order": msg.Body.OrderID})
+		})
+	}, nil)
+
+	before := tr.n.Load()
+	require.NoError(t, h.Handle(ctx, newMsg(t, "pay", order{OrderID: "w", Amount: 3}, false)))
+	require.Equal(t, int64(3), tr.n.Load()-before, "round trips of one delivery")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM inboxmq_inbox WHERE key = 'order:w' AND status = 'completed' AND result->>'order' = 'w'`))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects WHERE key = 'order:w' AND amount = 3`))
 }

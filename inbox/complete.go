@@ -2,23 +2,34 @@ package inbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// completeBare completes a claim that has neither business writes nor a
-// result: the fenced completion is then the whole transaction, sent as one
-// autocommit statement — one round trip where BEGIN + completion and
-// COMMIT take two. It commits as durably as a COMMIT: the claim's
-// asynchronous commit is local to the claim's own statement. Zero rows is
-// the fenced verdict, as in start; an error may hide a completion that
-// did commit, as a failed COMMIT may, and is retried alike (the release
-// that follows is fenced and leaves a completed row alone).
-func (c *Claim) completeBare(ctx context.Context) error {
-	tag, err := c.s.pool.Exec(ctx, c.s.sql.completeWith, c.Consumer, c.Key, c.Token, c.Fence, nil)
+// completeBare completes a claim that has no business writes: the fenced
+// completion, which also stores result (nil for none, already checked
+// against MaxResultBytes), is then the whole transaction, sent as one
+// autocommit statement — one round trip where BEGIN + completion, the
+// result and COMMIT take two or three. It commits as durably as a COMMIT:
+// the claim's asynchronous commit is local to the claim's own statement.
+// Zero rows is the fenced verdict, as in start; an error may hide a
+// completion that did commit, as a failed COMMIT may, and is retried alike
+// (the release that follows is fenced and leaves a completed row alone).
+// PostgreSQL refusing the result (a value jsonb cannot hold) committed
+// nothing, and is classified by MapError, as when a statement writes it.
+func (c *Claim) completeBare(ctx context.Context, result []byte) error {
+	var arg any
+	if result != nil {
+		arg = string(result)
+	}
+	tag, err := c.s.pool.Exec(ctx, c.s.sql.completeWith, c.Consumer, c.Key, c.Token, c.Fence, arg)
 	if err != nil {
+		if perr := (*pgconn.PgError)(nil); result != nil && errors.As(err, &perr) && sqlClass(perr.Code) == "22" {
+			return MapError(fmt.Errorf("inbox: store result: %w", err))
+		}
 		return infraError(ReasonDBCommit, fmt.Errorf("inbox: complete: %w", err))
 	}
 	if tag.RowsAffected() == 0 {
@@ -34,7 +45,7 @@ func (c *Claim) completeBare(ctx context.Context) error {
 // fn gets the fenced error (a duplicate).
 type completionTx struct {
 	c      *Claim
-	tx     pgx.Tx
+	tx     *connTx // on a connection of its own, so that COMMIT can carry the result
 	fenced bool
 	err    error     // the start's error, repeated to every later call
 	b      pgx.Batch // the start's pipeline, kept here to save an allocation
@@ -52,9 +63,13 @@ func (t *completionTx) start(ctx context.Context, sql string, args []any) (pgcon
 	if sql != "" {
 		b.Queue(sql, args...)
 	}
-	br := t.c.s.pool.SendBatch(ctx, b)
-	t.tx = br.Tx()
-	_, err := br.Exec() // BEGIN
+	tx, br, err := t.c.s.beginBatch(ctx, b)
+	if err != nil {
+		t.err = err
+		return pgconn.CommandTag{}, err
+	}
+	t.tx = tx
+	_, err = br.Exec() // BEGIN
 	var done, tag pgconn.CommandTag
 	if err == nil {
 		done, err = br.Exec()

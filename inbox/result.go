@@ -1,10 +1,7 @@
 package inbox
 
 import (
-	"context"
 	"fmt"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/retry"
@@ -26,22 +23,6 @@ const ReasonResultTooLarge = "result_too_large"
 
 // defaultMaxResultBytes is StoreConfig.MaxResultBytes's default.
 const defaultMaxResultBytes = 64 << 10
-
-// storeResult writes raw, the handler's result, on the row of (consumerName,
-// key) through tx: claim mode's completion outside a group commit. A nil
-// raw stores nothing.
-func (s *Store) storeResult(ctx context.Context, tx pgx.Tx, consumerName, key string, raw []byte) error {
-	if raw == nil {
-		return nil
-	}
-	if err := s.checkResult(consumerName, key, raw); err != nil {
-		return err
-	}
-	if _, err := tx.Exec(ctx, s.sql.setResult, consumerName, key, string(raw)); err != nil {
-		return fmt.Errorf("inbox: store result: %w", err)
-	}
-	return nil
-}
 
 // checkResult refuses a result larger than MaxResultBytes, permanently.
 func (s *Store) checkResult(consumerName, key string, raw []byte) error {

@@ -286,8 +286,7 @@ func (m *lockMiddleware) wrap(next inboxtype.DeliveryHandler) inboxtype.Delivery
 			mark = &lock.Mark{Key: lock.MarkKey(c.Prefix, key), Value: hex.EncodeToString(d.Fingerprint), TTL: c.TTL}
 		}
 
-		sctx, span := trace.SpanFromContext(ctx).TracerProvider().Tracer(tracerName).Start(ctx, "lock.acquire",
-			trace.WithAttributes(attribute.String("inboxmq.lock.key", key)))
+		sctx, span := startLockSpan(ctx, key)
 		cctx, cancel := context.WithTimeout(sctx, m.opts.CallTimeout)
 		var (
 			l   *lock.Lock
@@ -305,7 +304,9 @@ func (m *lockMiddleware) wrap(next inboxtype.DeliveryHandler) inboxtype.Delivery
 			m.health.set(false, nil)
 			d.LockResult = LockAcquired
 			d.LockFence = l.Fence()
-			span.SetAttributes(attribute.String("inboxmq.lock.result", LockAcquired), attribute.Int64("inboxmq.lock.fence", l.Fence()))
+			if span.IsRecording() {
+				span.SetAttributes(attribute.String("inboxmq.lock.result", LockAcquired), attribute.Int64("inboxmq.lock.fence", l.Fence()))
+			}
 			span.End()
 			d.Transition(inboxtype.StatusLocked, nil)
 			return m.runLocked(ctx, d, l, mark, next)
@@ -343,6 +344,18 @@ func (m *lockMiddleware) wrap(next inboxtype.DeliveryHandler) inboxtype.Delivery
 			return next(ctx, d)
 		}
 	}
+}
+
+// startLockSpan starts the "lock.acquire" span under the span in ctx.
+// Without a trace in ctx there is nothing to record under: it returns ctx
+// and its non-recording span, and allocates nothing.
+func startLockSpan(ctx context.Context, key string) (context.Context, trace.Span) {
+	parent := trace.SpanFromContext(ctx)
+	if !parent.SpanContext().IsValid() {
+		return ctx, parent
+	}
+	return parent.TracerProvider().Tracer(tracerName).Start(ctx, "lock.acquire",
+		trace.WithAttributes(attribute.String("inboxmq.lock.key", key)))
 }
 
 // deferral is how long a delivery that found its key held (err) waits:

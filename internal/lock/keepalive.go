@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 )
 
@@ -64,78 +65,111 @@ func (o *KeepAliveOpts) withDefaults(lockTTL time.Duration) KeepAliveOpts {
 //   - [ErrMaxHoldReached] when the lock has been held for MaxHold;
 //   - context.Canceled when stop is called.
 //
-// stop ends the refresher and waits for its goroutine to exit; it does not
-// release the lock (call [Lock.Release]) and is safe to call more than once.
-// Call stop before reading context.Cause of the returned context to get a
-// settled answer.
+// stop ends the refresher and waits for a refresh under way to return; it
+// does not release the lock (call [Lock.Release]) and is safe to call more
+// than once. Call stop before reading context.Cause of the returned context
+// to get a settled answer.
+//
+// The refresher is a timer, not a goroutine: most holders release the lock
+// long before the first refresh is due, and a timer costs them less than a
+// goroutine with timers of its own.
 func (l *Lock) KeepAlive(ctx context.Context, opts *KeepAliveOpts) (context.Context, func()) {
 	o := opts.withDefaults(l.ttl)
 	kctx, cancel := context.WithCancelCause(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		l.keepAlive(kctx, cancel, o)
-	}()
-	stop := func() {
-		cancel(context.Canceled)
-		<-done
+	// The lock is known to live until expires: the start of the last
+	// successful SET or PEXPIRE plus the TTL it set (life).
+	k := &keeper{l: l, o: o, ctx: kctx, cancel: cancel, life: l.lease, expires: l.obtainedAt.Add(l.lease)}
+	if o.MaxHold > 0 {
+		k.capAt = l.obtainedAt.Add(o.MaxHold)
 	}
-	return kctx, stop
+	k.mu.Lock()
+	k.t = time.AfterFunc(k.next(), k.fire)
+	k.mu.Unlock()
+	return kctx, k.stop
 }
 
-func (l *Lock) keepAlive(ctx context.Context, cancel context.CancelCauseFunc, o KeepAliveOpts) {
-	// The lock is known to live until expires: the start of the last
-	// successful SET or PEXPIRE plus the TTL it set (life). Refreshes come
-	// every Interval, and at least three times per life, so a lock obtained
-	// with a short lease (Config.Lease) is extended in time.
-	life := l.lease
-	expires := l.obtainedAt.Add(life)
-	next := func() time.Duration {
-		return max(min(o.Interval, max(life/3, time.Millisecond), time.Until(expires)), 0)
-	}
+// keeper is one KeepAlive's refresher.
+type keeper struct {
+	l      *Lock
+	o      KeepAliveOpts
+	ctx    context.Context //nolint:containedctx // the protected work's context, under which refreshes run
+	cancel context.CancelCauseFunc
+	capAt  time.Time // zero: no MaxHold
 
-	var capC <-chan time.Time
-	if o.MaxHold > 0 {
-		capTimer := time.NewTimer(time.Until(l.obtainedAt.Add(o.MaxHold)))
-		defer capTimer.Stop()
-		capC = capTimer.C
-	}
-	tick := time.NewTimer(next())
-	defer tick.Stop()
+	// life and expires are touched by the timer's function only (one
+	// firing at a time: the next is scheduled at its end).
+	life    time.Duration
+	expires time.Time
 
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-capC:
-			cancel(ErrMaxHoldReached)
-			return
-		case <-tick.C:
-		}
+	mu      sync.Mutex
+	t       *time.Timer
+	stopped bool
+	running sync.WaitGroup // the timer's function under way
+}
 
-		// Refresh even when the estimated expiry has passed (a late timer on
-		// a busy machine): if the token is still there, no one else can have
-		// taken the lock meanwhile.
-		start := time.Now()
-		rctx, rcancel := context.WithTimeout(ctx, o.CallTimeout)
-		err := l.Refresh(rctx, o.TTL)
-		rcancel()
-		switch {
-		case err == nil:
-			life, expires = o.TTL, start.Add(o.TTL)
-		case errors.Is(err, ErrNotHeld):
-			cancel(fmt.Errorf("%w: %w", ErrLockLost, err))
-			return
-		case ctx.Err() != nil:
-			return
-		case !time.Now().Before(expires):
-			// Redis stayed silent until the lock ran out: another worker
-			// may hold it now.
-			cancel(fmt.Errorf("%w: ttl ran out without a successful refresh: %w", ErrLockLost, err))
-			return
-		}
-		// On a Redis error, try again at the next interval, and at the
-		// latest when the lock runs out.
-		tick.Reset(next())
+// next is the delay to the next firing: every Interval, at least three
+// times per life (so a lock obtained with a short lease, Config.Lease, is
+// extended in time), no later than the lock expires, and at the cap.
+func (k *keeper) next() time.Duration {
+	d := min(k.o.Interval, max(k.life/3, time.Millisecond), time.Until(k.expires))
+	if !k.capAt.IsZero() {
+		d = min(d, time.Until(k.capAt))
 	}
+	return max(d, 0)
+}
+
+// fire is the timer's function: it ends the hold at the cap, or refreshes
+// the lock and schedules the next firing.
+func (k *keeper) fire() {
+	k.mu.Lock()
+	if k.stopped || k.ctx.Err() != nil {
+		k.mu.Unlock()
+		return
+	}
+	k.running.Add(1)
+	k.mu.Unlock()
+	defer k.running.Done()
+
+	if !k.capAt.IsZero() && !time.Now().Before(k.capAt) {
+		k.cancel(ErrMaxHoldReached)
+		return
+	}
+	// Refresh even when the estimated expiry has passed (a late timer on
+	// a busy machine): if the token is still there, no one else can have
+	// taken the lock meanwhile.
+	start := time.Now()
+	rctx, rcancel := context.WithTimeout(k.ctx, k.o.CallTimeout)
+	err := k.l.Refresh(rctx, k.o.TTL)
+	rcancel()
+	switch {
+	case err == nil:
+		k.life, k.expires = k.o.TTL, start.Add(k.o.TTL)
+	case errors.Is(err, ErrNotHeld):
+		k.cancel(fmt.Errorf("%w: %w", ErrLockLost, err))
+		return
+	case k.ctx.Err() != nil:
+		return
+	case !time.Now().Before(k.expires):
+		// Redis stayed silent until the lock ran out: another worker
+		// may hold it now.
+		k.cancel(fmt.Errorf("%w: ttl ran out without a successful refresh: %w", ErrLockLost, err))
+		return
+	}
+	// On a Redis error, try again at the next interval, and at the latest
+	// when the lock runs out.
+	k.mu.Lock()
+	if !k.stopped {
+		k.t.Reset(k.next())
+	}
+	k.mu.Unlock()
+}
+
+// stop ends the refresher and waits for a refresh under way.
+func (k *keeper) stop() {
+	k.cancel(context.Canceled)
+	k.mu.Lock()
+	k.stopped = true
+	k.t.Stop()
+	k.mu.Unlock()
+	k.running.Wait()
 }

@@ -110,7 +110,7 @@ func TestKeepAliveParentEnds(t *testing.T) {
 	kctx, stop := l.KeepAlive(parent, nil)
 	cancel()
 	testenv.WaitChan(t, kctx.Done(), "keep-alive context to follow its parent")
-	stop() // the goroutine has exited (goleak checks at the end)
+	stop() // no refresh is under way, and no goroutine is left (goleak checks at the end)
 	require.ErrorIs(t, context.Cause(kctx), context.Canceled)
 	require.NoError(t, l.Release(t.Context()))
 }
