@@ -218,14 +218,28 @@ func requireAllConnsOn(t *testing.T, pool *pgxpool.Pool, port int) {
 	}
 }
 
-// waitReplayed waits until the standby has replayed all the primary's WAL.
+// waitReplayed waits until the standby has replayed every commit the
+// primary acknowledged so far. The throwaway servers commit
+// asynchronously (pgtest), so the last acknowledged commits may still sit
+// in the primary's WAL buffers: pg_current_wal_lsn() (the write position)
+// can be short of them, and a walsender ships only flushed WAL. A
+// WAL-logged transaction committed synchronously flushes all WAL before
+// its commit record, so the primary's flush position after it covers
+// every commit acknowledged before; the wait is on the standby replaying
+// that far (replay, not receive: a promotion keeps only what was
+// replayed), bounded by testenv.WaitFor.
 func waitReplayed(t *testing.T, primary, standby *pgx.Conn) {
 	t.Helper()
+	ctx := t.Context()
+	_, err := primary.Exec(ctx, `SET synchronous_commit = on`)
+	require.NoError(t, err)
+	_, err = primary.Exec(ctx, `SELECT pg_logical_emit_message(true, 'inboxmq-test', 'replay mark')`)
+	require.NoError(t, err)
 	var lsn string
-	require.NoError(t, primary.QueryRow(t.Context(), `SELECT pg_current_wal_lsn()::text`).Scan(&lsn))
-	testenv.WaitFor(t, "the standby replayed the primary's WAL", func() bool {
+	require.NoError(t, primary.QueryRow(ctx, `SELECT pg_current_wal_flush_lsn()::text`).Scan(&lsn))
+	testenv.WaitFor(t, "the standby replayed the primary's WAL up to "+lsn, func() bool {
 		var done bool
-		err := standby.QueryRow(t.Context(), `SELECT pg_last_wal_replay_lsn() >= $1::pg_lsn`, lsn).Scan(&done)
+		err := standby.QueryRow(ctx, `SELECT pg_last_wal_replay_lsn() >= $1::pg_lsn`, lsn).Scan(&done)
 		return err == nil && done
 	})
 }

@@ -119,7 +119,12 @@ func newInstance(t testing.TB, bin string) *Instance {
 }
 
 // configure sets the instance's port and the settings a small, fast test
-// server needs.
+// server needs. Among them synchronous_commit = off: a COMMIT returns
+// before its WAL is written, and a standby receives it only once the WAL
+// writer has flushed it (within a few wal_writer_delay), so a test that
+// promotes a standby must first flush the primary's WAL (a synchronous
+// commit of a WAL-logged transaction) and wait for the standby to replay
+// up to the flush position.
 func (in *Instance) configure(t testing.TB) {
 	t.Helper()
 	conf := fmt.Sprintf("\nport = %d\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '%s'\n"+
