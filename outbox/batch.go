@@ -59,21 +59,26 @@ WHERE id = $1`
 
 // relayBatch claims up to BatchSize rows, publishes them, waits for the
 // confirms and marks the confirmed rows sent, in one transaction that holds
-// the rows' locks throughout. It returns the number of rows claimed.
+// the rows' locks throughout. It returns the number of rows of the last
+// batch it claimed.
 //
-// The transaction costs two PostgreSQL round trips: BEGIN with the claim,
-// then the marks with COMMIT. It runs on a connection the relay acquires
-// itself and releases idle, so the pool spends no round trip ending it.
+// A batch costs two PostgreSQL round trips: BEGIN with the claim, then the
+// marks with COMMIT. While rows keep coming (the batch was full, or a
+// wake-up arrived while it was in flight) the lane goes on with the next
+// batch at once, and the next BEGIN and claim travel in the COMMIT's round
+// trip: a busy lane pays one round trip per batch. It runs on a connection
+// the relay acquires itself and releases idle, so the pool spends no round
+// trip ending it.
 //
-// The batch runs on a context detached from ctx's cancellation, so a
+// Each batch runs on a context detached from ctx's cancellation, so a
 // stopping relay finishes it (bounded by PublishTimeout) instead of leaving
-// confirmed rows unmarked.
+// confirmed rows unmarked; it claims no further batch once ctx is done.
 func (r *Relay) relayBatch(ctx context.Context, l *lane) (int, error) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.PublishTimeout)
+	base := context.WithoutCancel(ctx)
+	cctx, cancel := context.WithTimeout(base, r.cfg.PublishTimeout)
 	defer cancel()
-	start := time.Now()
 
-	c, err := r.pool.Acquire(ctx)
+	c, err := r.pool.Acquire(cctx)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: acquire connection: %w", err)
 	}
@@ -81,26 +86,40 @@ func (r *Relay) relayBatch(ctx context.Context, l *lane) (int, error) {
 	// first on every path where COMMIT was not reached.
 	defer c.Release()
 	conn := c.Conn()
-	defer rollback(ctx, conn)
+	defer rollback(base, conn)
 
-	batch, err := r.claim(ctx, conn)
-	if err != nil {
-		return 0, err
+	batch, err := r.claim(cctx, conn)
+	for err == nil {
+		var more bool
+		var n int
+		n, batch, more, err = r.relayOne(ctx, l, conn, batch)
+		if !more || err != nil {
+			return n, err
+		}
 	}
+	return 0, err
+}
+
+// relayOne publishes batch, claimed in conn's open transaction, and ends
+// that transaction, within PublishTimeout. more reports whether the lane goes on at once: next
+// is then the next batch, claimed in the COMMIT's round trip, in a
+// transaction of its own.
+func (r *Relay) relayOne(ctx context.Context, l *lane, conn *pgx.Conn, batch []pendingRow) (n int, next []pendingRow, more bool, err error) {
+	start := time.Now()
+	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.PublishTimeout)
+	defer cancel()
 	if r.hooks.claimed != nil {
 		r.hooks.claimed(len(batch))
 	}
 	if len(batch) == 0 {
-		if _, err := finish(ctx, conn, nil, &publishResult{}, nil); err != nil {
-			return 0, err
-		}
-		return 0, nil
+		_, _, _, err := finish(bctx, conn, nil, &publishResult{}, nil, "", 0)
+		return 0, nil, false, err
 	}
 	if r.killed.Load() { // a test hook "killed" the relay: publish nothing more
-		return 0, nil
+		return 0, nil, false, nil
 	}
 
-	res := r.publish(ctx, l, batch)
+	res := r.publish(bctx, l, batch)
 	defer res.endSpans()
 
 	if r.hooks.afterConfirm != nil && len(res.sent) > 0 {
@@ -110,13 +129,39 @@ func (r *Relay) relayBatch(ctx context.Context, l *lane) (int, error) {
 		}
 		if err := r.hooks.afterConfirm(ids); err != nil {
 			r.killed.Store(true) // before the rollback frees the rows
-			return len(batch), &killedError{err: err}
+			return len(batch), nil, false, &killedError{err: err}
 		}
 	}
 
-	lags, err := finish(ctx, conn, batch, &res, r.retryDelay)
+	if r.hooks.published != nil {
+		r.hooks.published(l.wake)
+	}
+	// Rows keep coming: a full batch, or a wake-up that came while this
+	// one was in flight. Gathering them a moment longer (holding this
+	// batch's rows, already published) makes the next batch bigger, and
+	// the next claim rides with this COMMIT.
+	full := len(batch) == r.cfg.BatchSize
+	more = res.err == nil && ctx.Err() == nil && (full || len(l.wake) > 0)
+	claimNext := ""
+	if more {
+		claimNext = r.claimSQL()
+		if !full {
+			select {
+			case <-l.wake: // this lane answers it
+			default:
+			}
+			if r.cfg.GatherDelay > 0 {
+				if r.hooks.gather != nil {
+					r.hooks.gather()
+				}
+				sleep(ctx, r.cfg.GatherDelay)
+			}
+		}
+	}
+
+	lags, next, claimErr, err := finish(bctx, conn, batch, &res, r.retryDelay, claimNext, r.cfg.BatchSize)
 	if err != nil {
-		return len(batch), err
+		return len(batch), nil, false, err
 	}
 
 	r.metrics.published.Add(float64(len(res.sent)))
@@ -145,22 +190,38 @@ func (r *Relay) relayBatch(ctx context.Context, l *lane) (int, error) {
 		r.log.LogAttrs(ctx, lvl, msg, attrs...)
 	}
 	if res.err != nil {
-		return len(batch), &brokerError{err: res.err}
+		return len(batch), nil, false, &brokerError{err: res.err}
 	}
-	return len(batch), nil
+	if claimErr != nil {
+		return len(batch), nil, false, claimErr
+	}
+	if more && full {
+		notify(l.wake) // more may be waiting: another idle lane helps
+	}
+	return len(batch), next, more, nil
+}
+
+// claimSQL is the claim statement of the relay's mode.
+func (r *Relay) claimSQL() string {
+	if r.cfg.Ordered {
+		return claimOrderedSQL
+	}
+	return claimSQL
 }
 
 // claim begins the batch's transaction on conn and claims up to BatchSize
 // rows in it, in one round trip.
-func (r *Relay) claim(ctx context.Context, conn *pgx.Conn) ([]pendingRow, error) {
-	q := claimSQL
-	if r.cfg.Ordered {
-		q = claimOrderedSQL
-	}
+func (r *Relay) claim(ctx context.Context, conn *pgx.Conn) (batch []pendingRow, err error) {
 	b := &pgx.Batch{}
 	b.Queue("begin")
-	b.Queue(q, r.cfg.BatchSize)
-	return readClaim(conn.SendBatch(ctx, b))
+	b.Queue(r.claimSQL(), r.cfg.BatchSize)
+	br := conn.SendBatch(ctx, b)
+	defer func() {
+		if cerr := br.Close(); err == nil && cerr != nil {
+			err = fmt.Errorf("outbox: claim: %w", cerr)
+		}
+	}()
+	return readClaim(br)
 }
 
 // finish marks the rows of res (the confirmed ones sent, the failed ones
@@ -168,7 +229,13 @@ func (r *Relay) claim(ctx context.Context, conn *pgx.Conn) ([]pendingRow, error)
 // statements and COMMIT travel as one batch. On a failed mark PostgreSQL
 // skips the COMMIT and the transaction stays open (aborted) for rollback.
 // It returns the confirmed rows' enqueue-to-sent lags in seconds.
-func finish(ctx context.Context, conn *pgx.Conn, batch []pendingRow, res *publishResult, retryDelay func(int) time.Duration) (lags []float64, err error) {
+//
+// With claimNext set, BEGIN and that claim of up to size rows follow the
+// COMMIT in the same round trip: next is the next batch, in its own open
+// transaction, and claimErr its failure (the COMMIT before it stands).
+func finish(ctx context.Context, conn *pgx.Conn, batch []pendingRow, res *publishResult, retryDelay func(int) time.Duration,
+	claimNext string, size int,
+) (lags []float64, next []pendingRow, claimErr, err error) {
 	b := &pgx.Batch{}
 	if len(res.sent) > 0 {
 		ids := make([]int64, len(res.sent))
@@ -182,10 +249,14 @@ func finish(ctx context.Context, conn *pgx.Conn, batch []pendingRow, res *publis
 		b.Queue(markFailedSQL, p.id, f.reason+": "+f.detail, retryDelay(p.attempts+1).Seconds())
 	}
 	b.Queue("commit")
+	if claimNext != "" {
+		b.Queue("begin")
+		b.Queue(claimNext, size)
+	}
 	br := conn.SendBatch(ctx, b)
 	defer func() {
-		if cerr := br.Close(); err == nil && cerr != nil {
-			err = fmt.Errorf("outbox: commit: %w", cerr)
+		if cerr := br.Close(); err == nil && claimErr == nil && cerr != nil {
+			claimErr = fmt.Errorf("outbox: claim: %w", cerr)
 		}
 	}()
 	if len(res.sent) > 0 {
@@ -194,12 +265,12 @@ func finish(ctx context.Context, conn *pgx.Conn, batch []pendingRow, res *publis
 			lags, err = pgx.CollectRows(rows, pgx.RowTo[float64])
 		}
 		if err != nil {
-			return nil, fmt.Errorf("outbox: mark sent: %w", err)
+			return nil, nil, nil, fmt.Errorf("outbox: mark sent: %w", err)
 		}
 	}
 	for range res.failed {
 		if _, err := br.Exec(); err != nil {
-			return nil, fmt.Errorf("outbox: mark failed: %w", err)
+			return nil, nil, nil, fmt.Errorf("outbox: mark failed: %w", err)
 		}
 	}
 	tag, err := br.Exec()
@@ -209,12 +280,15 @@ func finish(ctx context.Context, conn *pgx.Conn, batch []pendingRow, res *publis
 		if conn.PgConn().TxStatus() != 'I' {
 			_ = conn.Close(context.WithoutCancel(ctx))
 		}
-		return nil, fmt.Errorf("outbox: commit: %w", err)
+		return nil, nil, nil, fmt.Errorf("outbox: commit: %w", err)
 	}
 	if tag.String() == "ROLLBACK" {
-		return nil, fmt.Errorf("outbox: commit: %w", pgx.ErrTxCommitRollback)
+		return nil, nil, nil, fmt.Errorf("outbox: commit: %w", pgx.ErrTxCommitRollback)
 	}
-	return lags, nil
+	if claimNext != "" {
+		next, claimErr = readClaim(br)
+	}
+	return lags, next, claimErr, nil
 }
 
 // rollback ends conn's transaction, if one is still open, so that the pool
@@ -234,13 +308,9 @@ func rollback(ctx context.Context, conn *pgx.Conn) {
 // rollbackTimeout bounds the ROLLBACK of a failed batch.
 const rollbackTimeout = 5 * time.Second
 
-// readClaim reads BEGIN's and the claim's results from br, and closes it.
-func readClaim(br pgx.BatchResults) (batch []pendingRow, err error) {
-	defer func() {
-		if cerr := br.Close(); err == nil && cerr != nil {
-			err = fmt.Errorf("outbox: claim: %w", cerr)
-		}
-	}()
+// readClaim reads BEGIN's and the claim's results from br (the caller
+// closes it).
+func readClaim(br pgx.BatchResults) ([]pendingRow, error) {
 	if _, err := br.Exec(); err != nil {
 		return nil, fmt.Errorf("outbox: begin: %w", err)
 	}
@@ -248,7 +318,7 @@ func readClaim(br pgx.BatchResults) (batch []pendingRow, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("outbox: claim: %w", err)
 	}
-	batch, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (pendingRow, error) {
+	batch, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (pendingRow, error) {
 		var p pendingRow
 		err := row.Scan(&p.id, &p.messageID, &p.exchange, &p.routingKey, &p.headers, &p.contentType, &p.body, &p.attempts)
 		return p, err

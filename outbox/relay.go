@@ -59,6 +59,9 @@ type testHooks struct {
 	claimed func(rows int)
 	// gather runs when a lane waits GatherDelay before its next claim.
 	gather func()
+	// published runs after a batch's confirms, before the lane decides
+	// whether rows keep coming (a wake-up is pending on wake).
+	published func(wake <-chan struct{})
 }
 
 // NewRelay returns a relay that publishes the outbox table of pool's

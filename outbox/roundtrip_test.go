@@ -91,11 +91,12 @@ func tracedBundle(t *testing.T) (*testBundle, *tripCounter) {
 	return b, tc
 }
 
-// TestBatchCostsTwoRoundTrips checks that a batch's transaction costs two
-// PostgreSQL round trips, BEGIN with the claim and the mark with COMMIT,
-// and that the connection goes back to the pool idle (no ROLLBACK, no
-// COMMIT of its own).
-func TestBatchCostsTwoRoundTrips(t *testing.T) {
+// TestBatchRoundTrips checks that a batch's transaction costs two
+// PostgreSQL round trips, BEGIN with the claim and the mark with COMMIT;
+// that a full batch's COMMIT carries the next BEGIN and claim (here empty,
+// committed alone); and that the connection goes back to the pool idle (no
+// ROLLBACK).
+func TestBatchRoundTrips(t *testing.T) {
 	t.Parallel()
 	b, tc := tracedBundle(t)
 	const n = 30
@@ -125,13 +126,49 @@ func TestBatchCostsTwoRoundTrips(t *testing.T) {
 	require.NoError(t, r.Stop(ctx))
 
 	require.Equal(t, int64(1), full.Load(), "one claim took every row")
-	claims := tc.count("begin | select")
+	require.Equal(t, 1, tc.count("update | commit | begin | select"), "the full batch's mark, COMMIT and the next claim in one round trip")
+	require.Zero(t, tc.count("update | commit"))
+	claims := tc.count("begin | select") + 1
 	require.Equal(t, int(full.Load()+empty.Load()), claims, "one round trip per claim")
-	require.Equal(t, 1, tc.count("update | commit"), "mark and COMMIT in one round trip")
 	require.Equal(t, int(empty.Load()), tc.count("commit"), "an empty claim commits alone")
 	require.Zero(t, tc.count("rollback"))
 	require.Equal(t, n, countRows(t, b.pool, "sent_at IS NOT NULL"))
 	require.Zero(t, b.pool.Stat().AcquiredConns())
+}
+
+// A row enqueued while a batch is in flight makes the lane go on at once:
+// the next claim travels with the batch's mark and COMMIT, and takes it.
+func TestBusyLaneClaimsWithTheCommit(t *testing.T) {
+	t.Parallel()
+	b, tc := tracedBundle(t)
+	r, _ := b.newRelay(t, &RelayConfig{Concurrency: 1, Retention: -1, GatherDelay: -1, PollInterval: time.Hour})
+	claimed := make(chan int, 16)
+	r.hooks.claimed = func(rows int) { claimed <- rows }
+	var once sync.Once
+	r.hooks.published = func(wake <-chan struct{}) {
+		once.Do(func() {
+			enqueue(t, b.pool, msgTo(b.queue, "busy-2"))
+			testenv.WaitFor(t, "the second row's wake-up", func() bool { return len(wake) > 0 })
+		})
+	}
+	start(t, r)
+	enqueue(t, b.pool, msgTo(b.queue, "busy-1"))
+	waitAllSent(t, b.pool, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), testenv.Timeout())
+	defer cancel()
+	require.NoError(t, r.Stop(ctx))
+
+	// (A wake-up left over from the relay's start, when the LISTEN
+	// connection wakes the lane, may make one more claim ride along.)
+	require.GreaterOrEqual(t, tc.count("update | commit | begin | select"), 1, "the second claim rode with the first COMMIT")
+	var sizes []int
+	for len(claimed) > 0 {
+		if n := <-claimed; n > 0 {
+			sizes = append(sizes, n)
+		}
+	}
+	require.Equal(t, []int{1, 1}, sizes, "each row claimed once, by its own batch")
+	require.Equal(t, 2, countRows(t, b.pool, "sent_at IS NOT NULL"))
 }
 
 // TestFailedMarkRollsBackAndRetries makes the mark fail once: the batch
