@@ -162,7 +162,7 @@ func benchThroughput(b *testing.B, concurrency int) {
 // off). Run it with a fixed count, e.g. -benchtime=2000x.
 func BenchmarkRelayLag(b *testing.B) {
 	for _, rate := range []int{500, 1500} {
-		for _, gather := range []time.Duration{-1, time.Millisecond, 2 * time.Millisecond} {
+		for _, gather := range []time.Duration{-1, time.Millisecond, 10 * time.Millisecond} {
 			b.Run(fmt.Sprintf("rate=%d/gather=%s", rate, gather), func(b *testing.B) {
 				benchLag(b, rate, gather)
 			})

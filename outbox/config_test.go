@@ -57,7 +57,7 @@ func TestNewRelayConfig(t *testing.T) {
 	require.Same(t, r1.metrics.published, r2.metrics.published)
 	require.Equal(t, 100, r1.cfg.BatchSize)
 	require.Equal(t, 24*time.Hour, r1.cfg.Retention)
-	require.Equal(t, time.Millisecond, r1.cfg.GatherDelay)
+	require.Equal(t, 10*time.Millisecond, r1.cfg.GatherDelay)
 }
 
 func TestRedactURL(t *testing.T) {
