@@ -74,6 +74,8 @@ WHERE id = $1`
 // stopping relay finishes it (bounded by PublishTimeout) instead of leaving
 // confirmed rows unmarked; it claims no further batch once ctx is done.
 func (r *Relay) relayBatch(ctx context.Context, l *lane) (int, error) {
+	r.inFlight.Add(1)
+	defer r.inFlight.Add(-1)
 	base := context.WithoutCancel(ctx)
 	cctx, cancel := context.WithTimeout(base, r.cfg.PublishTimeout)
 	defer cancel()

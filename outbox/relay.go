@@ -39,6 +39,9 @@ type Relay struct {
 	hooks   testHooks
 
 	killed atomic.Bool // set by a test hook's kill; stops every lane
+	// inFlight counts the lanes running batches: a lane woken while
+	// another is busy gathers too (rows keep arriving).
+	inFlight atomic.Int32
 
 	svc startstop.Service // the lanes' lifecycle
 }
@@ -204,10 +207,11 @@ func (r *Relay) runLane(ctx context.Context, l *lane) error {
 			notify(l.wake) // more may be waiting: another idle lane helps
 			continue
 		}
-		// A wake-up that came while this batch ran means rows keep
-		// arriving: gathering them a moment longer makes the next batch
-		// bigger, and each round trip serve more rows. A lane that found
-		// nothing new waits for its wake-up and claims at once.
+		// A wake-up that came while this batch ran, or one that comes
+		// while another lane is busy, means rows keep arriving: gathering
+		// them a moment longer makes the next batch bigger, and each round
+		// trip serve more rows. A lane woken after a quiet spell (no lane
+		// busy) claims at once.
 		busy := n > 0 && len(l.wake) > 0
 		if r.hooks.idle != nil {
 			r.hooks.idle(len(l.wake) > 0)
@@ -216,7 +220,7 @@ func (r *Relay) runLane(ctx context.Context, l *lane) error {
 		select {
 		case <-ctx.Done():
 		case <-l.wake:
-			if busy && r.cfg.GatherDelay > 0 {
+			if (busy || r.inFlight.Load() > 0) && r.cfg.GatherDelay > 0 {
 				if r.hooks.gather != nil {
 					r.hooks.gather()
 				}
