@@ -171,6 +171,31 @@ func TestBusyLaneClaimsWithTheCommit(t *testing.T) {
 	require.Equal(t, 2, countRows(t, b.pool, "sent_at IS NOT NULL"))
 }
 
+// A lane woken while another lane has a batch in flight gathers before it
+// claims (rows keep arriving); it does not claim at once.
+func TestLaneWokenWhileAnotherIsBusyGathers(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	r, _ := b.newRelay(t, &RelayConfig{Concurrency: 2, Retention: -1, GatherDelay: 20 * time.Millisecond, PollInterval: time.Hour})
+	gathered := make(chan struct{}, 1)
+	r.hooks.gather = func() { notify(gathered) }
+	var once sync.Once
+	r.hooks.published = func(<-chan struct{}) {
+		once.Do(func() {
+			// This lane is in flight: the other one, woken by the second
+			// row, must gather first.
+			enqueue(t, b.pool, msgTo(b.queue, "second"))
+			testenv.WaitChan(t, gathered, "the other lane's gather")
+		})
+	}
+	listening := make(chan struct{}, 1)
+	r.hooks.listening = func() { notify(listening) }
+	start(t, r)
+	testenv.WaitChan(t, listening, "the relay's LISTEN")
+	enqueue(t, b.pool, msgTo(b.queue, "first"))
+	waitAllSent(t, b.pool, 2)
+}
+
 // TestFailedMarkRollsBackAndRetries makes the mark fail once: the batch
 // rolls back (its rows stay pending) and the
 // next batch publishes the rows again and marks them.
