@@ -38,6 +38,8 @@ type Relay struct {
 	tracer  trace.Tracer
 	hooks   testHooks
 
+	spanName spanName // of the publish spans
+
 	killed atomic.Bool // set by a test hook's kill; stops every lane
 
 	svc startstop.Service // the lanes' lifecycle
