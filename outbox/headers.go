@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -255,28 +256,29 @@ func encodePlainStrings(h amqp.Table) (b []byte, ok bool) {
 	if len(h) > maxKeys {
 		return nil, false
 	}
-	var stack [maxKeys]string
-	keys := stack[:0]
+	var stack [maxKeys][2]string // key, value
+	kvs := stack[:0]
 	size := 2
 	for k, v := range h {
 		s, isString := v.(string)
 		if !isString || !plainString(k) || !plainString(s) {
 			return nil, false
 		}
-		keys = append(keys, k)
+		kvs = append(kvs, [2]string{k, s})
 		size += len(k) + len(s) + len(`"":{"t":"string","v":""},`)
 	}
-	slices.Sort(keys) // encoding/json sorts a map's keys
+	// encoding/json sorts a map's keys.
+	slices.SortFunc(kvs, func(a, b [2]string) int { return strings.Compare(a[0], b[0]) })
 	b = make([]byte, 0, size)
 	b = append(b, '{')
-	for i, k := range keys {
+	for i, kv := range kvs {
 		if i > 0 {
 			b = append(b, ',')
 		}
 		b = append(b, '"')
-		b = append(b, k...)
+		b = append(b, kv[0]...)
 		b = append(b, `":{"t":"string","v":"`...)
-		b = append(b, h[k].(string)...)
+		b = append(b, kv[1]...)
 		b = append(b, `"}`...)
 	}
 	return append(b, '}'), true
