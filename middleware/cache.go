@@ -134,9 +134,9 @@ func (m *cacheMiddleware) wrap(next inboxtype.DeliveryHandler) inboxtype.Deliver
 		key := m.opts.Prefix + d.Namespace + ":" + d.Key
 		fp := hex.EncodeToString(d.Fingerprint)
 		if m.health.allow() {
-			cctx, cancel := context.WithTimeout(ctx, m.opts.CallTimeout)
-			val, err := m.rounds.get(cctx, key)
-			cancel()
+			// Bounded by CallTimeout as if ctx had that deadline, without a
+			// context (and a timer) per call.
+			val, err := m.rounds.get(ctx, time.Now().Add(m.opts.CallTimeout), key)
 			switch {
 			case err == nil:
 				m.health.set(false, nil)
@@ -154,10 +154,10 @@ func (m *cacheMiddleware) wrap(next inboxtype.DeliveryHandler) inboxtype.Deliver
 
 		err := next(ctx, d)
 		if completed(err) && m.health.allow() {
-			// Written even if ctx has ended: the effect is committed.
-			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.opts.CallTimeout)
-			serr := m.rounds.set(cctx, key, fp)
-			cancel()
+			// Written even if ctx has ended: the effect is committed. The
+			// round runs on a context of its own (roundContext): ctx's
+			// values never reached the client.
+			serr := m.rounds.set(context.Background(), time.Now().Add(m.opts.CallTimeout), key, fp)
 			m.health.set(serr != nil, serr)
 		}
 		return err

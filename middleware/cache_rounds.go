@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -41,28 +42,35 @@ func newCacheRounds(client redis.UniversalClient, ttl time.Duration) *cacheRound
 	return r
 }
 
-// get reads key, sharing the round trip with concurrent reads. ctx bounds
-// the wait (its deadline also bounds the round it is sent in); a read
-// whose ctx ends before it was sent is not sent, and ctx's error is
-// returned.
-func (r *cacheRounds) get(ctx context.Context, key string) (string, error) {
-	o := &cacheOp{key: key}
-	o.deadline, _ = ctx.Deadline()
-	if err := r.reads.Do(ctx, o); err != nil {
+// get reads key, sharing the round trip with concurrent reads. ctx and
+// deadline (the earlier of the two) bound the wait, and the deadline the
+// round it is sent in; a read whose ctx ends, or whose deadline passes,
+// before it was sent is not sent, and ctx's error (or
+// context.DeadlineExceeded) is returned.
+func (r *cacheRounds) get(ctx context.Context, deadline time.Time, key string) (string, error) {
+	o := &cacheOp{key: key, deadline: earliest(ctx, deadline)}
+	if err := r.reads.DoBy(ctx, o.deadline, o); err != nil {
 		return "", err
 	}
 	return o.got, o.err
 }
 
 // set writes val at key with the TTL, sharing the round trip with
-// concurrent writes; ctx as for get.
-func (r *cacheRounds) set(ctx context.Context, key, val string) error {
-	o := &cacheOp{key: key, val: val}
-	o.deadline, _ = ctx.Deadline()
-	if err := r.writes.Do(ctx, o); err != nil {
+// concurrent writes; ctx and deadline as for get.
+func (r *cacheRounds) set(ctx context.Context, deadline time.Time, key, val string) error {
+	o := &cacheOp{key: key, val: val, deadline: earliest(ctx, deadline)}
+	if err := r.writes.DoBy(ctx, o.deadline, o); err != nil {
 		return err
 	}
 	return o.err
+}
+
+// earliest returns the earlier of ctx's deadline and deadline.
+func earliest(ctx context.Context, deadline time.Time) time.Time {
+	if d, ok := ctx.Deadline(); ok && (deadline.IsZero() || d.Before(deadline)) {
+		return d
+	}
+	return deadline
 }
 
 // roundContext bounds a round by the earliest deadline of batch.
@@ -83,8 +91,11 @@ func (r *cacheRounds) sendReads(batch []*cacheOp) {
 	ctx, cancel := roundContext(batch)
 	defer cancel()
 	if len(batch) == 1 {
+		// MGET of the one key, not GET: a miss is then a nil in the
+		// reply, not a redis.Nil error, which the client would run
+		// through its retry classification (a dozen allocations).
 		o := batch[0]
-		o.got, o.err = r.client.Get(ctx, o.key).Result()
+		o.got, o.err = mgetOne(r.client.MGet(ctx, o.key).Result())
 		return
 	}
 	pipe := r.client.Pipeline()
@@ -115,4 +126,20 @@ func (r *cacheRounds) sendWrites(batch []*cacheOp) {
 	for i, o := range batch {
 		o.err = cmds[i].Err()
 	}
+}
+
+// mgetOne returns the answer of an MGET of one key as GET gives it: the
+// value, or redis.Nil for a missing key (or one that holds no string).
+func mgetOne(vals []any, err error) (string, error) {
+	switch {
+	case err != nil:
+		return "", err
+	case len(vals) != 1:
+		return "", fmt.Errorf("middleware: cache: MGET of one key answered %d values", len(vals))
+	}
+	s, ok := vals[0].(string)
+	if !ok {
+		return "", redis.Nil
+	}
+	return s, nil
 }

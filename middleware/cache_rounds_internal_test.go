@@ -36,7 +36,7 @@ func (h *roundHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		}
 		h.trips.Add(1)
 		if h.hold != nil {
-			h.hold(ctx, cmd.Name())
+			h.hold(ctx, cacheName(cmd))
 		}
 		return next(ctx, cmd)
 	}
@@ -49,7 +49,7 @@ func (h *roundHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 		}
 		h.trips.Add(1)
 		if h.hold != nil {
-			h.hold(ctx, cmds[0].Name())
+			h.hold(ctx, cacheName(cmds[0]))
 		}
 		return next(ctx, cmds)
 	}
@@ -59,8 +59,16 @@ func (h *roundHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 // own, such as the HELLO of a new connection, and the tests' assertions
 // made through the same client are not counted).
 func cacheCommand(cmd redis.Cmder) bool {
-	name := cmd.Name()
+	name := cacheName(cmd)
 	return name == "get" || name == "set"
+}
+
+// cacheName is cmd's name, "get" for the MGET of a lone read.
+func cacheName(cmd redis.Cmder) string {
+	if name := cmd.Name(); name != "mget" {
+		return name
+	}
+	return "get"
 }
 
 // roundDelivery returns a decoded delivery of consumer "svc" with key and

@@ -74,3 +74,21 @@ func TestAddToBatchValidatesBeforeAdding(t *testing.T) {
 	require.NoError(t, AddToBatch(context.Background(), batch))
 	require.Equal(t, 1, batch.Len())
 }
+
+// BenchmarkAddToBatch measures what a handler pays to enqueue one event
+// in its batch (the id, the headers, the queued statements), without
+// PostgreSQL.
+func BenchmarkAddToBatch(b *testing.B) {
+	ctx := b.Context()
+	msg := Message{
+		Exchange: "payments.events", RoutingKey: "payment.completed", IdempotencyKey: "order-1234567",
+		ContentType: "application/json", Body: []byte(`{"order_id":"order-1234567","amount_cents":1250,"currency":"EUR","status":"completed"}`),
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		batch := &pgx.Batch{}
+		if err := AddToBatch(ctx, batch, msg); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

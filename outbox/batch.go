@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -473,7 +474,9 @@ func (r *Relay) publish(ctx context.Context, l *lane, batch []pendingRow) publis
 // startPublishSpan starts the producer span of row p, a child of the trace
 // context stored in its headers, and writes the span's context into
 // headers in its place. It returns nil, and leaves headers as they are,
-// when the span does not record.
+// when the span does not record. As the consumer's span (middleware.Tracing),
+// it gets its attributes once it is known to record: a span that does not
+// (no SDK installed, or not sampled) costs no attribute.
 func (r *Relay) startPublishSpan(ctx context.Context, p *pendingRow, headers amqp.Table) trace.Span {
 	prop := propagation.TraceContext{}
 	dest := p.exchange
@@ -481,23 +484,40 @@ func (r *Relay) startPublishSpan(ctx context.Context, p *pendingRow, headers amq
 		dest = p.routingKey
 	}
 	ctx = prop.Extract(ctx, envelope.Carrier(headers))
-	_, span := r.tracer.Start(ctx, "publish "+dest, trace.WithSpanKind(trace.SpanKindProducer),
-		trace.WithAttributes(
-			attribute.String("messaging.system", "rabbitmq"),
-			attribute.String("messaging.operation.type", "send"),
-			attribute.String("messaging.operation.name", "publish"),
-			attribute.String("messaging.destination.name", dest),
-			attribute.String("messaging.rabbitmq.destination.routing_key", p.routingKey),
-			attribute.String("messaging.message.id", p.messageID),
-			attribute.Int("messaging.message.body.size", len(p.body)),
-			attribute.Int("inboxmq.outbox.attempts", p.attempts),
-		))
+	_, span := r.tracer.Start(ctx, r.spanName.get(dest), publishSpanKind)
 	if !span.IsRecording() {
 		span.End()
 		return nil
 	}
+	span.SetAttributes(
+		attribute.String("messaging.system", "rabbitmq"),
+		attribute.String("messaging.operation.type", "send"),
+		attribute.String("messaging.operation.name", "publish"),
+		attribute.String("messaging.destination.name", dest),
+		attribute.String("messaging.rabbitmq.destination.routing_key", p.routingKey),
+		attribute.String("messaging.message.id", p.messageID),
+		attribute.Int("messaging.message.body.size", len(p.body)),
+		attribute.Int("inboxmq.outbox.attempts", p.attempts),
+	)
 	prop.Inject(trace.ContextWithSpan(ctx, span), envelope.Carrier(headers))
 	return span
+}
+
+var publishSpanKind = trace.WithSpanKind(trace.SpanKindProducer)
+
+// spanName caches "publish <destination>" for the last destination, so
+// that a row whose span does not record costs no allocation for its name.
+type spanName struct {
+	last atomic.Pointer[[2]string] // destination, name
+}
+
+func (n *spanName) get(dest string) string {
+	if p := n.last.Load(); p != nil && p[0] == dest {
+		return p[1]
+	}
+	name := "publish " + dest
+	n.last.Store(&[2]string{dest, name})
+	return name
 }
 
 // retryDelay is RetryMinDelay·2^(attempt-1), capped at RetryMaxDelay.

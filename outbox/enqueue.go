@@ -88,10 +88,12 @@ func prepare(ctx context.Context, m Message) (row, error) {
 		r.body = []byte{}
 	}
 	if m.OrderingKey != "" {
-		r.orderingKey = &m.OrderingKey
+		k := m.OrderingKey // not &m.OrderingKey: m would move to the heap
+		r.orderingKey = &k
 	}
 	if m.IdempotencyKey != "" {
-		r.idempotencyKey = &m.IdempotencyKey
+		k := m.IdempotencyKey
+		r.idempotencyKey = &k
 	}
 	return r, nil
 }
@@ -170,10 +172,13 @@ func AddToBatch(ctx context.Context, b *pgx.Batch, msgs ...Message) error {
 	return nil
 }
 
-// queueRows appends the inserts of rows and the NOTIFY to b.
+// queueRows appends the inserts of rows and the NOTIFY to b. The
+// arguments point into rows (pgx reads through pointers): a pointer goes
+// into an interface without the allocation a string or a slice costs.
 func queueRows(b *pgx.Batch, rows []row) {
-	for _, r := range rows {
-		b.Queue(insertSQL, r.id, r.exchange, r.routingKey, r.headers, r.contentType, r.body, r.orderingKey, r.idempotencyKey)
+	for i := range rows {
+		r := &rows[i]
+		b.Queue(insertSQL, &r.id, &r.exchange, &r.routingKey, &r.headers, &r.contentType, &r.body, r.orderingKey, r.idempotencyKey)
 	}
 	b.Queue(notifySQL)
 }

@@ -3,10 +3,14 @@ package outbox
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/inboxmq/inboxmq/inboxtype"
 )
 
 // The headers column keeps AMQP's field types, so a header written as int32
@@ -28,6 +32,9 @@ type decimalValue struct {
 func encodeHeaders(h amqp.Table) ([]byte, error) {
 	if h == nil {
 		return []byte("{}"), nil
+	}
+	if b, ok := encodePlainStrings(h); ok {
+		return b, nil
 	}
 	if err := h.Validate(); err != nil {
 		return nil, fmt.Errorf("outbox: headers: %w", err)
@@ -117,6 +124,9 @@ func encodeValue(v any) (taggedValue, error) {
 
 // decodeHeaders is the inverse of encodeHeaders (an empty object gives nil).
 func decodeHeaders(b []byte) (amqp.Table, error) {
+	if t, ok := decodePlainStrings(b); ok {
+		return t, nil
+	}
 	var m map[string]taggedValue
 	if err := json.Unmarshal(b, &m); err != nil {
 		return nil, fmt.Errorf("outbox: headers: %w", err)
@@ -215,4 +225,169 @@ func decodeValue(tv taggedValue) (any, error) {
 	default:
 		return nil, fmt.Errorf("unknown field type %q", tv.T)
 	}
+}
+
+// The usual headers (the idempotency key, the trace context) are a few
+// strings of plain ASCII. encodePlainStrings and decodePlainStrings handle
+// those without encoding/json's reflection and per-value allocations; any
+// other table goes the general way. Both give exactly what the general
+// way gives (outbox/headers_test.go checks it).
+
+// plainByte reports whether c needs no escaping in a JSON string, as
+// encoding/json writes it (which escapes <, > and &) and reads it (which
+// rewrites invalid UTF-8: only ASCII is taken here).
+func plainByte(c byte) bool {
+	return c >= 0x20 && c < 0x7f && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&'
+}
+
+func plainString(s string) bool {
+	for i := range len(s) {
+		if !plainByte(s[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// encodePlainStrings encodes h as encodeHeaders would when every value is
+// a string and every key and value is plain ASCII; ok is false otherwise.
+func encodePlainStrings(h amqp.Table) (b []byte, ok bool) {
+	const maxKeys = 8
+	if len(h) > maxKeys {
+		return nil, false
+	}
+	var stack [maxKeys][2]string // key, value
+	kvs := stack[:0]
+	size := 2
+	for k, v := range h {
+		s, isString := v.(string)
+		if !isString || !plainString(k) || !plainString(s) {
+			return nil, false
+		}
+		kvs = append(kvs, [2]string{k, s})
+		size += len(k) + len(s) + len(`"":{"t":"string","v":""},`)
+	}
+	// encoding/json sorts a map's keys.
+	slices.SortFunc(kvs, func(a, b [2]string) int { return strings.Compare(a[0], b[0]) })
+	b = make([]byte, 0, size)
+	b = append(b, '{')
+	for i, kv := range kvs {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, '"')
+		b = append(b, kv[0]...)
+		b = append(b, `":{"t":"string","v":"`...)
+		b = append(b, kv[1]...)
+		b = append(b, `"}`...)
+	}
+	return append(b, '}'), true
+}
+
+// decodePlainStrings decodes b as decodeHeaders would when b is an object
+// of plain-ASCII keys whose values are all {"t": "string", "v": <plain
+// ASCII string>}, in the layout encodePlainStrings writes or the one
+// PostgreSQL's jsonb gives back (a space after each colon and comma); ok
+// is false for anything else.
+func decodePlainStrings(b []byte) (t amqp.Table, ok bool) {
+	p := plainParser{b: b}
+	if !p.byte('{') {
+		return nil, false
+	}
+	if p.byte('}') {
+		return nil, p.end() // a nil amqp.Table is the empty table
+	}
+	for {
+		k, ok := p.str()
+		if !ok || !p.byte(':') || !p.byte('{') {
+			return nil, false
+		}
+		// The tag first: encoding/json and jsonb both write "t" before "v".
+		if tk, ok := p.str(); !ok || string(tk) != "t" || !p.byte(':') {
+			return nil, false
+		}
+		if tag, ok := p.str(); !ok || string(tag) != "string" || !p.byte(',') {
+			return nil, false
+		}
+		if vk, ok := p.str(); !ok || string(vk) != "v" || !p.byte(':') {
+			return nil, false
+		}
+		v, ok := p.str()
+		if !ok || !p.byte('}') {
+			return nil, false
+		}
+		if t == nil {
+			t = make(amqp.Table, 2)
+		}
+		t[headerName(k)] = string(v)
+		if p.byte('}') {
+			return t, p.end()
+		}
+		if !p.byte(',') {
+			return nil, false
+		}
+	}
+}
+
+// headerName returns b as a string, without a copy for the names most
+// rows carry.
+func headerName(b []byte) string {
+	switch string(b) {
+	case inboxtype.HeaderIdempotencyKey:
+		return inboxtype.HeaderIdempotencyKey
+	case "traceparent":
+		return "traceparent"
+	case "tracestate":
+		return "tracestate"
+	}
+	return string(b)
+}
+
+// plainParser reads the JSON subset decodePlainStrings accepts.
+type plainParser struct {
+	b []byte
+	i int
+}
+
+func (p *plainParser) space() {
+	for p.i < len(p.b) && (p.b[p.i] == ' ' || p.b[p.i] == '\t' || p.b[p.i] == '\n' || p.b[p.i] == '\r') {
+		p.i++
+	}
+}
+
+// byte consumes c, after any white space.
+func (p *plainParser) byte(c byte) bool {
+	p.space()
+	if p.i < len(p.b) && p.b[p.i] == c {
+		p.i++
+		return true
+	}
+	return false
+}
+
+// str consumes a string of plain bytes, after any white space, and
+// returns its content (a part of p.b).
+func (p *plainParser) str() ([]byte, bool) {
+	if !p.byte('"') {
+		return nil, false
+	}
+	start := p.i
+	for p.i < len(p.b) && p.b[p.i] != '"' {
+		if !plainByte(p.b[p.i]) {
+			return nil, false
+		}
+		p.i++
+	}
+	if p.i == len(p.b) {
+		return nil, false
+	}
+	s := p.b[start:p.i]
+	p.i++
+	return s, true
+}
+
+// end reports whether only white space is left.
+func (p *plainParser) end() bool {
+	p.space()
+	return p.i == len(p.b)
 }

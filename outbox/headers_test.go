@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -70,4 +71,152 @@ func TestDeriveID(t *testing.T) {
 	require.Regexp(t, `^[0-9a-f]{8}-[0-9a-f]{4}-8[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`, id)
 	require.NotEqual(t, id, DeriveID("ex", "rk2", "key-1"), "destination matters")
 	require.NotEqual(t, DeriveID("a", "bc", "k"), DeriveID("ab", "c", "k"), "fields are length-prefixed")
+}
+
+// encodeGeneral and decodeGeneral are encodeHeaders and decodeHeaders
+// without their fast path for plain strings.
+func encodeGeneral(t *testing.T, h amqp.Table) []byte {
+	t.Helper()
+	m, err := encodeTable(h)
+	require.NoError(t, err)
+	b, err := json.Marshal(m)
+	require.NoError(t, err)
+	return b
+}
+
+func decodeGeneral(b []byte) (amqp.Table, error) {
+	var m map[string]taggedValue
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, err
+	}
+	if len(m) == 0 {
+		return nil, nil //nolint:nilnil // as decodeHeaders
+	}
+	return decodeTable(m)
+}
+
+// jsonbLayout rewrites compact JSON as PostgreSQL's jsonb prints it: a
+// space after each colon and comma outside strings.
+func jsonbLayout(b []byte) []byte {
+	var out []byte
+	in := false
+	for i := 0; i < len(b); i++ {
+		c := b[i]
+		out = append(out, c)
+		switch {
+		case in && c == '\\':
+			i++
+			out = append(out, b[i])
+		case c == '"':
+			in = !in
+		case !in && (c == ':' || c == ','):
+			out = append(out, ' ')
+		}
+	}
+	return out
+}
+
+func TestHeadersPlainStringsFastPath(t *testing.T) {
+	t.Parallel()
+	for name, h := range map[string]amqp.Table{
+		"key and trace": {"x-idempotency-key": "order-1", "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
+		"one":           {"a": "b"},
+		"empty value":   {"k": ""},
+		"empty key":     {"": "v"},
+		"html":          {"k": "<a&b>"},
+		"quote":         {"k": `say "hi"`},
+		"backslash":     {`k\`: "v"},
+		"unicode":       {"k": "é"},
+		"control":       {"k": "a\nb"},
+		"not a string":  {"k": "v", "n": int32(1)},
+		"nine keys":     {"a": "1", "b": "2", "c": "3", "d": "4", "e": "5", "f": "6", "g": "7", "h": "8", "i": "9"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			want := encodeGeneral(t, h)
+			got, err := encodeHeaders(h)
+			require.NoError(t, err)
+			require.Equal(t, string(want), string(got), "the bytes the general encoding writes")
+			for _, b := range [][]byte{want, jsonbLayout(want)} {
+				wantT, wantErr := decodeGeneral(b)
+				gotT, gotErr := decodeHeaders(b)
+				require.Equal(t, wantErr == nil, gotErr == nil, "%s", b)
+				require.Equal(t, wantT, gotT, "%s", b)
+			}
+		})
+	}
+}
+
+func TestHeadersFastPathFallsBack(t *testing.T) {
+	t.Parallel()
+	for _, in := range []string{
+		`{}`, ` { } `, `{"k": {"t": "string", "v": "x"}}`, `{"k":{"v":"x","t":"string"}}`,
+		`{"k":{"t":"int32","v":5}}`, `{"k":{"t":"string"}}`, `{"k":{"t":"string","v":"a\u00e9"}}`,
+		`{"k":{"t":"string","v":"x"},}`, `{"k":{"t":"string","v":"x"}} x`, `{"k":{"t":"string","v":"x"`,
+		`{"a":{"t":"string","v":"1"},"a":{"t":"string","v":"2"}}`, `[]`, `null`, ``,
+	} {
+		wantT, wantErr := decodeGeneral([]byte(in))
+		gotT, gotErr := decodeHeaders([]byte(in))
+		require.Equal(t, wantErr == nil, gotErr == nil, "%s", in)
+		require.Equal(t, wantT, gotT, "%s", in)
+	}
+}
+
+func FuzzHeadersFastPathMatchesGeneral(f *testing.F) {
+	f.Add("x-idempotency-key", "order-1", "traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+	f.Add("k", "<&>", "", "é")
+	f.Fuzz(func(t *testing.T, k1, v1, k2, v2 string) {
+		h := amqp.Table{k1: v1, k2: v2}
+		want := encodeGeneral(t, h)
+		got, err := encodeHeaders(h)
+		require.NoError(t, err)
+		require.Equal(t, string(want), string(got))
+		for _, b := range [][]byte{want, jsonbLayout(want)} {
+			wantT, wantErr := decodeGeneral(b)
+			gotT, gotErr := decodeHeaders(b)
+			require.Equal(t, wantErr == nil, gotErr == nil, "%s", b)
+			require.Equal(t, wantT, gotT, "%s", b)
+		}
+	})
+}
+
+func FuzzDecodeHeadersMatchesGeneral(f *testing.F) {
+	f.Add([]byte(`{"k": {"t": "string", "v": "x"}}`))
+	f.Add([]byte(`{"k":{"t":"string","v":"x"},"n":{"t":"int32","v":1}}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		wantT, wantErr := decodeGeneral(b)
+		gotT, gotErr := decodeHeaders(b)
+		require.Equal(t, wantErr == nil, gotErr == nil, "%q", b)
+		if wantErr == nil {
+			require.Equal(t, wantT, gotT, "%q", b)
+		}
+	})
+}
+
+var benchHeaders = amqp.Table{
+	"x-idempotency-key": "order-1234567",
+	"traceparent":       "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+}
+
+func BenchmarkEncodeHeaders(b *testing.B) {
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := encodeHeaders(benchHeaders); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkDecodeHeaders(b *testing.B) {
+	enc, err := encodeHeaders(benchHeaders)
+	if err != nil {
+		b.Fatal(err)
+	}
+	enc = jsonbLayout(enc) // as the claim reads it back
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := decodeHeaders(enc); err != nil {
+			b.Fatal(err)
+		}
+	}
 }

@@ -38,6 +38,8 @@ type Relay struct {
 	tracer  trace.Tracer
 	hooks   testHooks
 
+	spanName spanName // of the publish spans
+
 	killed atomic.Bool // set by a test hook's kill; stops every lane
 	// inFlight counts the lanes running batches: a lane woken while
 	// another is busy gathers too (rows keep arriving).

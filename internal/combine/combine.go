@@ -16,6 +16,7 @@ import (
 	"errors"
 	"slices"
 	"sync"
+	"time"
 )
 
 // ErrRoundPanicked is returned to the callers of a round whose send
@@ -57,15 +58,27 @@ func New[T any](send func(batch []T), split func(queue []T) []bool) *Combiner[T]
 // is done. If the round's send panics, the panic goes on in the caller
 // that sent it, and the round's other callers get [ErrRoundPanicked].
 func (c *Combiner[T]) Do(ctx context.Context, v T) error {
+	return c.DoBy(ctx, time.Time{}, v)
+}
+
+// DoBy is [Combiner.Do] with a deadline of its own besides ctx's (none if
+// zero): v is withdrawn, and [context.DeadlineExceeded] returned, if the
+// deadline passes while v is still queued, as if ctx had that deadline.
+// It saves a caller the context (and its timer) it would build for the
+// bound: the wait arms a timer only when v has to queue.
+func (c *Combiner[T]) DoBy(ctx context.Context, deadline time.Time, v T) error {
 	if err := ctx.Err(); err != nil {
 		return err
+	}
+	if !deadline.IsZero() && !time.Now().Before(deadline) {
+		return context.DeadlineExceeded
 	}
 	e := &entry[T]{v: v, done: make(chan struct{}, 1)}
 	c.mu.Lock()
 	c.queue = append(c.queue, e)
 	if c.busy {
 		c.mu.Unlock()
-		if err := c.wait(ctx, e); err != nil || !e.lead {
+		if err := c.wait(ctx, deadline, e); err != nil || !e.lead {
 			return cmpErr(err, e.err)
 		}
 		c.mu.Lock() // handed the next round
@@ -153,19 +166,30 @@ func (c *Combiner[T]) run(batch []*entry[T], self *entry[T]) {
 	sent = true
 }
 
-// wait waits until e is answered or handed the next round. If ctx ends
-// first and e is still queued, it is withdrawn.
-func (c *Combiner[T]) wait(ctx context.Context, e *entry[T]) error {
+// wait waits until e is answered or handed the next round. If ctx ends,
+// or deadline (if not zero) passes, first and e is still queued, it is
+// withdrawn.
+func (c *Combiner[T]) wait(ctx context.Context, deadline time.Time, e *entry[T]) error {
+	var expired <-chan time.Time
+	if !deadline.IsZero() {
+		t := time.NewTimer(time.Until(deadline))
+		defer t.Stop()
+		expired = t.C
+	}
+	var err error
 	select {
 	case <-e.done:
 		return nil
 	case <-ctx.Done():
+		err = ctx.Err()
+	case <-expired:
+		err = context.DeadlineExceeded
 	}
 	c.mu.Lock()
 	if i := slices.Index(c.queue, e); i > 0 || (i == 0 && !e.lead) {
 		c.queue = slices.Delete(c.queue, i, i+1)
 		c.mu.Unlock()
-		return ctx.Err()
+		return err
 	}
 	c.mu.Unlock()
 	<-e.done

@@ -5,6 +5,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -155,6 +156,38 @@ func TestCombiner_GivingUpWhileQueuedWithdraws(t *testing.T) {
 	require.NoError(t, testenv.WaitChan(t, gateDone, "gate"))
 	require.Equal(t, int64(1), r.rounds.Load(), "nothing else was sent")
 	require.Zero(t, q.round)
+}
+
+// DoBy's deadline bounds the wait as a context deadline would: a queued
+// operation whose deadline passes is withdrawn, not sent, with
+// context.DeadlineExceeded; one past its deadline already is refused; one
+// whose deadline is still ahead when its round comes is sent.
+func TestCombiner_DoByDeadlineWithdrawsLikeAContextDeadline(t *testing.T) {
+	t.Parallel()
+	r := newRig(nil)
+	r.hold.Store(true)
+	gateDone := make(chan error, 1)
+	go func() { gateDone <- r.c.Do(t.Context(), &req{key: "gate"}) }()
+	testenv.WaitChan(t, r.entered, "a round under way")
+
+	q := &req{key: "w"}
+	done := make(chan error, 1)
+	go func() { done <- r.c.DoBy(t.Context(), time.Now().Add(50*time.Millisecond), q) }()
+	kept := &req{key: "kept"}
+	keptDone := make(chan error, 1)
+	go func() { keptDone <- r.c.DoBy(t.Context(), time.Now().Add(testenv.Timeout()), kept) }()
+	testenv.WaitFor(t, "both queued", func() bool { return r.c.Queued() == 2 })
+	require.ErrorIs(t, testenv.WaitChan(t, done, "gave up by its deadline"), context.DeadlineExceeded)
+	require.Equal(t, 1, r.c.Queued(), "withdrawn; the other stays")
+	require.ErrorIs(t, r.c.DoBy(t.Context(), time.Now().Add(-time.Millisecond), &req{key: "late"}), context.DeadlineExceeded)
+
+	r.hold.Store(false)
+	r.release <- struct{}{}
+	require.NoError(t, testenv.WaitChan(t, gateDone, "gate"))
+	require.NoError(t, testenv.WaitChan(t, keptDone, "kept"))
+	require.Equal(t, int64(2), r.rounds.Load(), "the gate's round and kept's")
+	require.Equal(t, int64(2), kept.round)
+	require.Zero(t, q.round, "never sent")
 }
 
 // A round whose send panics: the panic goes on in the caller that sent

@@ -10,7 +10,7 @@ import (
 )
 
 // Flaky wraps a client to inject faults into the commands inboxmq's lock and
-// completed-cache use (EVAL, EVALSHA, GET, SET, and pipelines): with Fail
+// completed-cache use (EVAL, EVALSHA, GET, MGET, SET, and pipelines): with Fail
 // set they return an error at once (connection refused), with Hang set they
 // block until the call's context ends (a Redis that does not answer); the
 // commands never reach Redis (for a hang whose commands run later, see
@@ -66,6 +66,16 @@ func (c *Flaky) Get(ctx context.Context, key string) *redis.StringCmd {
 		return cmd
 	}
 	return c.UniversalClient.Get(ctx, key)
+}
+
+// MGet fails, hangs or passes through.
+func (c *Flaky) MGet(ctx context.Context, keys ...string) *redis.SliceCmd {
+	if err := c.fault(ctx); err != nil {
+		cmd := redis.NewSliceCmd(ctx)
+		cmd.SetErr(err)
+		return cmd
+	}
+	return c.UniversalClient.MGet(ctx, keys...)
 }
 
 // Set fails, hangs or passes through.
