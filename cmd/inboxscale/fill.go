@@ -1,0 +1,184 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// fillStats is the time of each phase of one fill.
+type fillStats struct {
+	rows                           int64
+	insert, vacuum, index, analyze time.Duration
+}
+
+func (s fillStats) total() time.Duration { return s.insert + s.vacuum + s.index + s.analyze }
+
+// fillSQL inserts the rows $1..$2 of consumer 'bench' (key md5(n), 32
+// characters), completed at a random time in the 7 days before $3.
+func (t *table) fillSQL() string {
+	cols, vals := "", ""
+	if t.part != nil {
+		cols = ", bucket"
+		vals = fmt.Sprintf(", date_bin(%d * interval '1 second', x.ts, '%s')",
+			int64(t.part.Width/time.Second), t.part.Origin.Format(time.RFC3339))
+	}
+	return `INSERT INTO inboxmq_inbox (consumer, key, status, fingerprint, fence, attempts, message_id, completed_at, first_seen_at, updated_at` + cols + `)
+SELECT 'bench', md5(g::text), 'completed', sha256('{}'::bytea), 1, 1, 'm-' || g, x.ts, x.ts, x.ts` + vals + `
+FROM generate_series($1::bigint, $2::bigint) g,
+	LATERAL (SELECT $3::timestamptz - interval '7 days' * random() + interval '0' * g AS ts) x`
+}
+
+// indexDDL is what fill drops before it inserts and builds again after.
+type indexDDL struct {
+	name       string // quoted
+	constraint string // the constraint's definition (PRIMARY KEY (…)), or ""
+	index      string // CREATE INDEX …, for an index that backs no constraint
+}
+
+// fill brings t to size rows the cheapest way that leaves the table as
+// normal inserts would: it drops the table's indexes and its primary key
+// (on the partitioned table, the parent's, which drops the partitions'),
+// inserts the generated rows in chunks over conns connections at once
+// (INSERT … SELECT generate_series), VACUUMs the bare heap (hint bits,
+// visibility map, free space map: one pass over it), builds the indexes
+// and the key again under the same names with maintenance_work_mem raised
+// for the session (a sort per index instead of one random B-tree insert
+// per row), and ANALYZEs. The row at a given number is the same whether it
+// was inserted now or with the previous size.
+func (t *table) fill(ctx context.Context, size int64, o options) (fillStats, error) {
+	st := fillStats{rows: size - t.rows}
+	if st.rows <= 0 {
+		return st, nil
+	}
+	conn, err := t.pool.Acquire(ctx)
+	if err != nil {
+		return st, err
+	}
+	defer conn.Release()
+	ddl, err := tableIndexes(ctx, conn.Conn())
+	if err != nil {
+		return st, fmt.Errorf("fill %s: %w", t.name, err)
+	}
+	for _, d := range ddl {
+		drop := "DROP INDEX " + d.name
+		if d.constraint != "" {
+			drop = "ALTER TABLE inboxmq_inbox DROP CONSTRAINT " + d.name
+		}
+		if _, err := conn.Exec(ctx, drop); err != nil {
+			return st, fmt.Errorf("fill %s: %w", t.name, err)
+		}
+	}
+
+	began := time.Now()
+	if err := t.insertChunks(ctx, t.rows+1, size, o); err != nil {
+		return st, err
+	}
+	st.insert = time.Since(began)
+	t.rows = size
+
+	began = time.Now()
+	if _, err := conn.Exec(ctx, "VACUUM inboxmq_inbox"); err != nil {
+		return st, fmt.Errorf("fill %s: vacuum: %w", t.name, err)
+	}
+	st.vacuum = time.Since(began)
+
+	began = time.Now()
+	if _, err := conn.Exec(ctx, "SET maintenance_work_mem = '"+o.maintMem+"'"); err != nil {
+		return st, fmt.Errorf("fill %s: %w", t.name, err)
+	}
+	for _, d := range ddl {
+		// pg_get_indexdef says ON ONLY for a partitioned table's index:
+		// built so, it would cover no partition.
+		build := strings.Replace(d.index, " ON ONLY ", " ON ", 1)
+		if d.constraint != "" {
+			build = "ALTER TABLE inboxmq_inbox ADD CONSTRAINT " + d.name + " " + d.constraint
+		}
+		if _, err := conn.Exec(ctx, build); err != nil {
+			return st, fmt.Errorf("fill %s: %s: %w", t.name, build, err)
+		}
+	}
+	if _, err := conn.Exec(ctx, "RESET maintenance_work_mem"); err != nil {
+		return st, fmt.Errorf("fill %s: %w", t.name, err)
+	}
+	st.index = time.Since(began)
+
+	began = time.Now()
+	if _, err := conn.Exec(ctx, "ANALYZE inboxmq_inbox"); err != nil {
+		return st, fmt.Errorf("fill %s: analyze: %w", t.name, err)
+	}
+	st.analyze = time.Since(began)
+	return st, nil
+}
+
+// tableIndexes lists the indexes of inboxmq_inbox (the parent's, on the
+// partitioned table), the ones that back a constraint first, so that a
+// build in this order makes the key before the other indexes.
+func tableIndexes(ctx context.Context, conn *pgx.Conn) ([]indexDDL, error) {
+	rows, err := conn.Query(ctx, `SELECT quote_ident(ic.relname), COALESCE(pg_get_constraintdef(c.oid), ''),
+		CASE WHEN c.oid IS NULL THEN pg_get_indexdef(i.indexrelid) ELSE '' END
+		FROM pg_index i
+		JOIN pg_class ic ON ic.oid = i.indexrelid
+		LEFT JOIN pg_constraint c ON c.conindid = i.indexrelid AND c.conrelid = i.indrelid
+		WHERE i.indrelid = 'inboxmq_inbox'::regclass
+		ORDER BY c.oid IS NULL, ic.relname`)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (indexDDL, error) {
+		var d indexDDL
+		err := r.Scan(&d.name, &d.constraint, &d.index)
+		return d, err
+	})
+}
+
+// insertChunks inserts the rows lo..hi in chunks of o.chunk, o.fillConns
+// statements at a time.
+func (t *table) insertChunks(ctx context.Context, lo, hi int64, o options) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	now := time.Now()
+	next := make(chan [2]int64)
+	go func() {
+		defer close(next)
+		for a := lo; a <= hi; a += o.chunk {
+			select {
+			case next <- [2]int64{a, min(a+o.chunk-1, hi)}:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	var (
+		wg       sync.WaitGroup
+		once     sync.Once
+		firstErr error
+	)
+	q := t.fillSQL()
+	for range max(o.fillConns, 1) {
+		wg.Go(func() {
+			for c := range next {
+				if _, err := t.pool.Exec(ctx, q, c[0], c[1], now); err != nil {
+					once.Do(func() { firstErr = fmt.Errorf("fill %s: rows %d..%d: %w", t.name, c[0], c[1], err) })
+					cancel()
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return firstErr
+}
+
+// reset empties t (TRUNCATE: the disk is given back at once).
+func (t *table) reset(ctx context.Context) error {
+	if _, err := t.pool.Exec(ctx, "TRUNCATE inboxmq_inbox"); err != nil {
+		return fmt.Errorf("truncate %s: %w", t.name, err)
+	}
+	t.rows = 0
+	return nil
+}
