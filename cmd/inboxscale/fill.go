@@ -51,10 +51,25 @@ type indexDDL struct {
 // per row), and ANALYZEs. The row at a given number is the same whether it
 // was inserted now or with the previous size.
 func (t *table) fill(ctx context.Context, size int64, o options) (fillStats, error) {
-	st := fillStats{rows: size - t.rows}
-	if st.rows <= 0 {
-		return st, nil
+	if size <= t.rows {
+		return fillStats{}, nil
 	}
+	now, q := time.Now(), t.fillSQL()
+	st, err := t.bulkLoad(ctx, t.rows+1, size, o, func(ctx context.Context, lo, hi int64) error {
+		_, err := t.pool.Exec(ctx, q, lo, hi, now)
+		return err
+	})
+	if err != nil {
+		return st, err
+	}
+	t.rows = size
+	return st, nil
+}
+
+// bulkLoad inserts the rows lo..hi, insert(lo', hi') inserting a chunk of
+// them, the way fill describes.
+func (t *table) bulkLoad(ctx context.Context, lo, hi int64, o options, insert func(ctx context.Context, lo, hi int64) error) (fillStats, error) {
+	st := fillStats{rows: hi - lo + 1}
 	conn, err := t.pool.Acquire(ctx)
 	if err != nil {
 		return st, err
@@ -75,11 +90,10 @@ func (t *table) fill(ctx context.Context, size int64, o options) (fillStats, err
 	}
 
 	began := time.Now()
-	if err := t.insertChunks(ctx, t.rows+1, size, o); err != nil {
+	if err := t.insertChunks(ctx, lo, hi, o, insert); err != nil {
 		return st, err
 	}
 	st.insert = time.Since(began)
-	t.rows = size
 
 	began = time.Now()
 	if _, err := conn.Exec(ctx, "VACUUM inboxmq_inbox"); err != nil {
@@ -137,11 +151,10 @@ func tableIndexes(ctx context.Context, conn *pgx.Conn) ([]indexDDL, error) {
 }
 
 // insertChunks inserts the rows lo..hi in chunks of o.chunk, o.fillConns
-// statements at a time.
-func (t *table) insertChunks(ctx context.Context, lo, hi int64, o options) error {
+// chunks at a time.
+func (t *table) insertChunks(ctx context.Context, lo, hi int64, o options, insert func(ctx context.Context, lo, hi int64) error) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	now := time.Now()
 	next := make(chan [2]int64)
 	go func() {
 		defer close(next)
@@ -158,11 +171,10 @@ func (t *table) insertChunks(ctx context.Context, lo, hi int64, o options) error
 		once     sync.Once
 		firstErr error
 	)
-	q := t.fillSQL()
 	for range max(o.fillConns, 1) {
 		wg.Go(func() {
 			for c := range next {
-				if _, err := t.pool.Exec(ctx, q, c[0], c[1], now); err != nil {
+				if err := insert(ctx, c[0], c[1]); err != nil {
 					once.Do(func() { firstErr = fmt.Errorf("fill %s: rows %d..%d: %w", t.name, c[0], c[1], err) })
 					cancel()
 					return
