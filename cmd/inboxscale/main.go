@@ -4,8 +4,10 @@
 //
 //  1. claim throughput and latency (p50, p99) through inbox.Handler at 0,
 //     10 M, 100 M… rows already in the table (-sizes), the rows generated
-//     in the database (INSERT … SELECT generate_series, in chunks), spread
-//     over a 7-day window; a share of the claims (-dup) are copies of keys
+//     in the database and completed over a 7-day window (a bulk load: the
+//     indexes dropped, INSERT … SELECT generate_series in chunks over
+//     -fill-conns connections, VACUUM, the indexes built again, ANALYZE;
+//     see table.fill); a share of the claims (-dup) are copies of keys
 //     already in the table, which the partitioned table must find in any
 //     partition;
 //  2. retention over a simulated week at a steady 1,000 msg/s: the volume
@@ -17,9 +19,12 @@
 //  3. table and index sizes at each size.
 //
 // It sizes itself to the free disk of PostgreSQL's data directory (statfs;
-// -disk-budget of it), from the bytes per row it measures after the first
-// chunk, and says so when it stops short of a size. Figures on a shared or
-// loaded machine are indicative only.
+// -disk-budget of it), from the bytes per row it measured at the previous
+// size (a prior before the first): at each size it measures the two tables
+// side by side when both fit, else one at a time (each filled, measured and
+// emptied in turn, so the disk holds one table), and stops short, saying
+// so, when even one does not fit. Figures on a shared or loaded machine
+// are indicative only.
 //
 //	go run ./cmd/inboxscale -sizes 0,10000000
 package main
@@ -119,9 +124,9 @@ type table struct {
 	bytesPerRow, indexPerRow float64
 }
 
-// The bytes per row assumed before a fill measured them: the plain table
-// at 10 M rows took 278 (heap and indexes), the partitioned one 294, of
-// which 103 and 112 of indexes.
+// The bytes per row assumed before a fill measured them: at 10 M rows the
+// plain table took 281 (heap and indexes), the partitioned one 301, of
+// which 98 and 111 of indexes.
 const (
 	defaultBytesPerRow = 300
 	defaultIndexPerRow = 115
@@ -229,7 +234,7 @@ func run(ctx context.Context, o options) error {
 	}
 	free := freeBytes(dataDir)
 	budget := int64(float64(free) * o.diskBudget)
-	fmt.Printf("%s\ndata directory %s: %.1f GB free, budget %.1f GB (-disk-budget %.2f)\n",
+	fmt.Printf("%s\ndata directory %s: %.1f GB free, budget %.1f GB (-disk-budget %g)\n",
 		version, dataDir, gb(free), gb(budget), o.diskBudget)
 	fmt.Printf("machine: %d cores (shared: figures are indicative)\n\n", numCPU())
 
@@ -265,13 +270,14 @@ sizes:
 		if err != nil {
 			return err
 		}
-		// A fill rebuilds the table's indexes over all its rows: their
-		// sort spills about their size to temporary files meanwhile.
-		var both int64
+		// A fill rebuilds the table's indexes over all its rows, one at a
+		// time: the largest one's sort (the key's tuples, unpadded) spills
+		// about half the indexes' bytes to temporary files meanwhile.
+		spill := int64(float64(size) * indexPerRow / 2)
+		both := spill
 		for _, t := range tables {
 			both += int64(float64(max(size-t.rows, 0)) * bytesPerRow)
 		}
-		both += int64(float64(size) * indexPerRow)
 		// One at a time: the tables are emptied first, so the peak is one
 		// table of size rows (and what the database held without them).
 		var held int64
@@ -279,7 +285,7 @@ sizes:
 			heap, idx, _ := t.sizes(ctx)
 			held += heap + idx
 		}
-		one := int64(float64(size) * (bytesPerRow + indexPerRow))
+		one := int64(float64(size)*bytesPerRow) + spill
 		prior := ""
 		if !measured {
 			prior = ", a prior: none measured yet"
@@ -302,7 +308,7 @@ sizes:
 				return err
 			}
 		default:
-			fmt.Printf("stopping short of %d rows: even one table at a time needs about %.1f GB (%.0f+%.0f bytes per row%s), over the budget of %.1f GB (%.1f GB free, -disk-budget %.2f)\n",
+			fmt.Printf("stopping short of %d rows: even one table at a time needs about %.1f GB (%.0f+%.0f bytes per row%s), over the budget of %.1f GB (%.1f GB free, -disk-budget %g)\n",
 				size, gb(one), bytesPerRow, indexPerRow, prior, gb(budget), gb(free), o.diskBudget)
 			break sizes
 		}
