@@ -41,17 +41,16 @@ type indexDDL struct {
 }
 
 // fill brings t to size rows the cheapest way that leaves the table as
-// normal inserts would: it drops the table's indexes (those the rows
-// enter: see tableIndexes) and its primary key
-// (on the partitioned table, the parent's, which drops the partitions'),
-// inserts the generated rows in chunks over conns connections at once
-// (INSERT … SELECT generate_series), VACUUMs the bare heap (hint bits,
-// visibility map, free space map: one pass over it), builds the indexes
-// and the key again under the same names with maintenance_work_mem raised
-// for the session (a sort per index instead of one random B-tree insert
-// per row; the key as full as random inserts leave it, see keyFill), and
-// ANALYZEs. The row at a given number is the same whether it
-// was inserted now or with the previous size.
+// normal inserts would: it drops the table's primary key and the indexes
+// the rows enter (see tableIndexes; on the partitioned table the parent's,
+// which drops the partitions'), inserts the generated rows in chunks over
+// -fill-conns connections at once (INSERT … SELECT generate_series),
+// VACUUMs the bare heap (hint bits, visibility map, free space map: one
+// pass over it), builds the key and the indexes again under their names
+// with maintenance_work_mem raised for the session (a sort per index
+// instead of one random B-tree descent per row; the key as full as random
+// inserts leave it, see keyFill), and ANALYZEs. Row n has the key md5(n)
+// whichever fill inserted it, so the claims' copies can name any row.
 func (t *table) fill(ctx context.Context, size int64, o options) (fillStats, error) {
 	if size <= t.rows {
 		return fillStats{}, nil
@@ -104,7 +103,7 @@ func (t *table) bulkLoad(ctx context.Context, lo, hi int64, o options, insert fu
 	st.vacuum = time.Since(began)
 
 	began = time.Now()
-	if _, err := conn.Exec(ctx, "SET maintenance_work_mem = '"+o.maintMem+"'"); err != nil {
+	if _, err := conn.Exec(ctx, "SELECT set_config('maintenance_work_mem', $1, false)", o.maintMem); err != nil {
 		return st, fmt.Errorf("fill %s: %w", t.name, err)
 	}
 	for _, d := range ddl {
