@@ -4,8 +4,10 @@
 //
 //  1. claim throughput and latency (p50, p99) through inbox.Handler at 0,
 //     10 M, 100 M… rows already in the table (-sizes), the rows generated
-//     in the database (INSERT … SELECT generate_series, in chunks), spread
-//     over a 7-day window; a share of the claims (-dup) are copies of keys
+//     in the database and completed over a 7-day window (a bulk load: the
+//     indexes dropped, INSERT … SELECT generate_series in chunks over
+//     -fill-conns connections, VACUUM, the indexes built again, ANALYZE;
+//     see table.fill); a share of the claims (-dup) are copies of keys
 //     already in the table, which the partitioned table must find in any
 //     partition;
 //  2. retention over a simulated week at a steady 1,000 msg/s: the volume
@@ -17,9 +19,12 @@
 //  3. table and index sizes at each size.
 //
 // It sizes itself to the free disk of PostgreSQL's data directory (statfs;
-// -disk-budget of it), from the bytes per row it measures after the first
-// chunk, and says so when it stops short of a size. Figures on a shared or
-// loaded machine are indicative only.
+// -disk-budget of it), from the bytes per row it measured at the previous
+// size (a prior before the first): at each size it measures the two tables
+// side by side when both fit, else one at a time (each filled, measured and
+// emptied in turn, so the disk holds one table), and stops short, saying
+// so, when even one does not fit. Figures on a shared or loaded machine
+// are indicative only.
 //
 //	go run ./cmd/inboxscale -sizes 0,10000000
 package main
@@ -63,6 +68,10 @@ type options struct {
 	rounds     int
 	dup        float64
 	chunk      int64
+	fillConns  int
+	maintMem   string
+	database   string
+	sequential bool
 	diskBudget float64
 	simScale   float64
 	simHours   int
@@ -80,6 +89,10 @@ func main() {
 	flag.IntVar(&o.rounds, "rounds", 2, "measurements per table and size, the tables alternating (a loaded machine drifts)")
 	flag.Float64Var(&o.dup, "dup", 0.1, "share of claims that are copies of keys already in the table")
 	flag.Int64Var(&o.chunk, "chunk", 1_000_000, "rows per INSERT when filling")
+	flag.IntVar(&o.fillConns, "fill-conns", max(runtime.NumCPU(), 2), "connections inserting the fill's chunks at once")
+	flag.StringVar(&o.maintMem, "maintenance-work-mem", "1GB", "maintenance_work_mem of the session that builds the indexes after a fill")
+	flag.StringVar(&o.database, "database", "", "database to create for the run and drop at the end (default inboxmq_scale_<unix time>); it must not exist")
+	flag.BoolVar(&o.sequential, "one-at-a-time", false, "measure the tables one after the other at every size, even when both fit the disk budget")
 	flag.Float64Var(&o.diskBudget, "disk-budget", 0.5, "share of the data directory's free disk the run may use")
 	flag.Float64Var(&o.simScale, "sim-scale", 0.01, "retention simulation: share of 1,000 msg/s inserted per simulated hour (0 skips it)")
 	flag.IntVar(&o.simHours, "sim-hours", 72, "retention simulation: steady-state hours after the first 7 days")
@@ -107,6 +120,94 @@ type table struct {
 	store *inbox.Store
 	part  *migrations.Partitioning
 	rows  int64
+	// Measured after the last fill: (heap + indexes) / rows, indexes / rows.
+	bytesPerRow, indexPerRow float64
+}
+
+// The bytes per row assumed before a fill measured them: at 10 M rows the
+// plain table took 281 (heap and indexes), the partitioned one 301, of
+// which 98 and 111 of indexes.
+const (
+	defaultBytesPerRow = 300
+	defaultIndexPerRow = 115
+)
+
+// sideBySide fills both tables to size rows and measures them, the tables
+// alternating -rounds times.
+func sideBySide(ctx context.Context, tables []*table, size int64, o options) error {
+	for _, t := range tables {
+		if err := t.fillAndReport(ctx, size, o); err != nil {
+			return err
+		}
+	}
+	for range o.rounds {
+		for _, t := range tables {
+			if err := t.measureAndPrint(ctx, size, o); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// oneAtATime empties both tables, then fills each to size rows in turn,
+// measures it -rounds times and empties it again: the disk holds one table
+// of size rows at most.
+func oneAtATime(ctx context.Context, tables []*table, size int64, o options) error {
+	for _, t := range tables {
+		if err := t.reset(ctx); err != nil {
+			return err
+		}
+	}
+	for _, t := range tables {
+		if err := t.fillAndReport(ctx, size, o); err != nil {
+			return err
+		}
+		for range o.rounds {
+			if err := t.measureAndPrint(ctx, size, o); err != nil {
+				return err
+			}
+		}
+		if err := t.reset(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (t *table) fillAndReport(ctx context.Context, size int64, o options) error {
+	st, err := t.fill(ctx, size, o)
+	if err != nil {
+		return err
+	}
+	if st.rows > 0 {
+		d := st.total()
+		fmt.Printf("  (filled %s with %d rows to %d in %s: %.0f rows/s; insert %s over %d connections, vacuum %s, indexes %s, analyze %s)\n",
+			t.name, st.rows, size, d.Round(time.Second), float64(st.rows)/d.Seconds(), st.insert.Round(time.Second),
+			o.fillConns, st.vacuum.Round(time.Second), st.index.Round(time.Second), st.analyze.Round(time.Second))
+	}
+	if size > 0 {
+		heap, idx, _ := t.sizes(ctx)
+		t.bytesPerRow = float64(heap+idx) / float64(size)
+		t.indexPerRow = float64(idx) / float64(size)
+	}
+	// As the previous sizes' claims left it: their dead tuples reclaimed,
+	// the visibility map and the statistics up to date.
+	if _, err := t.pool.Exec(ctx, "VACUUM ANALYZE inboxmq_inbox"); err != nil {
+		return fmt.Errorf("vacuum %s: %w", t.name, err)
+	}
+	return nil
+}
+
+func (t *table) measureAndPrint(ctx context.Context, size int64, o options) error {
+	m, err := t.measure(ctx, o)
+	if err != nil {
+		return err
+	}
+	heap, idx, parts := t.sizes(ctx)
+	fmt.Printf("%-12d %-12s %10.0f %9s %9s %9s %9s %11.0f %11.0f %6d\n", size, t.name, m.rate,
+		ms(m.newLat, 50), ms(m.newLat, 99), ms(m.dupLat, 50), ms(m.dupLat, 99), mb(heap), mb(idx), parts)
+	return nil
 }
 
 func run(ctx context.Context, o options) error {
@@ -115,14 +216,14 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	defer admin.Close(context.Background())
-	db := fmt.Sprintf("inboxmq_scale_%d", time.Now().Unix())
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+db); err != nil {
+	db := cmp.Or(o.database, fmt.Sprintf("inboxmq_scale_%d", time.Now().Unix()))
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{db}.Sanitize()); err != nil {
 		return err
 	}
 	fmt.Printf("database %s\n", db)
 	if !o.keep {
 		defer func() {
-			if _, err := admin.Exec(context.Background(), "DROP DATABASE "+db+" WITH (FORCE)"); err != nil {
+			if _, err := admin.Exec(context.Background(), "DROP DATABASE "+pgx.Identifier{db}.Sanitize()+" WITH (FORCE)"); err != nil {
 				log.Printf("inboxscale: drop %s: %v", db, err)
 			}
 		}()
@@ -133,7 +234,7 @@ func run(ctx context.Context, o options) error {
 	}
 	free := freeBytes(dataDir)
 	budget := int64(float64(free) * o.diskBudget)
-	fmt.Printf("%s\ndata directory %s: %.1f GB free, budget %.1f GB (-disk-budget %.2f)\n",
+	fmt.Printf("%s\ndata directory %s: %.1f GB free, budget %.1f GB (-disk-budget %g)\n",
 		version, dataDir, gb(free), gb(budget), o.diskBudget)
 	fmt.Printf("machine: %d cores (shared: figures are indicative)\n\n", numCPU())
 
@@ -159,44 +260,69 @@ func run(ctx context.Context, o options) error {
 	fmt.Printf("%d workers, %s per table and size, %.0f%% copies of existing keys\n", o.workers, o.duration, o.dup*100)
 	fmt.Printf("%-12s %-12s %10s %9s %9s %9s %9s %11s %11s %6s\n",
 		"rows", "table", "claims/s", "new p50", "new p99", "dup p50", "dup p99", "heap MB", "index MB", "parts")
-	var bytesPerRow float64
+	// Bytes of database per row (heap, indexes, free space) and of indexes
+	// per row: measured after each fill, a prior until the first.
+	bytesPerRow, indexPerRow := float64(defaultBytesPerRow), float64(defaultIndexPerRow)
+	measured := false
+sizes:
 	for _, size := range o.sizes {
-		if bytesPerRow > 0 {
-			need := int64(float64(size-plain.rows) * bytesPerRow * 2)
-			if used, _ := dbSize(ctx, plain.pool); used+need > budget {
-				fmt.Printf("stopping short of %d rows: it needs about %.1f GB more (%.0f bytes per row measured, both tables), over the budget of %.1f GB\n",
-					size, gb(need), bytesPerRow, gb(budget))
-				break
-			}
+		used, err := dbSize(ctx, plain.pool)
+		if err != nil {
+			return err
 		}
+		// A fill rebuilds the table's indexes over all its rows, one at a
+		// time: the largest one's sort (the key's tuples, unpadded) spills
+		// about half the indexes' bytes to temporary files meanwhile.
+		spill := int64(float64(size) * indexPerRow / 2)
+		both := spill
 		for _, t := range tables {
-			if err := t.fill(ctx, size, o.chunk); err != nil {
+			both += int64(float64(max(size-t.rows, 0)) * bytesPerRow)
+		}
+		// One at a time: the tables are emptied first, so the peak is one
+		// table of size rows (and what the database held without them).
+		var held int64
+		for _, t := range tables {
+			heap, idx, _ := t.sizes(ctx)
+			held += heap + idx
+		}
+		one := int64(float64(size)*bytesPerRow) + spill
+		prior := ""
+		if !measured {
+			prior = ", a prior: none measured yet"
+		}
+		switch {
+		case !o.sequential && used+both <= budget:
+			fmt.Printf("-- %d rows: side by side (both tables need about %.1f GB more, %.0f+%.0f bytes per row%s; budget %.1f GB, used %.1f GB)\n",
+				size, gb(both), bytesPerRow, indexPerRow, prior, gb(budget), gb(used))
+			if err := sideBySide(ctx, tables, size, o); err != nil {
 				return err
 			}
-		}
-		if size > 0 {
-			sz, _ := dbSize(ctx, plain.pool)
-			bytesPerRow = float64(sz) / float64(2*size)
-		}
-		for _, t := range tables {
-			if _, err := t.pool.Exec(ctx, "VACUUM ANALYZE inboxmq_inbox"); err != nil {
+		case used-held+one <= budget:
+			why := "-one-at-a-time"
+			if !o.sequential {
+				why = fmt.Sprintf("both tables would need about %.1f GB more, over the budget", gb(both))
+			}
+			fmt.Printf("-- %d rows: one table at a time, each filled, measured and emptied (%s; one table needs about %.1f GB, %.0f+%.0f bytes per row%s; budget %.1f GB)\n",
+				size, why, gb(one), bytesPerRow, indexPerRow, prior, gb(budget))
+			if err := oneAtATime(ctx, tables, size, o); err != nil {
 				return err
 			}
+		default:
+			fmt.Printf("stopping short of %d rows: even one table at a time needs about %.1f GB (%.0f+%.0f bytes per row%s), over the budget of %.1f GB (%.1f GB free, -disk-budget %g)\n",
+				size, gb(one), bytesPerRow, indexPerRow, prior, gb(budget), gb(free), o.diskBudget)
+			break sizes
 		}
-		for range o.rounds {
-			for _, t := range tables {
-				m, err := t.measure(ctx, o)
-				if err != nil {
-					return err
+		for _, t := range tables {
+			if t.bytesPerRow > 0 {
+				if !measured {
+					bytesPerRow, indexPerRow, measured = 0, 0, true
 				}
-				heap, idx, parts := t.sizes(ctx)
-				fmt.Printf("%-12d %-12s %10.0f %9s %9s %9s %9s %11.0f %11.0f %6d\n", size, t.name, m.rate,
-					ms(m.newLat, 50), ms(m.newLat, 99), ms(m.dupLat, 50), ms(m.dupLat, 99), mb(heap), mb(idx), parts)
+				bytesPerRow, indexPerRow = max(bytesPerRow, t.bytesPerRow), max(indexPerRow, t.indexPerRow)
 			}
 		}
 	}
-	if bytesPerRow > 0 {
-		fmt.Printf("bytes per row (heap + indexes, both tables' mean): %.0f\n", bytesPerRow)
+	if measured {
+		fmt.Printf("bytes per row (heap, indexes and free space; the larger table's): %.0f, of which indexes %.0f\n", bytesPerRow, indexPerRow)
 	}
 	if o.simScale > 0 {
 		if err := simulate(ctx, cfg, o); err != nil {
@@ -239,36 +365,6 @@ func newTable(ctx context.Context, base *pgxpool.Config, name string, pc *migrat
 		return nil, err
 	}
 	return t, nil
-}
-
-// fillSQL inserts the rows $1..$2 of consumer 'bench' (key md5(n)),
-// completed at a random time in the 7 days before $3.
-func (t *table) fillSQL() string {
-	cols, vals := "", ""
-	if t.part != nil {
-		cols = ", bucket"
-		vals = fmt.Sprintf(", date_bin(%d * interval '1 second', x.ts, '%s')",
-			int64(t.part.Width/time.Second), t.part.Origin.Format(time.RFC3339))
-	}
-	return `INSERT INTO inboxmq_inbox (consumer, key, status, fingerprint, fence, attempts, message_id, completed_at, first_seen_at, updated_at` + cols + `)
-SELECT 'bench', md5(g::text), 'completed', sha256('{}'::bytea), 1, 1, 'm-' || g, x.ts, x.ts, x.ts` + vals + `
-FROM generate_series($1::bigint, $2::bigint) g,
-	LATERAL (SELECT $3::timestamptz - interval '7 days' * random() + interval '0' * g AS ts) x`
-}
-
-func (t *table) fill(ctx context.Context, size, chunk int64) error {
-	start := time.Now()
-	for t.rows < size {
-		n := min(chunk, size-t.rows)
-		if _, err := t.pool.Exec(ctx, t.fillSQL(), t.rows+1, t.rows+n, time.Now()); err != nil {
-			return fmt.Errorf("fill %s: %w", t.name, err)
-		}
-		t.rows += n
-	}
-	if d := time.Since(start); d > time.Second {
-		fmt.Printf("  (filled %s to %d rows in %s)\n", t.name, size, d.Round(time.Second))
-	}
-	return nil
 }
 
 type measurement struct {

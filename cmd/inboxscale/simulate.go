@@ -42,15 +42,16 @@ func simulate(ctx context.Context, base *pgxpool.Config, o options) error {
 				return err
 			}
 		}
-		// The first 7 days, at once.
+		// The first 7 days, at once (bulk loaded like the claims' fill).
 		week := perHour * 24 * 7
-		if err := t.simInsert(ctx, 1, week, t0.Add(-7*24*time.Hour), t0); err != nil {
+		st, err := t.bulkLoad(ctx, 1, week, o, func(ctx context.Context, lo, hi int64) error {
+			return t.simInsert(ctx, lo, hi, 1, week, t0.Add(-7*24*time.Hour), t0)
+		})
+		if err != nil {
 			return err
 		}
+		fmt.Printf("  (filled %s with the first 7 days, %d rows, in %s)\n", t.name, week, st.total().Round(time.Second))
 		t.rows = week
-		if _, err := t.pool.Exec(ctx, "VACUUM ANALYZE inboxmq_inbox"); err != nil {
-			return err
-		}
 		sims = append(sims, t)
 	}
 	type stats struct {
@@ -65,7 +66,7 @@ func simulate(ctx context.Context, base *pgxpool.Config, o options) error {
 	for h := range o.simHours {
 		from := t0.Add(time.Duration(h) * time.Hour)
 		for i, t := range sims {
-			if err := t.simInsert(ctx, t.rows+1, t.rows+perHour, from, from.Add(time.Hour)); err != nil {
+			if err := t.simInsert(ctx, t.rows+1, t.rows+perHour, t.rows+1, t.rows+perHour, from, from.Add(time.Hour)); err != nil {
 				return err
 			}
 			t.rows += perHour
@@ -112,8 +113,9 @@ func simulate(ctx context.Context, base *pgxpool.Config, o options) error {
 	return nil
 }
 
-// simInsert inserts the rows $1..$2, completed uniformly in [from, to).
-func (t *table) simInsert(ctx context.Context, lo, hi int64, from, to time.Time) error {
+// simInsert inserts the rows lo..hi of the rows first..last, which are
+// completed uniformly in [from, to) in their order.
+func (t *table) simInsert(ctx context.Context, lo, hi, first, last int64, from, to time.Time) error {
 	cols, vals := "", ""
 	if t.part != nil {
 		cols = ", bucket"
@@ -123,8 +125,8 @@ func (t *table) simInsert(ctx context.Context, lo, hi int64, from, to time.Time)
 	_, err := t.pool.Exec(ctx, `INSERT INTO inboxmq_inbox (consumer, key, status, fingerprint, fence, attempts, message_id, completed_at, first_seen_at, updated_at`+cols+`)
 SELECT 'bench', md5(g::text), 'completed', sha256('{}'::bytea), 1, 1, 'm-' || g, x.ts, x.ts, x.ts`+vals+`
 FROM generate_series($1::bigint, $2::bigint) g,
-	LATERAL (SELECT $3::timestamptz + ($4::timestamptz - $3::timestamptz) * ((g - $1)::float8 / ($2 - $1 + 1)) AS ts) x`,
-		lo, hi, from, to)
+	LATERAL (SELECT $3::timestamptz + ($4::timestamptz - $3::timestamptz) * ((g - $5)::float8 / ($6 - $5 + 1)) AS ts) x`,
+		lo, hi, from, to, first, last)
 	if err != nil {
 		return fmt.Errorf("simulate %s: %w", t.name, err)
 	}
