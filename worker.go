@@ -440,7 +440,25 @@ func (w *Worker) routeMiddleware(rt *route, block inboxtype.Middleware) ([]inbox
 		}
 		mw = append(mw, lim)
 	}
-	return append(mw, rt.opts.Middleware...), nil
+	mw = append(mw, rt.opts.Middleware...)
+	if w.s.Outbox != nil {
+		// Innermost: the handler's outbox rows wake this process's relay
+		// once its transaction has ended, instead of a NOTIFY each.
+		mw = append(mw, w.wakeRelay)
+	}
+	return mw, nil
+}
+
+// wakeRelay runs each delivery under the relay's WakeLocally: the outbox
+// rows its handler enqueues send no NOTIFY, and the relay (built by
+// NewWorker after the routes) is woken in-process when the handler returns,
+// its transaction committed or rolled back.
+func (w *Worker) wakeRelay(next inboxtype.DeliveryHandler) inboxtype.DeliveryHandler {
+	return func(ctx context.Context, d *inboxtype.Delivery) error {
+		ctx, done := w.relay.WakeLocally(ctx)
+		defer done()
+		return next(ctx, d)
+	}
 }
 
 // breaker returns the breaker of rt's downstream, built on first use with

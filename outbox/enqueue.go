@@ -107,7 +107,8 @@ const notifySQL = `SELECT pg_notify('` + NotifyChannel + `', current_schema())`
 
 // Enqueue writes msg to the outbox in the caller's transaction tx, and
 // schedules a NOTIFY that PostgreSQL delivers to the relays only if tx
-// commits. If tx rolls back, nothing is published.
+// commits (under a context from Relay.WakeLocally, no NOTIFY: that relay is
+// woken in-process instead). If tx rolls back, nothing is published.
 //
 // Enqueueing a message id that is already in the outbox is a no-op, so a
 // handler that runs twice enqueues once (while the first row is retained).
@@ -132,7 +133,7 @@ func EnqueueBatch(ctx context.Context, tx pgx.Tx, msgs []Message) error {
 		rows[i] = r
 	}
 	b := &pgx.Batch{}
-	queueRows(b, rows)
+	queueRows(ctx, b, rows)
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("outbox: enqueue: %w", err)
 	}
@@ -168,17 +169,20 @@ func AddToBatch(ctx context.Context, b *pgx.Batch, msgs ...Message) error {
 		}
 		rows[i] = r
 	}
-	queueRows(b, rows)
+	queueRows(ctx, b, rows)
 	return nil
 }
 
-// queueRows appends the inserts of rows and the NOTIFY to b. The
+// queueRows appends the inserts of rows and the NOTIFY to b (none under
+// Relay.WakeLocally: the caller wakes its relay after the commit). The
 // arguments point into rows (pgx reads through pointers): a pointer goes
 // into an interface without the allocation a string or a slice costs.
-func queueRows(b *pgx.Batch, rows []row) {
+func queueRows(ctx context.Context, b *pgx.Batch, rows []row) {
 	for i := range rows {
 		r := &rows[i]
 		b.Queue(insertSQL, &r.id, &r.exchange, &r.routingKey, &r.headers, &r.contentType, &r.body, r.orderingKey, r.idempotencyKey)
 	}
-	b.Queue(notifySQL)
+	if !wakesLocally(ctx) {
+		b.Queue(notifySQL)
+	}
 }

@@ -41,6 +41,9 @@ type Relay struct {
 	spanName spanName // of the publish spans
 
 	killed atomic.Bool // set by a test hook's kill; stops every lane
+	// wake is the lanes' shared wake-up, fed by the LISTEN connection and
+	// by Wake.
+	wake chan struct{}
 	// inFlight counts the lanes running batches: a lane woken while
 	// another is busy gathers too (rows keep arriving).
 	inFlight atomic.Int32
@@ -101,6 +104,7 @@ func NewRelay(pool *pgxpool.Pool, cfg *RelayConfig) (*Relay, error) {
 		metrics: m,
 		tracer:  c.TracerProvider.Tracer("github.com/inboxmq/inboxmq/outbox"),
 		svc:     startstop.Service{Name: "outbox: relay"},
+		wake:    make(chan struct{}, 1),
 	}, nil
 }
 
@@ -115,7 +119,7 @@ func (r *Relay) run(ctx context.Context) error {
 	// none idle, the first to finish its batch), not every lane, of which
 	// all but one would then claim nothing and pay a transaction for it.
 	// A lane that claims a full batch wakes another to help.
-	wake := make(chan struct{}, 1)
+	wake := r.wake
 	lanes := make([]*lane, r.cfg.Concurrency)
 	for i := range lanes {
 		lanes[i] = &lane{index: i, wake: wake}
