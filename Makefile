@@ -74,7 +74,7 @@ bench: up ## One-run benchmark against the ceilings (cmd/inboxbench): msgs/s, la
 	$(GO) run ./cmd/inboxbench -amqp "$${urls%%,*}" -n $(BENCH_N) -runs $(BENCH_RUNS) -batch 64 -inflight 8 -cases b,c,d,e -latency 0
 
 # bench/scale: the rows already in the table at each measured size. The
-# default reaches 100 M rows: about 45 min on the shared 2-core VM
+# default reaches 100 M rows: 28 min on the 2-core VM
 # (docs/scaling.md, "The full run"); SCALE_SIZES=0,10000000 takes about 10.
 # The run measures the two tables side by side where both fit its disk
 # budget, one at a time where only one does (100 M rows here), and stops
@@ -84,7 +84,7 @@ SCALE_SIZES ?= 0,10000000,100000000
 SCALE_FLAGS ?=
 
 .PHONY: bench/scale
-bench/scale: up ## The inbox table at scale (cmd/inboxscale, not part of bench): claims/s and p99 at SCALE_SIZES rows (default up to 100 M, about 45 min; SCALE_SIZES=0,10000000 about 10), today's table and the partitioned one; retention over a simulated week; sizes. Its own database, dropped at the end
+bench/scale: up ## The inbox table at scale (cmd/inboxscale, not part of bench): claims/s and p99 at SCALE_SIZES rows (default up to 100 M, about 30 min; SCALE_SIZES=0,10000000 about 5), today's table and the partitioned one; retention over a simulated week; sizes. Its own database, dropped at the end
 	$(GO) run ./cmd/inboxscale -sizes $(SCALE_SIZES) $(SCALE_FLAGS)
 
 .PHONY: bench/go
