@@ -15,9 +15,10 @@
 // metrics and health listener, the runtime controls, the outbox relay, the
 // reconciler and retention, and their start and stop.
 //
-// Without GATEWAY_URL the handler is transactional (inboxmq.HandleTx): the
+// Without GATEWAY_URL the handler is transactional (inboxmq.HandleBatch): the
 // payments row, the ledger entry and a payment.completed outbox message are
-// written in the transaction that records the inbox row. With GATEWAY_URL
+// written in the transaction that records the inbox row, sent with the
+// claim of the key and the result in one round trip. With GATEWAY_URL
 // it runs in claim mode (inboxmq.HandleClaim): the charge is posted with
 // Idempotency-Key "payment:<order_id>" and the rows are written by the
 // fenced completion.
