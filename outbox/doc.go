@@ -14,7 +14,9 @@
 // A handler writes its outgoing messages with the same pgx.Tx as its
 // business writes ([Enqueue], [EnqueueBatch]). A rolled-back transaction
 // publishes nothing; a committed one wakes the relays through NOTIFY, which
-// PostgreSQL delivers only on commit.
+// PostgreSQL delivers only on commit. A process that runs its own relay can
+// wake it in-process instead ([Relay.WakeLocally]); inboxmq.Worker does so
+// for its handlers.
 //
 //	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 //		if _, err := tx.Exec(ctx, `UPDATE accounts SET …`); err != nil {
