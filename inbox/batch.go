@@ -16,7 +16,8 @@ import (
 // nothing but build the batch: no reads, no calls out, no effect of its own.
 //
 // It may set the message's result (inboxtype.Message.SetResult) before it
-// returns; a result set later, from a callback, is not stored. Callbacks
+// returns; a result set later, from a callback, is neither stored nor
+// kept: the delivery carries the stored one, as its duplicates do. Callbacks
 // set on the queued queries (pgx.QueuedQuery.Exec, Query, QueryRow) run
 // as the results arrive, once PostgreSQL has run every statement of the
 // batch: they may read what the statements return (a RETURNING id to log),
@@ -108,6 +109,12 @@ func (s *Store) handleBatch(u *unit, d *inboxtype.Delivery, build func(context.C
 		// 3. Nothing committed — or, the connection lost after the
 		// commit, everything did: the per-message path settles which.
 		return s.handleOne(u)
+	}
+	if d != nil {
+		// A result set from a callback came after the stored one was
+		// sent: the delivery keeps the stored one, which its duplicates
+		// (and their replies) get too.
+		d.Result = u.pending
 	}
 	return nil
 }

@@ -235,3 +235,32 @@ func TestBatchHandler_CommitAnswerLostIsADuplicate(t *testing.T) {
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects WHERE key = 'order:lost'`), "one effect")
 	require.Equal(t, inbox.RecordCompleted, b.get(t, "c", "order:lost").Status)
 }
+
+// A result set from a callback, after the batch was sent, is not stored:
+// the delivery keeps the result stored with its writes, the one its
+// duplicates get back.
+func TestBatchHandler_ResultFromACallbackIsNotStored(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setup(t, nil)
+	h := inbox.BatchHandler(b.store, func(_ context.Context, bt *pgx.Batch, msg *inboxtype.Message[order]) error {
+		bt.Queue(`INSERT INTO effects (key, amount) VALUES ($1, $2) RETURNING id`, msg.Key, msg.Body.Amount).
+			QueryRow(func(row pgx.Row) error {
+				var id int64
+				if err := row.Scan(&id); err != nil {
+					return err
+				}
+				return msg.SetResult(paymentResult{PaymentID: id, Order: "late"})
+			})
+		return msg.SetResult(paymentResult{Order: msg.Body.OrderID})
+	}, nil)
+	o := order{OrderID: "1", Amount: 3}
+	first := newMsg(t, "c", o, false)
+	require.NoError(t, h.Handle(ctx, first))
+	require.Equal(t, "1", decodeResult(t, first.Result()).Order, "the delivery keeps the stored result")
+	require.Equal(t, "1", decodeResult(t, b.get(t, "c", o.IdempotencyKey()).Result).Order)
+
+	dup := newMsg(t, "c", o, true)
+	require.ErrorIs(t, h.Handle(ctx, dup), retry.ErrDuplicate)
+	require.Equal(t, decodeResult(t, first.Result()), decodeResult(t, dup.Result()), "the first delivery and its duplicate carry the same result")
+}
