@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/inboxmq/inboxmq/inboxtype"
 )
@@ -43,9 +44,14 @@ type BatchHandlerFunc[T any] func(ctx context.Context, b *pgx.Batch, msg *inboxt
 // path (docs/internals.md); a stream that is mostly duplicates is cheaper
 // with Handler.
 //
-// With opts.GroupCommit set, the batch is sent inside the group's
-// transaction, in the delivery's savepoint, as Handler sends a
-// TxHandlerFunc's (a pipelined group commit carries it).
+// With opts.GroupCommit set, the deliveries of a group travel the same
+// way together: every claim, with its result, and every write, in one
+// round trip and one transaction, which commits whole or not at all. When
+// it cannot commit whole (one key not free, one write refused, a lost
+// answer), the group runs as Handler's group commit — h runs again, each
+// batch is sent in its delivery's savepoint — so that each delivery gets
+// its own verdict; a stream with many duplicates in a group pays that
+// second attempt, and is cheaper with Handler.
 //
 // BatchHandler panics if s or h is nil (a start-up bug).
 func BatchHandler[T any](s *Store, h BatchHandlerFunc[T], opts *HandlerOpts) inboxtype.Handler[T] {
@@ -66,57 +72,106 @@ func BatchHandler[T any](s *Store, h BatchHandlerFunc[T], opts *HandlerOpts) inb
 }
 
 // handleBatch is BatchHandler's one round trip for u: build queues the
-// handler's writes (and leaves its result in u.pending); the claim, the
-// writes and the result are sent as one batch, which PostgreSQL runs as
+// handler's writes (and leaves its result in u.pending); the claim with the
+// result, and the writes, are sent as one batch, which PostgreSQL runs as
 // one implicit transaction (no BEGIN: the batch's Sync commits it). The
 // claim statement fails when the key is not free, and that aborts the
-// writes after it. Anything but success ends on the per-message path,
+// writes sent with it. Anything but success ends on the per-message path,
 // which settles the delivery from the key's row.
-func (s *Store) handleBatch(u *unit, d *inboxtype.Delivery, build func(context.Context, *pgx.Batch) error) error {
-	ctx := u.ctx
-
-	// 1. The handler queues its writes; nothing is sent yet.
-	wb := &pgx.Batch{}
-	if err := runBuild(u, wb, build); err != nil {
+func (s *Store) handleBatch(u *unit, build func(context.Context, *pgx.Batch) error) error {
+	if !s.buildUnit(u, build) {
 		return s.handleOne(u) // the key's verdict first, then the handler's failure, recorded
 	}
-
-	// 2. The claim, the writes and the result: one round trip, one
-	// transaction.
-	var mid *string
-	if u.messageID != "" {
-		mid = &u.messageID
-	}
-	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, wb.Len()+2)}
-	b.Queue(s.sql.claimOrAbort, u.consumer, u.key, u.fp, mid, u.payload, u.attempt)
-	b.QueuedQueries = append(b.QueuedQueries, wb.QueuedQueries...)
-	if u.pending != nil {
-		b.Queue(s.sql.setResult, u.consumer, u.key, string(u.pending))
-	}
-	cctx, span := startSpan(ctx, "inbox.batch")
-	br := s.pool.SendBatch(cctx, b)
-	var fence int64
-	err := br.QueryRow().Scan(&fence)
-	if err == nil {
-		u.fence = fence
-		processing(d, fence) // reported before the callbacks read the writes' results
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
-	endSpan(span, err)
-	if err != nil {
-		// 3. Nothing committed — or, the connection lost after the
-		// commit, everything did: the per-message path settles which.
+	if err := s.sendBuilt(u.ctx, []*unit{u}); err != nil {
+		// Nothing committed — or, the connection lost after the commit,
+		// everything did: the per-message path settles which.
 		return s.handleOne(u)
 	}
-	if d != nil {
-		// A result set from a callback came after the stored one was
-		// sent: the delivery keeps the stored one, which its duplicates
-		// (and their replies) get too.
-		d.Result = u.pending
+	return nil
+}
+
+// buildUnit runs the handler's build for u: its writes go to u.built, its
+// result to u.pending. It reports whether the handler succeeded; if not,
+// u.built is nil and the delivery takes the per-message path.
+func (s *Store) buildUnit(u *unit, build func(context.Context, *pgx.Batch) error) bool {
+	wb := &pgx.Batch{}
+	if err := runBuild(u, wb, build); err != nil {
+		u.built, u.pending = nil, nil
+		return false
+	}
+	u.built = wb
+	return true
+}
+
+// sendBuilt sends the claims of units (distinct keys, each with u.built)
+// and their writes, in (consumer, key) order, as one batch: one round
+// trip, one implicit transaction. Each claim writes the unit's result and
+// raises if its key is not free, so the batch commits whole or not at all.
+// Every unit's u.built is cleared: a failed attempt is not tried again.
+// On success each unit's fence is set and StatusProcessing reported before
+// its writes' callbacks run, and its delivery keeps the result it stored.
+func (s *Store) sendBuilt(ctx context.Context, units []*unit) error {
+	n := 0
+	for _, u := range units {
+		n += u.built.Len() + 1
+	}
+	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, n)}
+	for _, u := range units {
+		var mid *string
+		if u.messageID != "" {
+			mid = &u.messageID
+		}
+		var result *string
+		if u.pending != nil {
+			r := string(u.pending)
+			result = &r
+		}
+		b.Queue(s.sql.claimOrAbort, u.consumer, u.key, u.fp, mid, u.payload, u.attempt, result).QueryRow(func(row pgx.Row) error {
+			if err := row.Scan(&u.fence); err != nil {
+				return err
+			}
+			processing(u.d, u.fence) // reported before the callbacks read the writes' results
+			return nil
+		})
+		b.QueuedQueries = append(b.QueuedQueries, u.built.QueuedQueries...)
+		u.built = nil
+	}
+	spans := make([]trace.Span, 0, len(units))
+	for _, u := range units {
+		if _, sp := startSpan(u.ctx, "inbox.batch"); sp.SpanContext().IsValid() {
+			spans = append(spans, sp)
+		}
+	}
+	err := s.pool.SendBatch(ctx, b).Close()
+	for _, sp := range spans {
+		endSpan(sp, err)
+	}
+	if err != nil {
+		return err
+	}
+	for _, u := range units {
+		if u.d != nil {
+			// A result set from a callback came after the stored one was
+			// sent: the delivery keeps the stored one, which its
+			// duplicates (and their replies) get too.
+			u.d.Result = u.pending
+		}
 	}
 	return nil
+}
+
+// takeBuilt reports whether every unit of a group holds its built batch,
+// and clears them all if not: the group then runs as Handler's.
+func takeBuilt(units []*unit) bool {
+	for _, u := range units {
+		if u.built == nil {
+			for _, o := range units {
+				o.built = nil
+			}
+			return false
+		}
+	}
+	return true
 }
 
 // runBuild runs build, turning a panic into an error. The panic is not

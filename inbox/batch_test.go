@@ -214,6 +214,107 @@ func TestBatchHandler_GroupCommit(t *testing.T) {
 	}
 }
 
+// A group of deliveries with free keys costs one round trip in all: every
+// claim with its result, and every write, committed together; each
+// delivery's fence is reported.
+func TestBatchHandler_GroupOfFreeKeysIsOneRoundTrip(t *testing.T) {
+	t.Parallel()
+	for name, opts := range map[string]*inbox.HandlerOpts{"savepoints": fullBatch(8), "pipelined": pipelinedBatch(8)} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			tr := &countingTracer{}
+			b := setupOn(t, tracedPool(t, tr), nil)
+			h := inbox.BatchHandler(b.store, batchEffects(nil, nil), opts)
+			msgs := orders(t, 8)
+			before := tr.n.Load()
+			for i, err := range handleAll(t, h, msgs) {
+				require.NoError(t, err, "delivery %d", i)
+			}
+			require.Equal(t, int64(1), tr.n.Load()-before, "round trips of the group")
+			for _, m := range msgs {
+				rec := b.get(t, "payments", m.Key)
+				require.Equal(t, inbox.RecordCompleted, rec.Status)
+				require.Equal(t, m.Body.OrderID, decodeResult(t, rec.Result).Order)
+				require.Equal(t, m.Body.OrderID, decodeResult(t, m.Result()).Order)
+				require.Equal(t, rec.Fence, m.Delivery.InboxFence, "the claim's fence is reported")
+			}
+			require.Equal(t, 8, b.count(t, `SELECT count(*) FROM effects`))
+			require.Equal(t, 8, b.count(t, `SELECT count(*) FROM ledger`))
+		})
+	}
+}
+
+// One delivery of a group that cannot commit — its key completed, or a
+// write PostgreSQL refuses — aborts the group's round trip as a whole; the
+// group then runs with savepoints, and only that delivery gets its verdict
+// while the others commit once.
+func TestBatchHandler_GroupFallsBackWhole(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setup(t, nil)
+	var calls atomic.Int64
+	effects := batchEffects(&calls, nil)
+	h := inbox.BatchHandler(b.store, func(ctx context.Context, bt *pgx.Batch, msg *inboxtype.Message[order]) error {
+		if err := effects(ctx, bt, msg); err != nil {
+			return err
+		}
+		if msg.Body.OrderID == "bad" {
+			bt.Queue(`SELECT 1/0`)
+		}
+		return nil
+	}, fullBatch(4))
+	done := newMsg(t, "payments", order{OrderID: "done", Amount: 1}, false)
+	require.NoError(t, inbox.BatchHandler(b.store, effects, nil).Handle(ctx, done))
+
+	msgs := []*inboxtype.Message[order]{
+		newMsg(t, "payments", order{OrderID: "a", Amount: 2}, false),
+		newMsg(t, "payments", order{OrderID: "done", Amount: 1}, true),
+		newMsg(t, "payments", order{OrderID: "bad", Amount: 3}, false),
+		newMsg(t, "payments", order{OrderID: "b", Amount: 4}, false),
+	}
+	errs := handleAll(t, h, msgs)
+	require.NoError(t, errs[0])
+	require.ErrorIs(t, errs[1], retry.ErrDuplicate)
+	require.Equal(t, "done", decodeResult(t, msgs[1].Result()).Order, "the duplicate gets the stored result")
+	require.ErrorContains(t, errs[2], "division by zero")
+	require.Equal(t, retry.KindPermanent, retry.Classify(errs[2]).Kind)
+	require.NoError(t, errs[3])
+
+	require.Equal(t, inbox.RecordFailed, b.get(t, "payments", "order:bad").Status)
+	for _, k := range []string{"order:a", "order:b", "order:done"} {
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects WHERE key = $1`, k), k)
+		require.Equal(t, inbox.RecordCompleted, b.get(t, "payments", k).Status, k)
+	}
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM effects WHERE key = 'order:bad'`))
+	require.Equal(t, 3, b.count(t, `SELECT count(*) FROM ledger`))
+}
+
+// A key taken up again after a failed attempt gets the result of the
+// attempt that completes it, written by its claim.
+func TestBatchHandler_RetriedKeyStoresItsResult(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setup(t, nil)
+	var fail atomic.Bool
+	fail.Store(true)
+	h := inbox.BatchHandler(b.store, func(_ context.Context, bt *pgx.Batch, msg *inboxtype.Message[order]) error {
+		if fail.Load() {
+			return retry.Retryable(errors.New("not yet"))
+		}
+		bt.Queue(`INSERT INTO effects (key, amount) VALUES ($1, $2)`, msg.Key, msg.Body.Amount)
+		return msg.SetResult(paymentResult{Order: msg.Body.OrderID})
+	}, nil)
+	o := order{OrderID: "7", Amount: 7}
+	require.Error(t, h.Handle(ctx, newMsg(t, "c", o, false)))
+	require.Equal(t, inbox.RecordFailed, b.get(t, "c", o.IdempotencyKey()).Status)
+
+	fail.Store(false)
+	require.NoError(t, h.Handle(ctx, newMsg(t, "c", o, true)))
+	rec := b.get(t, "c", o.IdempotencyKey())
+	require.Equal(t, inbox.RecordCompleted, rec.Status)
+	require.Equal(t, "7", decodeResult(t, rec.Result).Order)
+}
+
 // The round trip's answer lost after PostgreSQL committed it: the
 // per-message path finds the key completed, so the delivery is a duplicate
 // of itself, with its result, and the writes are there once.

@@ -129,6 +129,9 @@ func (s *Store) execOne(u *unit) {
 		u.err = u.claim.completeAlone(u.ctx, u.run)
 		return
 	}
+	if u.built != nil && s.sendBuilt(u.ctx, []*unit{u}) == nil {
+		return
+	}
 	u.err = s.handleOne(u)
 }
 
@@ -152,6 +155,13 @@ func (s *Store) execGroup(units []*unit, pipeline bool) {
 	slices.SortFunc(units, func(a, b *unit) int {
 		return cmp.Or(cmp.Compare(a.consumer, b.consumer), cmp.Compare(a.key, b.key))
 	})
+
+	// BatchHandler's deliveries first try one round trip for the whole
+	// group: every claim, with its result, and every write, as one
+	// implicit transaction. Any failure runs the group as below.
+	if takeBuilt(units) && s.sendBuilt(ctx, units) == nil {
+		return
+	}
 
 	// A claim's completion is traced by Claim.Complete's own span.
 	completions := units[0].claim != nil

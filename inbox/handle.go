@@ -7,6 +7,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/inboxmq/inboxmq/inboxtype"
 )
 
 // This file is the per-message path of Handler: one delivery, one
@@ -36,6 +38,11 @@ type unit struct {
 	// pending is the result the handler left, written with the COMMIT
 	// (commitResults); nil when it left none or failed.
 	pending []byte
+	// built holds a BatchHandler's writes, queued before the claim, until
+	// they are sent (sendBuilt); d is its delivery, whose fence and status
+	// that path reports.
+	built *pgx.Batch
+	d     *inboxtype.Delivery
 	// claim is set on the completion of a claim in claim mode's group
 	// commit (ClaimOpts.GroupCommit): the batch's claim step is then the
 	// fenced completion of its claims, and a unit whose claim was taken

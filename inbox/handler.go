@@ -119,17 +119,25 @@ func newHandler[T any](s *Store, h TxHandlerFunc[T], build BatchHandlerFunc[T], 
 			}
 			return s.deferResult(u, msg.Result())
 		}
-		switch {
-		case b != nil:
-			b.do(u)
-		case build != nil:
-			u.err = s.handleBatch(u, msg.Delivery, func(ctx context.Context, wb *pgx.Batch) error {
+		var buildUnit func(context.Context, *pgx.Batch) error
+		if build != nil {
+			u.d = msg.Delivery
+			buildUnit = func(ctx context.Context, wb *pgx.Batch) error {
 				takeResult(msg.Delivery)
 				if err := build(ctx, wb, msg); err != nil {
 					return err
 				}
 				return s.deferResult(u, msg.Result())
-			})
+			}
+		}
+		switch {
+		case b != nil:
+			if build != nil {
+				s.buildUnit(u, buildUnit) // a failed build runs in the group's savepoint path
+			}
+			b.do(u)
+		case build != nil:
+			u.err = s.handleBatch(u, buildUnit)
 		default:
 			u.err = s.handleOne(u)
 		}

@@ -35,7 +35,8 @@ var propSeq atomic.Int64
 // TestProperty_AtMostOneEffectPerKey drives random groups of concurrent
 // deliveries — duplicates of a few keys, each failing in a random way or
 // succeeding — through the commit modes (per message, group commit,
-// pipelined group commit, BatchHandler's one round trip, and the first
+// pipelined group commit, BatchHandler's one round trip alone and
+// group-committed, and the first
 // three for claim mode's completions), and checks after every group that no key has more than one
 // effect, that a key some delivery completed has exactly one, and that
 // every key ends with exactly one effect once it is delivered successfully.
@@ -45,10 +46,10 @@ func TestProperty_AtMostOneEffectPerKey(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
 		ctx := context.Background()
 		run := propSeq.Add(1)
-		mode := rapid.SampledFrom([]string{"per-message", "group", "pipelined", "batch", "claim", "claim-group", "claim-pipelined"}).Draw(rt, "mode")
+		mode := rapid.SampledFrom([]string{"per-message", "group", "pipelined", "batch", "batch-group", "claim", "claim-group", "claim-pipelined"}).Draw(rt, "mode")
 		var group *inbox.GroupCommit
 		switch mode {
-		case "group", "claim-group":
+		case "group", "batch-group", "claim-group":
 			group = &inbox.GroupCommit{MaxBatch: 8, MaxWait: time.Millisecond, MaxInFlight: 2}
 		case "pipelined", "claim-pipelined":
 			group = &inbox.GroupCommit{MaxBatch: 8, MaxWait: time.Millisecond, MaxInFlight: 2, Pipeline: true}
@@ -78,7 +79,7 @@ func TestProperty_AtMostOneEffectPerKey(t *testing.T) {
 		}
 		var h inboxtype.Handler[order]
 		switch {
-		case mode == "batch":
+		case strings.HasPrefix(mode, "batch"):
 			// The same writes and failures, queued: they fail in the
 			// batch's round trip, and again on the per-message path.
 			h = inbox.BatchHandler(b.store, func(_ context.Context, bt *pgx.Batch, msg *inboxtype.Message[order]) error {
@@ -97,7 +98,7 @@ func TestProperty_AtMostOneEffectPerKey(t *testing.T) {
 					bt.Queue(`INSERT INTO child (id) VALUES (42)`)
 				}
 				return nil
-			}, nil)
+			}, &inbox.HandlerOpts{GroupCommit: group})
 		case strings.HasPrefix(mode, "claim"):
 			h = inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[order]) error {
 				if behaviourOf(msg) == behaveFailBeforeWrite {

@@ -19,9 +19,10 @@ type statements struct {
 	// claimOne is claim for one key (the per-message path), with scalar
 	// parameters; it returns the fence alone.
 	claimOne string
-	// claimOrAbort is claimOne for the one-round-trip path of BatchHandler:
-	// a key it does not claim raises an error, which aborts the implicit
-	// transaction of the writes sent after it.
+	// claimOrAbort is claimOne for the one-round-trip paths of
+	// BatchHandler, with the handler's result ($7, NULL for none) written by
+	// the claim itself: a key it does not claim raises an error, which
+	// aborts the implicit transaction of the writes sent with it.
 	claimOrAbort string
 	// lookup reads the rows of keys the claim did not return.
 	lookup string
@@ -208,8 +209,12 @@ WHERE consumer = $1 AND key = $2 AND fence = $3 AND status = 'processing'`,
 	st.claimLeasesAsync = st.claimLeases + `, set_config('synchronous_commit', 'off', true)`
 	// claimOrAbort fails with invalid_text_representation when the claim
 	// took no row: the cast's input depends on the aggregate, so the
-	// planner cannot fold it, and it runs only in the ELSE branch.
-	st.claimOrAbort = `WITH c AS (` + st.claimOne + `)
+	// planner cannot fold it, and it runs only in the ELSE branch. Its
+	// claim writes the result too, so that the row is written once.
+	claimWithResult := `INSERT INTO ` + t + ` AS i (consumer, key, status, fingerprint, message_id, payload, fence, attempts, completed_at, result` + col() + `)
+VALUES ($1, $2, 'completed', $3, $4, $5, 1, $6, now(), $7::jsonb` + val("$1", "$2") + `)
+` + strings.Replace(conflict, "completed_at = now(),", "completed_at = now(), result = EXCLUDED.result,", 1) + `RETURNING fence`
+	st.claimOrAbort = `WITH c AS (` + claimWithResult + `)
 SELECT CASE WHEN count(*) = 1 THEN min(c.fence)
 	ELSE ('inboxmq: key not free (' || count(*) || ' rows claimed)')::bigint END
 FROM c`
