@@ -3,6 +3,7 @@ package inbox
 import (
 	"context"
 	"fmt"
+	"math"
 
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/trace"
@@ -103,36 +104,49 @@ func (s *Store) buildUnit(u *unit, build func(context.Context, *pgx.Batch) error
 	return true
 }
 
-// sendBuilt sends the claims of units (distinct keys, each with u.built)
-// and their writes, in (consumer, key) order, as one batch: one round
-// trip, one implicit transaction. Each claim writes the unit's result and
-// raises if its key is not free, so the batch commits whole or not at all.
+// sendBuilt sends the claims of units (distinct keys, sorted by (consumer,
+// key), each with u.built) and then their writes, in that order, as one
+// batch: one round trip, one implicit transaction. The claim — one
+// statement for the whole group — writes each unit's result and raises
+// unless it claimed every key, so the batch commits whole or not at all.
 // Every unit's u.built is cleared: a failed attempt is not tried again.
 // On success each unit's fence is set and StatusProcessing reported before
 // its writes' callbacks run, and its delivery keeps the result it stored.
 func (s *Store) sendBuilt(ctx context.Context, units []*unit) error {
-	n := 0
+	n := 1
 	for _, u := range units {
-		n += u.built.Len() + 1
+		n += u.built.Len()
 	}
 	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, n)}
-	for _, u := range units {
-		var mid *string
-		if u.messageID != "" {
-			mid = &u.messageID
-		}
-		var result *string
-		if u.pending != nil {
-			r := string(u.pending)
-			result = &r
-		}
-		b.Queue(s.sql.claimOrAbort, u.consumer, u.key, u.fp, mid, u.payload, u.attempt, result).QueryRow(func(row pgx.Row) error {
+	if len(units) == 1 {
+		u := units[0]
+		b.Queue(s.sql.claimOrAbort, u.consumer, u.key, u.fp, messageIDArg(u), u.payload, u.attempt, resultArg(u)).QueryRow(func(row pgx.Row) error {
 			if err := row.Scan(&u.fence); err != nil {
 				return err
 			}
 			processing(u.d, u.fence) // reported before the callbacks read the writes' results
 			return nil
 		})
+	} else {
+		b.Queue(s.sql.claimAllOrAbort, claimArgs(units)...).QueryRow(func(row pgx.Row) error {
+			var keys []string
+			var fences []int64
+			if err := row.Scan(&keys, &fences); err != nil {
+				return err
+			}
+			for i, u := range units {
+				if i >= len(keys) || len(fences) != len(keys) || keys[i] != u.key {
+					return fmt.Errorf("inbox: group claim answered %d keys for %d deliveries, out of order", len(keys), len(units))
+				}
+			}
+			for i, u := range units {
+				u.fence = fences[i]
+				processing(u.d, u.fence)
+			}
+			return nil
+		})
+	}
+	for _, u := range units {
 		b.QueuedQueries = append(b.QueuedQueries, u.built.QueuedQueries...)
 		u.built = nil
 	}
@@ -158,6 +172,28 @@ func (s *Store) sendBuilt(ctx context.Context, units []*unit) error {
 		}
 	}
 	return nil
+}
+
+// resultArg is u's pending result as a parameter: NULL when it has none.
+func resultArg(u *unit) *string {
+	if u.pending == nil {
+		return nil
+	}
+	r := string(u.pending)
+	return &r
+}
+
+// claimArgs are claimAllOrAbort's parameters for units, in their order.
+func claimArgs(units []*unit) []any {
+	consumers, keys := make([]string, len(units)), make([]string, len(units))
+	fps, payloads := make([][]byte, len(units)), make([][]byte, len(units))
+	mids, results := make([]*string, len(units)), make([]*string, len(units))
+	attempts := make([]int32, len(units))
+	for i, u := range units {
+		consumers[i], keys[i], fps[i], payloads[i] = u.consumer, u.key, u.fp, u.payload
+		mids[i], results[i], attempts[i] = messageIDArg(u), resultArg(u), int32(min(u.attempt, math.MaxInt32)) //nolint:gosec // bounded above
+	}
+	return []any{consumers, keys, fps, mids, payloads, attempts, results, len(units)}
 }
 
 // takeBuilt reports whether every unit of a group holds its built batch,

@@ -244,6 +244,44 @@ func TestBatchHandler_GroupOfFreeKeysIsOneRoundTrip(t *testing.T) {
 	}
 }
 
+// A group's claim reports each delivery's own fence: keys taken up again
+// after a failed attempt have a higher one, whatever the keys' order in the
+// database's collation.
+func TestBatchHandler_GroupReportsEachFence(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	ids := []string{"a", "B", "c", "D"}
+	fail := map[string]bool{"B": true, "D": true}
+	// Failed in a group's transaction, a row keeps its claim's fence, so
+	// the next claim's is one higher.
+	failing := inbox.BatchHandler(b.store, func(context.Context, *pgx.Batch, *inboxtype.Message[order]) error {
+		return retry.Retryable(errors.New("not yet"))
+	}, fullBatch(len(fail)))
+	var first []*inboxtype.Message[order]
+	for id := range fail {
+		first = append(first, newMsg(t, "payments", order{OrderID: id, Amount: 1}, false))
+	}
+	for _, err := range handleAll(t, failing, first) {
+		require.Error(t, err)
+	}
+	h := inbox.BatchHandler(b.store, batchEffects(nil, nil), fullBatch(len(ids)))
+	msgs := make([]*inboxtype.Message[order], len(ids))
+	for i, id := range ids {
+		msgs[i] = newMsg(t, "payments", order{OrderID: id, Amount: 1}, true)
+	}
+	for i, err := range handleAll(t, h, msgs) {
+		require.NoError(t, err, "delivery %d", i)
+	}
+	for _, m := range msgs {
+		want := int64(1)
+		if fail[m.Body.OrderID] {
+			want = 2
+		}
+		require.Equal(t, want, b.get(t, "payments", m.Key).Fence, m.Key)
+		require.Equal(t, want, m.Delivery.InboxFence, m.Key)
+	}
+}
+
 // One delivery of a group that cannot commit — its key completed, or a
 // write PostgreSQL refuses — aborts the group's round trip as a whole; the
 // group then runs with savepoints, and only that delivery gets its verdict

@@ -24,6 +24,10 @@ type statements struct {
 	// the claim itself: a key it does not claim raises an error, which
 	// aborts the implicit transaction of the writes sent with it.
 	claimOrAbort string
+	// claimAllOrAbort is claimOrAbort for a group ($8 keys, distinct): it
+	// returns the keys and their fences in byte order of (consumer, key),
+	// Go's string order, or raises unless it claimed every key.
+	claimAllOrAbort string
 	// lookup reads the rows of keys the claim did not return.
 	lookup string
 	// failInTx records a failed attempt on a row claimed in this transaction.
@@ -214,6 +218,16 @@ WHERE consumer = $1 AND key = $2 AND fence = $3 AND status = 'processing'`,
 	claimWithResult := `INSERT INTO ` + t + ` AS i (consumer, key, status, fingerprint, message_id, payload, fence, attempts, completed_at, result` + col() + `)
 VALUES ($1, $2, 'completed', $3, $4, $5, 1, $6, now(), $7::jsonb` + val("$1", "$2") + `)
 ` + strings.Replace(conflict, "completed_at = now(),", "completed_at = now(), result = EXCLUDED.result,", 1) + `RETURNING fence`
+	claimAllWithResult := `INSERT INTO ` + t + ` AS i (consumer, key, status, fingerprint, message_id, payload, fence, attempts, completed_at, result` + col() + `)
+SELECT k.consumer, k.key, 'completed', k.fp, k.mid, k.payload, 1, k.attempt, now(), k.result::jsonb` + val("k.consumer", "k.key") + `
+FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::bytea[], $6::int[], $7::text[]) AS k(consumer, key, fp, mid, payload, attempt, result)
+ORDER BY k.consumer, k.key
+` + strings.Replace(conflict, "completed_at = now(),", "completed_at = now(), result = EXCLUDED.result,", 1) + `RETURNING i.consumer, i.key, i.fence`
+	st.claimAllOrAbort = `WITH c AS (` + claimAllWithResult + `)
+SELECT array_agg(c.key ORDER BY c.consumer COLLATE "C", c.key COLLATE "C"),
+	CASE WHEN count(*) = $8::int THEN array_agg(c.fence ORDER BY c.consumer COLLATE "C", c.key COLLATE "C")
+	ELSE ('inboxmq: keys not free (' || count(*) || ' of ' || $8::int || ' claimed)')::bigint[] END
+FROM c`
 	st.claimOrAbort = `WITH c AS (` + claimWithResult + `)
 SELECT CASE WHEN count(*) = 1 THEN min(c.fence)
 	ELSE ('inboxmq: key not free (' || count(*) || ' rows claimed)')::bigint END
