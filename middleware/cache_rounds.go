@@ -17,9 +17,13 @@ import (
 // that finds none under way is sent at once, alone, as a plain command.
 // The pipelines are plain ones (no MULTI), so on a Redis Cluster the
 // client splits them by node and keys of different slots may share one.
+// On a single node (or behind Sentinel) a round of reads is one MGET.
 type cacheRounds struct {
 	client redis.UniversalClient
 	ttl    time.Duration
+	// mget: every key lives on the one server the client talks to, so a
+	// round of reads can be one MGET (a Cluster or Ring client shards keys).
+	mget   bool
 	reads  *combine.Combiner[*cacheOp]
 	writes *combine.Combiner[*cacheOp]
 }
@@ -36,7 +40,8 @@ type cacheOp struct {
 }
 
 func newCacheRounds(client redis.UniversalClient, ttl time.Duration) *cacheRounds {
-	r := &cacheRounds{client: client, ttl: ttl}
+	_, single := client.(*redis.Client)
+	r := &cacheRounds{client: client, ttl: ttl, mget: single}
 	r.reads = combine.New(r.sendReads, nil)
 	r.writes = combine.New(r.sendWrites, nil)
 	return r
@@ -98,6 +103,24 @@ func (r *cacheRounds) sendReads(batch []*cacheOp) {
 		o.got, o.err = mgetOne(r.client.MGet(ctx, o.key).Result())
 		return
 	}
+	if r.mget {
+		keys := make([]string, len(batch))
+		for i, o := range batch {
+			keys[i] = o.key
+		}
+		vals, err := r.client.MGet(ctx, keys...).Result()
+		if err == nil && len(vals) != len(batch) {
+			err = fmt.Errorf("middleware: cache: MGET of %d keys answered %d values", len(batch), len(vals))
+		}
+		for i, o := range batch {
+			if err != nil {
+				o.err = err
+				continue
+			}
+			o.got, o.err = mgetValue(vals[i])
+		}
+		return
+	}
 	pipe := r.client.Pipeline()
 	cmds := make([]*redis.StringCmd, len(batch))
 	for i, o := range batch {
@@ -137,7 +160,12 @@ func mgetOne(vals []any, err error) (string, error) {
 	case len(vals) != 1:
 		return "", fmt.Errorf("middleware: cache: MGET of one key answered %d values", len(vals))
 	}
-	s, ok := vals[0].(string)
+	return mgetValue(vals[0])
+}
+
+// mgetValue returns one value of an MGET answer as GET gives it.
+func mgetValue(v any) (string, error) {
+	s, ok := v.(string)
 	if !ok {
 		return "", redis.Nil
 	}

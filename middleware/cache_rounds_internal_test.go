@@ -24,6 +24,7 @@ import (
 // each round trip is sent.
 type roundHook struct {
 	trips atomic.Int64
+	cmds  atomic.Int64 // commands in those round trips
 	hold  func(ctx context.Context, first string)
 }
 
@@ -35,6 +36,7 @@ func (h *roundHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			return next(ctx, cmd)
 		}
 		h.trips.Add(1)
+		h.cmds.Add(1)
 		if h.hold != nil {
 			h.hold(ctx, cacheName(cmd))
 		}
@@ -48,6 +50,7 @@ func (h *roundHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 			return next(ctx, cmds)
 		}
 		h.trips.Add(1)
+		h.cmds.Add(int64(len(cmds)))
 		if h.hold != nil {
 			h.hold(ctx, cacheName(cmds[0]))
 		}
@@ -139,6 +142,8 @@ func TestCache_ConcurrentDeliveriesShareRoundTrips(t *testing.T) {
 	// One GET alone, one pipeline of the n-1 others; one SET alone, one
 	// pipeline of the other misses.
 	require.Equal(t, int64(4), hook.trips.Load(), "round trips for %d deliveries", n)
+	// On one server the queued reads are one MGET; the SETs one each.
+	require.Equal(t, int64(2+misses), hook.cmds.Load(), "commands for %d deliveries", n)
 
 	for i, err := range errs {
 		if i%4 == 0 {
