@@ -381,35 +381,16 @@ func (res *publishResult) endSpans() {
 // all the confirms.
 func (r *Relay) publish(ctx context.Context, l *lane, batch []pendingRow) publishResult {
 	var res publishResult
-	confirms := make([]*amqp.DeferredConfirmation, 0, len(batch))
-	for _, p := range batch {
-		headers, err := decodeHeaders(p.headers)
-		if err != nil { // corrupt row: keep it, back off, tell the operator
-			res.failed = append(res.failed, failure{index: len(confirms), reason: "invalid", detail: err.Error()})
-			confirms = append(confirms, nil)
-			continue
-		}
-		if span := r.startPublishSpan(ctx, &p, headers); span != nil {
-			if res.spans == nil {
-				res.spans = make([]trace.Span, len(batch))
-			}
-			res.spans[len(confirms)] = span
-		}
-		dc, err := l.ch.PublishWithDeferredConfirmWithContext(ctx, p.exchange, p.routingKey, !r.cfg.AllowUnroutable, false, amqp.Publishing{
-			Headers:      headers,
-			ContentType:  p.contentType,
-			DeliveryMode: amqp.Persistent,
-			MessageId:    p.messageID,
-			Timestamp:    time.Now(),
-			Body:         p.body,
-		})
-		if err != nil {
-			res.err = err
-			break
-		}
-		confirms = append(confirms, dc)
-	}
+	confirms, written := r.send(ctx, l, batch, &res)
 	res.unconfirmed = len(batch) - len(confirms)
+	if !written { // the batch did not reach the socket: no confirm will come
+		for _, dc := range confirms {
+			if dc != nil {
+				res.unconfirmed++
+			}
+		}
+		return res
+	}
 
 	acked := make([]bool, len(confirms))
 	for i, dc := range confirms {
@@ -469,6 +450,68 @@ func (r *Relay) publish(ctx context.Context, l *lane, batch []pendingRow) publis
 		}
 	}
 	return res
+}
+
+// send hands every row of batch to amqp091 with the lane's socket writes
+// held, then writes them in one write, so a batch costs one write on
+// either side instead of one per row. It returns the rows' deferred
+// confirmations, in batch order (nil for a corrupt row, recorded in
+// res.failed), and sets res.err when a publish failed. written is false
+// when the batch's write failed (res.err says why): the socket is closed,
+// so no confirm will come, and the rows are left unconfirmed, to be
+// published again (a row that did reach the broker is then a duplicate,
+// which the receiver's inbox absorbs).
+//
+// Nothing inside the hold waits for the broker; amqp091's heartbeats and
+// answers written meanwhile go out with the batch.
+func (r *Relay) send(ctx context.Context, l *lane, batch []pendingRow, res *publishResult) (confirms []*amqp.DeferredConfirmation, written bool) {
+	confirms = make([]*amqp.DeferredConfirmation, 0, len(batch))
+	var writes int64
+	if r.hooks.released != nil {
+		writes = l.sock.Writes()
+	}
+	l.sock.Hold()
+	defer func() {
+		err := l.sock.Release()
+		if r.hooks.released != nil {
+			r.hooks.released(len(batch), l.sock.Writes()-writes, err)
+		}
+		written = err == nil
+		if err != nil {
+			res.err = errors.Join(res.err, fmt.Errorf("write the batch: %w", err))
+		}
+	}()
+	for _, p := range batch {
+		headers, err := decodeHeaders(p.headers)
+		if err != nil { // corrupt row: keep it, back off, tell the operator
+			res.failed = append(res.failed, failure{index: len(confirms), reason: "invalid", detail: err.Error()})
+			confirms = append(confirms, nil)
+			continue
+		}
+		if span := r.startPublishSpan(ctx, &p, headers); span != nil {
+			if res.spans == nil {
+				res.spans = make([]trace.Span, len(batch))
+			}
+			res.spans[len(confirms)] = span
+		}
+		dc, err := l.ch.PublishWithDeferredConfirmWithContext(ctx, p.exchange, p.routingKey, !r.cfg.AllowUnroutable, false, amqp.Publishing{
+			Headers:      headers,
+			ContentType:  p.contentType,
+			DeliveryMode: amqp.Persistent,
+			MessageId:    p.messageID,
+			Timestamp:    time.Now(),
+			Body:         p.body,
+		})
+		if err != nil {
+			res.err = err
+			break
+		}
+		confirms = append(confirms, dc)
+	}
+	if r.hooks.held != nil {
+		r.hooks.held(l.sock)
+	}
+	return confirms, true
 }
 
 // startPublishSpan starts the producer span of row p, a child of the trace

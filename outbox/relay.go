@@ -70,6 +70,12 @@ type testHooks struct {
 	// published runs after a batch's confirms, before the lane decides
 	// whether rows keep coming (a wake-up is pending on wake).
 	published func(wake <-chan struct{})
+	// held runs when a batch has been handed to amqp091, its socket
+	// writes still held.
+	held func(conn *amqpdial.HoldConn)
+	// released runs after the held writes of a batch of rows went out,
+	// with the number of socket writes the batch took and the error.
+	released func(rows int, writes int64, err error)
 }
 
 // NewRelay returns a relay that publishes the outbox table of pool's
@@ -156,6 +162,7 @@ type lane struct {
 	index   int
 	wake    chan struct{} // shared by the relay's lanes
 	conn    *amqp.Connection
+	sock    *amqpdial.HoldConn // conn's socket: a batch's publishes go out in one write
 	ch      *amqp.Channel
 	returns chan amqp.Return
 }
@@ -292,7 +299,7 @@ func (e *killedError) Error() string { return e.err.Error() }
 func (e *killedError) Unwrap() error { return e.err }
 
 func (r *Relay) connect(ctx context.Context, l *lane) error {
-	conn, node, err := r.dialer.Dial(ctx, r.cfg.ConnectionName+" #"+strconv.Itoa(l.index), amqpdial.RoleRelay)
+	conn, sock, node, err := r.dialer.DialHeld(ctx, r.cfg.ConnectionName+" #"+strconv.Itoa(l.index), amqpdial.RoleRelay)
 	if err != nil {
 		return fmt.Errorf("outbox: %w", err)
 	}
@@ -304,7 +311,7 @@ func (r *Relay) connect(ctx context.Context, l *lane) error {
 		_ = conn.Close()
 		return fmt.Errorf("outbox: open confirm channel: %w", err)
 	}
-	l.conn, l.ch = conn, ch
+	l.conn, l.sock, l.ch = conn, sock, ch
 	l.returns = ch.NotifyReturn(make(chan amqp.Return, r.cfg.BatchSize))
 	r.log.LogAttrs(ctx, slog.LevelInfo, "outbox relay connected", slog.String("node", node.Addr),
 		slog.String("url", node.Redacted()), slog.Int("lane", l.index))
@@ -315,5 +322,5 @@ func (l *lane) closeBroker() {
 	if l.conn != nil {
 		_ = l.conn.Close()
 	}
-	l.conn, l.ch, l.returns = nil, nil, nil
+	l.conn, l.sock, l.ch, l.returns = nil, nil, nil, nil
 }

@@ -113,6 +113,19 @@ func New(cfg Config) (*Dialer, error) {
 // also ends the whole attempt. If no node answers, the error lists every
 // node's failure, passwords redacted.
 func (d *Dialer) Dial(ctx context.Context, name, role string) (*amqp.Connection, Node, error) {
+	conn, _, n, err := d.dial(ctx, name, role, false)
+	return conn, n, err
+}
+
+// DialHeld is [Dialer.Dial] for a connection whose socket writes the
+// caller can hold and send in one write: it also returns the connection's
+// network connection as a [HoldConn] (under TLS, if the URL is amqps://, so
+// a hold queues the TLS records). Closing the amqp.Connection closes it.
+func (d *Dialer) DialHeld(ctx context.Context, name, role string) (*amqp.Connection, *HoldConn, Node, error) {
+	return d.dial(ctx, name, role, true)
+}
+
+func (d *Dialer) dial(ctx context.Context, name, role string, hold bool) (*amqp.Connection, *HoldConn, Node, error) {
 	d.mu.Lock()
 	prev, redial := d.last[name]
 	d.mu.Unlock()
@@ -125,10 +138,10 @@ func (d *Dialer) Dial(ctx context.Context, name, role string) (*amqp.Connection,
 	for i := range d.nodes {
 		idx := (start + i) % len(d.nodes)
 		n := d.nodes[idx]
-		conn, err := d.dialNode(ctx, n, name)
+		conn, hc, err := d.dialNode(ctx, n, name, hold)
 		if err == nil {
 			d.connected(conn, idx, name, role)
-			return conn, n, nil
+			return conn, hc, n, nil
 		}
 		err = redactErr(d.nodes, err)
 		errs = append(errs, fmt.Errorf("%s: %w", n.Redacted(), err))
@@ -142,7 +155,7 @@ func (d *Dialer) Dial(ctx context.Context, name, role string) (*amqp.Connection,
 				slog.String("node", n.Addr), slog.String("url", n.Redacted()), slog.Any("error", err))
 		}
 	}
-	return nil, Node{}, &dialError{nodes: len(d.nodes), errs: errs}
+	return nil, nil, Node{}, &dialError{nodes: len(d.nodes), errs: errs}
 }
 
 // dialError is a failed Dial: every node's error, in the order tried.
@@ -164,13 +177,15 @@ func (e *dialError) Error() string {
 
 func (e *dialError) Unwrap() []error { return e.errs }
 
-func (d *Dialer) dialNode(ctx context.Context, n Node, name string) (*amqp.Connection, error) {
+// dialNode dials node n; with hold, amqp091 gets the network connection
+// as a HoldConn, returned too.
+func (d *Dialer) dialNode(ctx context.Context, n Node, name string, hold bool) (*amqp.Connection, *HoldConn, error) {
 	timeout := d.cfg.Timeout
 	if deadline, ok := ctx.Deadline(); ok {
 		timeout = min(timeout, time.Until(deadline))
 	}
 	if timeout <= 0 {
-		return nil, context.DeadlineExceeded
+		return nil, nil, context.DeadlineExceeded
 	}
 	var tlsCfg *tls.Config
 	if d.cfg.TLS != nil {
@@ -181,6 +196,7 @@ func (d *Dialer) dialNode(ctx context.Context, n Node, name string) (*amqp.Conne
 		props["connection_name"] = name
 	}
 	var stop func() bool
+	var hc *HoldConn
 	conn, err := amqp.DialConfig(n.URL, amqp.Config{
 		Heartbeat:       d.cfg.Heartbeat,
 		TLSClientConfig: tlsCfg,
@@ -202,14 +218,23 @@ func (d *Dialer) dialNode(ctx context.Context, n Node, name string) (*amqp.Conne
 			if d.cfg.OnConn != nil {
 				d.cfg.OnConn(nc)
 			}
+			if hold {
+				// amqp091 wraps it in its TLS client, if any, and
+				// passes the deadlines through to nc.
+				hc = NewHoldConn(nc)
+				return hc, nil
+			}
 			return nc, nil
 		},
 	})
 	if stop != nil && !stop() && err == nil {
 		_ = conn.Close() // ctx ended as the handshake finished
-		return nil, ctx.Err()
+		return nil, nil, ctx.Err()
 	}
-	return conn, err
+	if err != nil {
+		return nil, nil, err
+	}
+	return conn, hc, nil
 }
 
 // connected logs the connect (a failover when the same connection name
