@@ -39,17 +39,21 @@ type RouteOpts struct {
 	// Queue is the queue's topology and concurrency. The zero value is
 	// usable (a classic queue, 8 at once). With GroupCommit set and
 	// Queue.Concurrency 0, the concurrency is enough handlers to fill
-	// every batch in flight (GroupCommit's MaxBatch × MaxInFlight, after
-	// the store's defaults: 128), with a prefetch of twice that unless
-	// Queue.Prefetch is set: group commit only pays when many deliveries
-	// are handled at once.
+	// every batch in flight (GroupCommit's MaxBatch × MaxInFlight: 128 at
+	// the defaults, 512 with Pipeline), with a prefetch of twice that
+	// unless Queue.Prefetch is set: group commit only pays when many
+	// deliveries are handled at once.
 	Queue consumer.QueueOpts
 	// Codec decodes payloads. Defaults to JSON.
 	Codec consumer.Codec
 	// GroupCommit lets deliveries handled concurrently share one
 	// transaction (in claim mode, their completions). Leave
 	// Queue.Concurrency at 0 with it: the route then handles enough
-	// deliveries at once to fill its batches (see Queue). Defaults to nil:
+	// deliveries at once to fill its batches (see Queue). Its zero fields
+	// take the store's settings (inbox.StoreConfig.GroupCommit), else
+	// inbox.GroupCommit's defaults, except MaxBatch with Pipeline: 256,
+	// since a pipelined batch takes no savepoint (only a batch that fails
+	// runs again with one per delivery, slower past 64). Defaults to nil:
 	// one transaction per delivery.
 	GroupCommit *inbox.GroupCommit
 	// StorePayload keeps the payload in the inbox row, for replay by the
@@ -163,7 +167,7 @@ type route struct {
 	err   error
 	// register adds the route to router with hopts and returns the function
 	// that, once the worker has its store, builds the inbox handler.
-	register func(router *consumer.Router, hopts *consumer.HandlerOpts) (bind func(*inbox.Store), err error)
+	register func(router *consumer.Router, hopts *consumer.HandlerOpts, gc *inbox.GroupCommit) (bind func(*inbox.Store), err error)
 }
 
 func (r *route) namespace() string { return cmp.Or(r.opts.Namespace, r.queue) }
@@ -180,32 +184,49 @@ func (r *route) lockOn() bool {
 	return r.claim
 }
 
-// Group commit's defaults when neither the route nor the store sets them
-// (inbox.GroupCommit documents them).
+// Group commit's defaults when neither the route nor the store sets them:
+// inbox.GroupCommit's, except that a pipelined route's batches are larger
+// (RouteOpts.GroupCommit).
 const (
-	defaultGroupMaxBatch    = 64
-	defaultGroupMaxInFlight = 2
+	defaultGroupMaxBatch     = 64
+	defaultPipelinedMaxBatch = 256
+	defaultGroupMaxInFlight  = 2
 )
 
-// queueOpts returns the route's queue settings. With group commit and no
-// concurrency set, enough handlers run at once to fill MaxInFlight
-// batches of MaxBatch (the route's settings, else the store's, else
-// inbox's defaults), with twice that prefetched: with the per-message
-// default of 8, a batch could never hold more than 8 deliveries and group
-// commit would be slower than one transaction each.
-func (r *route) queueOpts(store *inbox.StoreConfig) consumer.QueueOpts {
-	q := r.opts.Queue
+// groupCommit returns the route's group commit with MaxBatch and
+// MaxInFlight resolved (the route's, else the store's, else the façade's
+// defaults), or nil without group commit.
+func (r *route) groupCommit(store *inbox.StoreConfig) *inbox.GroupCommit {
 	gc := r.opts.GroupCommit
-	if gc == nil || q.Concurrency > 0 {
-		return q
+	if gc == nil {
+		return nil
 	}
 	var def inbox.GroupCommit
 	if store != nil {
 		def = store.GroupCommit
 	}
-	batch := cmp.Or(max(gc.MaxBatch, 0), max(def.MaxBatch, 0), defaultGroupMaxBatch)
-	inFlight := cmp.Or(max(gc.MaxInFlight, 0), max(def.MaxInFlight, 0), defaultGroupMaxInFlight)
-	q.Concurrency = batch * inFlight
+	batch := defaultGroupMaxBatch
+	if gc.Pipeline || def.Pipeline {
+		batch = defaultPipelinedMaxBatch
+	}
+	out := *gc
+	out.MaxBatch = cmp.Or(max(gc.MaxBatch, 0), max(def.MaxBatch, 0), batch)
+	out.MaxInFlight = cmp.Or(max(gc.MaxInFlight, 0), max(def.MaxInFlight, 0), defaultGroupMaxInFlight)
+	return &out
+}
+
+// queueOpts returns the route's queue settings. With group commit and no
+// concurrency set, enough handlers run at once to fill MaxInFlight
+// batches of MaxBatch (groupCommit), with twice that prefetched: with the
+// per-message default of 8, a batch could never hold more than 8
+// deliveries and group commit would be slower than one transaction each.
+func (r *route) queueOpts(store *inbox.StoreConfig) consumer.QueueOpts {
+	q := r.opts.Queue
+	gc := r.groupCommit(store)
+	if gc == nil || q.Concurrency > 0 {
+		return q
+	}
+	q.Concurrency = gc.MaxBatch * gc.MaxInFlight
 	if q.Prefetch <= 0 {
 		q.Prefetch = 2 * q.Concurrency
 	}
@@ -267,7 +288,7 @@ func add[T any](r *Routes, queue string, claim, nilFn bool, opts *RouteOpts, bui
 		rt.err = fmt.Errorf("inboxmq: route %q: payload %s does not implement inboxtype.Keyer: the inbox, the cache and the lock need its idempotency key",
 			queue, reflect.TypeFor[T]())
 	}
-	rt.register = func(router *consumer.Router, hopts *consumer.HandlerOpts) (func(*inbox.Store), error) {
+	rt.register = func(router *consumer.Router, hopts *consumer.HandlerOpts, gc *inbox.GroupCommit) (func(*inbox.Store), error) {
 		// The store exists only once Start has reached PostgreSQL: the
 		// router calls the handler built then (before the consumer starts).
 		var h inboxtype.Handler[T]
@@ -281,6 +302,7 @@ func add[T any](r *Routes, queue string, claim, nilFn bool, opts *RouteOpts, bui
 			return nil, err
 		}
 		o := rt.opts
+		o.GroupCommit = gc
 		return func(s *inbox.Store) { h = build(s, &o) }, nil
 	}
 	r.mu.Lock()

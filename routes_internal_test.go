@@ -2,6 +2,7 @@ package inboxmq
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -28,6 +29,11 @@ func TestRouteQueueOptsGroupCommitConcurrency(t *testing.T) {
 			want:  consumer.QueueOpts{Concurrency: 48, Prefetch: 96}},
 		{name: "an explicit concurrency wins", opts: RouteOpts{GroupCommit: &inbox.GroupCommit{}, Queue: consumer.QueueOpts{Concurrency: 8}},
 			want: consumer.QueueOpts{Concurrency: 8}},
+		{name: "a pipelined route fills two batches of 256", opts: RouteOpts{GroupCommit: &inbox.GroupCommit{Pipeline: true}},
+			want: consumer.QueueOpts{Concurrency: 512, Prefetch: 1024}},
+		{name: "the store's batch size wins over the pipelined default", opts: RouteOpts{GroupCommit: &inbox.GroupCommit{Pipeline: true}},
+			store: &inbox.StoreConfig{GroupCommit: inbox.GroupCommit{MaxBatch: 64}},
+			want:  consumer.QueueOpts{Concurrency: 128, Prefetch: 256}},
 		{name: "an explicit prefetch is kept", opts: RouteOpts{GroupCommit: &inbox.GroupCommit{}, Queue: consumer.QueueOpts{Prefetch: 500}},
 			want: consumer.QueueOpts{Concurrency: 128, Prefetch: 500}},
 	} {
@@ -37,4 +43,18 @@ func TestRouteQueueOptsGroupCommitConcurrency(t *testing.T) {
 			require.Equal(t, tt.want, rt.queueOpts(tt.store))
 		})
 	}
+}
+
+// The handler gets the batch settings the route's concurrency was sized
+// for: the same MaxBatch and MaxInFlight, the route's other fields kept.
+func TestRouteGroupCommitResolved(t *testing.T) {
+	t.Parallel()
+	rt := &route{queue: "q", opts: RouteOpts{GroupCommit: &inbox.GroupCommit{Pipeline: true, MaxWait: time.Millisecond}}}
+	require.Equal(t, &inbox.GroupCommit{Pipeline: true, MaxWait: time.Millisecond, MaxBatch: 256, MaxInFlight: 2}, rt.groupCommit(nil))
+	require.Equal(t, &inbox.GroupCommit{MaxBatch: 64, MaxInFlight: 3},
+		(&route{queue: "q", opts: RouteOpts{GroupCommit: &inbox.GroupCommit{}}}).groupCommit(&inbox.StoreConfig{GroupCommit: inbox.GroupCommit{MaxInFlight: 3}}))
+	require.Nil(t, (&route{queue: "q"}).groupCommit(nil))
+	q := rt.queueOpts(nil)
+	gc := rt.groupCommit(nil)
+	require.Equal(t, gc.MaxBatch*gc.MaxInFlight, q.Concurrency, "the concurrency fills the handler's batches")
 }

@@ -312,7 +312,7 @@ func (w *Worker) buildRouter() (*consumer.Router, error) {
 			Ordered:    rt.opts.Ordered,
 
 			OnDeadLetter: onDead,
-		})
+		}, rt.groupCommit(w.s.Inbox))
 		if err != nil {
 			return nil, fmt.Errorf("inboxmq: route %q: %w", rt.queue, err)
 		}

@@ -178,11 +178,11 @@ func newRoutes(cfg config, tr *tracing) *inboxmq.Routes {
 		opts.Faults = &inboxmq.FaultOpts{Exchange: cfg.EventsExchange, RoutingKey: failedRoutingKey}
 	}
 	if cfg.GroupCommit {
-		// The store's defaults: up to 64 per transaction, 2ms, 2 in
-		// flight; with WORKER_CONCURRENCY unset (Concurrency 0) the route
-		// runs 128 handlers, enough to fill them. The handler is pure
-		// database work, so its batches are pipelined: every payment's
-		// statements of a batch travel in one round trip.
+		// The handler is pure database work, so its batches are
+		// pipelined (no savepoints), which lets the route take up to 256
+		// per transaction (2ms, 2 in flight); with WORKER_CONCURRENCY
+		// unset (Concurrency 0) it runs 512 handlers, enough to fill
+		// them (inboxmq.RouteOpts.GroupCommit).
 		opts.GroupCommit = &inbox.GroupCommit{Pipeline: true}
 	}
 	if cfg.OrderedShards > 0 {
