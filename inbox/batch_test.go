@@ -375,6 +375,34 @@ func TestBatchHandler_CommitAnswerLostIsADuplicate(t *testing.T) {
 	require.Equal(t, inbox.RecordCompleted, b.get(t, "c", "order:lost").Status)
 }
 
+// A group's round trip answered and lost after PostgreSQL committed it:
+// the group runs again, finds every key completed, and each delivery is a
+// duplicate of itself, with its own result; every effect is there once.
+func TestBatchHandler_GroupCommitAnswerLostIsADuplicate(t *testing.T) {
+	t.Parallel()
+	d := newCommitDropper(t)
+	d.match = []byte("order:lost-2") // a key, in the group claim's Bind
+	_, schema := pgtest.SchemaWith(t, 1)
+	b := setupOn(t, d.pool(t, schema), nil)
+	warm := newMsg(t, "c", order{OrderID: "warm", Amount: 1}, false)
+	require.NoError(t, inbox.BatchHandler(b.store, batchEffects(nil, nil), nil).Handle(t.Context(), warm))
+	h := inbox.BatchHandler(b.store, batchEffects(nil, nil), fullBatch(3))
+
+	d.armed.Store(true)
+	msgs := make([]*inboxtype.Message[order], 3)
+	for i := range msgs {
+		msgs[i] = newMsg(t, "c", order{OrderID: "lost-" + strconv.Itoa(i+1), Amount: i + 1}, false)
+	}
+	errs := handleAll(t, h, msgs)
+	testenv.WaitChan(t, d.fired, "the group's batch answered and dropped")
+	for i, m := range msgs {
+		require.ErrorIs(t, errs[i], retry.ErrDuplicate, m.Key)
+		require.Equal(t, m.Body.OrderID, decodeResult(t, m.Result()).Order, m.Key)
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects WHERE key = $1`, m.Key), "one effect for %s", m.Key)
+		require.Equal(t, inbox.RecordCompleted, b.get(t, "c", m.Key).Status)
+	}
+}
+
 // A result set from a callback, after the batch was sent, is not stored:
 // the delivery keeps the result stored with its writes, the one its
 // duplicates get back.
