@@ -3,7 +3,6 @@ package inbox
 import (
 	"context"
 	"fmt"
-	"math"
 
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/trace"
@@ -150,10 +149,15 @@ func (s *Store) sendBuilt(ctx context.Context, units []*unit) error {
 		b.QueuedQueries = append(b.QueuedQueries, u.built.QueuedQueries...)
 		u.built = nil
 	}
+	// A span per traced delivery; a lone delivery's statements nest
+	// under its own.
 	spans := make([]trace.Span, 0, len(units))
 	for _, u := range units {
-		if _, sp := startSpan(u.ctx, "inbox.batch"); sp.SpanContext().IsValid() {
+		if sctx, sp := startSpan(u.ctx, "inbox.batch"); sp.SpanContext().IsValid() {
 			spans = append(spans, sp)
+			if len(units) == 1 {
+				ctx = sctx
+			}
 		}
 	}
 	err := s.pool.SendBatch(ctx, b).Close()
@@ -183,17 +187,14 @@ func resultArg(u *unit) *string {
 	return &r
 }
 
-// claimArgs are claimAllOrAbort's parameters for units, in their order.
+// claimArgs are claimAllOrAbort's parameters for units, in their order:
+// the group claim's, their results, and how many keys it must claim.
 func claimArgs(units []*unit) []any {
-	consumers, keys := make([]string, len(units)), make([]string, len(units))
-	fps, payloads := make([][]byte, len(units)), make([][]byte, len(units))
-	mids, results := make([]*string, len(units)), make([]*string, len(units))
-	attempts := make([]int32, len(units))
+	results := make([]*string, len(units))
 	for i, u := range units {
-		consumers[i], keys[i], fps[i], payloads[i] = u.consumer, u.key, u.fp, u.payload
-		mids[i], results[i], attempts[i] = messageIDArg(u), resultArg(u), int32(min(u.attempt, math.MaxInt32)) //nolint:gosec // bounded above
+		results[i] = resultArg(u)
 	}
-	return []any{consumers, keys, fps, mids, payloads, attempts, results, len(units)}
+	return append(claimArrays(units), results, len(units))
 }
 
 // takeBuilt reports whether every unit of a group holds its built batch,

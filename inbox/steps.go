@@ -106,21 +106,23 @@ func (s *Store) claimMany(ctx context.Context, units []*unit) (pgx.Tx, []claimed
 
 // queueClaim queues the claim of units' keys, in one statement.
 func (s *Store) queueClaim(b *pgx.Batch, units []*unit) {
+	b.Queue(s.sql.claim, claimArrays(units)...)
+}
+
+// claimArrays are the group claim's parameters for units, in their order:
+// consumers, keys, fingerprints, message ids, payloads, attempts.
+func claimArrays(units []*unit) []any {
 	n := len(units)
-	consumers := make([]string, n)
-	keys := make([]string, n)
-	fps := make([][]byte, n)
+	consumers, keys := make([]string, n), make([]string, n)
+	fps, payloads := make([][]byte, n), make([][]byte, n)
 	mids := make([]*string, n)
-	payloads := make([][]byte, n)
 	attempts := make([]int32, n)
 	for i, u := range units {
 		consumers[i], keys[i], fps[i], payloads[i] = u.consumer, u.key, u.fp, u.payload
 		attempts[i] = int32(min(u.attempt, math.MaxInt32)) //nolint:gosec // bounded above
-		if u.messageID != "" {
-			mids[i] = &u.messageID
-		}
+		mids[i] = messageIDArg(u)
 	}
-	b.Queue(s.sql.claim, consumers, keys, fps, mids, payloads, attempts)
+	return []any{consumers, keys, fps, mids, payloads, attempts}
 }
 
 // queueCompletion queues the fenced completion of the claims of units,
