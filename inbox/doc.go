@@ -105,6 +105,12 @@
 // batch runs again one handler after the other, with savepoints, so the
 // handlers of such a batch run twice.
 //
+// A [BatchHandler]'s group is more optimistic still: each handler queues
+// its writes before the group forms, and the group's claims and writes go
+// to PostgreSQL in one round trip, as one transaction that commits whole
+// or not at all. A group that cannot commit whole runs as above, so each
+// delivery still gets its own verdict.
+//
 // # Claim/lease mode
 //
 // For effects outside PostgreSQL (a payment gateway, an e-mail),

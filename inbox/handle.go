@@ -36,7 +36,8 @@ type unit struct {
 	// verdict on a key that could not be claimed (a duplicate's).
 	result []byte
 	// pending is the result the handler left, written with the COMMIT
-	// (commitResults); nil when it left none or failed.
+	// (commitResults), or by the claim of a BatchHandler's batch
+	// (sendBuilt); nil when it left none or failed.
 	pending []byte
 	// built holds a BatchHandler's writes, queued before the claim, until
 	// they are sent (sendBuilt); d is its delivery, whose fence and status
