@@ -179,19 +179,35 @@ func TestLaneWokenWhileAnotherIsBusyGathers(t *testing.T) {
 	r, _ := b.newRelay(t, &RelayConfig{Concurrency: 2, Retention: -1, GatherDelay: 20 * time.Millisecond, PollInterval: time.Hour})
 	gathered := make(chan struct{}, 1)
 	r.hooks.gather = func() { notify(gathered) }
-	var once sync.Once
+	var first atomic.Bool
 	r.hooks.published = func(<-chan struct{}) {
-		once.Do(func() {
-			// This lane is in flight: the other one, woken by the second
-			// row, must gather first.
+		// Only the first batch waits (a CompareAndSwap, not a sync.Once,
+		// whose other callers would block behind it): this lane is in
+		// flight, so the other one, woken by the second row, must gather
+		// first.
+		if first.CompareAndSwap(false, true) {
 			enqueue(t, b.pool, msgTo(b.queue, "second"))
 			testenv.WaitChan(t, gathered, "the other lane's gather")
-		})
+		}
 	}
+	var idles atomic.Int64
+	r.hooks.idle = func(bool) { idles.Add(1) }
 	listening := make(chan struct{}, 1)
 	r.hooks.listening = func() { notify(listening) }
 	start(t, r)
 	testenv.WaitChan(t, listening, "the relay's LISTEN")
+	// The wake-up LISTEN sends on connecting has been answered: both lanes
+	// wait idle, so the first row wakes one of them and the second the
+	// other, not a lane already on its way to a claim.
+	testenv.WaitFor(t, "both lanes idle", func() bool {
+		return idles.Load() >= 3 && len(r.wake) == 0 && r.inFlight.Load() == 0
+	})
+	for range 2 { // gathers before the first row are not the one asserted
+		select {
+		case <-gathered:
+		default:
+		}
+	}
 	enqueue(t, b.pool, msgTo(b.queue, "first"))
 	waitAllSent(t, b.pool, 2)
 }
