@@ -113,10 +113,12 @@ func TestRateLimit_SharedAcrossWorkers(t *testing.T) {
 	require.Len(t, times, 150)
 	// GCRA with Burst 1 reserves at most rate×1s + 1 slots per window. A
 	// call runs when its goroutine wakes after the slot, which on a loaded
-	// machine (-race, other test binaries) can bunch calls up to about
-	// 200ms: 10 more at 50/s. Unlimited would be 150, the whole rate per
-	// worker 150 too.
-	require.LessOrEqual(t, testenv.MaxInWindow(times, time.Second), 61)
+	// machine (-race, the other test binaries of CI) bunches calls by up to
+	// a few hundred ms: a CI run saw 67. The bound keeps room for 500ms of
+	// bunching and still fails what matters: unlimited, or each worker
+	// keeping the whole rate alone, puts all 150 in one window. The span
+	// below is the strict check: lateness only lengthens it.
+	require.LessOrEqual(t, testenv.MaxInWindow(times, time.Second), 76)
 	require.GreaterOrEqual(t, times[len(times)-1].Sub(times[0]), 2800*time.Millisecond, "150 calls at 50/s take about 3s")
 	n, err := b.rdb.Exists(t.Context(), b.prefix+"{gw}").Result()
 	require.NoError(t, err)
