@@ -350,11 +350,13 @@ func TestWorker_RateLimitWithoutRedisKeepsWorkerShare(t *testing.T) {
 		if len(times) == 0 {
 			continue // RabbitMQ may hand one worker nothing
 		}
-		// A share of 10/s with a burst of 1: at most 11 in any 1s, +2
-		// for calls up to 200ms late (slots are 100ms apart).
-		require.LessOrEqual(t, testenv.MaxInWindow(times, time.Second), 13, "worker %s", w)
+		// A share of 10/s with a burst of 1: at most 11 in any 1s, +5
+		// for calls up to 500ms late on a loaded machine (slots are 100ms
+		// apart).
+		require.LessOrEqual(t, testenv.MaxInWindow(times, time.Second), 16, "worker %s", w)
 	}
-	require.LessOrEqual(t, testenv.MaxInWindow(g.times(""), time.Second), 37, "together about 30/s")
+	// The whole rate per worker would put all 60 in one window.
+	require.LessOrEqual(t, testenv.MaxInWindow(g.times(""), time.Second), 46, "together about 30/s")
 }
 
 // An operator's pause (inboxctl pause) and the breaker's are kept apart:

@@ -54,8 +54,9 @@ func (g *timedGateway) snapshot() (times []time.Time, failed int, paid map[strin
 }
 
 // GATEWAY_RATE_LIMIT=20 shared by two workers: the gateway sees at most
-// 20 calls (+1 burst, +4 for calls up to 200ms late on a loaded machine)
-// in any 1s window, and every order is charged once.
+// 20 calls (+1 burst, +10 for calls up to 500ms late on a loaded machine)
+// in any 1s window, and every order is charged once. Each worker at the
+// whole rate would put all 40 in one window.
 func TestWorkerGatewayRateLimit(t *testing.T) {
 	t.Parallel()
 	gw := &timedGateway{paid: map[string]int{}}
@@ -70,7 +71,7 @@ func TestWorkerGatewayRateLimit(t *testing.T) {
 	b.requireOneEffectPerOrder(t, "rl", orders)
 	times, _, paid := gw.snapshot()
 	require.Len(t, paid, orders)
-	require.LessOrEqual(t, testenv.MaxInWindow(times, time.Second), 25, "calls in the busiest 1s window")
+	require.LessOrEqual(t, testenv.MaxInWindow(times, time.Second), 31, "calls in the busiest 1s window")
 	require.Equal(t, 0, amqptest.DepthOrZero(t, b.conn, b.queue+".dlq"))
 	w1.stop(t)
 	w2.stop(t)
