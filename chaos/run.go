@@ -773,12 +773,14 @@ func (r *scenarioRun) heal(ctx context.Context) {
 }
 
 // waitDrain waits until every order has its ledger entry, the DLQ holds
-// every poison and declined message, and the work and retry queues are
-// empty, bounded by DrainTimeout.
+// every poison and declined message, the work and retry queues are empty
+// and no worker holds a delivery (idle), in two checks in a row, bounded
+// by DrainTimeout.
 func (r *scenarioRun) waitDrain(ctx context.Context, exp Expect) bool {
 	deadline := time.Now().Add(r.cfg.DrainTimeout)
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
+	settled := 0 // consecutive checks that found the run settled
 	for time.Now().Before(deadline) {
 		done := r.ledgerCount(ctx) >= len(exp.Orders)
 		if done {
@@ -792,7 +794,10 @@ func (r *scenarioRun) waitDrain(ctx context.Context, exp Expect) bool {
 			n, err := r.depth(q)
 			done = err == nil && n == 0
 		}
-		if done {
+		done = done && r.idle(ctx)
+		if !done {
+			settled = 0
+		} else if settled++; settled == 2 {
 			return true
 		}
 		select {
@@ -802,6 +807,27 @@ func (r *scenarioRun) waitDrain(ctx context.Context, exp Expect) bool {
 		}
 	}
 	return false
+}
+
+// idle reports whether no running worker holds a delivery (its in_flight
+// gauges sum to 0). A queue's depth counts only the messages ready in it:
+// one a worker is handling counts nowhere, and if the worker defers it, it
+// reappears in a retry queue and, a delay later, in the work queue. A
+// worker that cannot be scraped is not idle; one that has exited holds
+// nothing (the broker requeued what it had).
+func (r *scenarioRun) idle(ctx context.Context) bool {
+	for _, w := range r.workers {
+		if exited, _ := w.wait(0); exited {
+			continue
+		}
+		if !w.scrape.scrape(ctx) {
+			return false
+		}
+		if w.scrape.currentSeries()["in_flight"] != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 func (r *scenarioRun) leftovers() map[string]int {

@@ -140,6 +140,8 @@ func (w *worker) signal(sig syscall.Signal) error {
 }
 
 // wait waits for the process to exit within d and returns its exit error.
+// With d = 0 it only looks, and a process that has exited is always
+// reported so.
 func (w *worker) wait(d time.Duration) (exited bool, err error) {
 	w.mu.Lock()
 	ch := w.exited
@@ -147,14 +149,24 @@ func (w *worker) wait(d time.Duration) (exited bool, err error) {
 	if ch == nil {
 		return true, nil
 	}
-	select {
-	case <-ch:
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		return true, w.exitErr
-	case <-time.After(d):
-		return false, nil
+	if d <= 0 {
+		select {
+		case <-ch:
+		default:
+			return false, nil
+		}
+	} else {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-ch:
+		case <-t.C:
+			return false, nil
+		}
 	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return true, w.exitErr
 }
 
 // kill SIGKILLs the worker (continuing it first if stopped) and waits for it.
