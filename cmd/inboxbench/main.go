@@ -27,9 +27,10 @@
 // -latruns runs) — and group commit's also at per-message mode's load, the
 // latency it adds — and
 // prints msgs/s, allocations and CPU per delivery, RSS and the ratios
-// (d)/(b), (e)/(c), (e)/(b), (f)/(d), and (f)/(g), (g)/(b): how close
-// claim mode comes to its own protocol's ceiling, and what the protocol
-// itself costs against one transaction per delivery; and (h)/(e), (h)/(d):
+// (d)/(b), (e)/(c), (e)/(b), (f)/(d), and (f)/(g), (g)/(b), (g)/(d): how
+// close claim mode comes to its own protocol's ceiling, and what the
+// protocol itself costs against one transaction per delivery — (g)/(d)
+// bounds what (f)/(d) can reach; and (h)/(e), (h)/(d):
 // claim mode with group commit against transactional mode with and
 // without it; (p)/(d), (p)/(pc), (pg)/(d) and (pg)/(p): the full chain
 // against the bare inbox and its own ceiling, and group commit on
@@ -643,6 +644,7 @@ func report(w io.Writer, rs []*result, n, runs, latRuns int) {
 	ratio("f", "d", "target ≥ 0.75")
 	ratio("f", "g", "claim mode against its hand-written protocol")
 	ratio("g", "b", "the claim protocol's own ceiling against one tx per delivery")
+	ratio("g", "d", "the claim protocol by hand against (d): the bound on (f)/(d)")
 	ratio("h", "e", "claim mode against transactional mode, both group-committed")
 	ratio("h", "d", "claim mode group-committed against per-message transactional mode")
 	for _, id := range []string{"d", "e", "f", "h"} {
