@@ -16,26 +16,25 @@ import (
 type probe struct {
 	svc     startstop.Service
 	running chan struct{} // closed when run begins
-	stuck   chan struct{} // run ignores its context until this closes
+	stuck   chan struct{} // if set, run ignores its context until this closes
 	runs    int           // completed runs
 	cause   error         // context.Cause of the last run's context
 	runErr  error         // what run returns
 }
 
 func newProbe() *probe {
-	return &probe{svc: startstop.Service{Name: "test: probe"}, stuck: make(chan struct{})}
+	return &probe{svc: startstop.Service{Name: "test: probe"}}
 }
 
 func (p *probe) start(ctx context.Context, init func(context.Context) error) error {
-	running := make(chan struct{})
+	running, stuck := make(chan struct{}), p.stuck
 	p.running = running
 	return p.svc.Start(ctx, init, func(ctx context.Context) error {
 		close(running)
-		select {
-		case <-ctx.Done():
-		case <-p.stuck:
-			<-ctx.Done()
+		if stuck != nil {
+			<-stuck // deaf to ctx: a select on both would return at once
 		}
+		<-ctx.Done()
 		p.cause = context.Cause(ctx)
 		p.runs++
 		return p.runErr
