@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmq/inboxmq/inbox"
@@ -83,6 +84,63 @@ func TestClaim_TwoWorkersOneOutsideCallOneEffect(t *testing.T) {
 	require.Equal(t, inbox.RecordCompleted, r.Status)
 	require.Nil(t, r.Owner)
 	require.Equal(t, int64(1), r.Fence)
+}
+
+// A copy that meets another worker's live claim looks again after a
+// second, then after twice what it last waited, never past the holder's
+// remaining lease; what its headers say of earlier waits is bounded.
+func TestClaim_HeldKeyDeferralGrowsUpToTheLease(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	entered, release := make(chan struct{}), make(chan struct{})
+	var first atomic.Bool
+	h := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[order]) error {
+		if first.CompareAndSwap(false, true) {
+			close(entered)
+			<-release
+		}
+		return c.Complete(ctx, completeWithEffect(msg))
+	}, &inbox.ClaimOpts{Lease: 20 * time.Second})
+	done := make(chan error, 1)
+	go func() { done <- h.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "1", Amount: 10}, false)) }()
+	testenv.WaitChan(t, entered, "the first worker holds the claim")
+
+	ago := func(d time.Duration) string { return time.Now().Add(-d).UTC().Format(time.RFC3339Nano) }
+	for _, tt := range []struct {
+		name     string
+		headers  amqp.Table
+		min, max time.Duration
+	}{
+		{"first meeting", nil, time.Second, time.Second},
+		{"deferred 3s ago for the held claim", amqp.Table{
+			inboxtype.HeaderError: "claim_held: inbox: key is claimed", inboxtype.HeaderLastFailedAt: ago(3 * time.Second),
+		}, 6 * time.Second, 7 * time.Second},
+		{"waited longer than the lease", amqp.Table{
+			inboxtype.HeaderError: "claim_held: inbox: key is claimed", inboxtype.HeaderLastFailedAt: ago(time.Hour),
+		}, 15 * time.Second, 20 * time.Second},
+		{"last retried for another reason", amqp.Table{
+			inboxtype.HeaderError: "db_connection: gone", inboxtype.HeaderLastFailedAt: ago(8 * time.Second),
+		}, time.Second, time.Second},
+		{"a failure time in the future", amqp.Table{
+			inboxtype.HeaderError: "claim_held: inbox: key is claimed", inboxtype.HeaderLastFailedAt: ago(-time.Hour),
+		}, time.Second, time.Second},
+		{"a failure time that does not parse", amqp.Table{
+			inboxtype.HeaderError: "claim_held: inbox: key is claimed", inboxtype.HeaderLastFailedAt: "yesterday",
+		}, time.Second, time.Second},
+	} {
+		msg := newMsg(t, "payments", order{OrderID: "1", Amount: 10}, false)
+		msg.Delivery.Headers = tt.headers
+		err := h.Handle(t.Context(), msg)
+		d := retry.Classify(err)
+		require.Equal(t, retry.KindRetry, d.Kind, "%s: %v", tt.name, err)
+		require.Equal(t, inbox.ReasonClaimHeld, d.Reason, tt.name)
+		require.True(t, d.Uncounted, "%s: a deferral is not an attempt", tt.name)
+		require.GreaterOrEqual(t, d.Delay, tt.min, tt.name)
+		require.LessOrEqual(t, d.Delay, tt.max, tt.name)
+	}
+	close(release)
+	require.NoError(t, testenv.WaitChan(t, done, "the first worker completes"))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`))
 }
 
 func TestClaim_ExpiredLeaseFencesOutTheLateWorker(t *testing.T) {

@@ -3,6 +3,7 @@ package inbox
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/codes"
@@ -26,6 +27,10 @@ type unit struct {
 	key       string
 	messageID string
 	attempt   int // the delivery's broker attempt (x-attempt), 1-based
+	// sinceHeld is how long ago the delivery was last deferred because
+	// another worker held a live claim on its key (0 if its last retry was
+	// not that): the next such deferral is twice as long.
+	sinceHeld time.Duration
 	fp        []byte
 	payload   []byte // nil unless the handler stores payloads
 	run       func(ctx context.Context, tx pgx.Tx) error

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -154,8 +155,11 @@ func (s *Store) newUnit(ctx context.Context, consumerName, key, messageID string
 		return nil, retry.Permanent(retry.WithReason(retry.ReasonInvalid, errors.New("inbox: empty consumer name")))
 	}
 	u := &unit{ctx: ctx, consumer: consumerName, key: key, messageID: messageID, attempt: max(attempt, 1), fp: fp}
-	if d != nil && storePayload {
-		u.payload = d.Body
+	if d != nil {
+		u.sinceHeld = d.SinceDeferred(ReasonClaimHeld, time.Now())
+		if storePayload {
+			u.payload = d.Body
+		}
 	}
 	return u, nil
 }

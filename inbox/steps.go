@@ -220,6 +220,17 @@ func (s *Store) unclaimed(ctx context.Context, tx pgx.Tx, units []*unit) error {
 	return nil
 }
 
+// heldDeferral is how long a delivery whose key another worker holds
+// (remaining: the claim's remaining lease) waits before it looks again: a
+// second, or twice what it waited since it last met a held claim, and
+// never past the lease, when a crashed holder's claim may be taken over.
+// The holder is most often alive and done within the second; a key held
+// for long is looked at less and less often. At least a second, the
+// shortest broker delay tier.
+func heldDeferral(since, remaining time.Duration) time.Duration {
+	return max(time.Second, min(2*since, remaining))
+}
+
 // verdict explains why a key could not be claimed, or, for a claim's
 // completion, why the claim was no longer its owner's.
 func verdict(u *unit, status string, fp []byte, lease time.Duration, found bool) error {
@@ -232,7 +243,7 @@ func verdict(u *unit, status string, fp []byte, lease time.Duration, found bool)
 	case found && status == RecordCompleted:
 		return retry.Duplicate(retry.SourceInbox, fmt.Errorf("inbox: key %q of consumer %q is completed", u.key, u.consumer))
 	case found && status == RecordProcessing:
-		return retry.WithReason(ReasonClaimHeld, retry.Defer(max(lease, time.Second),
+		return retry.WithReason(ReasonClaimHeld, retry.Defer(heldDeferral(u.sinceHeld, lease),
 			fmt.Errorf("inbox: key %q of consumer %q is claimed by another worker", u.key, u.consumer)))
 	default:
 		// The row changed between the claim and the look-up (such as a

@@ -2,6 +2,7 @@ package inboxtype
 
 import (
 	"encoding/json"
+	"strings"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -231,4 +232,27 @@ func (d *Delivery) runSettled(o Outcome) {
 	for i := len(hooks) - 1; i >= 0; i-- {
 		hooks[i](o)
 	}
+}
+
+// SinceDeferred reports how long ago d was last deferred for reason: the
+// time since its HeaderLastFailedAt, when its HeaderError says that its
+// last retry had that reason ("<reason>: …"). It is 0 when d's last retry
+// had another reason, d was never retried, or the headers do not parse.
+// Deferrals that grow while a key stays held (the Redis lock's, a live
+// claim's) start from it; the headers come from the message, so callers
+// bound what they make of it.
+func (d *Delivery) SinceDeferred(reason string, now time.Time) time.Duration {
+	text, ok := d.Headers[HeaderError].(string)
+	if !ok || !strings.HasPrefix(text, reason+":") {
+		return 0
+	}
+	last, ok := d.Headers[HeaderLastFailedAt].(string)
+	if !ok {
+		return 0
+	}
+	at, err := time.Parse(time.RFC3339Nano, last)
+	if err != nil || !now.After(at) {
+		return 0
+	}
+	return now.Sub(at)
 }

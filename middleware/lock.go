@@ -360,20 +360,13 @@ func startLockSpan(ctx context.Context, key string) (context.Context, trace.Span
 
 // deferral is how long a delivery that found its key held (err) waits:
 // RetryDelay, or twice what it waited since its last deferral, up to
-// MaxRetryDelay, and never longer than the holder's remaining TTL.
-//
-// The consumer writes the reason of a retry into x-error and its time
-// into x-last-failed-at, so a delivery that was last deferred by this
-// middleware carries both. Their values come from the message, so the
+// MaxRetryDelay, and never longer than the holder's remaining TTL. The
+// wait comes from the delivery's headers (Delivery.SinceDeferred), so the
 // result is kept within RetryDelay and MaxRetryDelay whatever they say.
 func (m *lockMiddleware) deferral(d *inboxtype.Delivery, err error, now time.Time) time.Duration {
 	delay := m.opts.RetryDelay
-	if text, ok := d.Headers[inboxtype.HeaderError].(string); ok && strings.HasPrefix(text, ReasonLockUnavailable+":") {
-		if last, ok := d.Headers[inboxtype.HeaderLastFailedAt].(string); ok {
-			if at, perr := time.Parse(time.RFC3339Nano, last); perr == nil && now.After(at) {
-				delay = max(delay, min(2*now.Sub(at), m.opts.MaxRetryDelay))
-			}
-		}
+	if waited := d.SinceDeferred(ReasonLockUnavailable, now); waited > 0 {
+		delay = max(delay, min(2*waited, m.opts.MaxRetryDelay))
 	}
 	if held, ok := errors.AsType[*lock.HeldError](err); ok && held.TTL > 0 {
 		delay = min(delay, held.TTL)
