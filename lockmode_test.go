@@ -20,8 +20,8 @@ import (
 	"github.com/inboxmq/inboxmq/middleware"
 )
 
-// RouteOpts.LockMode: the lock in claim mode only by default, in either
-// mode when asked, in neither when turned off. The route's own middleware
+// RouteOpts.LockMode: no lock by default, in either mode; the lock in
+// either mode when asked, and NoLock overrides LockOn. The route's own middleware
 // runs inside the lock, so it sees whether the delivery holds it.
 func TestWorker_LockMode(t *testing.T) {
 	t.Parallel()
@@ -35,7 +35,8 @@ func TestWorker_LockMode(t *testing.T) {
 		{name: "TxAuto", mode: inboxmq.LockAuto, locked: false},
 		{name: "TxOn", mode: inboxmq.LockOn, locked: true},
 		{name: "TxOff", mode: inboxmq.LockOff, locked: false},
-		{name: "ClaimAuto", claim: true, mode: inboxmq.LockAuto, locked: true},
+		{name: "ClaimAuto", claim: true, mode: inboxmq.LockAuto, locked: false},
+		{name: "ClaimOn", claim: true, mode: inboxmq.LockOn, locked: true},
 		{name: "ClaimOff", claim: true, mode: inboxmq.LockOff, locked: false},
 		{name: "ClaimNoLock", claim: true, mode: inboxmq.LockOn, noLock: true, locked: false},
 	} {

@@ -97,10 +97,11 @@ type RouteOpts struct {
 	Cache *middleware.CacheOpts
 	// LockMode says whether the route takes the Redis lock on each
 	// delivery's key when Config.Redis is set (see [LockMode]). Defaults to
-	// LockAuto: the lock in claim mode ([HandleClaim]), none in
-	// transactional mode ([HandleTx]), where PostgreSQL already makes
-	// concurrent copies wait for one another (docs/performance.md, "Does
-	// the lock earn its keep?").
+	// LockAuto: no lock, in either mode. The inbox already keeps concurrent
+	// copies apart: in transactional mode ([HandleTx]) a copy waits for the
+	// first's commit, in claim mode ([HandleClaim]) it meets the first's
+	// live claim and looks again later (docs/performance.md, "Does the lock
+	// earn its keep?").
 	LockMode LockMode
 	// NoLock leaves out the Redis lock whatever LockMode says; LockOff
 	// does the same. Defaults to false.
@@ -148,12 +149,18 @@ type LockMode int
 
 // Values of RouteOpts.LockMode.
 const (
-	// LockAuto takes the lock in claim mode only. There it keeps two
-	// copies of a key from racing to the outside call while the first
-	// holds the claim; in transactional mode a copy would only wait for
-	// the first's inbox row, which PostgreSQL already does.
+	// LockAuto is the default chosen from measurements: today no lock, in
+	// either mode. In both, the inbox is what keeps a key's copies from
+	// doubling an effect, and the lock only changes where a concurrent copy
+	// waits, at two Redis operations per delivery; on duplicate-free
+	// traffic that is throughput lost for nothing. A route that leaves
+	// LockMode at LockAuto follows the default if a later release changes
+	// it; LockOff pins it.
 	LockAuto LockMode = iota
-	// LockOn takes the lock in either mode.
+	// LockOn takes the lock in either mode. With the completed-cache it
+	// keeps most concurrent copies out of PostgreSQL (they are deferred,
+	// then acked by the cache): take it when database connections, not
+	// throughput, run out under bursts of copies.
 	LockOn
 	// LockOff never takes the lock.
 	LockOff
@@ -163,7 +170,6 @@ const (
 type route struct {
 	queue string
 	opts  RouteOpts
-	claim bool // HandleClaim (else HandleTx)
 	err   error
 	// register adds the route to router with hopts and returns the function
 	// that, once the worker has its store, builds the inbox handler.
@@ -175,13 +181,7 @@ func (r *route) namespace() string { return cmp.Or(r.opts.Namespace, r.queue) }
 // lockOn reports whether the route takes the Redis lock when the worker
 // has Redis.
 func (r *route) lockOn() bool {
-	switch {
-	case r.opts.NoLock || r.opts.LockMode == LockOff:
-		return false
-	case r.opts.LockMode == LockOn:
-		return true
-	}
-	return r.claim
+	return r.opts.LockMode == LockOn && !r.opts.NoLock
 }
 
 // Group commit's defaults when neither the route nor the store sets them:
@@ -238,7 +238,7 @@ func (r *route) queueOpts(store *inbox.StoreConfig) consumer.QueueOpts {
 // inbox row, and its writes commit with it or not at all. T (or *T) must
 // implement inboxtype.Keyer.
 func HandleTx[T any](r *Routes, queue string, fn inbox.TxHandlerFunc[T], opts *RouteOpts) {
-	add(r, queue, false, fn == nil, opts, func(s *inbox.Store, o *RouteOpts) inboxtype.Handler[T] {
+	add(r, queue, fn == nil, opts, func(s *inbox.Store, o *RouteOpts) inboxtype.Handler[T] {
 		return inbox.Handler(s, fn, &inbox.HandlerOpts{GroupCommit: o.GroupCommit, StorePayload: o.StorePayload})
 	})
 }
@@ -251,7 +251,7 @@ func HandleTx[T any](r *Routes, queue string, fn inbox.TxHandlerFunc[T], opts *R
 // reads before it writes uses HandleTx. Everything HandleTx guarantees
 // holds. T (or *T) must implement inboxtype.Keyer.
 func HandleBatch[T any](r *Routes, queue string, fn inbox.BatchHandlerFunc[T], opts *RouteOpts) {
-	add(r, queue, false, fn == nil, opts, func(s *inbox.Store, o *RouteOpts) inboxtype.Handler[T] {
+	add(r, queue, fn == nil, opts, func(s *inbox.Store, o *RouteOpts) inboxtype.Handler[T] {
 		return inbox.BatchHandler(s, fn, &inbox.HandlerOpts{GroupCommit: o.GroupCommit, StorePayload: o.StorePayload})
 	})
 }
@@ -261,7 +261,7 @@ func HandleBatch[T any](r *Routes, queue string, fn inbox.BatchHandlerFunc[T], o
 // with the claim's key and commits through Claim.Complete. T (or *T) must
 // implement inboxtype.Keyer.
 func HandleClaim[T any](r *Routes, queue string, fn inbox.ClaimFunc[T], opts *RouteOpts) {
-	add(r, queue, true, fn == nil, opts, func(s *inbox.Store, o *RouteOpts) inboxtype.Handler[T] {
+	add(r, queue, fn == nil, opts, func(s *inbox.Store, o *RouteOpts) inboxtype.Handler[T] {
 		var co inbox.ClaimOpts
 		if o.Claim != nil {
 			co = *o.Claim
@@ -271,8 +271,8 @@ func HandleClaim[T any](r *Routes, queue string, fn inbox.ClaimFunc[T], opts *Ro
 	})
 }
 
-func add[T any](r *Routes, queue string, claim, nilFn bool, opts *RouteOpts, build func(*inbox.Store, *RouteOpts) inboxtype.Handler[T]) {
-	rt := &route{queue: queue, claim: claim}
+func add[T any](r *Routes, queue string, nilFn bool, opts *RouteOpts, build func(*inbox.Store, *RouteOpts) inboxtype.Handler[T]) {
+	rt := &route{queue: queue}
 	if opts != nil {
 		rt.opts = *opts
 	}

@@ -26,13 +26,19 @@ func TestChaosCI(t *testing.T) {
 
 // TestChaosCI_GroupCommit is the same run with GROUP_COMMIT=on: crashes,
 // stalls and lost connections hit batches of deliveries sharing one
-// transaction, and of claim-mode completions sharing one.
+// transaction, and of claim-mode completions sharing one. Its workers take
+// the Redis lock (LOCK=on), which TestChaosCI's leave at the default (no
+// lock), so that stalls and lost connections also hit held locks.
 func TestChaosCI_GroupCommit(t *testing.T) {
 	t.Parallel()
 	chaosCI(t, 20261202, true)
 }
 
 func chaosCI(t *testing.T, seed uint64, group bool) {
+	lock := ""
+	if group {
+		lock = "on"
+	}
 	pgtest.Schema(t) // creates the test database if it is missing
 	var log bytes.Buffer
 	rep, err := chaos.Run(t.Context(), &chaos.Config{
@@ -43,6 +49,7 @@ func chaosCI(t *testing.T, seed uint64, group bool) {
 		FaultEvery:   1500 * time.Millisecond,
 		DrainTimeout: 90 * time.Second,
 		GroupCommit:  group,
+		Lock:         lock,
 		WorkDir:      t.TempDir(),
 		AMQPURL:      testenv.AMQPURL(),
 		DatabaseURL:  testenv.DatabaseURL(),
@@ -81,6 +88,14 @@ func chaosCI(t *testing.T, seed uint64, group bool) {
 			b, err := os.ReadFile(l)
 			require.NoError(t, err)
 			require.Contains(t, string(b), fmt.Sprintf(`"group_commit":%v`, group), l)
+		}
+	}
+	// The workers took the lock exactly when asked to.
+	for _, s := range rep.Scenarios {
+		if lock == "on" {
+			require.Positive(t, s.Metrics["lock_acquire_success_total"], "LOCK=on: deliveries took the lock (%s)", s.Name)
+		} else {
+			require.Zero(t, s.Metrics["lock_acquire_success_total"], "the default takes no lock (%s)", s.Name)
 		}
 	}
 	gw := rep.Scenarios[1]

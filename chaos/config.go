@@ -58,6 +58,11 @@ type Config struct {
 	// at once share one transaction (in the gateway scenario, their
 	// completions). Defaults to false.
 	GroupCommit bool
+	// Lock is each worker's LOCK: "on" puts every delivery behind the
+	// Redis lock, so that FaultStop and a Redis fault also take locks from
+	// workers still holding them; "off" pins it off. Defaults to "", the
+	// worker's default (auto: no lock).
+	Lock string
 	// LockTTL is each worker's LOCK_TTL; FaultStop pauses a worker for
 	// LockTTL + 1s. Defaults to 2s.
 	LockTTL time.Duration
@@ -230,6 +235,11 @@ func (c *Config) validate() error {
 	}
 	if c.GatewayDelay < 0 {
 		return errors.New("chaos: GatewayDelay must not be negative")
+	}
+	switch c.Lock {
+	case "", "auto", "on", "off":
+	default:
+		return fmt.Errorf("chaos: unknown Lock %q (want auto, on or off)", c.Lock)
 	}
 	switch c.QueueType {
 	case "", "quorum", "classic":

@@ -204,6 +204,7 @@ func (c *tlsCluster) config(t *testing.T, n int, dbURL, certFile string, log *by
 		DrainTimeout:      3 * time.Minute,
 		Scenarios:         []string{chaos.ScenarioGateway},
 		GatewayDelay:      failoverDelay,
+		Lock:              "on", // redis-sentinel-failover needs locks to lose
 		QueueType:         "quorum",
 		Binary:            c.bin,
 		WorkDir:           t.TempDir(),

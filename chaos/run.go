@@ -608,6 +608,9 @@ func (r *scenarioRun) startWorkers(ctx context.Context) error {
 		if r.cfg.QueueType != "" {
 			env = append(env, "QUEUE_TYPE="+r.cfg.QueueType)
 		}
+		if r.cfg.Lock != "" {
+			env = append(env, "LOCK="+r.cfg.Lock)
+		}
 		env = append(env, r.cfg.WorkerEnv...)
 		w := &worker{
 			idx: i, bin: r.cfg.Binary, env: env, appName: app, metrics: addr,

@@ -35,6 +35,7 @@ func main() {
 	flag.BoolVar(&cfg.RestartRedis, "restart-redis", false, "also stop and restart the shared Redis server (disturbs other users of it)")
 	flag.IntVar(&cfg.Concurrency, "concurrency", 8, "WORKER_CONCURRENCY of each worker")
 	flag.BoolVar(&cfg.GroupCommit, "group-commit", false, "run the workers with GROUP_COMMIT=on")
+	flag.StringVar(&cfg.Lock, "lock", "", "LOCK of each worker: auto, on or off (default: the worker's, auto)")
 	flag.DurationVar(&cfg.LockTTL, "lock-ttl", 2*time.Second, "LOCK_TTL of each worker")
 	flag.DurationVar(&cfg.DrainTimeout, "drain-timeout", 2*time.Minute, "bound on the drain after the faults")
 	flag.StringVar(&cfg.Binary, "binary", "", "a built payment-worker (default: build one)")

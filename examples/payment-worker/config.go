@@ -23,8 +23,8 @@ type config struct {
 	Queue       string
 	GatewayURL  string
 	LockTTL     time.Duration
-	// Lock says whether a payment takes the Redis lock (LOCK): auto (in
-	// claim mode only), on or off.
+	// Lock says whether a payment takes the Redis lock (LOCK): auto (the
+	// framework's default: no lock), on or off.
 	Lock inboxmq.LockMode
 	// Concurrency is the handlers at once (WORKER_CONCURRENCY); 0 with
 	// GROUP_COMMIT=on unless set: the route picks enough to fill its

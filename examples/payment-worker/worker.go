@@ -158,10 +158,10 @@ func redisClient(rawURL string) (redis.UniversalClient, error) {
 }
 
 // newRoutes registers the payment handler: transactional mode without a
-// gateway, claim mode with one. The Redis lock is taken in claim mode
-// only, unless LOCK says otherwise. A copy that finds the key locked waits
-// 1s at first: a payment commits in milliseconds, so by then the copy is
-// acked as a duplicate.
+// gateway, claim mode with one. The Redis lock is taken only with LOCK=on
+// (the inbox keeps copies apart in both modes). A copy that finds the key
+// locked waits 1s at first: a payment commits in milliseconds, so by then
+// the copy is acked as a duplicate.
 func newRoutes(cfg config, tr *tracing) *inboxmq.Routes {
 	routes := inboxmq.NewRoutes()
 	opts := &inboxmq.RouteOpts{
