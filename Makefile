@@ -66,7 +66,7 @@ CLUSTER_DIR ?= /var/tmp/inboxmq-cluster
 .PHONY: bench
 bench: up ## One-run benchmark against the ceilings (cmd/inboxbench): msgs/s, latency, allocs, CPU, RSS and the ratios, per-message and group commit on classic and quorum queues; then the per-message cases at 32 handlers; then, when a cluster is up (make cluster), the quorum cases on its 3 nodes
 	$(GO) run ./cmd/inboxbench -n $(BENCH_N) -runs $(BENCH_RUNS) -batch 64 -inflight 8
-	$(GO) run ./cmd/inboxbench -n $(BENCH_N) -runs $(BENCH_RUNS) -workers 32 -cases b,d,f,g -quorum= -latency 0
+	$(GO) run ./cmd/inboxbench -n $(BENCH_N) -runs $(BENCH_RUNS) -workers 32 -cases b,d,f,fl,g -quorum= -latency 0
 	@urls="$${CLUSTER_AMQP_URLS:-}"; \
 	if [ -z "$$urls" ] && [ -f "$(CLUSTER_DIR)/env" ]; then urls=$$(. "$(CLUSTER_DIR)/env" && echo "$$CLUSTER_AMQP_URLS"); fi; \
 	if [ -z "$$urls" ]; then echo "no cluster up (make cluster): the 3-node cases are left out"; exit 0; fi; \

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 
 	"github.com/inboxmq/inboxmq"
 	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inbox"
 	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
 	"github.com/inboxmq/inboxmq/internal/pgtest"
@@ -33,50 +35,63 @@ type benchPayment struct {
 
 func (p benchPayment) IdempotencyKey() string { return "payment:" + p.OrderID }
 
-// BenchmarkLockValue asks whether the Redis lock earns its round trips in
-// transactional mode, where the inbox's unique index already makes a copy
-// wait for the first's commit. One worker (HandleTx, 8 handlers, a
-// handler that inserts a payment and its ledger entry, the payment-worker's
-// 1s RetryDelay) drains bursts of burstDeliveries deliveries per
-// iteration, with and without the lock and the completed-cache, from two
-// streams:
+// BenchmarkLockValue asks whether the Redis lock earns its round trips,
+// in transactional mode, where the inbox's unique index already makes a
+// copy wait for the first's commit, and in claim mode, where the first's
+// live claim already turns a copy away before its outside call. One worker
+// (8 handlers, the payment-worker's 1s RetryDelay) drains bursts of
+// burstDeliveries deliveries per iteration, with and without the lock and
+// the completed-cache, from two streams:
 //
 //   - unique: every key once;
 //   - dups: every key copiesPerKey times, the copies published one after
 //     the other (different message ids), so they are handled at once.
 //
+// The transactional route (tx) inserts a payment and its ledger entry; the
+// claim route (claim) makes an outside call of outsideCall first, then
+// completes its claim with the same two inserts.
+//
 // It reports deliveries/s (first publish to last ack), the PostgreSQL
 // connections acquired per delivery, busy on average (sampled every
-// millisecond) and the connection time per delivery, the copies that spent a transaction to learn they were
-// duplicates (inbox-dups/op), those the cache acked (cache-dups/op), and
-// those the lock deferred through the broker (deferrals/op). The figures
-// are discussed in docs/performance.md.
+// millisecond) and the connection time per delivery, the copies that spent
+// a transaction or a claim statement to learn they were duplicates
+// (inbox-dups/op), those the cache acked (cache-dups/op), those deferred
+// through the broker by the lock or by a live claim (deferrals/op), and the
+// outside calls per key (claim mode; it must be 1). The figures are
+// discussed in docs/performance.md.
 func BenchmarkLockValue(b *testing.B) {
 	const copiesPerKey = 4
-	for _, stream := range []struct {
-		name   string
-		copies int
-	}{{"unique", 1}, {"dups", copiesPerKey}} {
-		for _, mode := range []struct {
-			name  string
-			lock  inboxmq.LockMode
-			cache bool
-		}{
-			{"lock+cache", inboxmq.LockOn, true},
-			{"lock", inboxmq.LockOn, false},
-			{"cache", inboxmq.LockOff, true},
-			{"none", inboxmq.LockOff, false},
-		} {
-			b.Run(stream.name+"/"+mode.name, func(b *testing.B) {
-				benchLockValue(b, stream.copies, mode.lock, !mode.cache)
-			})
+	for _, route := range []string{"tx", "claim"} {
+		for _, stream := range []struct {
+			name   string
+			copies int
+		}{{"unique", 1}, {"dups", copiesPerKey}} {
+			for _, mode := range []struct {
+				name  string
+				lock  inboxmq.LockMode
+				cache bool
+			}{
+				{"lock+cache", inboxmq.LockOn, true},
+				{"lock", inboxmq.LockOn, false},
+				{"cache", inboxmq.LockOff, true},
+				{"none", inboxmq.LockOff, false},
+			} {
+				b.Run(route+"/"+stream.name+"/"+mode.name, func(b *testing.B) {
+					benchLockValue(b, route == "claim", stream.copies, mode.lock, !mode.cache)
+				})
+			}
 		}
 	}
 }
 
-const burstDeliveries = 1000
+const (
+	burstDeliveries = 1000
+	// outsideCall is how long the claim route's outside call takes: a fast
+	// payment gateway.
+	outsideCall = 5 * time.Millisecond
+)
 
-func benchLockValue(b *testing.B, copies int, lockMode inboxmq.LockMode, noCache bool) {
+func benchLockValue(b *testing.B, claim bool, copies int, lockMode inboxmq.LockMode, noCache bool) {
 	ctx := b.Context()
 	pool, _ := pgtest.SchemaWith(b, 16)
 	_, err := pool.Exec(ctx, `
@@ -87,20 +102,38 @@ func benchLockValue(b *testing.B, copies int, lockMode inboxmq.LockMode, noCache
 	conn := amqptest.Dial(b)
 	queue := amqptest.QueueName(b)
 
-	routes := inboxmq.NewRoutes()
-	inboxmq.HandleTx(routes, queue, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[benchPayment]) error {
-		if _, err := tx.Exec(ctx, `INSERT INTO payments (order_id, amount_cents) VALUES ($1, $2)`, msg.Body.OrderID, msg.Body.AmountCents); err != nil {
+	write := func(ctx context.Context, tx pgx.Tx, p benchPayment) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO payments (order_id, amount_cents) VALUES ($1, $2)`, p.OrderID, p.AmountCents); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, `INSERT INTO ledger_entries (order_id, amount_cents) VALUES ($1, $2)`, msg.Body.OrderID, msg.Body.AmountCents)
+		_, err := tx.Exec(ctx, `INSERT INTO ledger_entries (order_id, amount_cents) VALUES ($1, $2)`, p.OrderID, p.AmountCents)
 		return err
-	}, &inboxmq.RouteOpts{
+	}
+	opts := &inboxmq.RouteOpts{
 		Queue:    consumer.QueueOpts{Concurrency: 8},
 		LockMode: lockMode,
 		Lock:     &middleware.LockOpts{Prefix: prefix + "lock:", RetryDelay: time.Second},
 		NoCache:  noCache,
 		Cache:    &middleware.CacheOpts{Prefix: prefix + "done:"},
-	})
+	}
+	routes := inboxmq.NewRoutes()
+	var calls sync.Map // order id → *atomic.Int64: the claim route's outside calls
+	if claim {
+		inboxmq.HandleClaim(routes, queue, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[benchPayment]) error {
+			n, _ := calls.LoadOrStore(msg.Body.OrderID, new(atomic.Int64))
+			n.(*atomic.Int64).Add(1)
+			select { // the outside call, with c.Key as its Idempotency-Key
+			case <-time.After(outsideCall):
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			return c.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error { return write(ctx, tx, msg.Body) })
+		}, opts)
+	} else {
+		inboxmq.HandleTx(routes, queue, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[benchPayment]) error {
+			return write(ctx, tx, msg.Body)
+		}, opts)
+	}
 	reg := prometheus.NewRegistry()
 	w, err := inboxmq.NewWorker(&inboxmq.Config{
 		URL: testenv.AMQPURL(), DB: pool, Redis: rdb, Routes: routes,
@@ -166,7 +199,10 @@ func benchLockValue(b *testing.B, copies int, lockMode inboxmq.LockMode, noCache
 		connMillis += busy / max(n, 1) * float64(took.Microseconds()) / 1000
 		inboxDups += after[`duplicate_detected_total{source="inbox"}`] - before[`duplicate_detected_total{source="inbox"}`]
 		cacheDups += after[`duplicate_detected_total{source="cache"}`] - before[`duplicate_detected_total{source="cache"}`]
-		deferrals += after[`job_retry_total{reason="lock_unavailable"}`] - before[`job_retry_total{reason="lock_unavailable"}`]
+		for _, reason := range []string{"lock_unavailable", "claim_held"} {
+			k := fmt.Sprintf("job_retry_total{reason=%q}", reason)
+			deferrals += after[k] - before[k]
+		}
 		requireOnePaymentPerKey(b, pool, fmt.Sprintf("b%d-", i), burstDeliveries/copies)
 		b.StartTimer()
 	}
@@ -179,6 +215,16 @@ func benchLockValue(b *testing.B, copies int, lockMode inboxmq.LockMode, noCache
 	b.ReportMetric(inboxDups/float64(b.N), "inbox-dups/op")
 	b.ReportMetric(cacheDups/float64(b.N), "cache-dups/op")
 	b.ReportMetric(deferrals/float64(b.N), "deferrals/op")
+	if claim {
+		var keys, total int64
+		calls.Range(func(_, n any) bool {
+			keys++
+			total += n.(*atomic.Int64).Load()
+			return true
+		})
+		require.Equal(b, int64(b.N*burstDeliveries/copies), keys, "an outside call for every key")
+		b.ReportMetric(float64(total)/float64(keys), "outside-calls/key")
+	}
 	b.ReportMetric(0, "ns/op")
 	require.NoError(b, w.Stop(context.Background()))
 }

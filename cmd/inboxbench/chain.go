@@ -217,6 +217,8 @@ func chainCases(e *env, typ consumer.QueueType) []benchCase {
 
 // The hand-written chain, case (pc).
 const (
+	// The lock's compare-and-delete.
+	luaRelease = `if redis.call("GET", KEYS[1]) == ARGV[1] then return redis.call("DEL", KEYS[1]) end return 0`
 	// Obtain the lock, read the completed-cache: one pipeline.
 	sqlChainInbox = `INSERT INTO inboxmq_inbox (consumer, key, status, fingerprint, attempts, message_id, completed_at, result)
 VALUES ($1, $2, 'completed', $3, 1, $4, now(), $5) ON CONFLICT (consumer, key) DO NOTHING`

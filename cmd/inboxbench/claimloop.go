@@ -11,17 +11,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	amqp "github.com/rabbitmq/amqp091-go"
-	"github.com/redis/go-redis/v9"
 )
 
 // The hand-written claim-mode protocol of case (g): what (f) does, written
 // directly against amqp091, pgx and go-redis, as its ceiling.
 const (
-	// A lock with a fencing counter in one script (SET NX PX, INCR).
-	luaObtain = `if redis.call("SET", KEYS[1], ARGV[1], "NX", "PX", ARGV[2]) then return redis.call("INCR", KEYS[2]) end return 0`
-	// Compare-and-delete.
-	luaRelease = `if redis.call("GET", KEYS[1]) == ARGV[1] then return redis.call("DEL", KEYS[1]) end return 0`
-
 	// The claim: a processing row with an owner token, a fence and a
 	// lease, committed asynchronously.
 	sqlClaim = `INSERT INTO inboxmq_inbox AS i (consumer, key, status, owner, fence, lease_until, attempts, fingerprint, message_id)
@@ -35,17 +29,12 @@ RETURNING fence, set_config('synchronous_commit', 'off', true)`
 WHERE consumer = $1 AND key = $2 AND owner = $3 AND fence = $4 AND status = 'processing'`
 )
 
-var (
-	obtainLua  = redis.NewScript(luaObtain)
-	releaseLua = redis.NewScript(luaRelease)
-	errFenced  = errors.New("inboxbench: claim taken over")
-)
+var errFenced = errors.New("inboxbench: claim taken over")
 
-// claimLoop is case (g): per delivery a Redis lock (obtain with fence,
-// compare-and-delete), a claim committed on its own, then one transaction
-// whose first round trip carries BEGIN, the fenced completion and the first
-// business insert, `workers` handlers. It sends the round trips (f) sends:
-// 4 to PostgreSQL, 2 to Redis, an ack.
+// claimLoop is case (g): per delivery a claim committed on its own, then
+// one transaction whose first round trip carries BEGIN, the fenced
+// completion and the first business insert, `workers` handlers. It sends
+// the round trips (f) sends, each alone: 4 to PostgreSQL and an ack.
 func claimLoop(e *env, workers int) runner { return deliveryLoop(e, workers, handleClaimed) }
 
 func handleClaimed(ctx context.Context, e *env, d amqp.Delivery) error {
@@ -57,16 +46,6 @@ func handleClaimed(ctx context.Context, e *env, d amqp.Delivery) error {
 	var tok [16]byte
 	_, _ = rand.Read(tok[:])
 	token := hex.EncodeToString(tok[:])
-
-	lockKey := "{inboxbench:g:" + key + "}"
-	fence, err := obtainLua.Run(ctx, e.redis, []string{lockKey, lockKey + ":fence"}, token, 30000).Int64()
-	if err != nil {
-		return err
-	}
-	if fence == 0 {
-		return errors.New("inboxbench: lock held")
-	}
-	defer func() { _ = releaseLua.Run(context.WithoutCancel(ctx), e.redis, []string{lockKey}, token).Err() }()
 
 	fp := sha256.Sum256(d.Body)
 	var claimFence int64

@@ -47,20 +47,25 @@ func (o doneObserver) OnOutcome(d *inboxtype.Delivery, out inboxtype.Outcome) {
 	}
 }
 
-// claimCase registers (f)'s claim handler behind the Redis lock, with
-// opts and queue settings q.
-func claimCase(e *env, opts *inbox.ClaimOpts, q consumer.QueueOpts) runner {
+// claimCase registers the claim handler of (f) and (h), with opts and
+// queue settings q; withLock puts it behind the Redis lock (fl), as
+// RouteOpts.LockMode LockOn does.
+func claimCase(e *env, opts *inbox.ClaimOpts, q consumer.QueueOpts, withLock bool) runner {
 	return inboxmqCase(e, func(store *inbox.Store, r *consumer.Router, queue string) {
-		lck, err := middleware.Lock(e.redis, &middleware.LockOpts{Prefix: "inboxbench:lock:"})
-		if err != nil {
-			panic(err) // fixed, valid options: a programming error, like Register's
+		var mw []inboxtype.Middleware
+		if withLock {
+			lck, err := middleware.Lock(e.redis, &middleware.LockOpts{Prefix: "inboxbench:lock:"})
+			if err != nil {
+				panic(err) // fixed, valid options: a programming error, like Register's
+			}
+			mw = append(mw, lck)
 		}
 		consumer.Register(r, queue, inbox.ClaimHandler(store, func(ctx context.Context, c *inbox.Claim, m *inboxtype.Message[payment]) error {
 			// the outside call would carry c.Key as Idempotency-Key here
 			return c.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error { return writePayment(ctx, tx, m.Body) })
 		}, opts), &consumer.HandlerOpts{
 			Namespace:  benchConsumer,
-			Middleware: []inboxtype.Middleware{lck},
+			Middleware: mw,
 			Queue:      q,
 		})
 	})
@@ -78,7 +83,7 @@ func (e *env) groupQueue(typ consumer.QueueType) consumer.QueueOpts {
 	return consumer.QueueOpts{Type: typ, Concurrency: e.inflight * e.batch, Prefetch: 2 * e.inflight * e.batch, DeliveryLimit: benchDeliveryLimit}
 }
 
-// frameworkCases returns the inboxmq cases (d), (e), (f) and (h) on a
+// frameworkCases returns the inboxmq cases (d), (e), (f), (fl) and (h) on a
 // queue of type typ; on a quorum queue their ids get the suffix "q".
 func frameworkCases(e *env, typ consumer.QueueType) []benchCase {
 	suffix, on := "", ""
@@ -98,10 +103,12 @@ func frameworkCases(e *env, typ consumer.QueueType) []benchCase {
 			}, &inbox.HandlerOpts{GroupCommit: e.groupCommit()}),
 				&consumer.HandlerOpts{Namespace: benchConsumer, Queue: e.groupQueue(typ)})
 		}), nil},
-		{"f" + suffix, fmt.Sprintf("inboxmq Redis lock + claim mode, %d handlers%s", e.workers, on), typ,
-			claimCase(e, nil, perMessage), nil},
-		{"h" + suffix, "inboxmq Redis lock + claim mode, completions group-committed as (e)" + on, typ,
-			claimCase(e, &inbox.ClaimOpts{GroupCommit: e.groupCommit()}, e.groupQueue(typ)), nil},
+		{"f" + suffix, fmt.Sprintf("inboxmq claim mode, %d handlers%s", e.workers, on), typ,
+			claimCase(e, nil, perMessage, false), nil},
+		{"fl" + suffix, fmt.Sprintf("inboxmq claim mode + Redis lock (LockOn), %d handlers%s", e.workers, on), typ,
+			claimCase(e, nil, perMessage, true), nil},
+		{"h" + suffix, "inboxmq claim mode, completions group-committed as (e)" + on, typ,
+			claimCase(e, &inbox.ClaimOpts{GroupCommit: e.groupCommit()}, e.groupQueue(typ), false), nil},
 	}
 }
 

@@ -6,17 +6,18 @@
 //	(c) hand-written loop, batched tx          — the batched ceiling
 //	(d) inboxmq, per-message transactional mode
 //	(e) inboxmq, group commit
-//	(f) inboxmq, Redis lock + claim mode
-//	(g) hand-written loop, Redis lock + claim — (f)'s protocol by hand: its ceiling
-//	(h) inboxmq, Redis lock + claim mode with group-committed completions
+//	(f) inboxmq, claim mode at the façade's default (no Redis lock)
+//	(fl) (f) behind the Redis lock (RouteOpts.LockMode LockOn)
+//	(g) hand-written loop, claim protocol — (f)'s protocol by hand: its ceiling
+//	(h) inboxmq, claim mode with group-committed completions
 //	(p) the full payment chain, as examples/payment-worker wires it through
-//	    inboxmq.NewWorker: block check, completed-cache, Redis lock,
-//	    replies, an outbox event per payment relayed with confirms
+//	    inboxmq.NewWorker: block check, completed-cache (no lock, the
+//	    default), replies, an outbox event per payment relayed with confirms
 //	(pg) (p) with GROUP_COMMIT=on: GroupCommit{Pipeline: true} and the route's default
 //	    concurrency
 //	(pc) hand-written full chain — (p)'s work by hand: its ceiling
 //	(dq), (eq)  (d) and (e) again on a quorum queue (-quorum: which of
-//	    d,e,f,h,p,pg,pc)
+//	    d,e,f,fl,h,p,pg,pc)
 //
 // A chain case's drain ends when every delivery is acked and every outbox
 // row is sent.
@@ -27,10 +28,11 @@
 // -latruns runs) — and group commit's also at per-message mode's load, the
 // latency it adds — and
 // prints msgs/s, allocations and CPU per delivery, RSS and the ratios
-// (d)/(b), (e)/(c), (e)/(b), (f)/(d), and (f)/(g), (g)/(b), (g)/(d): how
+// (d)/(b), (e)/(c), (e)/(b), (f)/(d), and (f)/(g), (fl)/(f), (g)/(b), (g)/(d): how
 // close claim mode comes to its own protocol's ceiling, and what the
 // protocol itself costs against one transaction per delivery — (g)/(d)
-// bounds what (f)/(d) can reach; and (h)/(e), (h)/(d):
+// bounds what (f)/(d) can reach — and what the Redis lock costs claim
+// mode; and (h)/(e), (h)/(d):
 // claim mode with group commit against transactional mode with and
 // without it; (p)/(d), (p)/(pc), (pg)/(d) and (pg)/(p): the full chain
 // against the bare inbox and its own ceiling, and group commit on
@@ -130,8 +132,8 @@ func main() {
 	var (
 		n        = flag.Int("n", 20000, "messages per drain")
 		runs     = flag.Int("runs", 3, "drains per case (the median is reported)")
-		cases    = flag.String("cases", "a,b,c,d,e,f,g,h,p,pg,pc", "cases to run")
-		quorum   = flag.String("quorum", "d,e", "cases (d,e,f,h,p,pg,pc) to run again on a quorum queue, as (dq), (eq), …; empty for none")
+		cases    = flag.String("cases", "a,b,c,d,e,f,fl,g,h,p,pg,pc", "cases to run")
+		quorum   = flag.String("quorum", "d,e", "cases (d,e,f,fl,h,p,pg,pc) to run again on a quorum queue, as (dq), (eq), …; empty for none")
 		workers  = flag.Int("workers", 8, "handlers for the per-message cases")
 		batch    = flag.Int("batch", 64, "deliveries per transaction in the batched cases")
 		inflight = flag.Int("inflight", 4, "batches in flight in the batched cases")
@@ -172,7 +174,7 @@ func main() {
 		{"c", fmt.Sprintf("hand-written loop, %d per tx, %d batches in flight", *batch, *inflight), consumer.Classic, batchedLoop(e, *batch, *inflight, 2*time.Millisecond), nil},
 	}, frameworkCases(e, consumer.Classic)...)
 	all = append(all, chainCases(e, consumer.Classic)...)
-	all = append(all, benchCase{"g", fmt.Sprintf("hand-written loop, Redis lock + claim, %d handlers", *workers), consumer.Classic, claimLoop(e, *workers), nil})
+	all = append(all, benchCase{"g", fmt.Sprintf("hand-written loop, claim protocol, %d handlers", *workers), consumer.Classic, claimLoop(e, *workers), nil})
 	wantQuorum := strings.Split(*quorum, ",")
 	for _, c := range append(frameworkCases(e, consumer.Quorum), chainCases(e, consumer.Quorum)...) {
 		if slices.Contains(wantQuorum, strings.TrimSuffix(c.id, "q")) {
@@ -643,6 +645,7 @@ func report(w io.Writer, rs []*result, n, runs, latRuns int) {
 	ratio("e", "b", "target ≥ 5")
 	ratio("f", "d", "target ≥ 0.75")
 	ratio("f", "g", "claim mode against its hand-written protocol")
+	ratio("fl", "f", "claim mode with the Redis lock (LockOn) against without: the lock's cost")
 	ratio("g", "b", "the claim protocol's own ceiling against one tx per delivery")
 	ratio("g", "d", "the claim protocol by hand against (d): the bound on (f)/(d)")
 	ratio("h", "e", "claim mode against transactional mode, both group-committed")
