@@ -39,8 +39,9 @@
 // On every route, outermost first: recovery from panics, a trace span,
 // handler timing (with Config.Metrics), the handler timeout; then, after
 // decoding, the parking of blocked keys (with Config.Controls), the
-// completed-cache and the lock (with Config.Redis, unless the route's
-// RouteOpts turn them off), the route's own middleware and the inbox. The
+// completed-cache (with Config.Redis, unless RouteOpts.NoCache) and the
+// lock (with Config.Redis, on routes with RouteOpts.LockMode LockOn), the
+// route's own middleware and the inbox. The
 // consumer reports every transition to the log, the metrics and the inbox
 // (dead letters mark their rows).
 //
