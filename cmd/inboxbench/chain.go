@@ -9,7 +9,6 @@ import (
 	"log"
 	"log/slog"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -217,15 +216,11 @@ func chainCases(e *env, typ consumer.QueueType) []benchCase {
 
 // The hand-written chain, case (pc).
 const (
-	// The lock's compare-and-delete.
-	luaRelease = `if redis.call("GET", KEYS[1]) == ARGV[1] then return redis.call("DEL", KEYS[1]) end return 0`
-	// Obtain the lock, read the completed-cache: one pipeline.
 	sqlChainInbox = `INSERT INTO inboxmq_inbox (consumer, key, status, fingerprint, attempts, message_id, completed_at, result)
 VALUES ($1, $2, 'completed', $3, 1, $4, now(), $5) ON CONFLICT (consumer, key) DO NOTHING`
 	sqlChainOutbox = `INSERT INTO inboxmq_outbox (message_id, exchange, routing_key, headers, content_type, body, idempotency_key)
 VALUES ($1, $2, $3, $4, 'application/json', $5, $6) RETURNING id`
 	sqlChainMark = `UPDATE inboxmq_outbox SET sent_at = clock_timestamp() WHERE id = ANY($1)`
-	chainLockTTL = 30 * time.Second
 	// chainCacheTTL bounds the benchmark's completed-cache keys in Redis.
 	chainCacheTTL = 10 * time.Minute
 )
@@ -233,15 +228,16 @@ VALUES ($1, $2, $3, $4, 'application/json', $5, $6) RETURNING id`
 var errChainDuplicate = errors.New("inboxbench: duplicate")
 
 // chainLoop is case (pc): the work of (p) written directly against
-// amqp091, pgx and go-redis, as its ceiling. Per delivery:
+// amqp091, pgx and go-redis, as its ceiling. Per delivery, as (p) at the
+// worker's defaults (the completed-cache, no lock):
 //
-//  1. Redis, one pipeline: SET lock NX PX, GET completed-cache;
+//  1. Redis: GET completed-cache;
 //  2. PostgreSQL, one batch: BEGIN, inbox row, payment, ledger entry
 //     (RETURNING id), outbox row (RETURNING id), COMMIT;
 //  3. the event published with a confirm, on the handler's own channel;
 //  4. the outbox row marked sent by a marker goroutine that takes every id
 //     waiting into one UPDATE (the delivery does not wait for it);
-//  5. Redis, one pipeline: SET completed-cache, compare-and-delete the lock;
+//  5. Redis: SET completed-cache;
 //  6. ack.
 func chainLoop(e *env, workers int) runner {
 	return func(ctx context.Context, queue string, done func(time.Time)) (func() error, error) {
@@ -253,10 +249,6 @@ func chainLoop(e *env, workers int) runner {
 			return nil, err
 		}
 		msgs, err := ch.Consume(queue, "", false, false, false, false, nil)
-		if err != nil {
-			return nil, err
-		}
-		releaseSHA, err := e.redis.ScriptLoad(ctx, luaRelease).Result()
 		if err != nil {
 			return nil, err
 		}
@@ -273,7 +265,7 @@ func chainLoop(e *env, workers int) runner {
 				return nil, err
 			}
 			confirms := pub.NotifyPublish(make(chan amqp.Confirmation, 1))
-			h := &chainHandler{e: e, pub: pub, confirms: confirms, marks: marks, releaseSHA: releaseSHA}
+			h := &chainHandler{e: e, pub: pub, confirms: confirms, marks: marks}
 			wg.Go(func() {
 				defer pub.Close()
 				for d := range msgs {
@@ -300,11 +292,10 @@ func chainLoop(e *env, workers int) runner {
 }
 
 type chainHandler struct {
-	e          *env
-	pub        *amqp.Channel
-	confirms   chan amqp.Confirmation
-	marks      chan<- int64
-	releaseSHA string
+	e        *env
+	pub      *amqp.Channel
+	confirms chan amqp.Confirmation
+	marks    chan<- int64
 }
 
 func (h *chainHandler) handle(ctx context.Context, d amqp.Delivery) error {
@@ -316,25 +307,14 @@ func (h *chainHandler) handle(ctx context.Context, d amqp.Delivery) error {
 		return err
 	}
 	key := p.IdempotencyKey()
-	lockKey, cacheKey := benchName+":pc:lock:"+key, benchName+":pc:done:"+key
-	token := d.MessageId
+	cacheKey := benchName + ":pc:done:" + key
 
-	// 1. The lock and the cache, one round trip.
-	var locked *redis.BoolCmd
-	var cached *redis.StringCmd
-	if _, err := h.e.redis.Pipelined(ctx, func(pipe redis.Pipeliner) error {
-		locked = pipe.SetNX(ctx, lockKey, token, chainLockTTL)
-		cached = pipe.Get(ctx, cacheKey)
-		return nil
-	}); err != nil && !errors.Is(err, redis.Nil) {
-		return err
-	}
-	if cached.Err() == nil {
-		h.release(ctx, locked.Val(), lockKey, token, "")
+	// 1. The cache.
+	switch err := h.e.redis.Get(ctx, cacheKey).Err(); {
+	case err == nil:
 		return errChainDuplicate
-	}
-	if !locked.Val() {
-		return errors.New("inboxbench: lock held")
+	case !errors.Is(err, redis.Nil):
+		return err
 	}
 
 	// 2. The transaction, one round trip.
@@ -388,7 +368,6 @@ func (h *chainHandler) handle(ctx context.Context, d amqp.Delivery) error {
 	if err != nil {
 		_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
 		conn.Release()
-		h.release(ctx, true, lockKey, token, "")
 		return err
 	}
 	conn.Release()
@@ -405,23 +384,9 @@ func (h *chainHandler) handle(ctx context.Context, d amqp.Delivery) error {
 	}
 	// 4. Marked sent in the background, batched.
 	h.marks <- rowID
-	// 5. Cache and release, one round trip.
-	h.release(ctx, true, lockKey, token, string(res))
+	// 5. The cache.
+	_ = h.e.redis.Set(context.WithoutCancel(ctx), cacheKey, res, chainCacheTTL).Err()
 	return nil
-}
-
-// release writes the completed-cache (when result is set) and releases
-// the lock (when held) in one pipeline.
-func (h *chainHandler) release(ctx context.Context, held bool, lockKey, token, result string) {
-	_, _ = h.e.redis.Pipelined(context.WithoutCancel(ctx), func(pipe redis.Pipeliner) error {
-		if result != "" {
-			pipe.Set(ctx, strings.Replace(lockKey, ":pc:lock:", ":pc:done:", 1), result, chainCacheTTL)
-		}
-		if held {
-			pipe.EvalSha(ctx, h.releaseSHA, []string{lockKey}, token)
-		}
-		return nil
-	})
 }
 
 // markSent marks the published rows sent, every id waiting in one UPDATE.
