@@ -191,12 +191,14 @@ func (w *Watcher) trigger() {
 
 // Refresh reloads the snapshot now and applies it to the target.
 func (w *Watcher) Refresh(ctx context.Context) error {
+	// Read and apply under one lock: a reload that read the controls
+	// before a change must not apply them after one that read the change.
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	snap, err := w.store.List(ctx)
 	if err != nil {
 		return err
 	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
 	w.snap.Store(snap)
 	w.version.Add(1)
 	return w.apply(snap)
