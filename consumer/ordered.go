@@ -115,37 +115,41 @@ func ShardQueueName(queue string, i int) string {
 // number of workers.
 func membersQueueName(queue string) string { return queue + ".members" }
 
-// declareOrdered declares an ordered route's topology: the DLQ (declared
-// by the caller), the consistent-hash exchange, the shard queues with
-// single active consumer, each bound with weight 1, and the members queue.
-// Each step uses its own channel, since a refusal closes the channel.
-func declareOrdered(conn *amqp.Connection, queue string, q QueueOpts, o *OrderedOpts) error {
+// declareOrdered declares an ordered route's topology: the DLQ and the
+// dead queue (declared by the caller), the consistent-hash exchange, the
+// shard queues with single active consumer, each bound with weight 1, and
+// the members queue. Each step uses its own channel, since a refusal
+// closes the channel. direct reports a shard that v0.1.0 declared, which
+// dead-letters straight into the DLQ (kept as it is).
+func declareOrdered(conn *amqp.Connection, queue string, q QueueOpts, o *OrderedOpts) (direct bool, err error) {
 	ch, err := conn.Channel()
 	if err != nil {
-		return fmt.Errorf("consumer: open channel to declare exchange %q: %w", o.Exchange, err)
+		return false, fmt.Errorf("consumer: open channel to declare exchange %q: %w", o.Exchange, err)
 	}
 	err = ch.ExchangeDeclare(o.Exchange, ExchangeConsistentHash, true, false, false, false, nil)
 	_ = ch.Close()
 	if err != nil {
 		var ae *amqp.Error
 		if errors.As(err, &ae) && ae.Code == amqp.CommandInvalid {
-			return fmt.Errorf("consumer: declare exchange %q of type %s: is the rabbitmq_consistent_hash_exchange plugin enabled? "+
+			return false, fmt.Errorf("consumer: declare exchange %q of type %s: is the rabbitmq_consistent_hash_exchange plugin enabled? "+
 				"(rabbitmq-plugins enable rabbitmq_consistent_hash_exchange): %w", o.Exchange, ExchangeConsistentHash, err)
 		}
-		return fmt.Errorf("consumer: declare exchange %q: %w", o.Exchange, err)
+		return false, fmt.Errorf("consumer: declare exchange %q: %w", o.Exchange, err)
 	}
 	for i := range o.Shards {
 		args := workQueueArgs(queue, q)
 		args[argSingleActiveConsumer] = true
 		name := ShardQueueName(queue, i)
-		if err := declareQueue(conn, queueDecl{name: name, args: args}); err != nil {
-			return err
+		shape, err := declareWork(conn, queueDecl{name: name, args: args}, q)
+		if err != nil {
+			return false, err
 		}
+		direct = direct || shape == shapeDirect
 		if err := bindShard(conn, name, o.Exchange); err != nil {
-			return err
+			return false, err
 		}
 	}
-	return declareQueue(conn, queueDecl{name: membersQueueName(queue), args: amqp.Table{argQueueType: string(Classic)}})
+	return direct, declareQueue(conn, queueDecl{name: membersQueueName(queue), args: amqp.Table{argQueueType: string(Classic)}})
 }
 
 func bindShard(conn *amqp.Connection, queue, exchange string) error {

@@ -59,9 +59,18 @@ func (o HandlerOpts) validateTopology(queue string) error {
 	return nil
 }
 
+// deadQueueName is the queue into which the broker dead-letters a route's
+// messages (expired, over the delivery limit, rejected, pushed out by a
+// length limit). The consumer files each one into the DLQ as it files its
+// own dead letters: with the reason in x-error and the route's
+// OnDeadLetter hook, so that every message in the DLQ went through one
+// settlement.
+func deadQueueName(queue string) string { return queue + ".dead" }
+
 // workQueueArgs are the arguments of the work queue. Every work queue
-// dead-letters into its DLQ through the default exchange, so a message the
-// broker expires, rejects or drops for a length limit lands there.
+// dead-letters through the default exchange into its dead queue
+// (deadQueueName), so a message the broker expires, rejects or drops for
+// a length limit is never lost and reaches the DLQ through the consumer.
 func workQueueArgs(queue string, q QueueOpts) amqp.Table {
 	args := amqp.Table{}
 	for k, v := range q.Arguments {
@@ -69,7 +78,24 @@ func workQueueArgs(queue string, q QueueOpts) amqp.Table {
 	}
 	args[argQueueType] = string(q.Type)
 	args[argDLX] = ""
-	args[argDLRoutingKey] = q.DeadLetterQueue
+	args[argDLRoutingKey] = deadQueueName(queue)
+	if q.Type == Quorum {
+		args[argDeliveryLimit] = int64(q.DeliveryLimit)
+		args[argDLStrategy] = strategyAtLeastOnce
+		args[argOverflow] = overflowRejectPub
+	}
+	return args
+}
+
+// deadQueueArgs are the arguments of the dead queue: a message the
+// consumer cannot file (it crashes the worker at every try) goes straight
+// to the DLQ once the broker has counted its deliveries.
+func deadQueueArgs(q QueueOpts) amqp.Table {
+	args := amqp.Table{
+		argQueueType:    string(q.Type),
+		argDLX:          "",
+		argDLRoutingKey: q.DeadLetterQueue,
+	}
 	if q.Type == Quorum {
 		args[argDeliveryLimit] = int64(q.DeliveryLimit)
 		args[argDLStrategy] = strategyAtLeastOnce
@@ -84,13 +110,15 @@ type queueDecl struct {
 	args amqp.Table
 }
 
-// topology lists the queues of a route: the DLQ first (the work queue
-// dead-letters into it), the work queue, then one wait queue per tier.
+// topology lists the queues of a route: the DLQ first, the dead queue
+// (the work queue dead-letters into it, and it into the DLQ), the work
+// queue, then one wait queue per tier.
 func topology(queue string, q QueueOpts) []queueDecl {
 	typ := string(q.Type)
 	dlq := amqp.Table{argQueueType: typ}
 	out := []queueDecl{
 		{name: q.DeadLetterQueue, args: dlq},
+		{name: deadQueueName(queue), args: deadQueueArgs(q)},
 		{name: queue, args: workQueueArgs(queue, q)},
 	}
 	for _, tier := range q.RetryTiers {
@@ -122,11 +150,24 @@ type declared struct {
 	// legacy: the classic work queue exists as declared before v0.1.0,
 	// without a dead-letter route (kept as it is).
 	legacy bool
+	// direct: the work queue (or a shard) exists as v0.1.0 declared it,
+	// dead-lettering straight into the DLQ instead of the dead queue (kept
+	// as it is).
+	direct bool
 	// kept is the queue type the route's queues already had when it
 	// differs from the configured one ("" when they match): the topology
 	// was declared with that type instead.
 	kept QueueType
 }
+
+// workShape is how declareWork found a work queue.
+type workShape int
+
+const (
+	shapeCurrent workShape = iota // as configured
+	shapeDirect                   // v0.1.0: dead-letters straight into the DLQ
+	shapeLegacy                   // before v0.1.0: no dead-letter route (classic)
+)
 
 // declareRoute declares every queue of the route, the DLQ first. Each
 // declaration uses its own channel, because a PRECONDITION_FAILED closes
@@ -150,7 +191,11 @@ func declareRoute(conn *amqp.Connection, r Route) (declared, error) {
 		if err := declareQueue(conn, queueDecl{name: q.DeadLetterQueue, args: amqp.Table{argQueueType: string(q.Type)}}); err != nil {
 			return declared{}, err
 		}
-		return declared{}, declareOrdered(conn, r.Queue, q, o)
+		if err := declareQueue(conn, queueDecl{name: deadQueueName(r.Queue), args: deadQueueArgs(q)}); err != nil {
+			return declared{}, err
+		}
+		direct, err := declareOrdered(conn, r.Queue, q, o)
+		return declared{direct: direct}, err
 	}
 	var out declared
 	if kept, ok := existingOtherType(conn, r.Queue, q); ok {
@@ -159,7 +204,9 @@ func declareRoute(conn *amqp.Connection, r Route) (declared, error) {
 	for _, qd := range topology(r.Queue, q) {
 		var err error
 		if qd.name == r.Queue {
-			out.legacy, err = declareWork(conn, qd, q.Type)
+			var shape workShape
+			shape, err = declareWork(conn, qd, q)
+			out.legacy, out.direct = shape == shapeLegacy, shape == shapeDirect
 		} else {
 			err = declareQueue(conn, qd)
 		}
@@ -173,20 +220,40 @@ func declareRoute(conn *amqp.Connection, r Route) (declared, error) {
 	return out, nil
 }
 
-// declareWork declares the work queue qd of type typ; a classic queue of
-// the pre-v0.1.0 shape (no dead-letter route) is declared as it is, and
-// legacy reports it.
-func declareWork(conn *amqp.Connection, qd queueDecl, typ QueueType) (legacy bool, err error) {
-	err = declareQueue(conn, qd)
-	if typ == Classic && lacksDeadLetterRoute(err) {
+// declareWork declares the work queue (or shard queue) qd of a route with
+// queue options q. A queue that exists in an older shape is declared as
+// it is, and the shape says which: v0.1.0's, which dead-letters straight
+// into the DLQ, or (classic only) the pre-v0.1.0 one without a
+// dead-letter route.
+func declareWork(conn *amqp.Connection, qd queueDecl, q QueueOpts) (workShape, error) {
+	err := declareQueue(conn, qd)
+	if !lacksDeadLetterRoute(err) {
+		return shapeCurrent, err
+	}
+	// Each older shape in turn; when none fits, the error that names an
+	// argument other than the dead-letter route says what really differs.
+	direct := queueDecl{name: qd.name, args: cloneTable(qd.args)}
+	direct.args[argDLRoutingKey] = q.DeadLetterQueue
+	errDirect := declareQueue(conn, direct)
+	if errDirect == nil {
+		return shapeDirect, nil
+	}
+	if !lacksDeadLetterRoute(errDirect) {
+		return shapeCurrent, errDirect
+	}
+	if q.Type == Classic {
 		old := queueDecl{name: qd.name, args: cloneTable(qd.args)}
 		delete(old.args, argDLX)
 		delete(old.args, argDLRoutingKey)
-		if err = declareQueue(conn, old); err == nil {
-			return true, nil
+		errLegacy := declareQueue(conn, old)
+		if errLegacy == nil {
+			return shapeLegacy, nil
+		}
+		if !lacksDeadLetterRoute(errLegacy) {
+			return shapeCurrent, errLegacy
 		}
 	}
-	return false, err
+	return shapeCurrent, err
 }
 
 // existingOtherType reports the other queue type when the work queue
@@ -195,7 +262,7 @@ func existingOtherType(conn *amqp.Connection, queue string, q QueueOpts) (QueueT
 	if !queueExists(conn, queue) {
 		return "", false
 	}
-	_, err := declareWork(conn, queueDecl{name: queue, args: workQueueArgs(queue, q)}, q.Type)
+	_, err := declareWork(conn, queueDecl{name: queue, args: workQueueArgs(queue, q)}, q)
 	var ae *amqp.Error
 	if !errors.As(err, &ae) || ae.Code != amqp.PreconditionFailed {
 		return "", false
@@ -205,7 +272,7 @@ func existingOtherType(conn *amqp.Connection, queue string, q QueueOpts) (QueueT
 	if q.Type == Classic {
 		other.Type = Quorum
 	}
-	if _, err := declareWork(conn, queueDecl{name: queue, args: workQueueArgs(queue, other)}, other.Type); err != nil {
+	if _, err := declareWork(conn, queueDecl{name: queue, args: workQueueArgs(queue, other)}, other); err != nil {
 		return "", false
 	}
 	return other.Type, true
@@ -258,13 +325,27 @@ func lacksDeadLetterRoute(err error) bool {
 // warnLegacyQueue logs that route's work queue has no dead-letter route of
 // its own, with the policy that gives it one.
 func warnLegacyQueue(log *slog.Logger, vhost string, r Route) {
-	dlq := r.Opts.Queue.DeadLetterQueue
+	dead := deadQueueName(r.Queue)
 	policy := fmt.Sprintf(`rabbitmqctl set_policy -p %s %s %s '{"dead-letter-exchange":"","dead-letter-routing-key":"%s"}' --apply-to queues`,
-		shellQuote(cmp.Or(vhost, "/")), shellQuote(r.Queue+"-dlx"), shellQuote("^"+regexp.QuoteMeta(r.Queue)+"$"), dlq)
+		shellQuote(cmp.Or(vhost, "/")), shellQuote(r.Queue+"-dlx"), shellQuote("^"+regexp.QuoteMeta(r.Queue)+"$"), dead)
 	log.LogAttrs(context.Background(), slog.LevelWarn, "consumer: work queue was declared before v0.1.0 without a dead-letter route; "+
 		"unless a policy gives it one, a message that expires or is rejected there is dropped, not moved to the DLQ. "+
 		"Apply the policy in migration (see docs/operations.md), or delete the queue once it is empty so that the consumer declares it anew",
-		slog.String("queue", r.Queue), slog.String("dead_letter_queue", dlq), slog.String("migration", policy))
+		slog.String("queue", r.Queue), slog.String("dead_letter_queue", r.Opts.Queue.DeadLetterQueue),
+		slog.String("dead_queue", dead), slog.String("migration", policy))
+}
+
+// warnDirectQueue logs that route's work queue (or a shard) dead-letters
+// straight into the DLQ, as v0.1.0 declared it: what the broker
+// dead-letters there carries no reason header and runs no OnDeadLetter
+// hook (no fault event). A queue's arguments cannot change and a policy
+// does not override them, so the way out is a new queue.
+func warnDirectQueue(log *slog.Logger, r Route) {
+	log.LogAttrs(context.Background(), slog.LevelWarn, "consumer: work queue was declared by inboxmq 0.1.0 and dead-letters straight into its DLQ; "+
+		"messages the broker dead-letters there (expired, over the delivery limit) reach the DLQ without the worker: no x-error reason, no OnDeadLetter hook, no fault event. "+
+		"The broker cannot change a queue's arguments: drain the queue and delete it so that the consumer declares it anew, or move to a new queue name (see docs/operations.md)",
+		slog.String("queue", r.Queue), slog.String("dead_letter_queue", r.Opts.Queue.DeadLetterQueue),
+		slog.String("dead_queue", deadQueueName(r.Queue)))
 }
 
 // shellQuote quotes s for a POSIX shell.

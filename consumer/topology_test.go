@@ -92,6 +92,14 @@ func TestConsumer_QuorumTopologyHasSafetyArguments(t *testing.T) {
 		"x-queue-type":              "quorum",
 		"x-delivery-limit":          int64(4),
 		"x-dead-letter-exchange":    "",
+		"x-dead-letter-routing-key": b.queue + ".dead",
+		"x-dead-letter-strategy":    "at-least-once",
+		"x-overflow":                "reject-publish",
+	})
+	redeclare(b.queue+".dead", amqp.Table{
+		"x-queue-type":              "quorum",
+		"x-delivery-limit":          int64(4),
+		"x-dead-letter-exchange":    "",
 		"x-dead-letter-routing-key": b.queue + ".dlq",
 		"x-dead-letter-strategy":    "at-least-once",
 		"x-overflow":                "reject-publish",
@@ -383,21 +391,62 @@ func TestConsumer_ExpiredMessageLandsInDLQ(t *testing.T) {
 	}
 }
 
-// The classic work queue is declared with a dead-letter route into its DLQ.
+// The classic work queue is declared with a dead-letter route into its
+// dead queue, and the dead queue with one into the DLQ.
 func TestConsumer_ClassicTopologyHasDeadLetterRoute(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	c := b.startPaused(t, consumer.QueueOpts{}, nil, nil)
 	b.stop(t, c)
-	ch, err := b.conn.Channel()
-	require.NoError(t, err)
-	defer ch.Close()
-	_, err = ch.QueueDeclare(b.queue, true, false, false, false, amqp.Table{
+	redeclare := func(name string, args amqp.Table) {
+		ch, err := b.conn.Channel()
+		require.NoError(t, err)
+		defer ch.Close()
+		_, err = ch.QueueDeclare(name, true, false, false, false, args)
+		require.NoError(t, err, "the broker checks equivalence: only the consumer's own arguments pass (%s)", name)
+	}
+	redeclare(b.queue, amqp.Table{
+		"x-queue-type":              "classic",
+		"x-dead-letter-exchange":    "",
+		"x-dead-letter-routing-key": b.queue + ".dead",
+	})
+	redeclare(b.queue+".dead", amqp.Table{
 		"x-queue-type":              "classic",
 		"x-dead-letter-exchange":    "",
 		"x-dead-letter-routing-key": b.queue + ".dlq",
 	})
-	require.NoError(t, err, "the broker checks equivalence: only the consumer's own arguments pass")
+}
+
+// A work queue as v0.1.0 declared it, dead-lettering straight into the
+// DLQ, does not stop the consumer: it is kept, with a warning that says
+// what it costs and how to move on.
+func TestConsumer_QueueOfV010IsKeptWithAWarning(t *testing.T) {
+	t.Parallel()
+	for _, typ := range []consumer.QueueType{consumer.Classic, consumer.Quorum} {
+		t.Run(string(typ), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			args := amqp.Table{"x-queue-type": string(typ), "x-dead-letter-exchange": "", "x-dead-letter-routing-key": b.queue + ".dlq"}
+			if typ == consumer.Quorum {
+				args["x-delivery-limit"] = int64(4) // as startPaused declares it
+				args["x-dead-letter-strategy"] = "at-least-once"
+				args["x-overflow"] = "reject-publish"
+			}
+			ch, err := b.conn.Channel()
+			require.NoError(t, err)
+			_, err = ch.QueueDeclare(b.queue, true, false, false, false, args)
+			require.NoError(t, err)
+			require.NoError(t, ch.Close())
+
+			logger, logs := logtest.New(slog.LevelWarn)
+			c := b.startPaused(t, consumer.QueueOpts{Type: typ}, nil, func(cfg *consumer.Config) { cfg.Logger = logger })
+			require.True(t, c.Ready())
+			warned := logs.Containing("declared by inboxmq 0.1.0")
+			require.Len(t, warned, 1, "one warning at start: %v", logs.All())
+			require.Equal(t, b.queue, warned[0].Attrs["queue"])
+			b.stop(t, c)
+		})
+	}
 }
 
 // A classic work queue declared before v0.1.0 (no dead-letter route) does
@@ -419,10 +468,10 @@ func TestConsumer_LegacyClassicQueueStartsAndPolicyMigratesIt(t *testing.T) {
 	require.Len(t, warned, 1, "one warning at start: %v", logs.All())
 	fields := warned[0].Attrs
 	require.Equal(t, b.queue, fields["queue"])
-	require.Contains(t, fields["migration"], `"dead-letter-routing-key":"`+b.queue+`.dlq"`)
+	require.Contains(t, fields["migration"], `"dead-letter-routing-key":"`+b.queue+`.dead"`)
 	require.Contains(t, fields["migration"], "rabbitmqctl set_policy")
 
-	amqptest.SetQueuePolicy(t, b.queue, `{"dead-letter-exchange":"","dead-letter-routing-key":"`+b.queue+`.dlq"}`)
+	amqptest.SetQueuePolicy(t, b.queue, `{"dead-letter-exchange":"","dead-letter-routing-key":"`+b.queue+`.dead"}`)
 	b.pub.Publish(b.queue, []byte(`{"id":"late"}`), amqp.Publishing{MessageId: "late", Expiration: "50"})
 	testenv.WaitFor(t, "the expired message in the DLQ", func() bool { return amqptest.Depth(t, b.conn, b.queue+".dlq") == 1 })
 	b.stop(t, c)
