@@ -103,3 +103,76 @@ func TestWorker_FaultEventWrittenOnceAfterAFailedOutboxWrite(t *testing.T) {
 	require.Equal(t, fe.ID, ev.Headers[inboxtype.HeaderIdempotencyKey])
 	require.NoError(t, w.Stop(context.Background()))
 }
+
+// A message the broker dead-letters (it expired unconsumed, or a quorum
+// queue's delivery limit ended a crash loop) yields exactly one fault
+// event, as a handler's dead letter does: the worker files it into the
+// DLQ with the broker's reason and writes the event then.
+func TestWorker_BrokerDeadLettersPublishOneFaultEvent(t *testing.T) {
+	t.Parallel()
+	for _, reason := range []string{"broker_expired", "broker_delivery_limit"} {
+		t.Run(reason, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			var calls atomic.Int64
+			newWorker := func() *inboxmq.Worker {
+				routes := inboxmq.NewRoutes()
+				inboxmq.HandleTx(routes, b.queue, func(_ context.Context, _ pgx.Tx, m *inboxtype.Message[order]) error {
+					calls.Add(1)
+					ch, ok := m.Delivery.Raw.Acknowledger.(*amqp.Channel)
+					require.True(t, ok)
+					_ = ch.Close() // the worker "crashes" on this message: nothing commits or is settled
+					return errors.New("crashed")
+				}, &inboxmq.RouteOpts{
+					Queue:  consumer.QueueOpts{Type: consumer.Quorum, DeliveryLimit: 2, Concurrency: 1},
+					Faults: &inboxmq.FaultOpts{Exchange: b.events, RoutingKey: "order.fault"},
+				})
+				w, err := inboxmq.NewWorker(&inboxmq.Config{
+					URL: testenv.AMQPURL(), DB: b.pool, Routes: routes,
+					Outbox: &inboxmq.OutboxConfig{Exchanges: []inboxmq.Exchange{{Name: b.events}}},
+				})
+				require.NoError(t, err)
+				t.Cleanup(func() { _ = w.Stop(context.Background()) })
+				require.NoError(t, w.Start(t.Context()))
+				return w
+			}
+			w := newWorker()
+			ch, err := b.conn.Channel()
+			require.NoError(t, err)
+			_, err = ch.QueueDeclare(b.sink, false, false, false, false, nil)
+			require.NoError(t, err)
+			require.NoError(t, ch.QueueBind(b.sink, "order.fault", b.events, false, nil))
+			require.NoError(t, ch.Close())
+
+			msg := amqp.Publishing{MessageId: "m-p1"}
+			if reason == "broker_expired" {
+				// No worker consumes while the message expires.
+				require.NoError(t, w.Stop(context.Background()))
+				msg.Expiration = "50"
+			}
+			b.pub.Publish(b.queue, []byte(`{"id":"p1"}`), msg)
+			if reason == "broker_expired" {
+				testenv.WaitFor(t, "the message expired", func() bool { return amqptest.Depth(t, b.conn, b.queue) == 0 })
+				w = newWorker()
+			}
+			testenv.WaitFor(t, "the dead letter filed and its event published", func() bool {
+				return amqptest.Depth(t, b.conn, b.queue+".dlq") == 1 && amqptest.Depth(t, b.conn, b.sink) == 1
+			})
+			require.NoError(t, w.Stop(context.Background()))
+			require.Equal(t, 1, b.count(t, `SELECT count(*) FROM inboxmq_outbox`), "one event row")
+			ev, ok := amqptest.Get(t, b.conn, b.sink)
+			require.True(t, ok)
+			var fe inboxmq.FaultEvent
+			require.NoError(t, json.Unmarshal(ev.Body, &fe))
+			require.Equal(t, reason, fe.Reason)
+			require.Equal(t, "order:p1", fe.Key)
+			require.Equal(t, "m-p1", fe.MessageID)
+			require.Equal(t, b.queue, fe.Queue)
+			require.Contains(t, fe.Error, "the broker dead-lettered the message")
+			require.Equal(t, 0, amqptest.Depth(t, b.conn, b.sink), "exactly one event")
+			if reason == "broker_expired" {
+				require.Zero(t, calls.Load(), "the handler never ran")
+			}
+		})
+	}
+}

@@ -399,6 +399,9 @@ func (c *Consumer) open(s *session) error {
 		if got.legacy {
 			warnLegacyQueue(c.log, s.conn.Config.Vhost, r.Route)
 		}
+		if got.direct {
+			warnDirectQueue(c.log, r.Route)
+		}
 	}
 	workers := 0
 	for _, r := range c.routes {
@@ -410,6 +413,9 @@ func (c *Consumer) open(s *session) error {
 	}
 	s.pub = pub
 	for _, r := range c.routes {
+		if err := s.openDead(r); err != nil {
+			return err
+		}
 		if r.Opts.Ordered != nil {
 			s.openOrdered(r)
 			continue

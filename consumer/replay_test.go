@@ -25,6 +25,9 @@ func TestReplayDLQ_ExpiredDeadLetterIsProcessedOnce(t *testing.T) {
 		return nil
 	}), nil)
 	b.pub.Publish(b.queue, []byte(`{"id":"late"}`), amqp.Publishing{MessageId: "late", Expiration: "50"})
+	filed := b.rec.next(t)
+	require.Equal(t, inboxtype.ActionDeadLettered, filed.Outcome.Action, "the consumer filed the expired message in the DLQ")
+	require.Equal(t, "broker_expired", filed.Outcome.Decision.Reason)
 	testenv.WaitFor(t, "the expired message in the DLQ", func() bool { return amqptest.Depth(t, b.conn, b.queue+".dlq") == 1 })
 
 	res, err := consumer.ReplayDLQ(t.Context(), b.conn, b.queue, &consumer.ReplayOpts{Reason: "expired"})

@@ -185,6 +185,10 @@ type Route struct {
 	// Handler is the complete chain: router middleware, decoding, handler
 	// middleware and the typed handler.
 	Handler inboxtype.DeliveryHandler
+
+	// keyOf decodes a delivery's payload only to set its Key, for the
+	// dead letters the consumer files without running the handler.
+	keyOf func(d *inboxtype.Delivery)
 }
 
 // Router maps queues to typed handlers and holds the router-wide
@@ -200,6 +204,7 @@ type registration struct {
 	queue string
 	opts  HandlerOpts
 	inner inboxtype.DeliveryHandler // decode + handler middleware + typed handler
+	keyOf func(d *inboxtype.Delivery)
 }
 
 // NewRouter returns an empty router.
@@ -224,7 +229,7 @@ func (r *Router) Routes() []Route {
 	outer := inboxtype.Chain(r.middleware...)
 	for _, q := range r.order {
 		reg := r.routes[q]
-		out = append(out, Route{Queue: q, Opts: reg.opts, Handler: outer(reg.inner)})
+		out = append(out, Route{Queue: q, Opts: reg.opts, Handler: outer(reg.inner), keyOf: reg.keyOf})
 	}
 	return out
 }
@@ -298,12 +303,23 @@ func RegisterSafely[T any](r *Router, queue string, h inboxtype.Handler[T], opts
 		return inner(ctx, d)
 	}
 
+	keyOf := func(d *inboxtype.Delivery) {
+		v := new(T)
+		if !keyed || o.Codec.Decode(d.Body, v) != nil {
+			return
+		}
+		k, _ := any(v).(inboxtype.Keyer)
+		if key := k.IdempotencyKey(); inboxtype.ValidKey(key) == nil {
+			d.Key = key
+		}
+	}
+
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if _, dup := r.routes[queue]; dup {
 		return fmt.Errorf("consumer: queue %q already has a handler", queue)
 	}
-	r.routes[queue] = &registration{queue: queue, opts: o, inner: decode}
+	r.routes[queue] = &registration{queue: queue, opts: o, inner: decode, keyOf: keyOf}
 	r.order = append(r.order, queue)
 	return nil
 }

@@ -31,6 +31,18 @@ type job struct {
 	// other routes); key is its ordering key.
 	shard *shardSub
 	key   string
+	// dead: the delivery came from the route's dead queue (see file).
+	dead bool
+}
+
+// orderingKey is the ordering key the message was published with: its
+// routing key, or for a message the broker dead-lettered into the dead
+// queue, the routing key it had before.
+func (j *job) orderingKey() string {
+	if j.dead {
+		return lastDeath(j.raw.Headers).routingKey
+	}
+	return orderingKey(&j.raw)
 }
 
 // finish tells an ordered delivery's shard that the delivery is settled
@@ -446,7 +458,7 @@ func (c *Consumer) deadLetter(r *route, j *job, d *inboxtype.Delivery, out *inbo
 		h[inboxtype.HeaderIdempotencyKey] = d.Key
 	}
 	if r.Opts.Ordered != nil {
-		h[HeaderOrderingKey] = orderingKey(&j.raw)
+		h[HeaderOrderingKey] = j.orderingKey()
 	}
 	if err := j.sess.pub.publish(c.baseCtx, r.Opts.Queue.DeadLetterQueue, copyOf(&j.raw, h)); err != nil {
 		return c.requeueAfter(r, j, out, err)

@@ -57,6 +57,10 @@ var (
 		retry.ReasonExhausted,
 		ReasonLockUnavailable, ReasonLockExpired, ReasonDBSerialization, ReasonDBDeadlock,
 		ReasonDBConnection, ReasonClaimHeld, ReasonCrashLoop, ReasonBreakerOpen, ReasonRateLimited,
+		// The consumer files what the broker dead-lettered with the
+		// broker's x-death reason: "broker_" + expired, delivery_limit,
+		// rejected or maxlen ("broker" without one).
+		"broker_expired", "broker_delivery_limit", "broker_rejected", "broker_maxlen", "broker",
 	}
 	knownSources = []string{
 		retry.SourceCache, retry.SourceInbox, retry.SourceBusiness, retry.SourceFenced, retry.SourceClaimHeld,

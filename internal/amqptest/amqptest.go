@@ -56,11 +56,11 @@ func Dial(t testing.TB) *amqp.Connection {
 	return conn
 }
 
-// DeleteQueues deletes queue, its DLQ and its default retry tiers (errors
-// ignored: some may never have been declared).
+// DeleteQueues deletes queue, its DLQ, dead and parked queues and its
+// default retry tiers (errors ignored: some may never have been declared).
 func DeleteQueues(t testing.TB, conn *amqp.Connection, queue string) {
 	t.Helper()
-	names := []string{queue, queue + ".dlq", queue + ".parked"}
+	names := []string{queue, queue + ".dlq", queue + ".dead", queue + ".parked"}
 	for _, tier := range consumer.DefaultRetryTiers {
 		names = append(names, consumer.RetryQueueName(queue, tier))
 	}
