@@ -19,12 +19,14 @@ import (
 	"github.com/inboxmq/inboxmq/retry"
 )
 
-// FaultOpts makes a route publish a fault event when it dead-letters a
-// message, through the outbox: the event's row is written once the
-// dead-letter copy is confirmed in the DLQ and before the original is
-// acked, so the event goes out exactly when the dead-letter settlement
-// happened (see docs/results.md for the crash windows). It needs
-// Config.Outbox (the relay publishes the events).
+// FaultOpts makes a route publish a fault event for every message that
+// reaches its DLQ, through the outbox: the handler's dead letters and
+// those the broker dead-lettered (expired, over a quorum queue's delivery
+// limit), which the worker files into the DLQ itself. The event's row is
+// written once the dead-letter copy is confirmed in the DLQ and before the
+// original is acked, so the event goes out exactly when the dead-letter
+// settlement happened (see docs/results.md for the crash windows). It
+// needs Config.Outbox (the relay publishes the events).
 type FaultOpts struct {
 	// Exchange receives the fault events; declare it in
 	// Config.Outbox.Exchanges. Required.

@@ -64,15 +64,19 @@
 // # Topology
 //
 // Unless QueueOpts.NoDeclare is set, Start declares per route a durable
-// work queue (classic or quorum), its DLQ "<queue>.dlq" and one wait queue
-// per delay tier ([RetryQueueName]) whose messages expire back into the
-// work queue, so a short delay never waits behind a long one. Every work
-// queue dead-letters into its DLQ: a message that expires there (a
-// per-message expiration set by its producer, or a TTL in
-// QueueOpts.Arguments), is rejected or is pushed out by a length limit
-// lands in the DLQ with the broker's x-death reason, never dropped. A
-// quorum queue also gets a delivery limit and at-least-once dead-lettering
-// with reject-publish overflow: a crash loop ends in the DLQ. A queue that
+// work queue (classic or quorum), its DLQ "<queue>.dlq", its dead queue
+// "<queue>.dead" and one wait queue per delay tier ([RetryQueueName])
+// whose messages expire back into the work queue, so a short delay never
+// waits behind a long one. Every work queue dead-letters into its dead
+// queue: a message that expires there (a per-message expiration set by
+// its producer, or a TTL in QueueOpts.Arguments), is rejected or is
+// pushed out by a length limit lands there with the broker's x-death
+// reason, never dropped, and the consumer files it into the DLQ as it
+// files a handler's permanent failure: with reason "broker_" and the
+// x-death reason (broker_expired, broker_delivery_limit, …), its key, and
+// HandlerOpts.OnDeadLetter; no handler runs. A quorum queue also gets a
+// delivery limit and at-least-once dead-lettering with reject-publish
+// overflow: a crash loop ends in the DLQ. A queue that
 // exists with other arguments is a start-up error naming the queue and the
 // argument, with two exceptions. A route whose queues exist with the other
 // queue type (classic for a Quorum route, or the reverse) keeps them with

@@ -91,7 +91,11 @@ type HandlerOpts struct {
 	// original is requeued instead of acked; its redelivery is
 	// dead-lettered again (a second copy in the DLQ, which a replay
 	// absorbs as a duplicate) and OnDeadLetter runs again, so it must be
-	// idempotent. Defaults to nil.
+	// idempotent. It runs for every message that reaches the DLQ: the
+	// handler's dead letters and those the broker dead-lettered (expired,
+	// over the delivery limit), which the consumer files into the DLQ
+	// with reason "broker_" and the broker's x-death reason. Defaults to
+	// nil.
 	OnDeadLetter func(ctx context.Context, dl DeadLetter) error
 	// Ordered, when non-nil, consumes the route through shard queues
 	// with per-key order across workers (see OrderedOpts); its retries
