@@ -123,10 +123,12 @@ verify: ## Check that go.mod/go.sum are tidy, then lint (gofmt, vet, golangci-li
 
 .PHONY: chaos
 CHAOS_ARGS ?= -orders 500 -workers 4 -duration 60s
-# Stops and restarts the local Redis during the run; CHAOS_REDIS= leaves it alone.
+# -restart-redis runs the workers on a Redis server of the run's own (a
+# free port, stopped by its PID) and restarts that one as a fault; the
+# local Redis is never restarted. CHAOS_REDIS= leaves that fault out.
 CHAOS_REDIS ?= -restart-redis
 
-chaos: up ## Full-size fault-injection run against payment-worker processes; restarts the local Redis unless CHAOS_REDIS= (CHAOS_ARGS="-seed 42 …" to tune)
+chaos: up ## Full-size fault-injection run against payment-worker processes; restarts only a Redis server of its own (CHAOS_ARGS="-seed 42 …" to tune)
 	$(GO) run ./cmd/inboxchaos $(CHAOS_ARGS) $(CHAOS_REDIS)
 
 .PHONY: clean

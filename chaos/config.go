@@ -48,9 +48,12 @@ type Config struct {
 	// Scenarios are run in order. Defaults to ScenarioInbox then
 	// ScenarioGateway.
 	Scenarios []string
-	// RestartRedis lets the run shut the shared Redis server down and start
-	// it again (FaultRedisRestart). It disturbs everything else using that
-	// Redis, so it is for the full-size run only. Defaults to false.
+	// RestartRedis runs the workers on a Redis server of the run's own (a
+	// free loopback port, a folder in the run's work directory, stopped by
+	// its PID at the end) instead of RedisURL, and adds FaultRedisRestart,
+	// which kills that server and starts it again: a server the run did
+	// not start is never restarted. It needs redis-server on the PATH.
+	// Defaults to false.
 	RestartRedis bool
 	// Concurrency is each worker's WORKER_CONCURRENCY. Defaults to 8.
 	Concurrency int
@@ -86,7 +89,8 @@ type Config struct {
 	// DatabaseURL is the database in which each scenario creates its own
 	// schema. Defaults to postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable.
 	DatabaseURL string
-	// RedisURL is the workers' Redis. Defaults to redis://127.0.0.1:6379/0.
+	// RedisURL is the workers' Redis. Defaults to redis://127.0.0.1:6379/0;
+	// ignored with RestartRedis.
 	RedisURL string
 	// WorkerAMQPURL, WorkerDatabaseURL and WorkerRedisURL are what the
 	// workers get when it differs from what the runner uses: the TLS

@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
@@ -30,8 +29,8 @@ const (
 	// FaultRedisFlush deletes every Redis key of the run (keys containing the
 	// run id; never FLUSHALL).
 	FaultRedisFlush = "redis-flush"
-	// FaultRedisRestart shuts the shared Redis server down and starts it
-	// again. Only with Config.RestartRedis.
+	// FaultRedisRestart kills the run's own Redis server and starts it
+	// again, empty. Only with Config.RestartRedis.
 	FaultRedisRestart = "redis-restart"
 	// FaultStop SIGSTOPs a worker for longer than LOCK_TTL, then SIGCONTs it.
 	FaultStop = "stop"
@@ -46,10 +45,6 @@ const (
 // added by Config.RestartRedis; the gateway faults only apply to scenarios
 // with a gateway).
 var AllFaults = []string{FaultKill, FaultRestart, FaultBrokerConn, FaultPGTerminate, FaultRedisFlush, FaultStop, FaultGatewaySlow, FaultGatewayFail}
-
-// RedisServerArgs are the arguments with which FaultRedisRestart starts the
-// shared Redis server again.
-var RedisServerArgs = []string{"--daemonize", "yes", "--bind", "127.0.0.1", "-::1", "--port", "6379", "--save", "", "--appendonly", "no", "--dir", "/var/lib/redis", "--logfile", "/var/log/redis/ci.log"}
 
 // CloseBrokerConnections closes, from the server side, every broker
 // connection of process pid: those whose client port belongs to pid (read
@@ -153,28 +148,4 @@ func FlushRedisKeys(ctx context.Context, rdb redis.UniversalClient, substr strin
 		return n, fmt.Errorf("chaos: scan: %w", err)
 	}
 	return n, nil
-}
-
-// RestartRedis shuts the local Redis server down (without saving), waits
-// down for the outage, and starts it again with RedisServerArgs.
-func RestartRedis(ctx context.Context, down time.Duration) error {
-	_ = exec.CommandContext(ctx, "redis-cli", "-p", "6379", "shutdown", "nosave").Run()
-	t := time.NewTimer(down)
-	select {
-	case <-t.C:
-	case <-ctx.Done():
-		t.Stop()
-	}
-	// Always start it again, even if ctx ended: other users share it.
-	out, err := exec.Command("redis-server", RedisServerArgs...).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("chaos: start redis-server: %w: %s", err, out)
-	}
-	for range 100 {
-		if exec.Command("redis-cli", "-p", "6379", "ping").Run() == nil {
-			return nil
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return fmt.Errorf("chaos: redis-server did not come back")
 }

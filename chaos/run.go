@@ -160,9 +160,19 @@ func Run(ctx context.Context, cfg *Config) (*Report, error) {
 		}
 		c.Binary = bin
 	}
+	var redisSrv *redisServer
+	if c.RestartRedis {
+		srv, err := startRedisServer(ctx, filepath.Join(workDir, "redis"))
+		if err != nil {
+			return nil, err
+		}
+		defer srv.stop()
+		fmt.Fprintf(c.Log, "chaos: a Redis server of the run's own on port %d (the redis-restart fault restarts it)\n", srv.port)
+		redisSrv, c.RedisURL, c.WorkerRedisURL = srv, srv.URL(), srv.URL()
+	}
 	rnd := mrand.New(mrand.NewPCG(c.Seed, 0xc4a05))
 	for _, name := range c.Scenarios {
-		s, err := runScenario(ctx, &c, name, rnd, workDir)
+		s, err := runScenario(ctx, &c, name, rnd, workDir, redisSrv)
 		if s != nil {
 			rep.Scenarios = append(rep.Scenarios, s)
 		}
@@ -183,6 +193,7 @@ type scenarioRun struct {
 	dbURL   string
 	pool    *pgxpool.Pool
 	rdb     redis.UniversalClient
+	redis   *redisServer // the run's own Redis server (Config.RestartRedis), or nil
 	gw      *Gateway
 	workers []*worker
 	start   time.Time
@@ -217,12 +228,13 @@ func withParams(u string, params ...string) string {
 	return u + sep + strings.Join(params, "&")
 }
 
-func runScenario(ctx context.Context, cfg *Config, name string, rnd *mrand.Rand, workDir string) (*ScenarioReport, error) {
+func runScenario(ctx context.Context, cfg *Config, name string, rnd *mrand.Rand, workDir string, redisSrv *redisServer) (*ScenarioReport, error) {
 	began := time.Now()
 	id := randomHex(4)
 	r := &scenarioRun{
 		cfg:    cfg,
 		rnd:    rnd,
+		redis:  redisSrv,
 		runID:  id,
 		queue:  "chaos." + id + "." + name,
 		schema: "chaos_" + id + "_" + name,

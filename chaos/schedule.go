@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"syscall"
@@ -116,7 +117,11 @@ func (r *scenarioRun) inject(ctx context.Context, kind string, w *worker) FaultE
 		ev.Detail, ev.Worker, target = fmt.Sprintf("deleted %d keys", n), -1, nil
 	case FaultRedisRestart:
 		down := time.Duration(500+r.rnd.IntN(2500)) * time.Millisecond
-		err = RestartRedis(ctx, down)
+		if r.redis == nil {
+			err = errors.New("chaos: redis-restart needs the run's own Redis server (Config.RestartRedis)")
+			break
+		}
+		err = r.redis.restart(ctx, down)
 		ev.Detail, ev.Worker, target = fmt.Sprintf("down for %s", down), -1, nil
 	case FaultStop:
 		pause := r.cfg.LockTTL + time.Second
