@@ -88,7 +88,7 @@ start() {
 # is enabled already.
 hash_plugin() {
   if "$@" list -e -m 2>/dev/null | grep -qx rabbitmq_consistent_hash_exchange; then return 0; fi
-  log "enabling the rabbitmq_consistent_hash_exchange plugin (ordered routes need it)"
+  log "changing the running RabbitMQ: enabling its plugin rabbitmq_consistent_hash_exchange (ordered routes and their tests need it; online, no restart; undo with: rabbitmq-plugins disable rabbitmq_consistent_hash_exchange)"
   act "$@" enable rabbitmq_consistent_hash_exchange >/dev/null
 }
 
