@@ -187,6 +187,7 @@ func (b *orderedBundle) publishBurst(t *testing.T, events []seqEvent) {
 // each, in publish order, and each worker that joined took shards over.
 func TestOrderedAcrossWorkers(t *testing.T) {
 	t.Parallel()
+	amqptest.RequireConsistentHash(t)
 	for _, typ := range []consumer.QueueType{consumer.Classic, consumer.Quorum} {
 		t.Run(string(typ), func(t *testing.T) {
 			t.Parallel()
@@ -258,6 +259,7 @@ func testOrderedAcrossWorkers(t *testing.T, typ consumer.QueueType) {
 // attempt, they run.
 func TestOrderedRetryHoldsKey(t *testing.T) {
 	t.Parallel()
+	amqptest.RequireConsistentHash(t)
 	b := setupOrdered(t, 2, &consumer.HandlerOpts{
 		Policy: retry.Exponential{InitialInterval: 10 * time.Millisecond, RandomizationFactor: -1, MaxAttempts: 4},
 	})
@@ -360,6 +362,7 @@ func TestOrderedOptsValidate(t *testing.T) {
 //   - the connection was lost under it (abandoned, redelivered).
 func TestOrderedRequeueHoldsLaterEvents(t *testing.T) {
 	t.Parallel()
+	amqptest.RequireConsistentHash(t)
 	for _, tc := range []struct {
 		name string
 		// first is K:1's first run's result; onDeadLetter the route's
