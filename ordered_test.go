@@ -34,6 +34,7 @@ func (e accountEvent) IdempotencyKey() string { return e.Account + ":" + strconv
 // worker that joined took shards over.
 func TestWorker_OrderedAcrossWorkers(t *testing.T) {
 	t.Parallel()
+	amqptest.RequireConsistentHash(t)
 	url := amqptest.Vhost(t)
 	conn := amqptest.DialURL(t, url)
 	pool, _ := pgtest.Schema(t)

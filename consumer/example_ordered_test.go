@@ -64,7 +64,10 @@ func Example_ordered() {
 		panic(err)
 	}
 	if err := c.Start(ctx); err != nil { // declares the exchange and the shards
-		panic(err)
+		// Without the rabbitmq_consistent_hash_exchange plugin the error
+		// says how to enable it (`make up` enables it for the tests).
+		fmt.Println("start:", err)
+		return
 	}
 
 	// Publish to the route's exchange (named after the queue) with the

@@ -43,7 +43,10 @@ const HeaderOrderingKey = "x-ordering-key"
 // A retryable failure is retried in process, under HandlerOpts.Policy, and
 // holds the key's later messages back until it succeeds or is
 // dead-lettered after the last attempt; a dead-lettered message releases
-// them (the one gap in the key's order, to be replayed from the DLQ).
+// them (the one gap in the key's order, to be replayed from the DLQ). A
+// message that is requeued instead (Stop, or a dead letter that could not
+// be written) holds them back too, on both queue types: the worker returns
+// what the shard handed it after that message to the queue, behind it.
 // docs/scaling.md, "Ordering", describes the guarantees and their limits.
 type OrderedOpts struct {
 	// Shards is the number of shard queues, hence the most workers that

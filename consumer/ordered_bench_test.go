@@ -20,6 +20,7 @@ import (
 // consumer (concurrency 8, prefetch 64) and a no-op handler. One op is
 // one delivery. keys=1 is the worst case: everything runs one at a time.
 func BenchmarkDrainOrdered(b *testing.B) {
+	amqptest.RequireConsistentHash(b)
 	for _, keys := range []int{1, 64, 4096} {
 		b.Run("keys="+strconv.Itoa(keys), func(b *testing.B) {
 			conn := amqptest.Dial(b)

@@ -30,7 +30,11 @@ import (
 //     the shard's deliveries in flight to settle, then closes its channel
 //     (the broker returns what was prefetched to the queue, in order, and
 //     activates the next consumer in line) and subscribes again, at the
-//     end of the line.
+//     end of the line;
+//   - the same reset of a shard's subscription after a delivery of the
+//     shard was settled other than for good (requeued, abandoned): the
+//     deliveries the shard handed out after it are returned to the queue
+//     behind it, instead of running before its redelivery.
 
 // shardSub is one shard queue's consumption on one session.
 type shardSub struct {
@@ -40,8 +44,27 @@ type shardSub struct {
 	active atomic.Bool
 	// handover, when signalled, makes the shard loop give the shard up.
 	handover chan struct{}
+	// reset is set when a delivery of the current subscription was settled
+	// other than for good (requeued, abandoned). The broker redelivers it
+	// behind what it already handed out on the channel, so nothing more
+	// may be dispatched: the subscription ends as on a handover, and
+	// closing the channel puts every unsettled delivery back at its place
+	// (a classic queue; on a quorum queue the prefetch of 1 leaves none
+	// but the requeued one). It is set before the delivery's lane is
+	// released and read after each admission, under the lanes' lock in
+	// between, so the key's next delivery is never dispatched ahead.
+	reset atomic.Bool
 	// inflight counts the shard's deliveries admitted and not yet settled.
 	inflight sync.WaitGroup
+}
+
+// requestReset makes the shard loop end its subscription (see reset).
+func (sh *shardSub) requestReset() {
+	sh.reset.Store(true)
+	select { // wakes the loop if it waits
+	case sh.handover <- struct{}{}:
+	default:
+	}
 }
 
 // lanes serialises the deliveries of each ordering key of a route.
@@ -82,10 +105,11 @@ func (l *lanes) next(key string) (job, bool) {
 }
 
 // runLane runs the deliveries that wait behind j's key, in order, after
-// j was settled with action. Once a delivery of the key is not settled
-// for good (requeued or abandoned), the ones behind it are returned to
-// the queue too, so that none overtakes it; so are those left when Stop
-// was called.
+// j was settled with action (and finished). Once a delivery of the key is
+// not settled for good (requeued or abandoned), the ones behind it are
+// returned to the queue too, so that none overtakes it; so are those left
+// when Stop was called. The key's deliveries not yet admitted stay
+// unsettled: the shard's reset returns them (see shardSub.reset).
 func (c *Consumer) runLane(r *route, j *job, action inboxtype.Action) {
 	if j.shard == nil {
 		return
@@ -104,7 +128,8 @@ func (c *Consumer) runLane(r *route, j *job, action inboxtype.Action) {
 		switch {
 		case next.sess.gone():
 			// The broker redelivers it with the rest of its channel's.
-		case action != inboxtype.ActionAcked && action != inboxtype.ActionDeadLettered, c.stopRequested():
+			action = inboxtype.ActionAbandoned
+		case !settledForGood(action), c.stopRequested():
 			_ = next.requeue()
 			action = inboxtype.ActionRequeued
 		default:
@@ -112,7 +137,7 @@ func (c *Consumer) runLane(r *route, j *job, action inboxtype.Action) {
 			action = c.process(r, &next)
 			c.progress.end()
 		}
-		next.finish()
+		next.finish(action)
 	}
 }
 
@@ -234,11 +259,15 @@ func (s *session) shardLoop(r *route, sh *shardSub) {
 		// anything the next active consumer receives.
 		s.waitInflight(sh)
 		_ = ch.Close()
-		if end != endHandover {
+		if end != endHandover || s.c.stopRequested() {
 			return
 		}
+		// Every delivery of the old subscription is settled: no reset is
+		// requested for the new one yet, and a handover requested while
+		// draining is served.
+		sh.reset.Store(false)
 		select {
-		case <-sh.handover: // a request that came while draining is served
+		case <-sh.handover:
 		default:
 		}
 	}
@@ -277,7 +306,7 @@ func shardPrefetch(q QueueOpts) int {
 
 // pumpShard admits the shard's deliveries to their keys' lanes and hands
 // those whose key is idle to the route's workers, until a handover, a
-// pause, Stop or the session's end.
+// reset, a pause, Stop or the session's end.
 func (s *session) pumpShard(r *route, sh *shardSub, acks *acker, deliveries <-chan amqp.Delivery) shardEnd {
 	for {
 		paused, changed := r.pauseState()
@@ -298,10 +327,20 @@ func (s *session) pumpShard(r *route, sh *shardSub, acks *acker, deliveries <-ch
 			sh.active.Store(true)
 			// Tracked before any worker can settle it (see acker).
 			acks.track(raw.DeliveryTag)
+			if sh.reset.Load() {
+				return endHandover // left unsettled: the close returns it
+			}
 			j := job{raw: raw, sess: s, acks: acks, shard: sh, key: orderingKey(&raw)}
 			sh.inflight.Add(1)
 			if !r.lanes.admit(j) {
 				continue // waits behind its key
+			}
+			if sh.reset.Load() {
+				// Its key's lane was idle, perhaps released by the
+				// requeue that asked for the reset: it must not run
+				// ahead of that delivery's redelivery.
+				releaseLane(r, sh, j)
+				return endHandover
 			}
 			if end, ok := s.dispatch(r, sh, j, changed); !ok {
 				return end
@@ -332,6 +371,13 @@ func (s *session) dispatch(r *route, sh *shardSub, j job, changed <-chan struct{
 	case <-s.failed:
 		end = endFailed
 	}
+	releaseLane(r, sh, j)
+	return end, false
+}
+
+// releaseLane releases the lane of j, admitted and not dispatched: j stays
+// unsettled (closing the channel returns it to the queue).
+func releaseLane(r *route, sh *shardSub, j job) {
 	// Nothing waits behind j: this loop alone admits the key's deliveries.
 	for {
 		if _, ok := r.lanes.next(j.key); !ok {
@@ -340,7 +386,6 @@ func (s *session) dispatch(r *route, sh *shardSub, j job, changed <-chan struct{
 		sh.inflight.Done()
 	}
 	sh.inflight.Done()
-	return end, false
 }
 
 // waitInflight waits until the shard's admitted deliveries are settled,

@@ -187,6 +187,7 @@ func (b *orderedBundle) publishBurst(t *testing.T, events []seqEvent) {
 // each, in publish order, and each worker that joined took shards over.
 func TestOrderedAcrossWorkers(t *testing.T) {
 	t.Parallel()
+	amqptest.RequireConsistentHash(t)
 	for _, typ := range []consumer.QueueType{consumer.Classic, consumer.Quorum} {
 		t.Run(string(typ), func(t *testing.T) {
 			t.Parallel()
@@ -258,6 +259,7 @@ func testOrderedAcrossWorkers(t *testing.T, typ consumer.QueueType) {
 // attempt, they run.
 func TestOrderedRetryHoldsKey(t *testing.T) {
 	t.Parallel()
+	amqptest.RequireConsistentHash(t)
 	b := setupOrdered(t, 2, &consumer.HandlerOpts{
 		Policy: retry.Exponential{InitialInterval: 10 * time.Millisecond, RandomizationFactor: -1, MaxAttempts: 4},
 	})
@@ -346,4 +348,126 @@ func TestOrderedOptsValidate(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestOrderedRequeueHoldsLaterEvents: on a classic ordered route with a
+// prefetch above 1, K:1's first run ends without a final settlement while
+// K:2 is already prefetched on the shard's channel and not yet admitted to
+// K's lane (the shard loop is busy handing X:1 to the single worker). K:1
+// still runs again before K:2, whichever way its first run ended (and so
+// on a quorum route, whose shards have a prefetch of 1):
+//   - its settlement failed (its OnDeadLetter hook failed: requeued);
+//   - Stop cut its in-process retry short (requeued), and the next
+//     worker took the shard;
+//   - the connection was lost under it (abandoned, redelivered).
+func TestOrderedRequeueHoldsLaterEvents(t *testing.T) {
+	t.Parallel()
+	amqptest.RequireConsistentHash(t)
+	for _, tc := range []struct {
+		name string
+		// first is K:1's first run's result; onDeadLetter the route's
+		// hook; after ends that run, with release, and brings K:1 back.
+		first        error
+		onDeadLetter func(context.Context, consumer.DeadLetter) error
+		after        func(t *testing.T, b *requeueBundle, release func())
+	}{
+		{
+			name:  "settlement fails",
+			first: retry.Permanent(errors.New("declined")),
+			onDeadLetter: func(context.Context, consumer.DeadLetter) error {
+				return errors.New("outbox unavailable") // the dead letter is not settled: requeued
+			},
+			after: func(_ *testing.T, _ *requeueBundle, release func()) { release() },
+		},
+		{
+			name:  "stop",
+			first: errors.New("blip"), // retried in process after a long pause
+			after: func(t *testing.T, b *requeueBundle, release func()) {
+				release()
+				b.stop(t, b.c)
+				b.start(t, b.router, nil)
+			},
+		},
+		{
+			name:  "connection lost",
+			first: nil,
+			after: func(t *testing.T, b *requeueBundle, release func()) {
+				amqptest.CloseConnection(t, "inboxmq-test-"+b.queue)
+				b.rec.waitState(t, inboxtype.ConnDisconnected)
+				release() // its ack goes to the lost channel
+			},
+		},
+	} {
+		for _, typ := range []consumer.QueueType{consumer.Classic, consumer.Quorum} {
+			t.Run(string(typ)+"/"+tc.name, func(t *testing.T) {
+				t.Parallel()
+				b := setupRequeue(t, typ, tc.first, tc.onDeadLetter)
+				b.publishBurst(t, []seqEvent{{Key: "K", Seq: 1}, {Key: "X", Seq: 1}, {Key: "K", Seq: 2}})
+				testenv.WaitChan(t, b.held, "K:1 running")
+				ready := 0 // X:1 and K:2 prefetched
+				if typ == consumer.Quorum {
+					ready = 2 // prefetch 1: only K:1 is out
+				}
+				shard := consumer.ShardQueueName(b.queue, 0)
+				testenv.WaitFor(t, "the shard's prefetch taken", func() bool { return amqptest.Depth(t, b.conn, shard) == ready })
+				tc.after(t, b, sync.OnceFunc(func() { close(b.release) }))
+
+				testenv.WaitFor(t, "K:1 run again, X:1 and K:2 run", func() bool {
+					seen := b.seen()
+					return slices.Contains(seen, "K:2") && slices.Contains(seen, "X:1") && slices.Contains(seen[1:], "K:1")
+				})
+				seen := b.seen()
+				second := slices.Index(seen[1:], "K:1") + 1
+				require.Less(t, second, slices.Index(seen, "K:2"), "K:1's second run comes before K:2: %v", seen)
+			})
+		}
+	}
+}
+
+// requeueBundle is an ordered route of one shard (prefetch 8 on a
+// classic queue) and one worker, whose handler records the events it sees and holds K:1's
+// first run until release is closed.
+type requeueBundle struct {
+	*orderedBundle
+	c       *consumer.Consumer
+	held    chan struct{}
+	release chan struct{}
+	mu      sync.Mutex
+	log     []string
+}
+
+func setupRequeue(t *testing.T, typ consumer.QueueType, first error, onDeadLetter func(context.Context, consumer.DeadLetter) error) *requeueBundle {
+	t.Helper()
+	b := &requeueBundle{
+		orderedBundle: &orderedBundle{testBundle: setup(t), shards: 1, router: consumer.NewRouter()},
+		held:          make(chan struct{}, 1),
+		release:       make(chan struct{}),
+	}
+	amqptest.DeleteOrderedAtCleanup(t, b.conn, b.queue, 1)
+	consumer.Register(b.router, b.queue, inboxtype.HandlerFunc[seqEvent](func(_ context.Context, m *inboxtype.Message[seqEvent]) error {
+		id := m.Body.IdempotencyKey()
+		b.mu.Lock()
+		again := slices.Contains(b.log, id)
+		b.log = append(b.log, id)
+		b.mu.Unlock()
+		if id == "K:1" && !again {
+			b.held <- struct{}{}
+			<-b.release
+			return first
+		}
+		return nil
+	}), &consumer.HandlerOpts{
+		Queue:        consumer.QueueOpts{Type: typ, Prefetch: 8, Concurrency: 1},
+		Ordered:      &consumer.OrderedOpts{Shards: 1, RebalanceInterval: -1, MaxRetryDelay: time.Hour},
+		Policy:       retry.Exponential{InitialInterval: time.Hour, RandomizationFactor: -1, MaxAttempts: 5},
+		OnDeadLetter: onDeadLetter,
+	})
+	b.c = b.start(t, b.router, nil)
+	return b
+}
+
+func (b *requeueBundle) seen() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Clone(b.log)
 }

@@ -45,12 +45,27 @@ func (j *job) orderingKey() string {
 	return orderingKey(&j.raw)
 }
 
-// finish tells an ordered delivery's shard that the delivery is settled
-// (or will be redelivered): a handover waits for all of them.
-func (j *job) finish() {
-	if j.shard != nil {
-		j.shard.inflight.Done()
+// finish tells an ordered delivery's shard that the delivery was settled
+// with action (or will be redelivered): a handover waits for all of them.
+// A settlement that is not final (requeued, abandoned) resets the shard's
+// subscription first, before the caller releases the key's lane, so that
+// nothing the shard delivered after it runs before its redelivery (see
+// shardSub.reset).
+func (j *job) finish(action inboxtype.Action) {
+	if j.shard == nil {
+		return
 	}
+	if !settledForGood(action) {
+		j.shard.requestReset()
+	}
+	j.shard.inflight.Done()
+}
+
+// settledForGood reports whether a delivery settled with action is gone
+// from its queue for good (acked, or acked after its dead letter was
+// confirmed), so that the key's next delivery may run.
+func settledForGood(action inboxtype.Action) bool {
+	return action == inboxtype.ActionAcked || action == inboxtype.ActionDeadLettered
 }
 
 // ack acks the delivery through its channel's acker (coalesced with other
@@ -176,14 +191,14 @@ func (c *Consumer) work(r *route) {
 			// hold none and a lowered limit applies at once.
 			if !r.sem.acquire(c.workersQuit) {
 				_ = j.requeue()
-				j.finish()
+				j.finish(inboxtype.ActionRequeued)
 				c.runLane(r, &j, inboxtype.ActionRequeued)
 				return
 			}
 			if j.sess.gone() {
 				// Its channel died while the job waited for a slot: the
 				// broker has redelivered it to the new session already.
-				j.finish()
+				j.finish(inboxtype.ActionAbandoned)
 				c.runLane(r, &j, inboxtype.ActionAbandoned)
 				r.sem.release()
 				continue
@@ -191,7 +206,7 @@ func (c *Consumer) work(r *route) {
 			c.progress.begin()
 			action := c.process(r, &j)
 			c.progress.end()
-			j.finish()
+			j.finish(action)
 			c.runLane(r, &j, action)
 			r.sem.release()
 		case <-c.workersQuit:

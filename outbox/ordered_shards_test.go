@@ -15,6 +15,7 @@ import (
 // in enqueue order.
 func TestOrderedRowsKeepAnAggregateInOneShard(t *testing.T) {
 	t.Parallel()
+	amqptest.RequireConsistentHash(t)
 	b := setup(t)
 	const shards, accounts, perAccount = 3, 5, 12
 	amqptest.DeclareOrdered(t, b.conn, b.queue, shards)

@@ -15,6 +15,7 @@ import (
 // order (the consistent-hash exchange hashes the routing key).
 func TestPublish_OrderingKeyKeepsAnAggregateInOneShard(t *testing.T) {
 	t.Parallel()
+	amqptest.RequireConsistentHash(t)
 	b := setupNoQueue(t)
 	const shards, accounts, perAccount = 3, 6, 10
 	amqptest.DeclareOrdered(t, b.conn, b.queue, shards)

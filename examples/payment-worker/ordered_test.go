@@ -37,6 +37,7 @@ func TestConfigOrderedShards(t *testing.T) {
 // order, invalid messages dead-lettered, the shards drained.
 func TestWorkerOrdered(t *testing.T) {
 	t.Parallel()
+	amqptest.RequireConsistentHash(t)
 	const shards = 3
 	b := setup(t, "ORDERED_SHARDS=3")
 	amqptest.DeleteOrderedAtCleanup(t, b.conn, b.queue, shards)

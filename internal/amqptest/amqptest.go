@@ -398,6 +398,51 @@ func DialURL(t testing.TB, rawURL string) *amqp.Connection {
 	return conn
 }
 
+// RequireConsistentHash fails the test unless the test broker has the
+// rabbitmq_consistent_hash_exchange plugin, which ordered routes
+// (consumer.OrderedOpts) and their exchanges need. It declares a
+// throwaway exchange of that type on a connection of its own and deletes
+// it; without the plugin the test fails with a message naming the fix.
+// Call it first in every test that needs the plugin, so that a broker
+// without it fails those tests alone, cleanly. It never skips, with
+// CI=true or not: a missing plugin is a broken environment, not a pass.
+func RequireConsistentHash(t testing.TB) {
+	t.Helper()
+	conn, err := amqp.DialConfig(testenv.AMQPURL(), amqp.Config{
+		Properties: amqp.Table{"connection_name": "inboxmq-test probe " + t.Name()},
+	})
+	if err != nil {
+		testenv.Unavailable(t, "RabbitMQ", err)
+	}
+	defer func() { _ = conn.Close() }()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatalf("amqptest: channel: %v", err)
+	}
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	name := "t.consistent-hash-probe." + hex.EncodeToString(b[:])
+	if err := ch.ExchangeDeclare(name, consumer.ExchangeConsistentHash, false, true, false, false, nil); err != nil {
+		t.Fatal(consistentHashFailure(name, err))
+	}
+	if err := ch.ExchangeDelete(name, false, false); err != nil {
+		t.Fatalf("amqptest: delete exchange %s: %v", name, err)
+	}
+}
+
+// consistentHashFailure describes a failed declaration of exchange as
+// x-consistent-hash: when the broker does not know the type, it names the
+// fix.
+func consistentHashFailure(exchange string, err error) string {
+	var ae *amqp.Error
+	if errors.As(err, &ae) && ae.Code == amqp.CommandInvalid {
+		return fmt.Sprintf("amqptest: the test broker lacks the rabbitmq_consistent_hash_exchange plugin that ordered routes need "+
+			"(declaring exchange %s of type %s: %v): enable it with `rabbitmq-plugins enable rabbitmq_consistent_hash_exchange`, "+
+			"or run `make up`, which enables it", exchange, consumer.ExchangeConsistentHash, err)
+	}
+	return fmt.Sprintf("amqptest: declare exchange %s of type %s: %v", exchange, consumer.ExchangeConsistentHash, err)
+}
+
 // DeclareOrdered declares what an ordered route (consumer.OrderedOpts)
 // declares, without a consumer: a consistent-hash exchange named queue
 // bound to shards shard queues with single active consumer. Everything
@@ -411,7 +456,7 @@ func DeclareOrdered(t testing.TB, conn *amqp.Connection, queue string, shards in
 	}
 	defer func() { _ = ch.Close() }()
 	if err := ch.ExchangeDeclare(queue, consumer.ExchangeConsistentHash, true, false, false, false, nil); err != nil {
-		t.Fatalf("amqptest: declare exchange %s: %v", queue, err)
+		t.Fatal(consistentHashFailure(queue, err))
 	}
 	for i := range shards {
 		name := consumer.ShardQueueName(queue, i)
