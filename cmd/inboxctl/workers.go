@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/inboxmq/inboxmq/control"
+	"github.com/inboxmq/inboxmq/internal/ops"
 )
 
 func (c *cli) workersCmd() *cobra.Command {
@@ -43,38 +44,10 @@ Rows not seen for 7 days are deleted.`,
 						p.Version, onOff(p.Controls), p.LastSeen.UTC().Format(time.RFC3339), p.State)
 				}
 				_ = tw.Flush()
-				fmt.Fprintln(w, workersSummary(workers))
+				fmt.Fprintln(w, ops.WorkersSummary(workers))
 			})
 		},
 	}
-}
-
-// workersSummary counts the workers by state: "2 live workers (1 with
-// controls off), 1 stale, 0 stopped".
-func workersSummary(workers []control.Presence) string {
-	var live, off, stale, stopped int
-	for _, p := range workers {
-		switch p.State {
-		case "live":
-			live++
-			if !p.Controls {
-				off++
-			}
-		case "stale":
-			stale++
-		default:
-			stopped++
-		}
-	}
-	noun := "workers"
-	if live == 1 {
-		noun = "worker"
-	}
-	s := fmt.Sprintf("%d live %s", live, noun)
-	if off > 0 {
-		s += fmt.Sprintf(" (%d with controls off)", off)
-	}
-	return s + fmt.Sprintf(", %d stale, %d stopped", stale, stopped)
 }
 
 func onOff(b bool) string {

@@ -121,6 +121,34 @@ func (r Reach) Unknown() error {
 	return fmt.Errorf("unknown consumer %q: no worker announced it and no control or block names it (known: %s)", r.Namespace, known)
 }
 
+// WorkersSummary counts the workers by state: "2 live workers (1 with
+// controls off), 1 stale, 0 stopped".
+func WorkersSummary(workers []control.Presence) string {
+	var live, off, stale, stopped int
+	for _, p := range workers {
+		switch p.State {
+		case "live":
+			live++
+			if !p.Controls {
+				off++
+			}
+		case "stale":
+			stale++
+		default:
+			stopped++
+		}
+	}
+	noun := "workers"
+	if live == 1 {
+		noun = "worker"
+	}
+	s := fmt.Sprintf("%d live %s", live, noun)
+	if off > 0 {
+		s += fmt.Sprintf(" (%d with controls off)", off)
+	}
+	return s + fmt.Sprintf(", %d stale, %d stopped", stale, stopped)
+}
+
 func liveWorkers(n int) string {
 	if n == 1 {
 		return "1 live worker"
