@@ -297,3 +297,19 @@ func TestControlChangesCountTheWorkersThatObey(t *testing.T) {
 	require.Equal(t, []string{"controls", "host", "id", "last_seen", "namespaces", "pid", "started_at", "state", "stopped_at", "version"},
 		jsonKeys(t, string(raw[3])), "snake_case keys")
 }
+
+// A schema without the presence table (migration 00006 not applied yet)
+// still takes a pause: with a warning, without a count or a check.
+func TestControlChangeWithoutPresenceTable(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.exec(t, `DROP TABLE inboxmq_workers`)
+	r := b.run(t, "pause", "payments")
+	require.Equal(t, exitOK, r.code, r.errOut)
+	require.Equal(t, "paused payments\n", r.out)
+	require.Contains(t, r.errOut, "inboxctl: warning: cannot tell which workers obey")
+	snap, err := control.NewStore(b.pool).List(t.Context())
+	require.NoError(t, err)
+	require.Len(t, snap.Controls, 1)
+	require.True(t, snap.Controls[0].Paused)
+}
