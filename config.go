@@ -38,9 +38,10 @@ const (
 )
 
 // Config configures a [Worker]. URL, DB and Routes are required; every
-// other field has a default, and each nil section (Metrics, Health,
-// Controls, Outbox, Reconciler, Retention) leaves its part out. A Config
-// must not be changed after it is passed to [NewWorker].
+// other field has a default. The runtime controls are on unless
+// Controls.Disabled; each other nil section (Metrics, Health, Outbox,
+// Reconciler, Retention) leaves its part out. A Config must not be
+// changed after it is passed to [NewWorker].
 type Config struct {
 	// URL is the broker's amqp:// or amqps:// URL, or the URLs of a
 	// cluster's nodes separated by commas. Required. The consumer, its
@@ -71,8 +72,9 @@ type Config struct {
 	// [HandleClaim]. Required, with at least one route.
 	Routes *Routes
 
-	// Name identifies this worker process to the broker (connection_name)
-	// and in logs (worker_id). Defaults to "<hostname>-<pid>".
+	// Name identifies this worker process to the broker (connection_name),
+	// in logs (worker_id) and in its presence row (inboxctl workers), so
+	// give each process a name of its own. Defaults to "<hostname>-<pid>".
 	Name string
 
 	// Logger receives the worker's logs: start-up waits, connection events,
@@ -106,8 +108,10 @@ type Config struct {
 	// listener.
 	Health *HealthConfig
 
-	// Controls makes the worker obey inboxctl: pause, resume, concurrency,
-	// and blocked keys parked in "<queue>.parked". Defaults to nil: off.
+	// Controls configures how the worker obeys inboxctl and the console:
+	// pause, resume, concurrency, and blocked keys parked in
+	// "<queue>.parked". Defaults to nil: controls on, with
+	// ControlsConfig's defaults; ControlsConfig.Disabled turns them off.
 	Controls *ControlsConfig
 
 	// Outbox runs a relay that publishes the rows handlers enqueue with
@@ -212,8 +216,18 @@ type HealthConfig struct {
 // ControlsConfig configures the runtime controls: a control.Watcher that
 // applies inboxctl's pause and concurrency to the consumer, and a
 // middleware.Block on every route that parks the deliveries of blocked keys
-// through a control.DialParker.
+// through a control.DialParker. The watcher holds one pool connection in
+// LISTEN and reads the controls once per PollInterval.
+//
+// Whether the controls are on or off, the worker announces itself in
+// PostgreSQL (control.Heartbeat: its name, host, pid, namespaces, version
+// and whether it obeys the controls), so that inboxctl and the console
+// count the live workers a change reaches.
 type ControlsConfig struct {
+	// Disabled turns the controls off: the worker ignores pause,
+	// concurrency and blocks, and says so in its presence row. Defaults
+	// to false.
+	Disabled bool
 	// PollInterval is the watcher's reload period without a notification.
 	// Defaults to control.DefaultPollInterval.
 	PollInterval time.Duration

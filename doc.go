@@ -38,7 +38,7 @@
 //
 // On every route, outermost first: recovery from panics, a trace span,
 // handler timing (with Config.Metrics), the handler timeout; then, after
-// decoding, the parking of blocked keys (with Config.Controls), the
+// decoding, the parking of blocked keys (unless Config.Controls.Disabled), the
 // completed-cache (with Config.Redis, unless RouteOpts.NoCache) and the
 // lock (with Config.Redis, on routes with RouteOpts.LockMode LockOn), the
 // route's own middleware and the inbox. The
@@ -49,8 +49,9 @@
 //
 // [NewWorker] validates without I/O. [Worker.Start] starts the health
 // listener first, so that /readyz names what start-up waits for; then it
-// waits for PostgreSQL (the inbox table), starts the controls, the outbox
-// relay, the reconciler and the retention job, and the consumer last. Each
+// waits for PostgreSQL (the inbox table), starts the controls, the
+// worker's presence row (which inboxctl workers lists), the outbox relay,
+// the reconciler and the retention job, and the consumer last. Each
 // wait is bounded by Config.ConnectTimeout. [Worker.Stop] stops the
 // consumer first (in-flight deliveries finish, the rest are requeued), then
 // the relay, then the other services and the listener, all within
@@ -61,7 +62,8 @@
 // The worker is assembled from packages that stay usable on their own:
 // consumer (the AMQP runtime and the router), inbox (the PostgreSQL inbox,
 // reconciler and retention), retry (the error taxonomy), middleware, lock,
-// control (pause, concurrency, blocked keys), outbox, metrics and observe.
+// control (pause, concurrency, blocked keys, worker presence), outbox,
+// metrics and observe.
 // The README and docs/guarantees.md say what is guaranteed and which test
 // proves it; [Version] names the release.
 package inboxmq

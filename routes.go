@@ -118,7 +118,7 @@ type RouteOpts struct {
 	// are never dead-lettered by it. Routes whose Breaker names the same
 	// Downstream share one breaker, with the first route's settings. Its
 	// Target, Logger and OnStateChange are the worker's (metrics, logs,
-	// and with Config.Controls the state inboxctl shows); IsFailure
+	// and, with the controls on, the state inboxctl shows); IsFailure
 	// defaults to the route's Rules and retry's taxonomy. Defaults to nil:
 	// no breaker.
 	Breaker *middleware.BreakerOpts

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -32,8 +33,9 @@ import (
 )
 
 // Worker runs the routes of a [Config] and owns the lifecycle of
-// everything they need: the consumer, the inbox store, and the optional
-// metrics, health listener, runtime controls, outbox relay, reconciler and
+// everything they need: the consumer, the inbox store, the runtime
+// controls (unless disabled), its presence row for inboxctl, and the
+// optional metrics, health listener, outbox relay, reconciler and
 // retention job. Build it with [NewWorker], then [Worker.Run], or
 // [Worker.Start] and [Worker.Stop]. A Worker starts once; its methods are
 // safe for concurrent use.
@@ -53,9 +55,11 @@ type Worker struct {
 	tp      trace.TracerProvider     // the spans' provider
 	ownTP   *sdktrace.TracerProvider // built from the environment: Stop shuts it down
 	// breakers by downstream, and the reporter that publishes their states
-	// for inboxctl (with Controls).
+	// for inboxctl (with the controls on).
 	breakers map[string]*middleware.Breaker
 	reporter *control.BreakerReporter
+	// presence announces the worker for inboxctl, controls on or off.
+	presence *control.Heartbeat
 
 	storeRef  atomic.Pointer[inbox.Store]
 	cacheDown atomic.Bool
@@ -79,7 +83,8 @@ const (
 // The worker's parts in the order Stop stops them: the consumer first
 // (in-flight deliveries finish, the rest are requeued), then the relay (so
 // it can still publish what the last commits enqueued), then the rest.
-var stopOrder = []string{"consumer", "relay", "controls", "breakers", "reconciler", "retention", "health"}
+// The presence row is marked stopped once the consumer has stopped.
+var stopOrder = []string{"consumer", "presence", "relay", "controls", "breakers", "reconciler", "retention", "health"}
 
 // NewWorker validates cfg and builds a worker ready to start. It does no
 // I/O: a bad Config, a bad RouteOpts or a route whose payload has no
@@ -133,6 +138,7 @@ func NewWorker(cfg *Config) (*Worker, error) {
 	if err != nil {
 		return nil, w.unregister(err)
 	}
+	w.presence = control.NewHeartbeat(s.DB, w.presenceRow(), s.Logger)
 	observers := []inboxtype.Observer{middleware.NewLogObserver(s.Logger, nil), &w.dead}
 	if w.metrics != nil {
 		observers = append([]inboxtype.Observer{w.metrics}, observers...)
@@ -216,10 +222,14 @@ func (w *Worker) buildTracing() error {
 }
 
 // buildControls builds the watcher (its target is the consumer, built
-// later: consumerTarget bridges the two) and the parker.
+// later: consumerTarget bridges the two) and the parker, unless the
+// controls are disabled.
 func (w *Worker) buildControls() error {
-	c := w.s.Controls
-	if c == nil {
+	var c ControlsConfig
+	if w.s.Controls != nil {
+		c = *w.s.Controls
+	}
+	if c.Disabled {
 		return nil
 	}
 	queues := make(map[string]string, len(w.routes))
@@ -246,6 +256,23 @@ func (w *Worker) buildControls() error {
 		OnBrokerNode: w.brokerNodeHook(w.s.URL, amqpdial.RoleParker),
 	})
 	return nil
+}
+
+// presenceRow is what the worker announces: its name, where it runs, the
+// namespaces of its routes and whether it obeys the controls.
+func (w *Worker) presenceRow() control.Presence {
+	host, _ := os.Hostname()
+	var namespaces []string
+	for _, rt := range w.routes {
+		if ns := rt.namespace(); !slices.Contains(namespaces, ns) {
+			namespaces = append(namespaces, ns)
+		}
+	}
+	slices.Sort(namespaces)
+	return control.Presence{
+		ID: cmp.Or(w.s.Name, hostPID()), Host: host, PID: os.Getpid(),
+		Namespaces: namespaces, Version: Version, Controls: w.watcher != nil,
+	}
 }
 
 // brokerNodeHook returns the OnBrokerNode hook of a part connecting to
@@ -551,8 +578,8 @@ func (w *Worker) liveness(threshold time.Duration) []observe.Check {
 
 // Start reaches every service and starts every part: the health listener
 // first (so /readyz says what start-up waits for), then the inbox store
-// on Config.DB, the controls, the exchanges and the relay, the reconciler,
-// the retention job, and the consumer last. Each wait for PostgreSQL or
+// on Config.DB, the controls, the worker's presence row, the exchanges and
+// the relay, the reconciler, the retention job, and the consumer last. Each wait for PostgreSQL or
 // RabbitMQ is logged and bounded by Config.ConnectTimeout
 // ([*StartTimeoutError]). ctx bounds start-up only; the parts run until
 // [Worker.Stop].
@@ -596,6 +623,11 @@ func (w *Worker) start(ctx context.Context) error {
 		if err := w.run(ctx, "breakers", w.reporter); err != nil {
 			return err
 		}
+	}
+	// After the watcher: a live row with controls on obeys at once. Its
+	// failures are logged, never fatal.
+	if err := w.run(ctx, "presence", w.presence); err != nil {
+		return err
 	}
 	if o := w.s.Outbox; o != nil {
 		if len(o.Exchanges) > 0 {
@@ -702,10 +734,10 @@ func (w *Worker) declareExchanges(ctx context.Context) error {
 
 // Stop stops the worker gracefully: the consumer first (no new
 // deliveries; in-flight ones finish, or are requeued un-acked once the
-// consumer's soft stop ends), then the relay (which may still publish
-// what the last commits enqueued; a row it has not published by then
-// stays in the outbox table and goes out with the next relay that runs),
-// then the controls, the reconciler, the retention job and the health
+// consumer's soft stop ends), then it marks its presence row stopped,
+// then the relay (which may still publish what the last commits enqueued;
+// a row it has not published by then stays in the outbox table and goes
+// out with the next relay that runs), then the controls, the reconciler, the retention job and the health
 // listener, and last it flushes and shuts down the tracer provider it
 // built from the environment (TracingConfig). The whole stop is bounded by
 // Config.StopTimeout, or by ctx if it ends first; whatever has not

@@ -43,4 +43,15 @@
 // ([ParkedQueueName]), and the consumer then acks the original. [Release]
 // (inboxctl unblock) moves parked messages back to the work queue, where
 // the inbox processes each exactly once.
+//
+// # Worker presence
+//
+// A change is obeyed only by the running workers that serve its consumer
+// with a Watcher. Each worker process announces itself with a [Heartbeat]
+// (table inboxmq_workers: its namespaces, version and whether its controls
+// are on), refreshed every 5 seconds and marked stopped on a graceful
+// stop; [Store.Workers] reads the rows as live, stale or stopped, so that
+// inboxctl and the console say how many live workers obey a change. The
+// inboxmq worker runs both the watcher (unless its controls are disabled)
+// and the heartbeat (always).
 package control

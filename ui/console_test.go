@@ -1,8 +1,10 @@
 package ui_test
 
 import (
+	"context"
 	"net/http"
 	"net/url"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -376,6 +378,40 @@ func TestControls_PauseResumeConcurrency(t *testing.T) {
 	_, page = c.get("/controls")
 	require.Contains(t, page, `data-downstream="gateway"`)
 	require.Contains(t, page, `<span class="badge bad">open</span>`)
+}
+
+// A pause says how many live workers obey it and warns of those that
+// ignore it; the controls page and the overview show the count per
+// consumer and the workers' presence rows.
+func TestControls_ShowWhoObeys(t *testing.T) {
+	t.Parallel()
+	b := setup(t, true, nil)
+	for _, p := range []control.Presence{
+		{ID: "w-on", Host: "host-a", PID: 7, Namespaces: []string{b.queue}, Version: "0.1.0", Controls: true},
+		{ID: "w-off", Host: "host-b", PID: 8, Namespaces: []string{b.queue}, Version: "0.1.0", Controls: false},
+	} {
+		h := control.NewHeartbeat(b.pool, p, nil)
+		require.NoError(t, h.Start(t.Context()))
+		t.Cleanup(func() { require.NoError(t, h.Stop(context.Background())) })
+	}
+	c := b.client(t)
+	c.login("bob")
+
+	flash := c.act("/controls/pause", "consumer", b.queue, "reason", "incident")
+	require.Contains(t, flash, "Paused "+b.queue+": 1 live worker obeys")
+	require.Contains(t, flash, "Warning: 1 live worker serves "+b.queue+" with controls off (w-off) and ignores the change")
+	flash = c.act("/controls/concurrency", "consumer", b.queue, "n", "2")
+	require.Contains(t, flash, "Limited "+b.queue+" to 2 concurrent deliveries per worker: 1 live worker obeys")
+
+	_, page := c.get("/controls")
+	require.Regexp(t, `(?s)<tr data-consumer="`+regexp.QuoteMeta(b.queue)+`">.*?1 live worker obeys.*?</tr>`, page)
+	require.Regexp(t, `(?s)<tr data-worker="w-on">.*?host-a.*?on.*?live.*?</tr>`, page)
+	require.Regexp(t, `(?s)<tr data-worker="w-off">.*?host-b.*?off.*?live.*?</tr>`, page)
+
+	_, page = c.get("/")
+	require.Regexp(t, `(?s)<tr data-queue="`+regexp.QuoteMeta(b.queue)+`">.*?1 live worker obeys.*?</tr>`, page)
+	require.Contains(t, page, `<tr data-worker="w-on">`)
+	require.Contains(t, page, "2 live workers (1 with controls off), 0 stale, 0 stopped")
 }
 
 func TestLogin_RedirectStaysInside(t *testing.T) {

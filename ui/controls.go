@@ -20,7 +20,42 @@ type controlsData struct {
 	Parked   map[string]int
 	// Breakers are the circuit breakers' states the workers published.
 	Breakers []control.BreakerState
-	Err      string
+	// Reach is, per namespace, who obeys a change (nil when the workers
+	// cannot be read).
+	Reach   map[string]ops.Reach
+	Workers workersView
+	Err     string
+}
+
+// workersView is the workers' presence rows as a page shows them.
+type workersView struct {
+	Workers []control.Presence
+	Summary string
+	Err     string
+}
+
+// workers reads the presence rows, bounded by the query timeout.
+func (con *Console) workers(ctx context.Context) workersView {
+	ctx, cancel := context.WithTimeout(ctx, con.cfg.QueryTimeout)
+	defer cancel()
+	ws, err := con.controls.Workers(ctx)
+	if err != nil {
+		return workersView{Err: con.redact(err.Error())}
+	}
+	return workersView{Workers: ws, Summary: ops.WorkersSummary(ws)}
+}
+
+// reaches is who obeys a change of each queue's namespace (nil without
+// the presence rows).
+func reaches(qs []Queue, wv workersView, snap *control.Snapshot) map[string]ops.Reach {
+	if wv.Err != "" {
+		return nil
+	}
+	out := make(map[string]ops.Reach, len(qs))
+	for _, q := range qs {
+		out[q.Namespace] = ops.NewReach(q.Namespace, wv.Workers, snap)
+	}
+	return out
 }
 
 func (controlsData) title() string { return "Controls" }
@@ -41,6 +76,8 @@ func (con *Console) controlsPage(w http.ResponseWriter, r *http.Request) {
 	} else {
 		d.Controls, d.Blocks = snap.Controls, snap.Blocks
 	}
+	d.Workers = con.workers(ctx)
+	d.Reach = reaches(qs, d.Workers, snap)
 	bctx, cancel := context.WithTimeout(ctx, con.cfg.QueryTimeout)
 	d.Breakers, err = con.controls.Breakers(bctx, "")
 	cancel()
@@ -72,7 +109,9 @@ func (con *Console) namespace(ctx context.Context, r *http.Request) (Queue, erro
 	return Queue{}, fmt.Errorf("ui: unknown consumer %q", name)
 }
 
-func (con *Console) change(r *http.Request, actor string, verb string, apply func(ctx context.Context, name string, o *control.ChangeOpts) error) actionResult {
+// change applies a change of the form's consumer; done words the flash
+// of a success, to which the count of the workers that obey is added.
+func (con *Console) change(r *http.Request, actor string, done func(ns string) string, apply func(ctx context.Context, name string, o *control.ChangeOpts) error) actionResult {
 	res := actionResult{back: "/controls"}
 	q, err := con.namespace(r.Context(), r)
 	if err != nil {
@@ -82,17 +121,39 @@ func (con *Console) change(r *http.Request, actor string, verb string, apply fun
 	reason := strings.TrimSpace(r.PostFormValue("reason"))
 	res.attrs = []slog.Attr{slog.String("consumer", q.Namespace), slog.String("reason", reason)}
 	if res.err = apply(r.Context(), q.Namespace, &control.ChangeOpts{By: actor, Reason: reason}); res.err == nil {
-		res.flash = verb + " " + q.Namespace + "; workers apply it within 2 seconds."
+		res.flash = done(q.Namespace) + con.obeyNote(r.Context(), q.Namespace)
 	}
 	return res
 }
 
+// obeyNote says who obeys a change of ns, as inboxctl does: ": 2 live
+// workers obey; they apply it within 2 seconds.", and the warning when
+// none does or some ignore it.
+func (con *Console) obeyNote(ctx context.Context, ns string) string {
+	ctx, cancel := context.WithTimeout(ctx, con.cfg.QueryTimeout)
+	defer cancel()
+	reach, err := ops.ReachOf(ctx, con.controls, ns)
+	if err != nil {
+		return "; workers apply it within 2 seconds (which workers obey is unknown: " + con.redact(err.Error()) + ")."
+	}
+	note := ": " + reach.Summary()
+	if len(reach.Obeying) > 0 {
+		note += "; they apply it within 2 seconds."
+	} else {
+		note += "."
+	}
+	if w := reach.Warning(); w != "" {
+		note += " Warning: " + w + "."
+	}
+	return note
+}
+
 func (con *Console) pause(r *http.Request, actor string) actionResult {
-	return con.change(r, actor, "Paused", con.controls.Pause)
+	return con.change(r, actor, func(ns string) string { return "Paused " + ns }, con.controls.Pause)
 }
 
 func (con *Console) resume(r *http.Request, actor string) actionResult {
-	return con.change(r, actor, "Resumed", con.controls.Resume)
+	return con.change(r, actor, func(ns string) string { return "Resumed " + ns }, con.controls.Resume)
 }
 
 func (con *Console) concurrency(r *http.Request, actor string) actionResult {
@@ -100,15 +161,15 @@ func (con *Console) concurrency(r *http.Request, actor string) actionResult {
 	if err != nil || n < 0 {
 		return actionResult{back: "/controls", err: fmt.Errorf("ui: concurrency %q: want 0 (configured) or a positive number", r.PostFormValue("n"))}
 	}
-	res := con.change(r, actor, "Set the concurrency of", func(ctx context.Context, name string, o *control.ChangeOpts) error {
+	res := con.change(r, actor, func(ns string) string {
+		if n == 0 {
+			return "Restored the configured concurrency of " + ns
+		}
+		return fmt.Sprintf("Limited %s to %d concurrent deliveries per worker", ns, n)
+	}, func(ctx context.Context, name string, o *control.ChangeOpts) error {
 		return con.controls.SetConcurrency(ctx, name, n, o)
 	})
 	res.attrs = append(res.attrs, slog.Int("concurrency", n))
-	if res.err == nil && n == 0 {
-		res.flash = "Restored the configured concurrency of " + r.PostFormValue("consumer") + "."
-	} else if res.err == nil {
-		res.flash = fmt.Sprintf("Limited %s to %d concurrent deliveries per worker.", r.PostFormValue("consumer"), n)
-	}
 	return res
 }
 
@@ -136,7 +197,8 @@ func (con *Console) block(r *http.Request, actor string) actionResult {
 	b := control.Block{Consumer: q.Namespace, Pattern: p, Prefix: isPrefix, Reason: strings.TrimSpace(r.PostFormValue("reason")), CreatedBy: actor}
 	res.attrs = []slog.Attr{slog.String("consumer", b.Consumer), slog.String("pattern", p), slog.Bool("prefix", isPrefix), slog.String("reason", b.Reason)}
 	if res.err = con.controls.Block(r.Context(), b); res.err == nil {
-		res.flash = fmt.Sprintf("Blocked %q for %s: its deliveries are parked in %s within 2 seconds.", p, q.Namespace, control.ParkedQueueName(q.Name))
+		res.flash = fmt.Sprintf("Blocked %q for %s (its deliveries are parked in %s)", p, q.Namespace, control.ParkedQueueName(q.Name)) +
+			con.obeyNote(r.Context(), q.Namespace)
 	}
 	return res
 }

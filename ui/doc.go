@@ -22,15 +22,18 @@
 // The overview shows each queue's inbox rows by status, its oldest claim,
 // stale claims, completions and failures of the last minutes, the depths of
 // its work queue, retry tiers, DLQ and parked queue, its pause and
-// concurrency, and the outbox backlog; it reloads itself. The inbox page
+// concurrency with how many live workers obey them, the workers (as each
+// announced itself: namespaces, version, controls on or off, live, stale
+// or stopped), and the outbox backlog; it reloads itself. The inbox page
 // finds a key exactly or by prefix and shows a row's whole story. The stale
 // claims page runs the reconciler dry first and then for real. The dead
 // letters page groups a DLQ's messages by reason, shows each body (pretty
 // JSON, bounded) and its headers, and replays one, a selection, a group or
 // all of them through the inbox, or purges the DLQ after a typed
 // confirmation. The controls page pauses, resumes, limits concurrency and
-// blocks or unblocks keys and prefixes, with what is in force and since
-// when.
+// blocks or unblocks keys and prefixes, with what is in force, since when,
+// and who obeys: each change says how many live workers obey it and warns
+// when none does.
 //
 // # Safety
 //

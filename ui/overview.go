@@ -25,10 +25,14 @@ type queueRow struct {
 	Tiers      []ops.QueueDepth
 	TierTotal  int
 	BrokerErr  string
+	// Reach is who obeys a change of the queue's controls (nil when the
+	// workers cannot be read).
+	Reach *ops.Reach
 }
 
 type overviewData struct {
 	Queues    []queueRow
+	Workers   workersView
 	Outbox    *outbox.Backlog
 	OutboxErr string
 	Err       string
@@ -49,8 +53,14 @@ func (con *Console) overview(w http.ResponseWriter, r *http.Request) {
 			d.Err = con.redact(err.Error())
 		}
 	}
+	d.Workers = con.workers(ctx)
+	reach := reaches(qs, d.Workers, snap)
 	for _, q := range qs {
-		d.Queues = append(d.Queues, con.queueRow(ctx, q, snap))
+		row := con.queueRow(ctx, q, snap)
+		if r, ok := reach[q.Namespace]; ok {
+			row.Reach = &r
+		}
+		d.Queues = append(d.Queues, row)
 	}
 	err = ops.Bounded(ctx, con.cfg.DB, con.cfg.QueryTimeout, func(tx pgx.Tx) error {
 		b, err := outbox.ReadBacklog(ctx, tx)

@@ -155,7 +155,7 @@ type page struct {
 func parsePages() (map[string]*template.Template, error) {
 	out := make(map[string]*template.Template, len(pageNames))
 	for _, n := range pageNames {
-		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/"+n+".html")
+		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/workers.html", "templates/"+n+".html")
 		if err != nil {
 			return nil, fmt.Errorf("ui: parse %s: %w", n, err)
 		}

@@ -12,6 +12,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inboxmq/inboxmq"
 	"github.com/inboxmq/inboxmq/control"
 	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
@@ -69,6 +70,16 @@ func TestBrowser_Screenshots(t *testing.T) {
 	require.NoError(t, st.SetConcurrency(ctx, "payments", 4, &control.ChangeOpts{By: "ui:alice@10.1.4.7", Reason: "database contention"}))
 	require.NoError(t, st.Pause(ctx, "emails", &control.ChangeOpts{By: "ui:bob@10.1.4.9", Reason: "SMTP provider outage"}))
 	require.NoError(t, st.Block(ctx, control.Block{Consumer: "payments", Pattern: "payment:order-1009", Reason: "chargeback dispute", CreatedBy: "ui:alice@10.1.4.7"}))
+	for _, p := range []control.Presence{
+		{ID: "payment-worker-7f9c", Host: "pay-7f9c", PID: 1, Namespaces: []string{"payments"}, Controls: true},
+		{ID: "payment-worker-3a1e", Host: "pay-3a1e", PID: 1, Namespaces: []string{"payments"}, Controls: true},
+		{ID: "mailer-0b2d", Host: "mail-0b2d", PID: 1, Namespaces: []string{"emails"}, Controls: false},
+	} {
+		p.Version = inboxmq.Version
+		h := control.NewHeartbeat(b.pool, p, nil)
+		require.NoError(t, h.Start(ctx))
+		t.Cleanup(func() { _ = h.Stop(context.Background()) })
+	}
 	b.exec(t, `INSERT INTO inboxmq_outbox (message_id, routing_key, body, created_at)
 		SELECT 'receipt-' || g, 'receipts', '{}', now() - g * interval '3 seconds' FROM generate_series(1, 5) g`)
 

@@ -1,26 +1,30 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/spf13/cobra"
 
+	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/control"
 	"github.com/inboxmq/inboxmq/internal/ops"
 )
 
-func (c *cli) controlChange(use, short, long string, apply func(cmd *cobra.Command, s *control.Store, name string, opts *control.ChangeOpts) (string, error), nargs int) *cobra.Command {
+func (c *cli) controlChange(use, short, long string, apply func(cmd *cobra.Command, s *control.Store, name string, opts *control.ChangeOpts) (string, error), args cobra.PositionalArgs) *cobra.Command {
 	var reason string
+	var force bool
 	cmd := &cobra.Command{
 		Use:   use,
 		Short: short,
-		Long:  long,
-		Args:  cobra.ExactArgs(nargs),
+		Long:  long + reachHelp,
+		Args:  args,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, cancel := c.ctx(cmd)
 			defer cancel()
@@ -30,34 +34,90 @@ func (c *cli) controlChange(use, short, long string, apply func(cmd *cobra.Comma
 			}
 			defer pool.Close()
 			cmd.SetContext(ctx)
-			msg, err := apply(cmd, control.NewStore(pool), args[0], &control.ChangeOpts{By: c.actor(), Reason: reason})
+			store := control.NewStore(pool)
+			reach, err := c.reach(ctx, store, args[0], force)
 			if err != nil {
 				return err
 			}
-			snap, err := control.NewStore(pool).List(ctx)
+			msg, err := apply(cmd, store, args[0], &control.ChangeOpts{By: c.actor(), Reason: reason})
+			if err != nil {
+				return err
+			}
+			snap, err := store.List(ctx)
 			if err != nil {
 				return err
 			}
 			for _, ctl := range snap.Controls {
 				if ctl.Consumer == args[0] {
-					return c.emit(ctl, func(w io.Writer) { fmt.Fprintln(w, msg) })
+					return c.emitChange(struct {
+						control.Control
+						*ops.Reach
+					}{ctl, reach}, msg, reach)
 				}
 			}
 			return fmt.Errorf("control row of %q missing after the change", args[0])
 		},
 	}
 	cmd.Flags().StringVar(&reason, "reason", "", "note stored with the change")
+	cmd.Flags().BoolVar(&force, "force", false, "change a consumer that no worker announced and no control names")
 	return cmd
+}
+
+// reachHelp ends the help of every command that changes a consumer's
+// controls.
+const reachHelp = `
+
+The command says how many live workers obey the change (their ids with
+--output json), and warns on stderr when none does: no live worker serves
+CONSUMER, or those that do run with their controls off. It refuses a
+CONSUMER that no worker (live, stale or stopped) announced and no control
+or block names (a typo), listing the known ones, unless --force.`
+
+// reach reads who a change of name reaches, before the change: it
+// refuses an invalid name (exit 2) and, unless force, an unknown one
+// (exit 3). When the presence rows cannot be read it warns and returns
+// nil: the change goes ahead without a count.
+func (c *cli) reach(ctx context.Context, s *control.Store, name string, force bool) (*ops.Reach, error) {
+	if !consumer.ValidName(name) {
+		return nil, fmt.Errorf("%w: consumer name %q", control.ErrInvalid, name)
+	}
+	r, err := ops.ReachOf(ctx, s, name)
+	if err != nil {
+		c.warn("cannot tell which workers obey (is migration 00006_workers applied? inboxctl migrate): %v", err)
+		return nil, nil
+	}
+	if uerr := r.Unknown(); uerr != nil && !force {
+		return nil, notFoundError{fmt.Errorf("%w; --force changes it anyway", uerr)}
+	}
+	return &r, nil
+}
+
+// emitChange writes v (JSON) or msg with the reach's count (text), and
+// the reach's warning on stderr either way.
+func (c *cli) emitChange(v any, msg string, reach *ops.Reach) error {
+	if reach != nil {
+		if w := reach.Warning(); w != "" {
+			c.warn("%s", w)
+		}
+		msg += ": " + reach.Summary()
+	}
+	return c.emit(v, func(w io.Writer) { fmt.Fprintln(w, msg) })
+}
+
+// warn writes a warning line on stderr; the command still succeeds.
+func (c *cli) warn(format string, args ...any) {
+	fmt.Fprintln(c.errOut, "inboxctl: warning: "+c.redact(fmt.Sprintf(format, args...)))
 }
 
 func (c *cli) pauseCmd() *cobra.Command {
 	return c.controlChange("pause CONSUMER", "Pause a consumer on every worker",
-		`pause stops consumer CONSUMER on every running worker within 2 seconds:
-workers cancel their broker consumer, finish in-flight deliveries and leave
-the rest in the queue. The pause survives restarts until resume.`,
+		`pause stops consumer CONSUMER on every running worker whose controls are on,
+within 2 seconds: workers cancel their broker consumer, finish in-flight
+deliveries and leave the rest in the queue. The pause survives restarts
+until resume.`,
 		func(cmd *cobra.Command, s *control.Store, name string, o *control.ChangeOpts) (string, error) {
 			return "paused " + name, s.Pause(cmd.Context(), name, o)
-		}, 1)
+		}, cobra.ExactArgs(1))
 }
 
 func (c *cli) resumeCmd() *cobra.Command {
@@ -66,25 +126,32 @@ func (c *cli) resumeCmd() *cobra.Command {
 2 seconds.`,
 		func(cmd *cobra.Command, s *control.Store, name string, o *control.ChangeOpts) (string, error) {
 			return "resumed " + name, s.Resume(cmd.Context(), name, o)
-		}, 1)
+		}, cobra.ExactArgs(1))
 }
 
 func (c *cli) concurrencyCmd() *cobra.Command {
-	cmd := c.controlChange("concurrency CONSUMER N", "Limit a consumer's concurrency (0 restores it)",
+	return c.controlChange("concurrency CONSUMER N", "Limit a consumer's concurrency (0 restores it)",
 		`concurrency limits consumer CONSUMER to N concurrent deliveries per worker
 process, from 1 up to its configured concurrency; 0 restores the configured
 value. Workers apply it within 2 seconds; running handlers finish.`,
 		func(cmd *cobra.Command, s *control.Store, name string, o *control.ChangeOpts) (string, error) {
-			n, err := strconv.Atoi(cmd.Flags().Arg(1))
-			if err != nil || n < 0 {
-				return "", usagef("N must be a non-negative integer, not %q", cmd.Flags().Arg(1))
-			}
+			n, _ := strconv.Atoi(cmd.Flags().Arg(1)) // checked by concurrencyArgs
 			if n == 0 {
 				return "restored the configured concurrency of " + name, s.SetConcurrency(cmd.Context(), name, 0, o)
 			}
 			return fmt.Sprintf("limited %s to %d concurrent deliveries per worker", name, n), s.SetConcurrency(cmd.Context(), name, n, o)
-		}, 2)
-	return cmd
+		}, concurrencyArgs)
+}
+
+// concurrencyArgs checks CONSUMER N before anything is read or changed.
+func concurrencyArgs(cmd *cobra.Command, args []string) error {
+	if err := cobra.ExactArgs(2)(cmd, args); err != nil {
+		return err
+	}
+	if n, err := strconv.Atoi(args[1]); err != nil || n < 0 {
+		return usagef("N must be a non-negative integer, not %q", args[1])
+	}
+	return nil
 }
 
 // blockArgs reads KEY or --prefix P.
@@ -103,13 +170,14 @@ func blockPattern(args []string, prefix string) (string, bool, error) {
 
 func (c *cli) blockCmd() *cobra.Command {
 	var consumerName, prefix, reason string
+	var force bool
 	cmd := &cobra.Command{
 		Use:   "block KEY|--prefix P --consumer C",
 		Short: "Park deliveries of a key (or key prefix) instead of processing them",
 		Long: `block makes workers of consumer C park every delivery whose idempotency key
 is KEY (or starts with P): the message is moved to "<queue>.parked"
-unprocessed. Workers pick the block up within 2 seconds (the Block
-middleware must be installed). unblock releases the parked messages.`,
+unprocessed. Workers pick the block up within 2 seconds. unblock releases
+the parked messages.` + strings.ReplaceAll(reachHelp, "CONSUMER", "C"),
 		Example: `  inboxctl block payment:42 --consumer payments --reason "chargeback dispute"
   inboxctl block --prefix tenant:9: --consumer payments`,
 		Args: cobra.MaximumNArgs(1),
@@ -125,22 +193,29 @@ middleware must be installed). unblock releases the parked messages.`,
 				return err
 			}
 			defer pool.Close()
-			b := control.Block{Consumer: consumerName, Pattern: pattern, Prefix: isPrefix, Reason: reason, CreatedBy: c.actor()}
-			if err := control.NewStore(pool).Block(ctx, b); err != nil {
+			store := control.NewStore(pool)
+			reach, err := c.reach(ctx, store, consumerName, force)
+			if err != nil {
 				return err
 			}
-			return c.emit(b, func(w io.Writer) {
-				kind := "key"
-				if isPrefix {
-					kind = "prefix"
-				}
-				fmt.Fprintf(w, "blocked %s %q for %s\n", kind, pattern, consumerName)
-			})
+			b := control.Block{Consumer: consumerName, Pattern: pattern, Prefix: isPrefix, Reason: reason, CreatedBy: c.actor()}
+			if err := store.Block(ctx, b); err != nil {
+				return err
+			}
+			kind := "key"
+			if isPrefix {
+				kind = "prefix"
+			}
+			return c.emitChange(struct {
+				control.Block
+				*ops.Reach
+			}{b, reach}, fmt.Sprintf("blocked %s %q for %s", kind, pattern, consumerName), reach)
 		},
 	}
 	cmd.Flags().StringVar(&consumerName, "consumer", "", "consumer (inbox namespace) (required)")
 	cmd.Flags().StringVar(&prefix, "prefix", "", "block every key starting with this prefix")
 	cmd.Flags().StringVar(&reason, "reason", "", "note stored with the block")
+	cmd.Flags().BoolVar(&force, "force", false, "block for a consumer that no worker announced and no control names")
 	_ = cmd.MarkFlagRequired("consumer")
 	return cmd
 }

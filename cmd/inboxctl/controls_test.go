@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -17,13 +18,29 @@ import (
 	"github.com/inboxmq/inboxmq/internal/testenv"
 )
 
+// announce runs a heartbeat for a worker of p.Namespaces, as a running
+// worker does, until the test ends or stop is called.
+func (b *cliBundle) announce(t *testing.T, p control.Presence) (stop func()) {
+	t.Helper()
+	if p.Host == "" {
+		p.Host, p.PID, p.Version = "host-a", 4242, "0.1.0"
+	}
+	h := control.NewHeartbeat(b.pool, p, nil)
+	require.NoError(t, h.Start(t.Context()))
+	stop = func() { require.NoError(t, h.Stop(context.Background())) }
+	t.Cleanup(stop)
+	return stop
+}
+
 func TestControlCommands(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
+	b.announce(t, control.Presence{ID: "w1", Namespaces: []string{"payments"}, Controls: true})
 
 	r := b.run(t, "pause", "payments", "--reason", "incident 7")
 	require.Equal(t, exitOK, r.code, r.errOut)
-	require.Equal(t, "paused payments\n", r.out)
+	require.Equal(t, "paused payments: 1 live worker obeys\n", r.out)
+	require.Empty(t, r.errOut)
 
 	r = b.run(t, "concurrency", "payments", "2", "-o", "json")
 	require.Equal(t, exitOK, r.code, r.errOut)
@@ -34,15 +51,15 @@ func TestControlCommands(t *testing.T) {
 	require.Contains(t, ctl.UpdatedBy, "inboxctl:tester@")
 
 	r = b.run(t, "concurrency", "payments", "0")
-	require.Equal(t, "restored the configured concurrency of payments\n", r.out)
+	require.Equal(t, "restored the configured concurrency of payments: 1 live worker obeys\n", r.out)
 	r = b.run(t, "resume", "payments")
-	require.Equal(t, "resumed payments\n", r.out)
+	require.Equal(t, "resumed payments: 1 live worker obeys\n", r.out)
 
 	r = b.run(t, "block", "payment:42", "--consumer", "payments", "--reason", "dispute")
 	require.Equal(t, exitOK, r.code, r.errOut)
-	require.Equal(t, "blocked key \"payment:42\" for payments\n", r.out)
+	require.Equal(t, "blocked key \"payment:42\" for payments: 1 live worker obeys\n", r.out)
 	r = b.run(t, "block", "--prefix", "tenant:9:", "--consumer", "payments")
-	require.Equal(t, "blocked prefix \"tenant:9:\" for payments\n", r.out)
+	require.Equal(t, "blocked prefix \"tenant:9:\" for payments: 1 live worker obeys\n", r.out)
 
 	r = b.run(t, "controls", "-o", "json")
 	require.Equal(t, exitOK, r.code, r.errOut)
@@ -101,7 +118,7 @@ func TestUnblockReleasesParkedMessages(t *testing.T) {
 			inboxtype.HeaderIdempotencyKey: k, control.HeaderParkedReason: "blocked",
 		}})
 	}
-	require.Equal(t, exitOK, b.run(t, "block", "order:1", "--consumer", "orders").code)
+	require.Equal(t, exitOK, b.run(t, "block", "order:1", "--consumer", "orders", "--force").code)
 
 	r := b.run(t, "unblock", "order:1", "--consumer", "orders", "--queue", queue)
 	require.Equal(t, exitOK, r.code, r.errOut)
@@ -155,6 +172,7 @@ func TestPauseAndResumeDriveARunningConsumer(t *testing.T) {
 	require.NoError(t, c.Start(t.Context()))
 	t.Cleanup(func() { require.NoError(t, c.Stop(context.Background())) })
 
+	b.announce(t, control.Presence{ID: "worker-1", Namespaces: []string{queue}, Controls: true})
 	target := &signalTarget{Target: c, applied: make(chan string, 8)}
 	w, err := control.NewWatcher(b.pool, &control.WatcherConfig{Target: target, Queues: control.QueuesOf(router)})
 	require.NoError(t, err)
@@ -167,6 +185,7 @@ func TestPauseAndResumeDriveARunningConsumer(t *testing.T) {
 
 	r := b.run(t, "pause", queue)
 	require.Equal(t, exitOK, r.code, r.errOut)
+	require.Equal(t, "paused "+queue+": 1 live worker obeys\n", r.out)
 	select {
 	case call := <-target.applied:
 		require.Equal(t, "pause", call)
@@ -199,4 +218,98 @@ func TestPauseAndResumeDriveARunningConsumer(t *testing.T) {
 
 	require.Equal(t, exitOK, b.run(t, "concurrency", queue, "0").code)
 	testenv.WaitFor(t, "configured concurrency restored", func() bool { return c.Concurrency(queue) == 4 })
+}
+
+// pause, concurrency and block say how many live workers obey, warn when
+// none does (saying why), and refuse a consumer nothing names unless
+// --force; workers lists who announced itself.
+func TestControlChangesCountTheWorkersThatObey(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.announce(t, control.Presence{ID: "w1", Namespaces: []string{"payments", "refunds"}, Controls: true})
+	b.announce(t, control.Presence{ID: "w2", Namespaces: []string{"payments"}, Controls: true})
+	b.announce(t, control.Presence{ID: "w3", Namespaces: []string{"emails"}, Controls: false})
+	stopW4 := b.announce(t, control.Presence{ID: "w4", Namespaces: []string{"reports"}, Controls: true})
+	stopW4()
+
+	r := b.run(t, "pause", "payments")
+	require.Equal(t, exitOK, r.code, r.errOut)
+	require.Equal(t, "paused payments: 2 live workers obey\n", r.out)
+	require.Empty(t, r.errOut)
+
+	r = b.run(t, "concurrency", "payments", "2", "-o", "json")
+	require.Equal(t, exitOK, r.code, r.errOut)
+	var change struct {
+		control.Control
+		Obeying     []string `json:"obeying"`
+		ControlsOff []string `json:"controls_off"`
+	}
+	r.json(t, &change)
+	require.Equal(t, 2, change.Concurrency)
+	require.True(t, change.Paused)
+	require.Equal(t, []string{"w1", "w2"}, change.Obeying)
+	require.Empty(t, change.ControlsOff)
+
+	r = b.run(t, "pause", "emails")
+	require.Equal(t, exitOK, r.code, "a warning, not a failure: %s", r.errOut)
+	require.Equal(t, "paused emails: no live worker obeys\n", r.out)
+	require.Equal(t, "inboxctl: warning: 1 live worker serves emails but has controls off (w3): nothing obeys the change\n", r.errOut)
+
+	r = b.run(t, "block", "k1", "--consumer", "reports")
+	require.Equal(t, exitOK, r.code, r.errOut)
+	require.Equal(t, "blocked key \"k1\" for reports: no live worker obeys\n", r.out)
+	require.Contains(t, r.errOut, "inboxctl: warning: no live worker serves reports", "only a stopped worker serves it")
+
+	r = b.run(t, "pause", "paymnets")
+	require.Equal(t, exitNotFound, r.code)
+	require.Contains(t, r.errOut, `unknown consumer "paymnets"`)
+	require.Contains(t, r.errOut, "known: emails, payments, refunds, reports")
+	require.Empty(t, r.out)
+	snap, err := control.NewStore(b.pool).List(t.Context())
+	require.NoError(t, err)
+	for _, c := range snap.Controls {
+		require.NotEqual(t, "paymnets", c.Consumer, "nothing written for a refused consumer")
+	}
+	r = b.run(t, "block", "k", "--consumer", "paymnets")
+	require.Equal(t, exitNotFound, r.code)
+
+	r = b.run(t, "pause", "newqueue", "--force")
+	require.Equal(t, exitOK, r.code, r.errOut)
+	require.Equal(t, "paused newqueue: no live worker obeys\n", r.out)
+	require.Contains(t, r.errOut, "no live worker serves newqueue")
+	r = b.run(t, "resume", "newqueue")
+	require.Equal(t, exitOK, r.code, "its control row names it now: %s", r.errOut)
+
+	r = b.run(t, "workers")
+	require.Equal(t, exitOK, r.code, r.errOut)
+	require.Regexp(t, `(?m)^w1\s+host-a\s+4242\s+payments,refunds\s+0\.1\.0\s+on\s+\S+\s+live$`, r.out)
+	require.Regexp(t, `(?m)^w3\s+host-a\s+4242\s+emails\s+0\.1\.0\s+off\s+\S+\s+live$`, r.out)
+	require.Regexp(t, `(?m)^w4\s+.*\s+stopped$`, r.out)
+	require.Contains(t, r.out, "3 live workers (1 with controls off), 0 stale, 1 stopped\n")
+	r = b.run(t, "workers", "-o", "json")
+	var workers []control.Presence
+	r.json(t, &workers)
+	require.Len(t, workers, 4)
+	require.Equal(t, "w4", workers[3].ID)
+	require.Equal(t, "stopped", workers[3].State)
+	var raw []json.RawMessage
+	r.json(t, &raw)
+	require.Equal(t, []string{"controls", "host", "id", "last_seen", "namespaces", "pid", "started_at", "state", "stopped_at", "version"},
+		jsonKeys(t, string(raw[3])), "snake_case keys")
+}
+
+// A schema without the presence table (migration 00006 not applied yet)
+// still takes a pause: with a warning, without a count or a check.
+func TestControlChangeWithoutPresenceTable(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.exec(t, `DROP TABLE inboxmq_workers`)
+	r := b.run(t, "pause", "payments")
+	require.Equal(t, exitOK, r.code, r.errOut)
+	require.Equal(t, "paused payments\n", r.out)
+	require.Contains(t, r.errOut, "inboxctl: warning: cannot tell which workers obey")
+	snap, err := control.NewStore(b.pool).List(t.Context())
+	require.NoError(t, err)
+	require.Len(t, snap.Controls, 1)
+	require.True(t, snap.Controls[0].Paused)
 }

@@ -88,6 +88,7 @@ func TestHelpEverywhere(t *testing.T) {
 		{"block", "--help"},
 		{"unblock", "--help"},
 		{"controls", "--help"},
+		{"workers", "--help"},
 		{"ui", "--help"},
 	} {
 		r := b.run(t, args...)

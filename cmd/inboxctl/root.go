@@ -100,7 +100,9 @@ Connection settings come from --database-url (or DATABASE_URL) and
 in scripts. Exit codes: 0 success, 1 failure, 2 usage error, 3 not found.
 
 Runtime controls (pause, resume, concurrency, block, unblock) are stored in
-PostgreSQL; running workers pick them up within 2 seconds.`,
+PostgreSQL; running workers pick them up within 2 seconds, unless their
+controls are off. Each change says how many live workers obey it; workers
+lists them.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(*cobra.Command, []string) error {
@@ -121,7 +123,7 @@ PostgreSQL; running workers pick them up within 2 seconds.`,
 	root.AddCommand(
 		c.migrateCmd(), c.partitionCmd(), c.statusCmd(), c.staleCmd(), c.reconcileCmd(), c.statsCmd(), c.purgeCmd(),
 		c.dlqCmd(),
-		c.pauseCmd(), c.resumeCmd(), c.concurrencyCmd(), c.blockCmd(), c.unblockCmd(), c.controlsCmd(),
+		c.pauseCmd(), c.resumeCmd(), c.concurrencyCmd(), c.blockCmd(), c.unblockCmd(), c.controlsCmd(), c.workersCmd(),
 		c.uiCmd(),
 	)
 	root.AddCommand(c.versionCmd())

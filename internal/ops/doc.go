@@ -1,7 +1,9 @@
 // Package ops holds the operator's operations that inboxctl and the web
 // console (package ui) both perform: inbox statistics and searches, reading
 // dead letters without losing them, purging a queue, removing a block and
-// releasing its parked messages, and the broker depths of a route's queues.
+// releasing its parked messages, the broker depths of a route's queues,
+// and who a change of the controls reaches (the live workers that obey it,
+// from their presence rows).
 // Each query or broker operation lives here once; the commands and the
 // console only present the results.
 //
