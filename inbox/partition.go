@@ -2,11 +2,15 @@ package inbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxmq/inboxmq/migrations"
@@ -122,4 +126,84 @@ func (r *Retention) dropPartitions(ctx context.Context, conn *pgxpool.Conn, cuto
 			slog.Int64("moved", run.Moved), slog.Int("kept", run.Kept), slog.Time("cutoff", cutoff))
 	}
 	return run, nil
+}
+
+// Partitions that ran out. There is no default partition: once the
+// partitions ahead are used up (no retention job, a failing one, or one
+// whose role may not create them), every insert into the inbox fails with
+// "no partition of relation … found for row". MapError makes that a retry
+// (db_no_partition), never a dead letter; the store then creates the
+// missing partitions itself, so that the retry finds them. One creation
+// runs at a time per store, and after one, the next is tried no sooner
+// than healInterval (a failed one: healRetryAfter) later: the deliveries
+// that meet the error meanwhile return their retry at once, and the log
+// gets one line per creation, not one per delivery.
+
+const (
+	msgPartitionsCreated = "inbox: the partitioned inbox table had no partition for the current time; " +
+		"created the partitions ahead. The retention job creates them on every run: check that it runs"
+	msgPartitionsNotCreated = "inbox: the partitioned inbox table has no partition for the current time, " +
+		"and creating it failed: every delivery is retried until it exists"
+	fixPartitions = "run `inboxctl partition` (migrations.PartitionInbox) as the inbox table's owner now; " +
+		"then run the retention job (Config.Retention) under a role that owns the inbox table and may CREATE in its schema: " +
+		"it creates the partitions ahead on every run"
+	// healTimeout bounds one creation (it may wait for retention's).
+	healTimeout = 30 * time.Second
+	// healRetryAfter is the pause after a failed creation.
+	healRetryAfter = time.Minute
+)
+
+// partitionHealer is the store's guard on partition creation.
+type partitionHealer struct {
+	busy sync.Mutex   // held by the creation under way (TryLock only)
+	next atomic.Int64 // Unix nanoseconds before which no creation starts
+}
+
+// healInterval is the shortest time between two creations: the partitions
+// one creates last at least one width.
+func healInterval(p *migrations.Partitioning) time.Duration { return min(p.Width, time.Minute) }
+
+// healPartitions creates the missing partitions of the inbox table if err
+// (a delivery's verdict) is an insert that found none, unless a creation
+// is under way or ran less than healInterval ago. It runs on the
+// delivery's goroutine, before the delivery returns its retry, so that an
+// in-process retry finds the partitions.
+func (s *Store) healPartitions(ctx context.Context, err error) {
+	if s.part == nil || err == nil || !s.noInboxPartition(err) {
+		return
+	}
+	h := &s.heal
+	if time.Now().UnixNano() < h.next.Load() || !h.busy.TryLock() {
+		return
+	}
+	defer h.busy.Unlock()
+	if time.Now().UnixNano() < h.next.Load() {
+		return // a creation ended between the check and the lock
+	}
+	cctx, cancel := context.WithTimeout(ctx, healTimeout)
+	defer cancel()
+	cerr := migrations.CreatePartitions(cctx, s.pool, s.part, time.Now())
+	if cerr != nil && ctx.Err() != nil {
+		return // the delivery ended (a stop): the next one tries again
+	}
+	attrs := []slog.Attr{
+		slog.String("table", s.part.Table), slog.Duration("width", s.part.Width), slog.Int("ahead", s.part.Ahead),
+	}
+	if cerr != nil {
+		h.next.Store(time.Now().Add(healRetryAfter).UnixNano())
+		s.cfg.Logger.LogAttrs(ctx, slog.LevelError, msgPartitionsNotCreated,
+			append(attrs, slog.Any("error", cerr), slog.String("fix", fixPartitions))...)
+		return
+	}
+	h.next.Store(time.Now().Add(healInterval(s.part)).UnixNano())
+	s.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, msgPartitionsCreated, attrs...)
+}
+
+// noInboxPartition reports whether err is an insert into the store's
+// inbox table that found no partition for its row (a handler's own
+// partitioned table is not the store's to heal).
+func (s *Store) noInboxPartition(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && noPartition(pgErr) &&
+		pgx.Identifier{pgErr.SchemaName, pgErr.TableName}.Sanitize() == s.part.Table
 }
