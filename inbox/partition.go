@@ -23,10 +23,14 @@ import (
 // completed, or completed after the cut-off: a key claimed long ago and
 // completed, failed or dead since). The keepers are moved to the current
 // bucket first, each under its key's advisory lock (the one the bucket
-// function takes), then the partition is detached concurrently (workers
-// keep going) and dropped. No statement of the inbox turns a completed row
-// back into a keeper, and no insert targets an expired bucket, so a
-// partition without keepers stays without keepers until it is dropped.
+// function takes), in batches of RetentionConfig.BatchSize, each a
+// transaction of its own: dead and failed rows pile up (every expiry
+// carries them forward), and the locks, so the cost of a transaction, stay
+// bounded whatever their number. Then the partition is detached
+// concurrently (workers keep going) and dropped. No statement of the inbox
+// turns a completed row back into a keeper, and no insert targets an
+// expired bucket, so a partition without keepers stays without keepers
+// until it is dropped.
 
 // partitionStatements are retention's statements on a partitioned table.
 type partitionStatements struct {
@@ -34,7 +38,7 @@ type partitionStatements struct {
 }
 
 func buildPartitionStatements(p *migrations.Partitioning) partitionStatements {
-	keeper := `bucket >= $1 AND bucket < $2 AND (status <> 'completed' OR completed_at >= $3)`
+	keeper := `bucket >= $1 AND bucket < $2 AND (status <> 'completed' OR (status = 'completed' AND completed_at >= $3))`
 	return partitionStatements{
 		// The partitions with their bounds, oldest first.
 		list: `SELECT c.oid::regclass::text, m[1]::timestamptz, m[2]::timestamptz, i.inhdetachpending
@@ -42,15 +46,43 @@ FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid,
 	LATERAL regexp_match(pg_get_expr(c.relpartbound, c.oid), 'FROM \(''([^'']+)''\) TO \(''([^'']+)''\)') m
 WHERE i.inhparent = to_regclass($1)
 ORDER BY 2`,
-		// SKIP LOCKED and the try-lock leave the rows that a worker is
-		// touching: they stay keepers, and the partition waits for the next
-		// run.
-		moveKeepers: `UPDATE ` + p.Table + ` AS t SET bucket = DEFAULT, updated_at = now()
-FROM (SELECT consumer, key, bucket FROM ` + p.Table + ` WHERE ` + keeper + ` FOR UPDATE SKIP LOCKED) k
-WHERE t.consumer = k.consumer AND t.key = k.key AND t.bucket = k.bucket
-	AND pg_try_advisory_xact_lock(hashtext(t.consumer), hashtext(t.key))`,
+		// One batch: at most $4 keepers of the partition [$1, $2), locked
+		// (SKIP LOCKED) and materialised first, so that the key's advisory
+		// lock is tried on those rows only (at most $4 locks in the
+		// transaction), then moved by their ctid (the bucket bounds prune
+		// the update to this one partition). SKIP LOCKED and the try-lock
+		// leave the rows that a worker is touching: they stay keepers, and
+		// the partition waits for the next run.
+		moveKeepers: `WITH k AS MATERIALIZED (
+	SELECT ctid, consumer, key FROM ` + p.Table + ` WHERE ` + keeper + `
+	LIMIT $4 FOR UPDATE SKIP LOCKED)
+UPDATE ` + p.Table + ` AS t SET bucket = DEFAULT, updated_at = now()
+WHERE t.bucket >= $1 AND t.bucket < $2
+	AND t.ctid = ANY(ARRAY(SELECT k.ctid FROM k WHERE pg_try_advisory_xact_lock(hashtext(k.consumer), hashtext(k.key))))`,
 		hasKeepers: `SELECT EXISTS (SELECT 1 FROM ` + p.Table + ` WHERE ` + keeper + `)`,
 	}
+}
+
+// moveKeepers moves the keepers of the expired partition pi to the current
+// bucket, in batches of BatchSize (each a statement and a transaction of
+// its own), until a batch moves fewer (the rest, if any, a worker is
+// touching) or the run's MaxBatches are spent.
+func (r *Retention) moveKeepers(ctx context.Context, conn *pgxpool.Conn, pi partitionInfo, cutoff time.Time, run *RetentionRun) error {
+	for r.cfg.MaxBatches <= 0 || run.Batches < r.cfg.MaxBatches {
+		tag, err := conn.Exec(ctx, r.part.moveKeepers, pi.lo, pi.hi, cutoff, r.cfg.BatchSize)
+		if err != nil {
+			return fmt.Errorf("inbox: retention: move keepers of %s: %w", pi.name, err)
+		}
+		run.Batches++
+		run.Moved += tag.RowsAffected()
+		if tag.RowsAffected() < int64(r.cfg.BatchSize) {
+			return nil
+		}
+		if err := r.pause(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 type partitionInfo struct {
@@ -60,14 +92,23 @@ type partitionInfo struct {
 }
 
 // dropPartitions is purge on a partitioned table: it creates the
-// partitions ahead, then drops each partition that ended before cutoff,
-// holding the retention lock on conn.
+// partitions ahead, then drops each partition that ended before cutoff and
+// before the current bucket (the one keepers move to), holding the
+// retention lock on conn.
 func (r *Retention) dropPartitions(ctx context.Context, conn *pgxpool.Conn, cutoff time.Time) (RetentionRun, error) {
 	var run RetentionRun
 	p := r.store.part
 	if err := migrations.CreatePartitions(ctx, r.store.pool, p, time.Now()); err != nil {
 		return run, fmt.Errorf("inbox: retention: %w", err)
 	}
+	// The database's clock sets the bucket the keepers move to (the
+	// column's default): only a partition that ended before it is left by
+	// its keepers, and a later transaction's now() is not earlier.
+	var now time.Time
+	if err := conn.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
+		return run, fmt.Errorf("inbox: retention: %w", err)
+	}
+	current := p.Bucket(now)
 	rows, err := conn.Query(ctx, r.part.list, p.Table)
 	if err != nil {
 		return run, fmt.Errorf("inbox: retention: list partitions: %w", err)
@@ -81,15 +122,13 @@ func (r *Retention) dropPartitions(ctx context.Context, conn *pgxpool.Conn, cuto
 		return run, fmt.Errorf("inbox: retention: list partitions: %w", err)
 	}
 	for _, pi := range parts {
-		if pi.hi.After(cutoff) {
+		if pi.hi.After(cutoff) || pi.hi.After(current) {
 			break
 		}
 		if !pi.pending {
-			tag, err := conn.Exec(ctx, r.part.moveKeepers, pi.lo, pi.hi, cutoff)
-			if err != nil {
-				return run, fmt.Errorf("inbox: retention: move keepers of %s: %w", pi.name, err)
+			if err := r.moveKeepers(ctx, conn, pi, cutoff, &run); err != nil {
+				return run, err
 			}
-			run.Moved += tag.RowsAffected()
 			var kept bool
 			if err := conn.QueryRow(ctx, r.part.hasKeepers, pi.lo, pi.hi, cutoff).Scan(&kept); err != nil {
 				return run, fmt.Errorf("inbox: retention: keepers of %s: %w", pi.name, err)
@@ -123,7 +162,7 @@ func (r *Retention) dropPartitions(ctx context.Context, conn *pgxpool.Conn, cuto
 	if run.Partitions > 0 || run.Kept > 0 {
 		r.cfg.Logger.LogAttrs(ctx, slog.LevelInfo, "inbox: retention dropped expired partitions",
 			slog.Int("partitions", run.Partitions), slog.Int64("rows_estimate", run.Deleted),
-			slog.Int64("moved", run.Moved), slog.Int("kept", run.Kept), slog.Time("cutoff", cutoff))
+			slog.Int64("moved", run.Moved), slog.Int("batches", run.Batches), slog.Int("kept", run.Kept), slog.Time("cutoff", cutoff))
 	}
 	return run, nil
 }
