@@ -10,15 +10,18 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
 	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
 	"github.com/inboxmq/inboxmq/internal/logtest"
 	"github.com/inboxmq/inboxmq/internal/pgtest"
 	"github.com/inboxmq/inboxmq/internal/testenv"
+	"github.com/inboxmq/inboxmq/metrics"
 	"github.com/inboxmq/inboxmq/migrations"
 	"github.com/inboxmq/inboxmq/retry"
 )
@@ -82,43 +85,94 @@ func requireNoPartitionRetry(t *testing.T, err error) {
 }
 
 // The reproduction through the consumer and the broker: the delivery that
-// meets the missing partition goes to a retry queue (reason
-// db_no_partition), the store creates the partitions, and the retry
-// completes the job once. Before the fix it was dead-lettered at once as
-// db_integrity_violation.
+// meets the missing partition is retried with reason db_no_partition —
+// through a retry queue, or first in process — the store creates the
+// partitions, and the retry completes the job once; the retry metrics
+// count it under that reason. Before the fix it was dead-lettered at once
+// as db_integrity_violation.
 func TestPartitionedInbox_MissingPartitionIsRetriedNotDeadLettered(t *testing.T) {
 	t.Parallel()
-	pool := unpartitioned(t)
-	p := partitionsRunOut(t, pool)
-	logger, logs := logtest.New(slog.LevelInfo)
-	conn := amqptest.Dial(t)
-	b := &e2e{
-		testBundle: setupOn(t, pool, &inbox.StoreConfig{Logger: logger}),
-		queue:      amqptest.QueueName(t),
-		conn:       conn,
-		pub:        amqptest.NewPublisher(t, conn),
-		obs:        &outcomes{ch: make(chan inboxtype.Outcome, 64)},
-	}
-	b.start(t, inbox.Handler(b.store, effectHandler(nil), nil),
-		retry.Exponential{InitialInterval: 10 * time.Millisecond, MaxAttempts: 10})
-	b.pub.Publish(b.queue, []byte(`{"order_id":"p1","amount":5}`), amqp.Publishing{MessageId: "m1"})
+	for _, tc := range []struct {
+		name      string
+		inProcess retry.InProcess
+	}{
+		{"broker retry", retry.InProcess{Tries: -1}},
+		{"in-process retry", retry.InProcess{Tries: 5, InitialInterval: 10 * time.Millisecond}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			pool := unpartitioned(t)
+			p := partitionsRunOut(t, pool)
+			logger, logs := logtest.New(slog.LevelInfo)
+			b := setupOn(t, pool, &inbox.StoreConfig{Logger: logger})
+			queue := amqptest.QueueName(t)
+			reg := prometheus.NewRegistry()
+			m, err := metrics.New(reg, nil)
+			require.NoError(t, err)
+			m.Init(queue, "payments")
+			obs := &outcomes{ch: make(chan inboxtype.Outcome, 64)}
+			r := consumer.NewRouter()
+			consumer.Register(r, queue, inbox.Handler(b.store, effectHandler(nil), nil), &consumer.HandlerOpts{
+				Namespace: "payments",
+				Policy:    retry.Exponential{InitialInterval: 10 * time.Millisecond, MaxAttempts: 10},
+				InProcess: tc.inProcess,
+				Queue:     consumer.QueueOpts{Concurrency: 2, RetryTiers: []time.Duration{50 * time.Millisecond, time.Second}},
+			})
+			c, err := consumer.New(&consumer.Config{URL: testenv.AMQPURL(), Router: r, Observers: []inboxtype.Observer{obs, m}})
+			require.NoError(t, err)
+			require.NoError(t, c.Start(t.Context()))
+			t.Cleanup(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				_ = c.Stop(ctx)
+			})
+			amqptest.NewPublisher(t, amqptest.Dial(t)).Publish(queue, []byte(`{"order_id":"p1","amount":5}`), amqp.Publishing{MessageId: "m1"})
 
-	out := b.obs.next(t)
-	require.Equal(t, inboxtype.ActionRetried, out.Action, "decision %s (%s): %v", out.Decision.Kind, out.Decision.Reason, out.Decision.Err)
-	require.Equal(t, inbox.ReasonDBNoPartition, out.Decision.Reason)
-	// The retry finds the partition the store created. (On a machine so
-	// slow that the new partitions ran out again, it is retried again.)
-	for out = b.obs.next(t); out.Action != inboxtype.ActionAcked; out = b.obs.next(t) {
-		require.Equal(t, inboxtype.ActionRetried, out.Action, "decision %s (%s): %v", out.Decision.Kind, out.Decision.Reason, out.Decision.Err)
-		require.Equal(t, inbox.ReasonDBNoPartition, out.Decision.Reason)
+			// The retry finds the partitions the store created. (On a
+			// machine so slow that they ran out again, it is retried again.)
+			out := obs.next(t)
+			for ; out.Action != inboxtype.ActionAcked; out = obs.next(t) {
+				require.Equal(t, inboxtype.ActionRetried, out.Action, "decision %s (%s): %v", out.Decision.Kind, out.Decision.Reason, out.Decision.Err)
+				require.Equal(t, inbox.ReasonDBNoPartition, out.Decision.Reason)
+			}
+			require.Equal(t, retry.KindSucceeded, out.Decision.Kind)
+			retries := counter(t, reg, "inboxmq_job_retry_total", queue, inbox.ReasonDBNoPartition)
+			require.GreaterOrEqual(t, retries, 1.0, "the retry is counted under reason db_no_partition")
+			if tc.inProcess.Tries > 0 {
+				require.Equal(t, retries, counter(t, reg, "inboxmq_in_process_retry_total", queue, inbox.ReasonDBNoPartition))
+			}
+			require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects WHERE key = 'order:p1'`))
+			require.Equal(t, inbox.RecordCompleted, b.get(t, "payments", "order:p1").Status)
+			created := logs.Message(inbox.LogPartitionsCreated)
+			require.NotEmpty(t, created, "the store says it created the missing partitions")
+			require.Equal(t, slog.LevelWarn, created[0].Level)
+			require.Equal(t, p.Table, created[0].Attrs["table"])
+		})
 	}
-	require.Equal(t, retry.KindSucceeded, out.Decision.Kind)
-	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects WHERE key = 'order:p1'`))
-	require.Equal(t, inbox.RecordCompleted, b.get(t, "payments", "order:p1").Status)
-	created := logs.Message(inbox.LogPartitionsCreated)
-	require.NotEmpty(t, created, "the store says it created the missing partitions")
-	require.Equal(t, slog.LevelWarn, created[0].Level)
-	require.Equal(t, p.Table, created[0].Attrs["table"])
+}
+
+// counter is the value of the counter name{queue, consumer="payments",
+// reason}, which must exist.
+func counter(t *testing.T, reg *prometheus.Registry, name, queue, reason string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["queue"] == queue && labels["consumer"] == "payments" && labels["reason"] == reason {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	t.Fatalf("no series %s{queue=%q, reason=%q}", name, queue, reason)
+	return 0
 }
 
 // Every path that inserts an inbox row maps the missing partition to a
