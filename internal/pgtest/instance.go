@@ -73,7 +73,10 @@ func StartPrimary(t testing.TB, settings ...string) *Instance {
 	t.Helper()
 	bin, err := serverBinaries()
 	if err != nil {
-		testenv.Unavailable(t, "PostgreSQL", err)
+		// Not a service to reach (testenv.Unavailable's advice): the
+		// test starts a server of its own from the installed binaries.
+		t.Fatalf("pgtest: this test starts a PostgreSQL server of its own: %v "+
+			"(Debian/Ubuntu: apt-get install postgresql; or set PG_BINDIR to the folder of initdb)", err)
 	}
 	in := newInstance(t, bin)
 	in.run(t, filepath.Join(bin, "initdb"), "-D", in.dir, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
