@@ -127,7 +127,9 @@ type Config struct {
 
 	// Retention runs inbox.Retention: completed rows past the dedup window
 	// are deleted. Defaults to nil: no retention job (a zero
-	// inbox.RetentionConfig runs it with its defaults).
+	// inbox.RetentionConfig runs it with its defaults). A partitioned inbox
+	// table (migrations.PartitionInbox) needs it, to create the partitions
+	// ahead and drop the old ones: Start refuses one without it.
 	Retention *inbox.RetentionConfig
 
 	// Inbox configures the store the worker builds on DB. Its Logger

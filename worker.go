@@ -584,6 +584,9 @@ func (w *Worker) liveness(threshold time.Duration) []observe.Check {
 // ([*StartTimeoutError]). ctx bounds start-up only; the parts run until
 // [Worker.Stop].
 //
+// A partitioned inbox table (migrations.PartitionInbox) without
+// Config.Retention is refused: nothing would create its partitions ahead.
+//
 // If a part fails to start, the parts already started are stopped (within
 // Config.StopTimeout) and Start returns the error: nothing keeps running.
 // A Worker starts once: Start after Start or Stop returns an error.
@@ -681,7 +684,8 @@ func (w *Worker) run(ctx context.Context, name string, svc service) error {
 }
 
 // openStore checks the inbox table on the pool and binds the routes'
-// handlers to the store.
+// handlers to the store. It refuses a partitioned inbox table without
+// Config.Retention.
 func (w *Worker) openStore(ctx context.Context) error {
 	if err := w.s.DB.Ping(ctx); err != nil {
 		return err
@@ -696,6 +700,12 @@ func (w *Worker) openStore(ctx context.Context) error {
 	s, err := inbox.NewStore(ctx, w.s.DB, &sc)
 	if err != nil {
 		return err
+	}
+	if s.Partitioned() && w.s.Retention == nil {
+		// Only the store knows (NewWorker does no I/O).
+		return fmt.Errorf("inboxmq: the inbox table %s is partitioned and Config.Retention is nil: "+
+			"retention creates the partitions ahead (inserts fail once they run out) and drops the old ones; "+
+			"set Config.Retention (a zero inbox.RetentionConfig runs it with its defaults)", s.Table())
 	}
 	for _, bind := range w.binds {
 		bind(s)

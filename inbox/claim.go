@@ -374,7 +374,8 @@ func ClaimHandler[T any](s *Store, h ClaimFunc[T], opts *ClaimOpts) inboxtype.Ha
 	if o.GroupCommit != nil {
 		b = newBatcher(s, o.GroupCommit.or(s.cfg.GroupCommit))
 	}
-	return inboxtype.HandlerFunc[T](func(ctx context.Context, msg *inboxtype.Message[T]) error {
+	return inboxtype.HandlerFunc[T](func(ctx context.Context, msg *inboxtype.Message[T]) (err error) {
+		defer func() { s.healPartitions(ctx, err) }()
 		u, err := s.newUnit(ctx, msg.Namespace, msg.Key, msg.ID, msg.Attempt, msg.Delivery, msg.Fingerprint(), o.StorePayload)
 		if err != nil {
 			return err

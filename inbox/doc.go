@@ -157,7 +157,11 @@
 // constraint other than a unique one (not null, foreign key, check: reason
 // db_integrity_violation) fails the same way on every attempt, so it is
 // permanent: the message is dead-lettered at once, whether the handler's
-// write or the inbox's own claim of the key raised it.
+// write or the inbox's own claim of the key raised it. A row for which a
+// partitioned table has no partition is not the message's fault: it is
+// retried (reason db_no_partition), and when the table is the inbox's own
+// (its partitions ahead ran out), the store creates the missing partitions
+// so that the retry finds them.
 //
 // # Tracing
 //

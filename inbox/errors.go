@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -42,11 +43,19 @@ const (
 	ReasonDBDataException = "db_data_exception"
 	// ReasonDBIntegrityViolation: a write broke a constraint (SQLSTATE
 	// class 23: not null, foreign key, check, exclusion) other than a
-	// unique one, which is a duplicate.
+	// unique one, which is a duplicate, and a missing partition
+	// (ReasonDBNoPartition).
 	ReasonDBIntegrityViolation = "db_integrity_violation"
 	ReasonClaimHeld            = "claim_held" // another worker holds a live claim
 	ReasonLeaseLost            = "lease_lost" // the claim's lease was lost or reached its cap
 	ReasonCrashLoop            = "crash_loop" // redelivered more than StoreConfig.CrashLimit times
+
+	// ReasonDBNoPartition: a partitioned table has no partition for the
+	// row (SQLSTATE 23514 "no partition of relation … found for row"): the
+	// partitions ahead of a partitioned inbox ran out. The database's
+	// fault, not the message's, so it is retried; the store creates the
+	// missing partitions of its inbox table where its role may.
+	ReasonDBNoPartition = "db_no_partition"
 )
 
 // classified reports whether err already carries a decision of the retry
@@ -81,6 +90,11 @@ func classified(err error) bool {
 //     fail-over under way) → retryable, reason db_read_only;
 //   - 23505 unique_violation → duplicate with source business_constraint (the
 //     inbox's own key never raises it);
+//   - 23514 without a constraint name, raised because a partitioned table
+//     has no partition for the row ("no partition of relation … found for
+//     row") → retryable, reason db_no_partition: the partitions ahead ran
+//     out, which creating them fixes (a CHECK constraint's violation names
+//     its constraint and stays permanent);
 //   - class 22 (data exception: a NUL byte or invalid text in a text
 //     column, a value out of range) → permanent, reason db_data_exception;
 //   - the rest of class 23 (integrity constraint violation: not null,
@@ -118,6 +132,8 @@ func mapError(err error) (error, bool) {
 			return retry.WithReason(ReasonDBReadOnly, retry.Retryable(err)), true
 		case pgErr.Code == "23505":
 			return retry.Duplicate(retry.SourceBusiness, err), true
+		case noPartition(pgErr):
+			return retry.WithReason(ReasonDBNoPartition, retry.Retryable(err)), true
 		case sqlClass(pgErr.Code) == "22":
 			return retry.WithReason(ReasonDBDataException, retry.Permanent(err)), true
 		case sqlClass(pgErr.Code) == "23":
@@ -155,6 +171,16 @@ func mapError(err error) (error, bool) {
 func isPermanent(err error) bool {
 	var perm *retry.PermanentError
 	return errors.As(MapError(err), &perm)
+}
+
+// noPartition reports whether pgErr is PostgreSQL's refusal of a row for
+// which a partitioned table has no partition (ExecFindPartition): SQLSTATE
+// 23514 like a CHECK violation, but naming no constraint. The routine's
+// name identifies it whatever the server's lc_messages; the message
+// identifies it from a server that sends no routine.
+func noPartition(pgErr *pgconn.PgError) bool {
+	return pgErr.Code == "23514" && pgErr.ConstraintName == "" &&
+		(pgErr.Routine == "ExecFindPartition" || strings.HasPrefix(pgErr.Message, "no partition of relation "))
 }
 
 // sqlClass is the class of a SQLSTATE (its first two characters), or ""

@@ -202,8 +202,10 @@ func TestPartitionedRetention_DropsExpiredPartitionsAndMovesKeepers(t *testing.T
 	require.Equal(t, 3, countRows(t, pool, `key IN ('failed:1', 'claim:1', 'late:1')`))
 	require.Equal(t, 0, partitionCount(t, pool, `m[1]::timestamptz < now() - interval '25 hours'`))
 	require.Equal(t, 2, partitionCount(t, pool, `m[1]::timestamptz > now()`))
-	// No DELETE ran: the rows went with their partition.
-	require.Zero(t, run.Batches)
+	// No DELETE ran: the rows went with their partition. The statements
+	// counted are the moves, one per expired partition (fewer keepers
+	// than BatchSize each).
+	require.Equal(t, run.Partitions, run.Batches)
 
 	// The moved keepers are still the keys' one row: a claim finds them.
 	b := setupOn(t, pool, nil)
@@ -212,4 +214,41 @@ func TestPartitionedRetention_DropsExpiredPartitionsAndMovesKeepers(t *testing.T
 	r2, err := b.store.Get(t.Context(), "old", "late:1")
 	require.NoError(t, err)
 	require.Equal(t, inbox.RecordCompleted, r2.Status)
+}
+
+// BatchSize bounds the keepers one statement moves (one transaction each),
+// and MaxBatches the statements of a run: an expired partition whose
+// keepers are not all moved when the run's batches are spent waits for the
+// next run, which moves the rest and drops it.
+func TestPartitionedRetention_MovesKeepersInBatches(t *testing.T) {
+	t.Parallel()
+	pool := unpartitioned(t)
+	p := partition(t, pool)
+	old := p.Bucket(time.Now().Add(-30 * time.Hour))
+	require.NoError(t, migrations.CreatePartitions(t.Context(), pool, p, old))
+	_, err := pool.Exec(t.Context(), `INSERT INTO inboxmq_inbox (consumer, key, status, bucket)
+		SELECT 'old', 'dead:' || g, 'dead', $1 FROM generate_series(1, 5) g`, old)
+	require.NoError(t, err)
+	oldPart := `m[1]::timestamptz = '` + old.Format(time.RFC3339) + `'`
+	s, err := inbox.NewStore(t.Context(), pool, nil)
+	require.NoError(t, err)
+
+	r, err := inbox.NewRetention(s, &inbox.RetentionConfig{Window: 24 * time.Hour, BatchSize: 2, BatchDelay: -1, MaxBatches: 2})
+	require.NoError(t, err)
+	run, err := r.RunOnce(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, int64(4), run.Moved)
+	require.Equal(t, 2, run.Batches)
+	require.Equal(t, 1, run.Kept)
+	require.Equal(t, 1, partitionCount(t, pool, oldPart))
+	require.Equal(t, 1, countRows(t, pool, `bucket = $1`, old))
+
+	r, err = inbox.NewRetention(s, &inbox.RetentionConfig{Window: 24 * time.Hour, BatchSize: 2, BatchDelay: -1})
+	require.NoError(t, err)
+	run, err = r.RunOnce(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, int64(1), run.Moved)
+	require.Zero(t, run.Kept)
+	require.Zero(t, partitionCount(t, pool, oldPart))
+	require.Equal(t, 5, countRows(t, pool, `key LIKE 'dead:%' AND status = 'dead'`))
 }

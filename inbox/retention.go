@@ -54,14 +54,18 @@ type RetentionConfig struct {
 	// RedeliveryHorizon, when positive, makes NewRetention refuse a Window
 	// shorter than it ([CheckWindow]). Defaults to 0: not checked.
 	RedeliveryHorizon time.Duration
-	// BatchSize is the most rows one DELETE removes (one short transaction
-	// each). Defaults to 1000.
+	// BatchSize is the most rows one DELETE removes, or on a partitioned
+	// table the most rows one statement moves out of an expired partition
+	// (one short transaction each, whose cost is bounded by BatchSize
+	// whatever the number of rows). Defaults to 1000.
 	BatchSize int
 	// BatchDelay is the pause between two batches, which leaves room to the
 	// inserting workers. Defaults to 10ms; -1 means no pause.
 	BatchDelay time.Duration
 	// MaxBatches bounds the batches of one run. Defaults to 0: run until no
-	// expired row is left.
+	// expired row is left. On a partitioned table, an expired partition
+	// whose rows to keep are not all moved when the batches run out waits
+	// for the next run.
 	MaxBatches int
 	// Interval is the period between runs of a started job. Defaults to 5
 	// minutes.
@@ -76,8 +80,8 @@ type RetentionRun struct {
 	// Deleted is the number of rows deleted; on a partitioned table, the
 	// planner's estimate of the rows of the dropped partitions.
 	Deleted int64
-	// Batches is the number of DELETE statements run (0 on a partitioned
-	// table).
+	// Batches is the number of DELETE statements run, or on a partitioned
+	// table the number of statements that moved rows to keep (Moved).
 	Batches int
 	// Partitions is the number of partitions dropped (partitioned table).
 	Partitions int
@@ -86,8 +90,9 @@ type RetentionRun struct {
 	// completed after the cut-off (partitioned table).
 	Moved int64
 	// Kept is the number of expired partitions not dropped because a worker
-	// was touching one of their keepers; the next run drops them
-	// (partitioned table).
+	// was touching one of their keepers, or because the run's MaxBatches
+	// ran out before all were moved; the next run drops them (partitioned
+	// table).
 	Kept int
 	// Skipped is true when another process held the retention lock, so
 	// this run did nothing.
@@ -224,14 +229,8 @@ func (r *Retention) purge(ctx context.Context, cutoff time.Time) (RetentionRun, 
 		if tag.RowsAffected() < int64(r.cfg.BatchSize) {
 			break
 		}
-		if r.cfg.BatchDelay > 0 {
-			t := time.NewTimer(r.cfg.BatchDelay)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return run, ctx.Err()
-			case <-t.C:
-			}
+		if err := r.pause(ctx); err != nil {
+			return run, err
 		}
 	}
 	if run.Deleted > 0 {
@@ -239,6 +238,21 @@ func (r *Retention) purge(ctx context.Context, cutoff time.Time) (RetentionRun, 
 			slog.Int64("deleted", run.Deleted), slog.Int("batches", run.Batches), slog.Time("cutoff", cutoff))
 	}
 	return run, nil
+}
+
+// pause waits BatchDelay between two batches, or returns ctx's error.
+func (r *Retention) pause(ctx context.Context) error {
+	if r.cfg.BatchDelay <= 0 {
+		return nil
+	}
+	t := time.NewTimer(r.cfg.BatchDelay)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
 }
 
 // Start runs the job in the background every Interval (the first run at

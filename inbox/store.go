@@ -187,6 +187,8 @@ type Store struct {
 	part *migrations.Partitioning
 	// leases shares claim mode's claims between concurrent deliveries.
 	leases *combine.Combiner[*leaseReq]
+	// heal guards the creation of partitions that ran out (partitioned).
+	heal partitionHealer
 }
 
 // NewStore checks that pool reaches a writable primary holding the inbox

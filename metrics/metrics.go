@@ -23,6 +23,7 @@ const (
 	ReasonDBSerialization = "db_serialization" // PostgreSQL serialization failure (40001)
 	ReasonDBDeadlock      = "db_deadlock"      // PostgreSQL deadlock detected (40P01)
 	ReasonDBConnection    = "db_connection"    // the database connection failed
+	ReasonDBNoPartition   = "db_no_partition"  // a partitioned inbox has no partition for the row (its partitions ahead ran out)
 	ReasonClaimHeld       = "claim_held"       // another worker holds a live claim
 	ReasonCrashLoop       = "crash_loop"       // the delivery count passed the crash-loop bound
 	ReasonBreakerOpen     = "breaker_open"     // a circuit breaker held the delivery back (not an attempt)
@@ -56,7 +57,7 @@ var (
 		retry.ReasonDecode, retry.ReasonInvalid, retry.ReasonKeyConflict, retry.ReasonPanic,
 		retry.ReasonExhausted,
 		ReasonLockUnavailable, ReasonLockExpired, ReasonDBSerialization, ReasonDBDeadlock,
-		ReasonDBConnection, ReasonClaimHeld, ReasonCrashLoop, ReasonBreakerOpen, ReasonRateLimited,
+		ReasonDBConnection, ReasonDBNoPartition, ReasonClaimHeld, ReasonCrashLoop, ReasonBreakerOpen, ReasonRateLimited,
 		// The consumer files what the broker dead-lettered with the
 		// broker's x-death reason: "broker_" + expired, delivery_limit,
 		// rejected or maxlen ("broker" without one).

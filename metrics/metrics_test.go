@@ -127,7 +127,7 @@ func TestInit_AllSeriesAtZero(t *testing.T) {
 		retry.ReasonError, retry.ReasonPermanent, retry.ReasonRequested, retry.ReasonTimeout, retry.ReasonDecode,
 		retry.ReasonInvalid, retry.ReasonKeyConflict, retry.ReasonPanic, retry.ReasonExhausted,
 		"lock_unavailable", "lock_expired", "db_serialization", "db_deadlock", "db_connection", "claim_held",
-		"crash_loop", "gateway_5xx",
+		"crash_loop", "db_no_partition", "gateway_5xx",
 	} {
 		require.Zero(t, value(t, b.reg, "job_retry_total", qc("reason", r)), r)
 		require.Zero(t, value(t, b.reg, "in_process_retry_total", qc("reason", r)), r)

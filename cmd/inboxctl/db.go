@@ -243,14 +243,14 @@ plus the DLQ replay window).
 On a partitioned inbox (inboxctl partition) purge deletes no row: it drops
 the partitions whose whole span is older than --older-than, after moving
 the rows it must keep (not completed, or completed since) to the current
-partition; --batch-size does not apply.`,
+partition, --batch-size rows per statement.`,
 		Example: `  inboxctl purge --older-than 168h`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if olderThan <= 0 {
 				return usagef("--older-than must be a positive duration such as 168h")
 			}
-			if err := intFlagAtLeast("batch-size", batch, 1, "want a positive number of rows per DELETE"); err != nil {
+			if err := intFlagAtLeast("batch-size", batch, 1, "want a positive number of rows per statement"); err != nil {
 				return err
 			}
 			ctx, cancel := c.ctx(cmd)
@@ -289,7 +289,7 @@ partition; --batch-size does not apply.`,
 		},
 	}
 	cmd.Flags().DurationVar(&olderThan, "older-than", 0, "delete completed rows older than this (required), e.g. 168h")
-	cmd.Flags().IntVar(&batch, "batch-size", 1000, "rows per DELETE")
+	cmd.Flags().IntVar(&batch, "batch-size", 1000, "rows per DELETE (on a partitioned inbox: rows moved per statement)")
 	_ = cmd.MarkFlagRequired("older-than")
 	return cmd
 }

@@ -66,16 +66,21 @@ func (in *Instance) URL() string {
 }
 
 // StartPrimary starts a new primary (wal_level replica, ready for
-// standbys) and waits until it accepts connections.
-func StartPrimary(t testing.TB) *Instance {
+// standbys) and waits until it accepts connections. Each of settings is a
+// postgresql.conf line ("max_locks_per_transaction = 64") applied after
+// the instance's own, which it overrides.
+func StartPrimary(t testing.TB, settings ...string) *Instance {
 	t.Helper()
 	bin, err := serverBinaries()
 	if err != nil {
-		testenv.Unavailable(t, "PostgreSQL", err)
+		// Not a service to reach (testenv.Unavailable's advice): the
+		// test starts a server of its own from the installed binaries.
+		t.Fatalf("pgtest: this test starts a PostgreSQL server of its own: %v "+
+			"(Debian/Ubuntu: apt-get install postgresql; or set PG_BINDIR to the folder of initdb)", err)
 	}
 	in := newInstance(t, bin)
 	in.run(t, filepath.Join(bin, "initdb"), "-D", in.dir, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
-	in.configure(t)
+	in.configure(t, settings...)
 	in.Start(t)
 	return in
 }
@@ -119,17 +124,20 @@ func newInstance(t testing.TB, bin string) *Instance {
 }
 
 // configure sets the instance's port and the settings a small, fast test
-// server needs. Among them synchronous_commit = off: a COMMIT returns
+// server needs, then the caller's settings (postgresql.conf lines). Among them synchronous_commit = off: a COMMIT returns
 // before its WAL is written, and a standby receives it only once the WAL
 // writer has flushed it (within a few wal_writer_delay), so a test that
 // promotes a standby must first flush the primary's WAL (a synchronous
 // commit of a WAL-logged transaction) and wait for the standby to replay
 // up to the flush position.
-func (in *Instance) configure(t testing.TB) {
+func (in *Instance) configure(t testing.TB, settings ...string) {
 	t.Helper()
 	conf := fmt.Sprintf("\nport = %d\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '%s'\n"+
 		"fsync = off\nsynchronous_commit = off\nfull_page_writes = off\nshared_buffers = 16MB\nmax_connections = 40\n"+
 		"wal_level = replica\nmax_wal_senders = 4\nhot_standby = on\n", in.Port, filepath.Dir(in.dir))
+	for _, s := range settings {
+		conf += s + "\n"
+	}
 	f, err := os.OpenFile(filepath.Join(in.dir, "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
 	if err != nil {
 		t.Fatalf("pgtest: %v", err)
