@@ -116,7 +116,7 @@ func (c *Consumer) file(r *route, j *job) inboxtype.Action {
 // payload that does not (the reason it is dead, perhaps) leaves it empty.
 // A panic in the codec leaves it empty too.
 func (c *Consumer) keyOf(r *route, d *inboxtype.Delivery) {
-	if r.Route.keyOf == nil {
+	if r.keyOf == nil {
 		return
 	}
 	defer func() {
@@ -125,7 +125,7 @@ func (c *Consumer) keyOf(r *route, d *inboxtype.Delivery) {
 				slog.String("queue", r.Queue), slog.String("message_id", d.MessageID), slog.Any("panic", p))
 		}
 	}()
-	r.Route.keyOf(d)
+	r.keyOf(d)
 }
 
 // death is the broker's most recent dead-lettering of a message.
