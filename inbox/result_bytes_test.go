@@ -3,6 +3,7 @@ package inbox_test
 import (
 	"context"
 	"encoding/json"
+	"strconv"
 	"testing"
 	"time"
 
@@ -140,6 +141,41 @@ func TestResult_GroupStoresEachDeliverysBytes(t *testing.T) {
 				require.ErrorIs(t, err, retry.ErrDuplicate)
 				require.Equal(t, results[i], string(dups[i].Result()), "duplicate %d gets its first delivery's bytes", i)
 			}
+		})
+	}
+}
+
+// A result set after the commit is not stored (claim mode stores the one
+// set before Claim.Complete), so it is not what the delivery holds either:
+// the delivery that did the work, and its reply, carry the stored bytes,
+// as its duplicates do.
+func TestResult_SetAfterCompleteLeavesTheStoredBytes(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	for _, group := range []bool{false, true} {
+		t.Run("group_commit="+strconv.FormatBool(group), func(t *testing.T) {
+			t.Parallel()
+			var opts *inbox.ClaimOpts
+			if group {
+				opts = &inbox.ClaimOpts{GroupCommit: &inbox.GroupCommit{MaxBatch: 1}}
+			}
+			h := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[order]) error {
+				if err := msg.SetResult(json.RawMessage(oddResult)); err != nil {
+					return err
+				}
+				if err := c.Complete(ctx, completeWithEffect(msg)); err != nil {
+					return err
+				}
+				return msg.SetResult("set after the commit")
+			}, opts)
+			o := order{OrderID: "late-" + strconv.FormatBool(group), Amount: 1}
+			first := newMsg(t, "c", o, false)
+			require.NoError(t, h.Handle(t.Context(), first))
+			require.Equal(t, oddResult, string(b.get(t, "c", o.IdempotencyKey()).Result))
+			require.Equal(t, oddResult, string(first.Result()), "the delivery holds the stored bytes")
+			dup := newMsg(t, "c", o, false)
+			require.ErrorIs(t, h.Handle(t.Context(), dup), retry.ErrDuplicate)
+			require.Equal(t, oddResult, string(dup.Result()))
 		})
 	}
 }
