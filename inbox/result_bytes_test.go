@@ -8,10 +8,14 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
 	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmq/inboxmq/inbox"
 	"github.com/inboxmq/inboxmq/inboxtype"
+	"github.com/inboxmq/inboxmq/internal/pgtest"
+	"github.com/inboxmq/inboxmq/migrations"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
@@ -176,6 +180,35 @@ func TestResult_SetAfterCompleteLeavesTheStoredBytes(t *testing.T) {
 			dup := newMsg(t, "c", o, false)
 			require.ErrorIs(t, h.Handle(t.Context(), dup), retry.ErrDuplicate)
 			require.Equal(t, oddResult, string(dup.Result()))
+		})
+	}
+}
+
+// This version runs on an inbox not yet migrated to 00005 (its result
+// column still jsonb), so workers can be upgraded before the migration:
+// every path completes, and duplicates get the row's bytes — there,
+// jsonb's normal form, as before.
+func TestResult_EveryPathRunsBeforeMigration00005(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.Schema(t)
+	db := stdlib.OpenDBFromPool(pool)
+	t.Cleanup(func() { _ = db.Close() })
+	p, err := goose.NewProvider(goose.DialectPostgres, db, migrations.FS, goose.WithTableName(migrations.VersionTable))
+	require.NoError(t, err)
+	_, err = p.DownTo(t.Context(), 4)
+	require.NoError(t, err)
+	b := setupOn(t, pool, nil)
+	for _, rp := range resultPaths(b) {
+		t.Run(rp.name, func(t *testing.T) {
+			t.Parallel()
+			o := order{OrderID: rp.name, Amount: 1}
+			require.NoError(t, rp.h.Handle(t.Context(), newMsg(t, rp.name, o, false)))
+			stored := b.get(t, rp.name, o.IdempotencyKey()).Result
+			require.JSONEq(t, oddResult, string(stored))
+			dup := newMsg(t, rp.name, o, false)
+			require.ErrorIs(t, rp.h.Handle(t.Context(), dup), retry.ErrDuplicate)
+			require.Equal(t, string(stored), string(dup.Result()), "a duplicate gets the row's bytes")
+			require.Equal(t, rp.effects, b.count(t, `SELECT count(*) FROM effects WHERE key = $1`, o.IdempotencyKey()))
 		})
 	}
 }

@@ -167,8 +167,11 @@ ORDER BY k.consumer, k.key
 WHERE consumer = $1 AND key = $2 AND owner = $3 AND fence = $4 AND status = 'processing'
 RETURNING lease_until >= $6::timestamptz, GREATEST(EXTRACT(EPOCH FROM (lease_until - now())), 0)::float8`,
 
+		// The result is coalesced as text: COALESCE($5::json, result)
+		// would fail on an inbox whose result column is still jsonb (before
+		// migration 00005), as json and jsonb do not coerce implicitly.
 		completeWith: `UPDATE ` + t + ` SET status = 'completed', owner = NULL, lease_until = NULL,
-	completed_at = now(), updated_at = now(), result = COALESCE($5::json, result)
+	completed_at = now(), updated_at = now(), result = COALESCE($5::text, result::text)::json
 WHERE consumer = $1 AND key = $2 AND owner = $3 AND fence = $4 AND status = 'processing'`,
 
 		// The arrays come in (consumer, key) order, and the plan is a nested
