@@ -354,30 +354,28 @@ func (w *Worker) buildRouter() (*consumer.Router, error) {
 	return router, nil
 }
 
-// replyOpts answers a route's requests with the stored result, read from
-// the inbox so that the first delivery's reply and every duplicate's carry
-// the same bytes (a duplicate's verdict brings them along; the
-// completed-cache's does not).
+// replyOpts answers a route's requests with the job's result. A delivery
+// the inbox ruled on holds its key's stored bytes (the ones it stored, or
+// a duplicate's verdict brings the first delivery's); a duplicate caught
+// before the inbox (a hit of the completed-cache) holds none, and its
+// result is read from the inbox.
 func (w *Worker) replyOpts(rt *route) *consumer.ReplyOpts {
 	if !rt.opts.Reply {
 		return nil
 	}
 	return &consumer.ReplyOpts{Result: func(ctx context.Context, d *inboxtype.Delivery, dec retry.Decision) (json.RawMessage, error) {
-		if dec.Kind == retry.KindDuplicate && d.Result != nil {
-			return d.Result, nil
-		}
 		s := w.store()
-		if s == nil || d.Key == "" {
+		if dec.Kind != retry.KindDuplicate || d.Result != nil || s == nil || d.Key == "" {
 			return d.Result, nil
 		}
 		rec, err := s.Get(ctx, d.Namespace, d.Key)
 		switch {
 		case errors.Is(err, inbox.ErrNotFound):
-			return d.Result, nil
+			return nil, nil
 		case err != nil:
 			return nil, err
 		case rec.Status != inbox.RecordCompleted:
-			return d.Result, nil
+			return nil, nil
 		}
 		return rec.Result, nil
 	}}

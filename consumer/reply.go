@@ -26,7 +26,11 @@ import (
 type ReplyOpts struct {
 	// Result returns the body of the reply to d, a delivery that completed
 	// (dec.Kind retry.KindSucceeded) or was a duplicate. An error requeues
-	// the delivery (see above). Defaults to d.Result.
+	// the delivery (see above). Defaults to d.Result, where the inbox's
+	// handlers leave the bytes stored on the key's row: the same for the
+	// first delivery and every duplicate. A duplicate caught before the
+	// inbox (a hit of middleware.Cache) holds none; to reply with the
+	// stored result then, read the row here (inbox.Store.Get).
 	Result func(ctx context.Context, d *inboxtype.Delivery, dec retry.Decision) (json.RawMessage, error)
 }
 

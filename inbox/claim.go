@@ -127,7 +127,9 @@ type Claim struct {
 	// won is the result stored by the owner that completed the key, read
 	// when this claim was fenced out.
 	won []byte
-	mu  sync.Mutex // serialises the row's updates: heartbeat, Step, Complete
+	// stored is the result Complete committed (nil for none); c.mu.
+	stored []byte
+	mu     sync.Mutex // serialises the row's updates: heartbeat, Step, Complete
 	// stepsRaw is the steps column as the claim read it (JSON), decoded
 	// into steps by the first Step: a handler that records no step pays
 	// for no decoding.
@@ -288,6 +290,9 @@ func (c *Claim) completeInBatch(ctx context.Context, fn func(ctx context.Context
 	if u.result != nil {
 		c.won = u.result
 	}
+	if u.err == nil {
+		c.stored = u.pending
+	}
 	return u.err
 }
 
@@ -302,7 +307,11 @@ func (c *Claim) completeAlone(ctx context.Context, fn func(ctx context.Context, 
 				return err
 			}
 		}
-		return c.completeBare(ctx, raw)
+		if err := c.completeBare(ctx, raw); err != nil {
+			return err
+		}
+		c.stored = raw
+		return nil
 	}
 	// BEGIN and the fenced completion travel in one pipeline with fn's
 	// first Exec (completionTx).
@@ -325,10 +334,15 @@ func (c *Claim) completeAlone(ctx context.Context, fn func(ctx context.Context, 
 		return err
 	}
 	// The result, if any, is written in COMMIT's round trip.
-	if raw == nil {
-		return c.s.commitResults(ctx, tx.tx, nil)
+	var units []*unit
+	if raw != nil {
+		units = []*unit{{consumer: c.Consumer, key: c.Key, pending: raw}}
 	}
-	return c.s.commitResults(ctx, tx.tx, []*unit{{consumer: c.Consumer, key: c.Key, pending: raw}})
+	if err := c.s.commitResults(ctx, tx.tx, units); err != nil {
+		return err
+	}
+	c.stored = raw
+	return nil
 }
 
 // resultBytes is the handler's result, if it set one.
@@ -388,7 +402,7 @@ func ClaimHandler[T any](s *Store, h ClaimFunc[T], opts *ClaimOpts) inboxtype.Ha
 		}
 		c, capAt, err := s.claimLease(ctx, u, o)
 		if err != nil {
-			replayResult(msg.Delivery, u.result, err)
+			keepResult(msg.Delivery, nil, u.result, err)
 			return err
 		}
 		c.batch = b
@@ -420,9 +434,12 @@ func ClaimHandler[T any](s *Store, h ClaimFunc[T], opts *ClaimOpts) inboxtype.Ha
 		if herr == nil || c.Completed() {
 			// Completed is committed: an error after it must not retry a
 			// job that is done (a later copy would be a duplicate anyway).
+			c.mu.Lock()
+			keepResult(msg.Delivery, c.stored, nil, nil)
+			c.mu.Unlock()
 			return nil
 		}
-		replayResult(msg.Delivery, c.won, herr)
+		keepResult(msg.Delivery, nil, c.won, herr)
 		if cause := context.Cause(hctx); errors.Is(cause, ErrLeaseLost) && ctx.Err() == nil {
 			herr = retry.WithReason(ReasonLeaseLost, retry.Retryable(errors.Join(herr, cause)))
 		}

@@ -2,6 +2,7 @@ package inbox_test
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -56,19 +57,18 @@ func TestClaim_CompleteWithoutWritesIsOneStatement(t *testing.T) {
 // A result without business writes travels in the one completion
 // statement: the claim and the completion are the delivery's two round
 // trips, and a duplicate gets the stored result. A result PostgreSQL
-// refuses (jsonb holds no NUL) completes nothing and fails permanently,
-// as when a statement of the handler's writes it.
+// refuses (bytes that are not UTF-8) completes nothing and fails
+// permanently, as when a statement of the handler's writes it.
 func TestClaim_ResultWithoutWritesIsInTheCompletion(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	tr := &countingTracer{}
 	b := setupOn(t, tracedPool(t, tr), nil)
 	h := inbox.ClaimHandler(b.store, func(_ context.Context, _ *inbox.Claim, msg *inboxtype.Message[order]) error {
-		charge := "ch_" + msg.Body.OrderID
-		if msg.Body.OrderID == "nul" {
-			charge += "\x00"
+		if msg.Body.OrderID == "latin1" {
+			return msg.SetResult(json.RawMessage("{\"charge\":\"ch_\xe9\"}"))
 		}
-		return msg.SetResult(map[string]string{"charge": charge})
+		return msg.SetResult(map[string]string{"charge": "ch_" + msg.Body.OrderID})
 	}, nil)
 
 	before := tr.n.Load()
@@ -79,11 +79,11 @@ func TestClaim_ResultWithoutWritesIsInTheCompletion(t *testing.T) {
 	require.ErrorIs(t, h.Handle(ctx, dup), retry.ErrDuplicate)
 	require.JSONEq(t, `{"charge":"ch_r"}`, string(dup.Result()))
 
-	err := h.Handle(ctx, newMsg(t, "pay", order{OrderID: "nul", Amount: 1}, false))
+	err := h.Handle(ctx, newMsg(t, "pay", order{OrderID: "latin1", Amount: 1}, false))
 	d := retry.Classify(err)
 	require.Equal(t, retry.KindPermanent, d.Kind, "%v", err)
 	require.Equal(t, inbox.ReasonDBDataException, d.Reason)
-	r := b.get(t, "pay", "order:nul")
+	r := b.get(t, "pay", "order:latin1")
 	require.NotEqual(t, inbox.RecordCompleted, r.Status, "nothing completed")
 	require.Nil(t, r.Result)
 }

@@ -18,7 +18,7 @@ import (
 // Zero rows is the fenced verdict, as in start; an error may hide a
 // completion that did commit, as a failed COMMIT may, and is retried alike
 // (the release that follows is fenced and leaves a completed row alone).
-// PostgreSQL refusing the result (a value jsonb cannot hold) committed
+// PostgreSQL refusing the result (bytes that are not UTF-8) committed
 // nothing, and is classified by MapError, as when a statement writes it.
 func (c *Claim) completeBare(ctx context.Context, result []byte) error {
 	var arg any

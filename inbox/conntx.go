@@ -94,7 +94,7 @@ func (s *Store) commitResults(ctx context.Context, tx pgx.Tx, units []*unit) err
 	br := ct.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
 		_ = br.Close()
-		// PostgreSQL refused a result (a value jsonb cannot hold): MapError
+		// PostgreSQL refused a result (bytes that are not UTF-8): MapError
 		// makes that permanent, as it was when the handler's own statement
 		// wrote it; a lone delivery's rerun then fails alone.
 		if perr := (*pgconn.PgError)(nil); errors.As(err, &perr) {

@@ -75,8 +75,9 @@
 // (in claim mode, with Claim.Complete), bounded by
 // StoreConfig.MaxResultBytes, and hands it to every later duplicate of the
 // key in inboxtype.Delivery.Result — also to a duplicate that waited for
-// the first delivery to commit. [Store.Get] returns it (Record.Result). A
-// handler that fails stores none.
+// the first delivery to commit. The bytes are kept as the handler set
+// them: the delivery that did the work, [Store.Get] (Record.Result) and
+// every duplicate get the same bytes. A handler that fails stores none.
 //
 // # Group commit
 //

@@ -143,7 +143,7 @@ func newHandler[T any](s *Store, h TxHandlerFunc[T], build BatchHandlerFunc[T], 
 		default:
 			u.err = s.handleOne(u)
 		}
-		replayResult(msg.Delivery, u.result, u.err)
+		keepResult(msg.Delivery, u.pending, u.result, u.err)
 		return u.err
 	})
 }

@@ -60,9 +60,17 @@ func takeResult(d *inboxtype.Delivery) []byte {
 	return r
 }
 
-// replayResult hands a duplicate's stored result to its delivery.
-func replayResult(d *inboxtype.Delivery, result []byte, err error) {
-	if d != nil && result != nil && err != nil && retry.Classify(err).Kind == retry.KindDuplicate {
-		d.Result = result
+// keepResult leaves on d, once the inbox has ruled on it, the result its
+// key's row holds, so that a reply to d carries the row's bytes: after
+// success (err nil) the bytes d's handler stored (nil for none; a result
+// set after the commit was not stored and is dropped), on a duplicate the
+// ones the first delivery stored (first). Any other error leaves d alone.
+func keepResult(d *inboxtype.Delivery, stored, first []byte, err error) {
+	switch {
+	case d == nil:
+	case err == nil:
+		d.Result = stored
+	case first != nil && retry.Classify(err).Kind == retry.KindDuplicate:
+		d.Result = first
 	}
 }

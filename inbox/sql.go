@@ -144,8 +144,8 @@ RETURNING status, deliveries`,
 
 		// A claim still processing is its owner's (or the reconciler's) to
 		// settle; a completed row stays completed.
-		setResult: `UPDATE ` + t + ` SET result = $3::jsonb WHERE consumer = $1 AND key = $2`,
-		setResults: `UPDATE ` + t + ` AS i SET result = r.result::jsonb
+		setResult: `UPDATE ` + t + ` SET result = $3::json WHERE consumer = $1 AND key = $2`,
+		setResults: `UPDATE ` + t + ` AS i SET result = r.result::json
 FROM unnest($1::text[], $2::text[], $3::text[]) AS r(consumer, key, result)
 WHERE i.consumer = r.consumer AND i.key = r.key`,
 
@@ -167,8 +167,11 @@ ORDER BY k.consumer, k.key
 WHERE consumer = $1 AND key = $2 AND owner = $3 AND fence = $4 AND status = 'processing'
 RETURNING lease_until >= $6::timestamptz, GREATEST(EXTRACT(EPOCH FROM (lease_until - now())), 0)::float8`,
 
+		// The result is coalesced as text: COALESCE($5::json, result)
+		// would fail on an inbox whose result column is still jsonb (before
+		// migration 00005), as json and jsonb do not coerce implicitly.
 		completeWith: `UPDATE ` + t + ` SET status = 'completed', owner = NULL, lease_until = NULL,
-	completed_at = now(), updated_at = now(), result = COALESCE($5::jsonb, result)
+	completed_at = now(), updated_at = now(), result = COALESCE($5::text, result::text)::json
 WHERE consumer = $1 AND key = $2 AND owner = $3 AND fence = $4 AND status = 'processing'`,
 
 		// The arrays come in (consumer, key) order, and the plan is a nested
@@ -216,10 +219,10 @@ WHERE consumer = $1 AND key = $2 AND fence = $3 AND status = 'processing'`,
 	// planner cannot fold it, and it runs only in the ELSE branch. Its
 	// claim writes the result too, so that the row is written once.
 	claimWithResult := `INSERT INTO ` + t + ` AS i (consumer, key, status, fingerprint, message_id, payload, fence, attempts, completed_at, result` + col() + `)
-VALUES ($1, $2, 'completed', $3, $4, $5, 1, $6, now(), $7::jsonb` + val("$1", "$2") + `)
+VALUES ($1, $2, 'completed', $3, $4, $5, 1, $6, now(), $7::json` + val("$1", "$2") + `)
 ` + strings.Replace(conflict, "completed_at = now(),", "completed_at = now(), result = EXCLUDED.result,", 1) + `RETURNING fence`
 	claimAllWithResult := `INSERT INTO ` + t + ` AS i (consumer, key, status, fingerprint, message_id, payload, fence, attempts, completed_at, result` + col() + `)
-SELECT k.consumer, k.key, 'completed', k.fp, k.mid, k.payload, 1, k.attempt, now(), k.result::jsonb` + val("k.consumer", "k.key") + `
+SELECT k.consumer, k.key, 'completed', k.fp, k.mid, k.payload, 1, k.attempt, now(), k.result::json` + val("k.consumer", "k.key") + `
 FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::bytea[], $6::int[], $7::text[]) AS k(consumer, key, fp, mid, payload, attempt, result)
 ORDER BY k.consumer, k.key
 ` + strings.Replace(conflict, "completed_at = now(),", "completed_at = now(), result = EXCLUDED.result,", 1) + `RETURNING i.consumer, i.key, i.fence`

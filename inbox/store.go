@@ -284,9 +284,7 @@ type Record struct {
 	MessageID *string
 	// Result is the job's result, stored with the effect
 	// (inboxtype.Message.SetResult), if any: what duplicates of the key
-	// get back. PostgreSQL keeps it as jsonb, so its bytes are jsonb's
-	// normal form (equal JSON, not necessarily the bytes the handler
-	// encoded).
+	// get back, byte for byte the bytes the handler set.
 	Result json.RawMessage
 	// Steps are the recovery points of claim mode: name → JSON result.
 	Steps map[string]json.RawMessage
@@ -301,8 +299,10 @@ const recordColumns = `consumer, key, status, fingerprint, owner, fence, lease_u
 
 func scanRecord(row pgx.Row) (*Record, error) {
 	var r Record
+	// The result is read as bytes: a json.RawMessage target would go
+	// through json.Unmarshal, which drops whitespace around the value.
 	err := row.Scan(&r.Consumer, &r.Key, &r.Status, &r.Fingerprint, &r.Owner, &r.Fence, &r.LeaseUntil,
-		&r.Attempts, &r.Deliveries, &r.LastError, &r.LastFailedAt, &r.MessageID, &r.Result, &r.Steps,
+		&r.Attempts, &r.Deliveries, &r.LastError, &r.LastFailedAt, &r.MessageID, (*[]byte)(&r.Result), &r.Steps,
 		&r.FirstSeenAt, &r.UpdatedAt, &r.CompletedAt)
 	if err != nil {
 		return nil, err

@@ -109,8 +109,11 @@ type Delivery struct {
 	// Result is the job's result as JSON: set by the handler through
 	// [Message.SetResult] on the delivery that did the work (the inbox
 	// stores it with the effect), and by the inbox on a duplicate of a
-	// completed key (the result stored by the first delivery). A reply to
-	// a request (reply_to) carries it. Nil when there is none.
+	// completed key (the result stored by the first delivery). Once the
+	// inbox has ruled on the delivery it holds the bytes stored on the
+	// key's row, byte for byte the same for the first delivery and every
+	// duplicate. A reply to a request (reply_to) carries it. Nil when
+	// there is none.
 	Result json.RawMessage
 
 	// TraceID is the trace id (32 lowercase hex digits) of the delivery's

@@ -1,8 +1,10 @@
 package inboxtype
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -28,18 +30,35 @@ type Message[T any] struct {
 	Delivery *Delivery
 }
 
-// SetResult records v, JSON-encoded, as the job's result: the inbox stores
-// it on the key's row in the transaction of the effect (in claim mode, with
+// SetResult records v as the job's result: the inbox stores it on the
+// key's row in the transaction of the effect (in claim mode, with
 // Claim.Complete: call SetResult before it), and every later duplicate of
 // the key gets the same bytes back (Delivery.Result), as does a reply to a
-// request. The last call before the commit wins; a handler that fails
-// stores none. The inbox bounds its size (StoreConfig.MaxResultBytes): a
-// larger result fails the delivery permanently. SetResult returns an error
-// only if v cannot be encoded.
+// request: byte for byte what this delivery holds. v is encoded with
+// json.Marshal, except a json.RawMessage, which is the handler's own
+// encoding and is kept as given (json.Marshal would compact it); it must
+// be valid JSON. The last call before the commit wins; a handler that
+// fails stores none. The inbox bounds its size
+// (StoreConfig.MaxResultBytes): a larger result fails the delivery
+// permanently. SetResult returns an error only if v cannot be encoded (or
+// is a json.RawMessage that is not JSON); the result is then unchanged.
 func (m *Message[T]) SetResult(v any) error {
-	raw, err := json.Marshal(v)
-	if err != nil {
-		return fmt.Errorf("inboxtype: encode result: %w", err)
+	var raw []byte
+	switch r := v.(type) {
+	case json.RawMessage:
+		switch {
+		case r == nil:
+			raw = []byte("null") // as json.Marshal encodes it
+		case !json.Valid(r):
+			return errors.New("inboxtype: result is not valid JSON")
+		default:
+			raw = bytes.Clone(r)
+		}
+	default:
+		var err error
+		if raw, err = json.Marshal(v); err != nil {
+			return fmt.Errorf("inboxtype: encode result: %w", err)
+		}
 	}
 	if m.Delivery == nil {
 		m.Delivery = &Delivery{}

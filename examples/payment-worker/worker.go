@@ -35,7 +35,12 @@ var gatewayReasons = []string{reasonGateway5xx, reasonGateway4xx, reasonGatewayT
 // run consumes until ctx ends (SIGINT or SIGTERM), then stops: no new
 // deliveries, in-flight ones finish or are requeued un-acked.
 func run(ctx context.Context, cfg config) error {
-	// JSON on stderr, unsampled: every transition of every delivery is logged.
+	// JSON on stderr. zap's own sampling is off, so every line inboxmq
+	// writes reaches stderr; inboxmq samples its per-delivery success lines
+	// (received, locked, processing, completed) past 100 per second per
+	// status, and never its duplicate, retry, failure and dead-letter
+	// lines. The inbox row (inboxctl status) is the record of every
+	// success; docs/observability.md says why.
 	zcfg := zap.NewProductionConfig()
 	zcfg.Sampling = nil
 	logger, err := zcfg.Build()
