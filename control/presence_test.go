@@ -106,7 +106,18 @@ func TestHeartbeat_FailureIsLoggedAndRetried(t *testing.T) {
 	testenv.WaitFor(t, "the recovery is logged", func() bool {
 		return len(logs.Message("control: worker heartbeat recovered")) == 1
 	})
-	require.Len(t, logs.Message("control: worker heartbeat failed; retrying"), 1, "logged once, not at every beat")
+	// Until it recovered, the failing heartbeat logged once, not at every
+	// beat (a later beat may fail anew under load: that is logged again).
+	failures := 0
+	for _, e := range logs.All() {
+		if e.Message == "control: worker heartbeat recovered" {
+			break
+		}
+		if e.Message == "control: worker heartbeat failed; retrying" {
+			failures++
+		}
+	}
+	require.Equal(t, 1, failures, "logged once, not at every beat")
 	w, _ := workerByID(t, s, "w1")
 	require.False(t, w.Controls)
 	require.Empty(t, w.Namespaces)
