@@ -40,12 +40,12 @@ cluster-down: ## Stop the cluster of make cluster (by PID) and remove its data
 	@scripts/cluster.sh down
 
 .PHONY: tools
-tools: ## Install missing tools: promtool and amtool (apt-get as root, else go install) and the pinned golangci-lint
+tools: ## Install missing tools: promtool and amtool (apt-get as root, else go install), chromium (apt-get) and the pinned golangci-lint
 	@scripts/tools.sh
 
 .PHONY: test
 test: up ## The CI command: the alert-rule tests, then every Go test with -race (go test's summary ends the output)
-	@scripts/tools.sh promtool amtool
+	@scripts/tools.sh promtool amtool chromium
 	@if [ -f scripts/test-alerts.sh ]; then bash scripts/test-alerts.sh; else echo "scripts/test-alerts.sh not present: no alert-rule tests"; fi
 	$(GO) test -race -count=1 -timeout $(TIMEOUT) $(PKGS)
 

@@ -8,11 +8,15 @@
 #   amtool         the Alertmanager config check (scripts/test-alerts.sh):
 #                  from Debian's "prometheus-alertmanager" package as root
 #                  with apt-get, otherwise built with go install
+#   chromium       the console's end-to-end tests (ui), headless: from
+#                  Debian's "chromium" package as root with apt-get
+#                  (any of chromium, chromium-browser or google-chrome on
+#                  the PATH will do)
 #   golangci-lint  make lint: always the pinned version below, built with
 #                  go install into bin/tools (a different one on the PATH is
 #                  not used)
 #
-# Usage: scripts/tools.sh [promtool] [amtool] [golangci-lint]   (no argument: all)
+# Usage: scripts/tools.sh [promtool] [amtool] [chromium] [golangci-lint]   (no argument: all)
 # The Makefile puts bin/tools first on the PATH. apt-get update runs at most
 # once. Exits 1, saying what to run, when a tool cannot be installed.
 set -euo pipefail
@@ -76,6 +80,23 @@ install_amtool() {
   return 1
 }
 
+install_chromium() {
+  local b
+  for b in chromium chromium-browser google-chrome; do
+    if command -v "$b" >/dev/null; then return 0; fi
+  done
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    log "installing chromium (apt-get install chromium), for the console's end-to-end tests"
+    export DEBIAN_FRONTEND=noninteractive
+    if apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium >/dev/null; then
+      return 0
+    fi
+  fi
+  log "chromium is missing and could not be installed; the console's end-to-end tests need it. Run:"
+  log "  sudo apt-get install -y chromium"
+  return 1
+}
+
 install_golangci_lint() {
   local bin="$TOOLS_BIN/golangci-lint"
   if [ -x "$bin" ] && [ "$("$bin" version --short 2>/dev/null)" = "${GOLANGCI_LINT_VERSION#v}" ]; then
@@ -90,14 +111,15 @@ install_golangci_lint() {
   return 1
 }
 
-[ $# -gt 0 ] || set -- promtool amtool golangci-lint
+[ $# -gt 0 ] || set -- promtool amtool chromium golangci-lint
 status=0
 for tool in "$@"; do
   case $tool in
     promtool) install_promtool || status=1 ;;
     amtool) install_amtool || status=1 ;;
+    chromium) install_chromium || status=1 ;;
     golangci-lint) install_golangci_lint || status=1 ;;
-    *) log "unknown tool $tool (promtool, amtool, golangci-lint)"; status=1 ;;
+    *) log "unknown tool $tool (promtool, amtool, chromium, golangci-lint)"; status=1 ;;
   esac
 done
 exit "$status"
