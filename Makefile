@@ -92,8 +92,9 @@ bench/go: up ## Run the packages' go test benchmarks (no tests)
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 -timeout $(TIMEOUT) $(PKGS)
 
 .PHONY: build
-build: ## Build the payment-worker example into bin/
+build: ## Build the payment-worker example and its load tool (cmd/inboxload) into bin/
 	$(GO) build -o $(WORKER) ./examples/payment-worker
+	$(GO) build -o $(BIN_DIR)/inboxload ./cmd/inboxload
 
 .PHONY: demo
 demo: ## One command: services, build, migrate, run a worker, publish a burst with duplicates, check the effects

@@ -59,13 +59,12 @@ func TestWorker_ClusterURLReportsTheNode(t *testing.T) {
 	}, nil)
 	reg := prometheus.NewRegistry()
 	w, err := inboxmq.NewWorker(&inboxmq.Config{
-		URL:      dead + "," + live,
-		Name:     "inboxmq-test-" + b.queue,
-		DB:       b.pool,
-		Routes:   routes,
-		Metrics:  &inboxmq.MetricsConfig{Registerer: reg},
-		Controls: &inboxmq.ControlsConfig{},
-		Outbox:   &inboxmq.OutboxConfig{Exchanges: []inboxmq.Exchange{{Name: b.events}}},
+		URL:        dead + "," + live,
+		Name:       "inboxmq-test-" + b.queue,
+		DB:         b.pool,
+		Routes:     routes,
+		Registerer: reg,
+		Exchanges:  []string{b.events},
 	})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = w.Stop(context.Background()) })

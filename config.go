@@ -9,263 +9,157 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/inboxmq/inboxmq/inbox"
 	"github.com/inboxmq/inboxmq/internal/amqpdial"
-	"github.com/inboxmq/inboxmq/metrics"
-	"github.com/inboxmq/inboxmq/middleware"
-	"github.com/inboxmq/inboxmq/observe"
-	"github.com/inboxmq/inboxmq/outbox"
+	"github.com/inboxmq/inboxmq/internal/consumer"
 )
 
-// Defaults of [Config].
-const (
-	// DefaultConnectTimeout bounds each wait for PostgreSQL and RabbitMQ in
-	// Worker.Start when Config.ConnectTimeout is zero.
-	DefaultConnectTimeout = 30 * time.Second
-	// DefaultHandlerTimeout bounds one delivery's handling when
-	// Config.HandlerTimeout is zero.
-	DefaultHandlerTimeout = time.Minute
-	// DefaultStopTimeout bounds Worker.Stop when Config.StopTimeout is zero
-	// and the context has no earlier deadline.
-	DefaultStopTimeout = 25 * time.Second
-	// DefaultStallThreshold is HealthConfig.StallThreshold's floor when it
-	// is zero: how long the consumer may hold deliveries without settling
-	// any before /healthz fails.
-	DefaultStallThreshold = 5 * time.Minute
-)
-
-// Config configures a [Worker]. URL, DB and Routes are required; every
-// other field has a default. The runtime controls are on unless
-// Controls.Disabled; each other nil section (Metrics, Health, Outbox,
-// Reconciler, Retention) leaves its part out. A Config must not be
-// changed after it is passed to [NewWorker].
+// Config configures a [Worker]. URL and DB are required. Every
+// other field has a default that serves a production worker: logs, metrics,
+// runtime controls, the outbox relay, the reconciler and retention are on
+// unless a field turns them off. A Config must not be changed after it is
+// passed to [NewWorker].
 type Config struct {
 	// URL is the broker's amqp:// or amqps:// URL, or the URLs of a
-	// cluster's nodes separated by commas. Required. The consumer, its
-	// publisher of retry and dead-letter copies, the parker and the outbox
-	// relay each connect to one node that answers and, when that
-	// connection is lost, to a node that answers then (see consumer.Config.URL);
-	// the node of every connection is logged and, with Metrics, counted in
-	// broker_node_connections{node,role}. Credentials in it never appear
-	// in logs or errors.
+	// cluster's nodes separated by commas: each connection goes to a node
+	// that answers and moves to another when its node goes away.
+	// Credentials in it never appear in logs or errors. Required.
 	URL string
 
-	// DB is the pool on the PostgreSQL primary that holds the inbox (run
-	// package migrations first). Required. The worker never closes it.
-	// Build it through [inbox.ConfigurePool] so that connections opened
-	// after start-up, and after a fail-over, reach the writable primary
-	// of a multi-host URL and never a standby or a fenced old primary.
+	// DB is the pool on the PostgreSQL primary that holds the inbox (apply
+	// package migrations first). Build it through [inbox.ConfigurePool] so
+	// that connections opened after a fail-over reach the new primary. The
+	// worker never closes it. Required.
 	DB *pgxpool.Pool
 
-	// Redis is the client of the completed-cache and the lock. Defaults to
-	// nil: no cache and no lock, PostgreSQL alone deduplicates (the
-	// guarantees do not depend on Redis). Build it with
-	// ContextTimeoutEnabled so call timeouts bound socket reads, as
-	// [RedisFromURL] does for a single server, Sentinel or Cluster. The
-	// worker never closes it.
-	Redis redis.UniversalClient
-
-	// Routes are the handlers, built with [NewRoutes], [HandleTx] and
-	// [HandleClaim]. Required, with at least one route.
+	// Routes are the handlers, built with [NewRoutes] and [HandleTx],
+	// [HandleBatch] or [HandleClaim]. Defaults to none: a worker without
+	// routes consumes nothing and runs the outbox relay, for a service
+	// that only enqueues (outbox.Enqueue in its own transactions).
 	Routes *Routes
 
-	// Name identifies this worker process to the broker (connection_name),
-	// in logs (worker_id) and in its presence row (inboxctl workers), so
-	// give each process a name of its own. Defaults to "<hostname>-<pid>".
+	// Redis is the client of the completed-cache in front of the inbox, of
+	// the lock of routes that take one ([RouteOpts.Lock]) and of the rate
+	// limits shared by workers ([RouteOpts.RateLimit]); build it with
+	// [RedisFromURL]. The guarantees never depend on it. The worker never
+	// closes it. Defaults to nil: no cache, no lock, rate limits kept per
+	// worker.
+	Redis redis.UniversalClient
+
+	// Name identifies this worker process: to the broker
+	// (connection_name), in logs (worker) and in its presence row
+	// (inboxctl workers). Give each process its own. Defaults to
+	// "<hostname>-<pid>".
 	Name string
 
-	// Logger receives the worker's logs: start-up waits, connection events,
-	// one line per delivery transition, the background services' findings.
-	// Any slog handler works (slog's own, or zap's or zerolog's through
-	// their slog adapters). Defaults to nil, which means no logging.
+	// Logger receives the worker's logs: start-up waits, connection
+	// events, a line for each transition of each delivery, and the
+	// background services' findings. Defaults to slog.Default().
 	Logger *slog.Logger
 
-	// ConnectTimeout bounds each wait for a service in Start (PostgreSQL
-	// for the inbox and the controls, RabbitMQ for the exchanges and the
-	// consumer) and each broker dial. Past it Start fails with a
-	// [*StartTimeoutError] naming the service. Defaults to
-	// DefaultConnectTimeout (30s).
+	// Registerer registers the worker's Prometheus series. When it is also
+	// a prometheus.Gatherer (a *prometheus.Registry is), Addr serves it at
+	// /metrics. Defaults to a registry of the worker's own, which also
+	// holds the Go runtime's and the process's series (go_*, process_*).
+	Registerer prometheus.Registerer
+
+	// Addr is the listen address of /metrics, /healthz (liveness: fails
+	// when the consumer holds deliveries and has settled none for longer
+	// than StallThreshold, a stuck worker that only a restart cures) and
+	// /readyz (readiness: start-up done, broker consuming, database
+	// answering, Redis degraded or not). Each answers 200 or 503 with a
+	// JSON body naming each check, and for a failing one its error, since
+	// when, and its threshold. Defaults to "": no listener.
+	Addr string
+
+	// TracerProvider makes the worker's spans: one per delivery (its
+	// parent read from the message's headers), the inbox's below it, and
+	// one per message the outbox relay publishes. Defaults to
+	// otel.GetTracerProvider(), a no-op until the program installs one.
+	TracerProvider trace.TracerProvider
+
+	// ConnectTimeout bounds each wait for PostgreSQL or RabbitMQ in
+	// [Worker.Start] and each broker dial. Past it Start fails with a
+	// [*StartTimeoutError] naming the service. Defaults to 30s.
 	ConnectTimeout time.Duration
 
 	// HandlerTimeout bounds one delivery's handling (middleware, inbox and
-	// handler); past it the handler's context ends and the delivery is
-	// retried. Defaults to DefaultHandlerTimeout (1m); -1 means no bound.
+	// handler): past it the handler's context ends and the delivery is
+	// retried. Defaults to 1m; -1 means no bound.
 	HandlerTimeout time.Duration
 
-	// StopTimeout bounds the whole of Stop: the consumer's graceful stop
-	// and then every background service. Defaults to DefaultStopTimeout
-	// (25s); a Stop context with an earlier deadline wins.
+	// StopTimeout bounds the whole of [Worker.Stop]. Defaults to 25s; a
+	// Stop context with an earlier deadline wins.
 	StopTimeout time.Duration
 
-	// Metrics registers the Prometheus series and counts every delivery.
-	// Defaults to nil: no metrics.
-	Metrics *MetricsConfig
-
-	// Health serves /metrics, /healthz and /readyz. Defaults to nil: no
-	// listener.
-	Health *HealthConfig
-
-	// Controls configures how the worker obeys inboxctl and the console:
-	// pause, resume, concurrency, and blocked keys parked in
-	// "<queue>.parked". Defaults to nil: controls on, with
-	// ControlsConfig's defaults; ControlsConfig.Disabled turns them off.
-	Controls *ControlsConfig
-
-	// Outbox runs a relay that publishes the rows handlers enqueue with
-	// outbox.Enqueue. Defaults to nil: no relay.
-	Outbox *OutboxConfig
-
-	// Reconciler runs inbox.Reconciler: claims of vanished workers past
-	// their lease become retryable. Its OnStale defaults to the metrics'
-	// stale_processing_records_total and its Logger to Logger. Defaults to
-	// nil: no reconciler (a zero inbox.ReconcilerConfig runs it with its
-	// defaults).
-	Reconciler *inbox.ReconcilerConfig
-
-	// Retention runs inbox.Retention: completed rows past the dedup window
-	// are deleted. Defaults to nil: no retention job (a zero
-	// inbox.RetentionConfig runs it with its defaults). A partitioned inbox
-	// table (migrations.PartitionInbox) needs it, to create the partitions
-	// ahead and drop the old ones: Start refuses one without it.
-	Retention *inbox.RetentionConfig
-
-	// Inbox configures the store the worker builds on DB. Its Logger
-	// defaults to Logger. Defaults to nil: the store's defaults.
-	Inbox *inbox.StoreConfig
-
-	// Tracing configures the worker's OpenTelemetry spans. Defaults to
-	// nil, which is a zero TracingConfig: traces are exported when the
-	// standard OTEL_* environment asks for it, and cost nothing otherwise.
-	Tracing *TracingConfig
-}
-
-// TracingConfig configures the worker's spans: one consumer span per
-// delivery (middleware.Tracing), the inbox's spans below it, and one
-// producer span per row the outbox relay publishes. docs/observability.md
-// lists what each carries.
-type TracingConfig struct {
-	// TracerProvider makes the spans. Defaults to nil: when the
-	// environment asks for traces ([observe.TracingConfigured]:
-	// OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or
-	// OTEL_TRACES_EXPORTER), NewWorker builds an SDK provider from it
-	// ([observe.NewTracerProvider]: exporter, service name, resource
-	// attributes and sampler all from OTEL_*), and Stop flushes and shuts
-	// it down once every part has stopped; otherwise
-	// otel.GetTracerProvider(), a no-op until the program installs one,
-	// and spans that do not record cost the delivery path next to nothing.
-	// A provider set here is the caller's to shut down.
-	TracerProvider trace.TracerProvider
-	// ServiceName is the service.name of a provider built from the
-	// environment when neither OTEL_SERVICE_NAME nor
-	// OTEL_RESOURCE_ATTRIBUTES names one. Defaults to the SDK's
-	// unknown_service:<executable>.
-	ServiceName string
-	// Opts configures the consumer spans: the propagator that reads the
-	// parent from the headers, and whether the idempotency key is an
-	// attribute. Defaults to nil: middleware.TracingOpts's defaults.
-	Opts *middleware.TracingOpts
-}
-
-// MetricsConfig configures the worker's Prometheus metrics.
-type MetricsConfig struct {
-	// Registerer registers the series (the consumer's, the inbox gauges
-	// and the relay's). Defaults to prometheus.DefaultRegisterer.
-	Registerer prometheus.Registerer
-	// Gatherer is served on /metrics when Health is set. Defaults to
-	// Registerer when it is a prometheus.Gatherer (a *prometheus.Registry),
-	// otherwise prometheus.DefaultGatherer.
-	Gatherer prometheus.Gatherer
-	// Series configures the series: namespace, labels, buckets, extra
-	// reasons. Its Inbox defaults to the inbox gauges read through DB.
-	// Defaults to nil: metrics.New's defaults with the inbox gauges.
-	Series *metrics.Config
-}
-
-// HealthConfig configures the worker's HTTP listener: /metrics (when
-// Metrics is set), /healthz (liveness) and /readyz (readiness). Both answer
-// 200 or 503 with a JSON body naming each check, and for a failing one its
-// error, since when it fails and its threshold.
-//
-// /healthz has the check "consumer", a watchdog: it fails while the
-// consumer holds deliveries (handling or settling them) and has settled
-// none for longer than StallThreshold — a stuck handler, settlement or
-// consume loop that only a restart cures. An idle or paused worker never
-// fails it. /readyz has the checks "startup" (fails, naming what Start
-// waits for, until the worker consumes, and again once it stops), "broker"
-// (the consumer is connected and consumes), "database" (DB answers a ping)
-// and, with Redis, the non-fatal "redis" (degraded while the cache or the
-// lock bypasses Redis).
-type HealthConfig struct {
-	// Addr is the listen address. Defaults to observe.DefaultAddr
-	// (loopback).
-	Addr string
-	// Checks are further /readyz checks. Defaults to none.
-	Checks []observe.Check
-	// Liveness are further /healthz checks. Defaults to none.
-	Liveness []observe.Check
 	// StallThreshold is how long the consumer may hold deliveries without
-	// settling any before /healthz fails. Keep it above the longest a
-	// delivery may legitimately take. Defaults to DefaultStallThreshold
-	// (5m), or HandlerTimeout plus one minute when that is longer; -1
-	// disables the watchdog (with HandlerTimeout -1, only a threshold set
-	// here enables it).
+	// settling any before /healthz fails; keep it above the longest a
+	// delivery may legitimately take. An idle or paused worker never
+	// fails. Defaults to HandlerTimeout plus a minute, at least 5m (with
+	// no HandlerTimeout, no watchdog); -1 turns the watchdog off.
 	StallThreshold time.Duration
+
+	// Table is the inbox table, optionally schema-qualified ("app.inbox").
+	// Defaults to "inboxmq_inbox", resolved through the pool's
+	// search_path.
+	Table string
+
+	// RetentionWindow is how long completed inbox rows are kept, the
+	// dedup window: a copy of a message arriving after its row was
+	// deleted would run again. Defaults to the longest redelivery horizon
+	// of the routes (their last retry's delay times their attempts, plus a
+	// week for replays from the DLQ), which Start logs; a shorter window
+	// than that horizon is refused. -1 turns retention off (a partitioned
+	// inbox then cannot start: retention creates its partitions).
+	RetentionWindow time.Duration
+
+	// ReconcileInterval is how often the reconciler looks for claims whose
+	// worker vanished (claim mode) and makes them safe to retry. Defaults
+	// to 1m; -1 turns the reconciler off.
+	ReconcileInterval time.Duration
+
+	// Exchanges are declared (durable, topic) by Start before anything is
+	// consumed, so that the first message a handler enqueues in the
+	// outbox, or a fault event, finds its exchange. Defaults to none.
+	Exchanges []string
+
+	// DropUnroutable makes the outbox relay drop a message no queue is
+	// bound to take (an event nobody subscribed to), logging it, instead
+	// of keeping it and trying again with backoff. Defaults to false.
+	DropUnroutable bool
+
+	// DisableControls turns off the runtime controls: the worker no longer
+	// obeys inboxctl's pause, concurrency and blocked keys (its presence
+	// row says so, and inboxctl warns). Defaults to false: controls on.
+	DisableControls bool
+
+	// DisableRelay turns off the outbox relay: rows that handlers enqueue
+	// wait for a relay running elsewhere. Defaults to false: the worker
+	// publishes them.
+	DisableRelay bool
 }
 
-// ControlsConfig configures the runtime controls: a control.Watcher that
-// applies inboxctl's pause and concurrency to the consumer, and a
-// middleware.Block on every route that parks the deliveries of blocked keys
-// through a control.DialParker. The watcher holds one pool connection in
-// LISTEN and reads the controls once per PollInterval.
-//
-// Whether the controls are on or off, the worker announces itself in
-// PostgreSQL (control.Heartbeat: its name, host, pid, namespaces, version
-// and whether it obeys the controls), so that inboxctl and the console
-// count the live workers a change reaches.
-type ControlsConfig struct {
-	// Disabled turns the controls off: the worker ignores pause,
-	// concurrency and blocks, and says so in its presence row. Defaults
-	// to false.
-	Disabled bool
-	// PollInterval is the watcher's reload period without a notification.
-	// Defaults to control.DefaultPollInterval.
-	PollInterval time.Duration
-	// NoListen makes the watcher poll only (no LISTEN connection).
-	// Defaults to false.
-	NoListen bool
-	// ParkerName is the connection_name of the parker's broker connection.
-	// Defaults to Name + "-parker".
-	ParkerName string
-}
-
-// OutboxConfig configures the outbox relay.
-type OutboxConfig struct {
-	// Relay configures the relay. Its URL defaults to Config.URL, its
-	// Logger to Config.Logger and its Registerer to the metrics' (or, with
-	// no Metrics, a registry of its own that nothing serves). Defaults to
-	// outbox.RelayConfig's zero value.
-	Relay outbox.RelayConfig
-	// Exchanges are declared (durable) in Start before the relay runs, so
-	// that the first publish finds them. Defaults to none.
-	Exchanges []Exchange
-}
-
-// Exchange is an exchange the worker declares at start: durable, not
-// auto-deleted.
-type Exchange struct {
-	// Name is the exchange's name. Required.
-	Name string
-	// Kind is its type (topic, direct, fanout, headers). Defaults to
-	// "topic".
-	Kind string
-}
+// Defaults of [Config].
+const (
+	defaultConnectTimeout    = 30 * time.Second
+	defaultHandlerTimeout    = time.Minute
+	defaultStopTimeout       = 25 * time.Second
+	defaultStallThreshold    = 5 * time.Minute
+	defaultReconcileInterval = time.Minute
+	// replayWindow is how long after its dead-lettering an operator may
+	// replay a message: part of every route's redelivery horizon.
+	replayWindow = 7 * 24 * time.Hour
+)
 
 // settings is a Config with its defaults applied.
 type settings struct {
 	Config
+	// gatherer serves /metrics (nil: the registerer cannot be gathered).
 	gatherer prometheus.Gatherer
 }
 
@@ -276,20 +170,29 @@ func withDefaults(cfg *Config) (*settings, error) {
 		return nil, errors.New("inboxmq: nil Config")
 	}
 	s := &settings{Config: *cfg}
-	if s.URL == "" {
+	switch {
+	case s.URL == "":
 		return nil, errors.New("inboxmq: Config.URL is required")
+	case s.DB == nil:
+		return nil, errors.New("inboxmq: Config.DB is required")
+	case len(s.Routes.snapshot()) == 0 && s.DisableRelay:
+		return nil, errors.New("inboxmq: a Config without Routes and with DisableRelay has nothing to run")
 	}
 	if _, err := amqpdial.Parse(s.URL); err != nil {
 		return nil, fmt.Errorf("inboxmq: Config.URL: want an amqp:// or amqps:// URL, or a comma-separated list of them: %w", err)
 	}
-	if s.DB == nil {
-		return nil, errors.New("inboxmq: Config.DB is required")
-	}
-	if s.Routes == nil || len(s.Routes.snapshot()) == 0 {
-		return nil, errors.New("inboxmq: Config.Routes needs at least one route")
-	}
+	s.Name = cmp.Or(s.Name, hostPID())
 	if s.Logger == nil {
-		s.Logger = slog.New(slog.DiscardHandler)
+		s.Logger = slog.Default()
+	}
+	if s.Registerer == nil {
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		s.Registerer = reg
+	}
+	s.gatherer, _ = s.Registerer.(prometheus.Gatherer)
+	if s.TracerProvider == nil {
+		s.TracerProvider = otel.GetTracerProvider()
 	}
 	for _, d := range []struct {
 		name string
@@ -297,60 +200,63 @@ func withDefaults(cfg *Config) (*settings, error) {
 		def  time.Duration
 		off  bool // -1 allowed
 	}{
-		{"ConnectTimeout", &s.ConnectTimeout, DefaultConnectTimeout, false},
-		{"HandlerTimeout", &s.HandlerTimeout, DefaultHandlerTimeout, true},
-		{"StopTimeout", &s.StopTimeout, DefaultStopTimeout, false},
+		{"ConnectTimeout", &s.ConnectTimeout, defaultConnectTimeout, false},
+		{"HandlerTimeout", &s.HandlerTimeout, defaultHandlerTimeout, true},
+		{"StopTimeout", &s.StopTimeout, defaultStopTimeout, false},
+		{"ReconcileInterval", &s.ReconcileInterval, defaultReconcileInterval, true},
+		{"RetentionWindow", &s.RetentionWindow, 0, true}, // derived from the routes (retentionWindow)
 	} {
 		switch {
 		case *d.v == 0:
 			*d.v = d.def
 		case *d.v == -1 && d.off:
+		case *d.v < 0 && d.off:
+			return nil, fmt.Errorf("inboxmq: Config.%s %s: want a positive duration, or -1", d.name, *d.v)
 		case *d.v < 0:
 			return nil, fmt.Errorf("inboxmq: Config.%s %s: want a positive duration", d.name, *d.v)
 		}
 	}
-	if m := s.Metrics; m != nil {
-		mc := *m
-		if mc.Registerer == nil {
-			mc.Registerer = prometheus.DefaultRegisterer
-		}
-		if mc.Gatherer == nil {
-			mc.Gatherer = prometheus.DefaultGatherer
-			if g, ok := mc.Registerer.(prometheus.Gatherer); ok {
-				mc.Gatherer = g
-			}
-		}
-		s.Metrics = &mc
-		s.gatherer = mc.Gatherer
+	switch {
+	case s.StallThreshold == 0 && s.HandlerTimeout == -1:
+		s.StallThreshold = -1 // handlers may run for ever: no bound to watch
+	case s.StallThreshold == 0:
+		s.StallThreshold = max(defaultStallThreshold, s.HandlerTimeout+time.Minute)
+	case s.StallThreshold < 0 && s.StallThreshold != -1:
+		return nil, fmt.Errorf("inboxmq: Config.StallThreshold %s: want a positive duration, or -1", s.StallThreshold)
 	}
-	if h := s.Health; h != nil {
-		hc := *h
-		switch {
-		case hc.StallThreshold == 0 && s.HandlerTimeout == -1:
-			hc.StallThreshold = -1 // handlers may run for ever: no bound to watch
-		case hc.StallThreshold == 0:
-			hc.StallThreshold = max(DefaultStallThreshold, s.HandlerTimeout+time.Minute)
-		case hc.StallThreshold < 0 && hc.StallThreshold != -1:
-			return nil, fmt.Errorf("inboxmq: Config.Health.StallThreshold %s: want a positive duration or -1", hc.StallThreshold)
-		}
-		s.Health = &hc
-	}
-	if o := s.Outbox; o != nil {
-		for _, e := range o.Exchanges {
-			if e.Name == "" {
-				return nil, errors.New("inboxmq: Config.Outbox.Exchanges: an exchange without a Name")
-			}
-			switch e.Kind {
-			case "", "topic", "direct", "fanout", "headers":
-			default:
-				return nil, fmt.Errorf("inboxmq: Config.Outbox.Exchanges: exchange %q: unknown kind %q", e.Name, e.Kind)
-			}
-		}
-	}
-	if r := s.Retention; r != nil {
-		if err := inbox.CheckWindow(cmp.Or(r.Window, inbox.DefaultRetentionWindow), r.RedeliveryHorizon); err != nil {
-			return nil, fmt.Errorf("inboxmq: Config.Retention: %w", err)
+	for _, e := range s.Exchanges {
+		if !consumer.ValidName(e) || e == "" {
+			return nil, fmt.Errorf("inboxmq: Config.Exchanges: invalid exchange name %q", e)
 		}
 	}
 	return s, nil
+}
+
+// retentionWindow returns the window of the retention job (0: off) and,
+// when it was derived, why: the longest redelivery horizon of the routes.
+// A window set shorter than that horizon is refused.
+func (s *settings) retentionWindow(routes []*route) (time.Duration, string, error) {
+	if s.RetentionWindow == -1 {
+		return 0, "", nil
+	}
+	horizon, why := replayWindow, "a week for replays from the DLQ"
+	for _, rt := range routes {
+		tiers := rt.queueOpts().RetryTiers
+		last := tiers[len(tiers)-1]
+		attempts := 0
+		if a, ok := rt.policy().(interface{ Attempts() int }); ok {
+			attempts = a.Attempts()
+		}
+		if h := inbox.RedeliveryHorizon(last, attempts, replayWindow); h > horizon {
+			horizon = h
+			why = fmt.Sprintf("route %s: %d attempts × %s, plus a week for replays from the DLQ", rt.queue, attempts, last)
+		}
+	}
+	if s.RetentionWindow == 0 {
+		return horizon, why, nil
+	}
+	if err := inbox.CheckWindow(s.RetentionWindow, horizon); err != nil {
+		return 0, "", fmt.Errorf("inboxmq: Config.RetentionWindow: %w (%s)", err, why)
+	}
+	return s.RetentionWindow, "", nil
 }

@@ -13,7 +13,6 @@ import (
 	"github.com/inboxmq/inboxmq"
 	"github.com/inboxmq/inboxmq/inbox"
 	"github.com/inboxmq/inboxmq/inboxtype"
-	"github.com/inboxmq/inboxmq/middleware"
 )
 
 // order is a keyed payload; unkeyed is not.
@@ -58,45 +57,42 @@ func TestNewWorker_Validation(t *testing.T) {
 		want   string // "" = valid
 	}{
 		{"valid", func(*inboxmq.Config) {}, ""},
-		{"every section", func(c *inboxmq.Config) {
+		{"every field", func(c *inboxmq.Config) {
 			c.Redis = rdb
-			c.Controls = &inboxmq.ControlsConfig{}
-			c.Outbox = &inboxmq.OutboxConfig{Exchanges: []inboxmq.Exchange{{Name: "events"}}}
-			c.Reconciler = &inbox.ReconcilerConfig{}
-			c.Retention = &inbox.RetentionConfig{}
-			c.Health = &inboxmq.HealthConfig{Addr: "127.0.0.1:0"}
+			c.Exchanges = []string{"events"}
+			c.Addr = "127.0.0.1:0"
 			c.HandlerTimeout = -1
+			c.RetentionWindow = 30 * 24 * time.Hour
+			c.ReconcileInterval = time.Second
+			c.DropUnroutable = true
+		}, ""},
+		{"every service off", func(c *inboxmq.Config) {
+			c.DisableControls, c.DisableRelay = true, true
+			c.RetentionWindow, c.ReconcileInterval = -1, -1
 		}, ""},
 		{"no URL", func(c *inboxmq.Config) { c.URL = "" }, "Config.URL is required"},
 		{"not an AMQP URL", func(c *inboxmq.Config) { c.URL = "http://x:s3cret@host/" }, "want an amqp:// or amqps:// URL"},
 		{"no DB", func(c *inboxmq.Config) { c.DB = nil }, "Config.DB is required"},
-		{"no routes", func(c *inboxmq.Config) { c.Routes = nil }, "at least one route"},
-		{"empty routes", func(c *inboxmq.Config) { c.Routes = inboxmq.NewRoutes() }, "at least one route"},
+		{"no routes: the relay alone", func(c *inboxmq.Config) { c.Routes = nil }, ""},
+		{"no routes and no relay", func(c *inboxmq.Config) { c.Routes, c.DisableRelay = nil, true }, "has nothing to run"},
+		{"empty routes and no relay", func(c *inboxmq.Config) { c.Routes, c.DisableRelay = inboxmq.NewRoutes(), true }, "has nothing to run"},
 		{"negative ConnectTimeout", func(c *inboxmq.Config) { c.ConnectTimeout = -time.Second }, "Config.ConnectTimeout -1s"},
 		{"negative StopTimeout", func(c *inboxmq.Config) { c.StopTimeout = -1 }, "Config.StopTimeout"},
-		{"watchdog off", func(c *inboxmq.Config) { c.Health = &inboxmq.HealthConfig{StallThreshold: -1} }, ""},
-		{"negative StallThreshold", func(c *inboxmq.Config) {
-			c.Health = &inboxmq.HealthConfig{StallThreshold: -time.Second}
-		}, "Config.Health.StallThreshold -1s"},
-		{"exchange without name", func(c *inboxmq.Config) {
-			c.Outbox = &inboxmq.OutboxConfig{Exchanges: []inboxmq.Exchange{{Kind: "topic"}}}
-		}, "an exchange without a Name"},
-		{"exchange of unknown kind", func(c *inboxmq.Config) {
-			c.Outbox = &inboxmq.OutboxConfig{Exchanges: []inboxmq.Exchange{{Name: "e", Kind: "x-nope"}}}
-		}, `unknown kind "x-nope"`},
+		{"negative RetentionWindow", func(c *inboxmq.Config) { c.RetentionWindow = -time.Second }, "Config.RetentionWindow -1s: want a positive duration, or -1"},
+		{"exchange without name", func(c *inboxmq.Config) { c.Exchanges = []string{""} }, `invalid exchange name ""`},
 		{"retention window under the horizon", func(c *inboxmq.Config) {
-			c.Retention = &inbox.RetentionConfig{Window: time.Hour, RedeliveryHorizon: 2 * time.Hour}
-		}, "Config.Retention"},
+			c.RetentionWindow = time.Hour
+		}, "Config.RetentionWindow: inbox: retention window shorter than the redelivery horizon"},
 		{"nil handler", func(c *inboxmq.Config) {
 			c.Routes = routes(func(r *inboxmq.Routes) { inboxmq.HandleTx[order](r, "orders", nil, nil) })
 		}, `route "orders": nil handler`},
 		{"unkeyed payload", func(c *inboxmq.Config) {
 			c.Routes = routes(func(r *inboxmq.Routes) { inboxmq.HandleTx(r, "plain", noop[unkeyed], nil) })
 		}, `route "plain": payload inboxmq_test.unkeyed does not implement inboxtype.Keyer`},
-		{"unkeyed payload with a cache and a lock", func(c *inboxmq.Config) {
+		{"unkeyed payload with a cache", func(c *inboxmq.Config) {
 			c.Redis = rdb
 			c.Routes = routes(func(r *inboxmq.Routes) { inboxmq.HandleTx(r, "plain", noop[unkeyed], nil) })
-		}, "the inbox, the cache and the lock need its idempotency key"},
+		}, "the inbox needs its idempotency key"},
 		{"unkeyed payload in claim mode", func(c *inboxmq.Config) {
 			c.Routes = routes(func(r *inboxmq.Routes) {
 				inboxmq.HandleClaim(r, "plain", func(context.Context, *inbox.Claim, *inboxtype.Message[unkeyed]) error { return nil }, nil)
@@ -111,13 +107,7 @@ func TestNewWorker_Validation(t *testing.T) {
 		{"invalid queue name", func(c *inboxmq.Config) {
 			c.Routes = routes(func(r *inboxmq.Routes) { inboxmq.HandleTx(r, "bad queue", noop[order], nil) })
 		}, `route "bad queue"`},
-		{"fault events without an outbox", func(c *inboxmq.Config) {
-			c.Routes = routes(func(r *inboxmq.Routes) {
-				inboxmq.HandleTx(r, "orders", noop[order], &inboxmq.RouteOpts{Faults: &inboxmq.FaultOpts{Exchange: "events"}})
-			})
-		}, `route "orders": fault events need Config.Outbox`},
 		{"fault events without an exchange", func(c *inboxmq.Config) {
-			c.Outbox = &inboxmq.OutboxConfig{}
 			c.Routes = routes(func(r *inboxmq.Routes) {
 				inboxmq.HandleTx(r, "orders", noop[order], &inboxmq.RouteOpts{Faults: &inboxmq.FaultOpts{}})
 			})
@@ -125,9 +115,25 @@ func TestNewWorker_Validation(t *testing.T) {
 		{"lock TTL out of range", func(c *inboxmq.Config) {
 			c.Redis = rdb
 			c.Routes = routes(func(r *inboxmq.Routes) {
-				inboxmq.HandleTx(r, "orders", noop[order], &inboxmq.RouteOpts{Lock: &middleware.LockOpts{TTL: time.Millisecond}})
+				inboxmq.HandleTx(r, "orders", noop[order], &inboxmq.RouteOpts{Lock: &inboxmq.LockOpts{TTL: time.Millisecond}})
 			})
-		}, `route "orders"`},
+		}, `route "orders": RouteOpts.Lock.TTL 1ms: want 1s to 10m`},
+		{"lock without Redis", func(c *inboxmq.Config) {
+			c.Routes = routes(func(r *inboxmq.Routes) {
+				inboxmq.HandleTx(r, "orders", noop[order], &inboxmq.RouteOpts{Lock: &inboxmq.LockOpts{}})
+			})
+		}, `route "orders": RouteOpts.Lock needs Config.Redis`},
+		{"claim settings on a transactional route", func(c *inboxmq.Config) {
+			c.Routes = routes(func(r *inboxmq.Routes) {
+				inboxmq.HandleTx(r, "orders", noop[order], &inboxmq.RouteOpts{Claim: &inbox.ClaimOpts{}})
+			})
+		}, `route "orders": RouteOpts.Claim is for claim mode`},
+		{"a lease shorter than its heartbeat", func(c *inboxmq.Config) {
+			c.Routes = routes(func(r *inboxmq.Routes) {
+				inboxmq.HandleClaim(r, "orders", func(context.Context, *inbox.Claim, *inboxtype.Message[order]) error { return nil },
+					&inboxmq.RouteOpts{Claim: &inbox.ClaimOpts{Lease: time.Second, Heartbeat: 2 * time.Second}})
+			})
+		}, `route "orders": inbox: Heartbeat 2s must be shorter than Lease 1s`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

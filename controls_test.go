@@ -88,7 +88,7 @@ func TestWorker_ControlsDisabledIgnoresPause(t *testing.T) {
 	require.NoError(t, store.Pause(t.Context(), "orders", nil), "paused before the worker starts")
 	w, err := inboxmq.NewWorker(&inboxmq.Config{
 		URL: testenv.AMQPURL(), DB: b.pool, Routes: routes, Name: "no-controls",
-		Controls: &inboxmq.ControlsConfig{Disabled: true},
+		DisableControls: true,
 	})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = w.Stop(context.Background()) })

@@ -13,9 +13,9 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/inboxmq/inboxmq"
-	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
 	"github.com/inboxmq/inboxmq/inboxtype"
+	"github.com/inboxmq/inboxmq/internal/consumer"
 	"github.com/inboxmq/inboxmq/migrations"
 	"github.com/inboxmq/inboxmq/producer"
 	"github.com/inboxmq/inboxmq/retry"
@@ -80,7 +80,7 @@ func Example_worker() {
 	defer func() {
 		queues := []string{queue, queue + ".dlq"}
 		for _, tier := range consumer.DefaultRetryTiers {
-			queues = append(queues, consumer.RetryQueueName(queue, tier))
+			queues = append(queues, inboxtype.RetryQueue(queue, tier))
 		}
 		for _, q := range queues {
 			_, _ = ch.QueueDelete(q, false, false, false)
@@ -104,8 +104,8 @@ func Example_worker() {
 		_, err := tx.Exec(ctx, `INSERT INTO payments (order_id, cents) VALUES ($1, $2)`, msg.Body.OrderID, msg.Body.Cents)
 		return err
 	}, &inboxmq.RouteOpts{
-		Queue:      consumer.QueueOpts{Concurrency: 1},
-		Middleware: []inboxtype.Middleware{report},
+		Concurrency: 1,
+		Middleware:  []inboxtype.Middleware{report},
 	})
 
 	w, err := inboxmq.NewWorker(&inboxmq.Config{URL: amqpURL, DB: pool, Routes: routes})

@@ -13,8 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inboxtype"
+	"github.com/inboxmq/inboxmq/internal/consumer"
 	"github.com/inboxmq/inboxmq/outbox"
 	"github.com/inboxmq/inboxmq/retry"
 )
@@ -25,11 +25,11 @@ import (
 // limit), which the worker files into the DLQ itself. The event's row is
 // written once the dead-letter copy is confirmed in the DLQ and before the
 // original is acked, so the event goes out exactly when the dead-letter
-// settlement happened (see docs/results.md for the crash windows). It
-// needs Config.Outbox (the relay publishes the events).
+// settlement happened (see docs/results.md for the crash windows); the
+// outbox relay publishes it.
 type FaultOpts struct {
-	// Exchange receives the fault events; declare it in
-	// Config.Outbox.Exchanges. Required.
+	// Exchange receives the fault events; list it in Config.Exchanges so
+	// that Start declares it. Required.
 	Exchange string
 	// RoutingKey is the events' routing key. Defaults to "<queue>.fault".
 	RoutingKey string
@@ -44,7 +44,7 @@ type FaultOpts struct {
 
 // FaultEvent is the JSON body of a fault event (FaultOpts). The event's
 // headers carry the original's trace context and the failed attempt's
-// (x-failed-traceparent), so a consumer traced with middleware.Tracing
+// (x-failed-traceparent), so a consumer traced as an inboxmq.Worker traces
 // continues the trace and links to the failure. It is keyed
 // (inboxtype.Keyer), so a worker of inboxmq can consume fault events
 // with it as payload: a repeated event is a duplicate there.
@@ -98,9 +98,6 @@ func (w *Worker) faultHook(rt *route) (func(context.Context, consumer.DeadLetter
 	if o.Exchange == "" {
 		return nil, errors.New("fault events need an exchange (RouteOpts.Faults.Exchange)")
 	}
-	if w.s.Outbox == nil {
-		return nil, errors.New("fault events need Config.Outbox: its relay publishes them")
-	}
 	opts := *o
 	if opts.RoutingKey == "" {
 		opts.RoutingKey = rt.queue + ".fault"
@@ -109,15 +106,11 @@ func (w *Worker) faultHook(rt *route) (func(context.Context, consumer.DeadLetter
 		opts.MaxBody = defaultMaxFaultBody
 	}
 	return func(ctx context.Context, dl consumer.DeadLetter) error {
-		s := w.store()
-		if s == nil {
-			return errors.New("inboxmq: fault event: worker not started")
-		}
 		msg, err := faultMessage(rt.queue, &opts, dl)
 		if err != nil {
 			return err
 		}
-		return pgx.BeginFunc(ctx, s.Pool(), func(tx pgx.Tx) error {
+		return pgx.BeginFunc(ctx, w.s.DB, func(tx pgx.Tx) error {
 			return outbox.Enqueue(ctx, tx, msg)
 		})
 	}, nil
@@ -164,7 +157,7 @@ func faultMessage(queue string, o *FaultOpts, dl consumer.DeadLetter) (outbox.Me
 		return outbox.Message{}, fmt.Errorf("inboxmq: encode fault event: %w", err)
 	}
 	// The trace goes on: the original's context, and the failed
-	// attempt's (which middleware.Tracing links to) from the copy.
+	// attempt's (which a worker's consumer span links to) from the copy.
 	headers := amqp.Table{}
 	for _, k := range []string{"traceparent", "tracestate", inboxtype.HeaderFailedTraceparent, inboxtype.HeaderFailedTracestate} {
 		if v, ok := h[k].(string); ok {

@@ -13,7 +13,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmq/inboxmq"
-	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
 	"github.com/inboxmq/inboxmq/internal/testenv"
@@ -60,13 +59,13 @@ func TestWorker_FaultEventWrittenOnceAfterAFailedOutboxWrite(t *testing.T) {
 	inboxmq.HandleTx(routes, b.queue, func(context.Context, pgx.Tx, *inboxtype.Message[order]) error {
 		return retry.Permanent(errors.New("declined"))
 	}, &inboxmq.RouteOpts{
-		Queue:  consumer.QueueOpts{Concurrency: 1},
-		Faults: &inboxmq.FaultOpts{Exchange: b.events, RoutingKey: "order.fault", Body: true},
+		Concurrency: 1,
+		Faults:      &inboxmq.FaultOpts{Exchange: b.events, RoutingKey: "order.fault", Body: true},
 	})
 	w, err := inboxmq.NewWorker(&inboxmq.Config{
 		URL: testenv.AMQPURL(), DB: b.pool, Routes: routes,
-		Logger: slog.New(signalHandler{msg: "consumer: settlement failed", seen: failed, count: &failures}),
-		Outbox: &inboxmq.OutboxConfig{Exchanges: []inboxmq.Exchange{{Name: b.events}}},
+		Logger:    slog.New(signalHandler{msg: "consumer: settlement failed", seen: failed, count: &failures}),
+		Exchanges: []string{b.events},
 	})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = w.Stop(context.Background()) })
@@ -124,12 +123,13 @@ func TestWorker_BrokerDeadLettersPublishOneFaultEvent(t *testing.T) {
 					_ = ch.Close() // the worker "crashes" on this message: nothing commits or is settled
 					return errors.New("crashed")
 				}, &inboxmq.RouteOpts{
-					Queue:  consumer.QueueOpts{Type: consumer.Quorum, DeliveryLimit: 2, Concurrency: 1},
-					Faults: &inboxmq.FaultOpts{Exchange: b.events, RoutingKey: "order.fault"},
+					Concurrency: 1,
+					Queue:       &inboxmq.QueueOpts{Type: inboxmq.Quorum, DeliveryLimit: 2},
+					Faults:      &inboxmq.FaultOpts{Exchange: b.events, RoutingKey: "order.fault"},
 				})
 				w, err := inboxmq.NewWorker(&inboxmq.Config{
 					URL: testenv.AMQPURL(), DB: b.pool, Routes: routes,
-					Outbox: &inboxmq.OutboxConfig{Exchanges: []inboxmq.Exchange{{Name: b.events}}},
+					Exchanges: []string{b.events},
 				})
 				require.NoError(t, err)
 				t.Cleanup(func() { _ = w.Stop(context.Background()) })

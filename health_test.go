@@ -18,10 +18,10 @@ import (
 
 	"github.com/inboxmq/inboxmq"
 	"github.com/inboxmq/inboxmq/inboxtype"
+	"github.com/inboxmq/inboxmq/internal/observe"
 	"github.com/inboxmq/inboxmq/internal/pgtest"
 	"github.com/inboxmq/inboxmq/internal/redistest"
 	"github.com/inboxmq/inboxmq/internal/testenv"
-	"github.com/inboxmq/inboxmq/observe"
 )
 
 // healthBody is a /healthz or /readyz answer.
@@ -51,10 +51,7 @@ func getHealth(t *testing.T, rawURL string) healthBody {
 func startHealthWorker(t *testing.T, cfg *inboxmq.Config) (health string) {
 	t.Helper()
 	health = freeAddr(t)
-	if cfg.Health == nil {
-		cfg.Health = &inboxmq.HealthConfig{}
-	}
-	cfg.Health.Addr = health
+	cfg.Addr = health
 	w, err := inboxmq.NewWorker(cfg)
 	require.NoError(t, err)
 	require.NoError(t, w.Start(t.Context()))
@@ -92,7 +89,7 @@ func TestWorker_HealthzFailsWhileAHandlerIsStuck(t *testing.T) {
 	health := startHealthWorker(t, &inboxmq.Config{
 		URL: testenv.AMQPURL(), DB: b.pool, Routes: routes,
 		HandlerTimeout: -1,
-		Health:         &inboxmq.HealthConfig{StallThreshold: threshold},
+		StallThreshold: threshold,
 	})
 	t.Cleanup(unblock) // runs before the worker stops and the pool closes
 	require.Equal(t, http.StatusOK, getHealth(t, "http://"+health+"/healthz").Code)
@@ -130,7 +127,7 @@ func TestWorker_HealthzStaysOKWhileIdle(t *testing.T) {
 	inboxmq.HandleTx(routes, b.queue, noop[order], nil)
 	health := startHealthWorker(t, &inboxmq.Config{
 		URL: testenv.AMQPURL(), DB: b.pool, Routes: routes,
-		Health: &inboxmq.HealthConfig{StallThreshold: 50 * time.Millisecond},
+		StallThreshold: 50 * time.Millisecond,
 	})
 	// One delivery handled, then nothing: idle for many thresholds.
 	b.pub.Publish(b.queue, []byte(`{"id":"a"}`), amqp.Publishing{MessageId: "a"})

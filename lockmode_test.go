@@ -15,46 +15,41 @@ import (
 	"github.com/inboxmq/inboxmq"
 	"github.com/inboxmq/inboxmq/inbox"
 	"github.com/inboxmq/inboxmq/inboxtype"
+	"github.com/inboxmq/inboxmq/internal/middleware"
 	"github.com/inboxmq/inboxmq/internal/redistest"
 	"github.com/inboxmq/inboxmq/internal/testenv"
-	"github.com/inboxmq/inboxmq/middleware"
 )
 
-// RouteOpts.LockMode: no lock by default, in either mode; the lock in
-// either mode when asked, and NoLock overrides LockOn. The route's own middleware
-// runs inside the lock, so it sees whether the delivery holds it.
-func TestWorker_LockMode(t *testing.T) {
+// RouteOpts.Lock: no lock by default, in either mode; the lock in either
+// mode when asked. The route's own middleware runs inside the lock, so it
+// sees whether the delivery holds it.
+func TestWorker_Lock(t *testing.T) {
 	t.Parallel()
 	for _, tt := range []struct {
 		name   string
 		claim  bool
-		mode   inboxmq.LockMode
-		noLock bool
 		locked bool
 	}{
-		{name: "TxAuto", mode: inboxmq.LockAuto, locked: false},
-		{name: "TxOn", mode: inboxmq.LockOn, locked: true},
-		{name: "TxOff", mode: inboxmq.LockOff, locked: false},
-		{name: "ClaimAuto", claim: true, mode: inboxmq.LockAuto, locked: false},
-		{name: "ClaimOn", claim: true, mode: inboxmq.LockOn, locked: true},
-		{name: "ClaimOff", claim: true, mode: inboxmq.LockOff, locked: false},
-		{name: "ClaimNoLock", claim: true, mode: inboxmq.LockOn, noLock: true, locked: false},
+		{name: "TxDefault"},
+		{name: "TxLock", locked: true},
+		{name: "ClaimDefault", claim: true},
+		{name: "ClaimLock", claim: true, locked: true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			b := setup(t)
-			rdb, prefix := redistest.Client(t)
+			rdb := redisFor(t, b.queue)
 			results := make(chan string, 1)
 			opts := &inboxmq.RouteOpts{
-				LockMode: tt.mode, NoLock: tt.noLock,
-				Lock:  &middleware.LockOpts{Prefix: prefix + "lock:"},
-				Cache: &middleware.CacheOpts{Prefix: prefix + "done:"},
 				Middleware: []inboxtype.Middleware{func(next inboxtype.DeliveryHandler) inboxtype.DeliveryHandler {
 					return func(ctx context.Context, d *inboxtype.Delivery) error {
 						results <- d.LockResult
 						return next(ctx, d)
 					}
 				}},
+			}
+			if tt.locked {
+				opts.Lock = &inboxmq.LockOpts{}
 			}
 			routes := inboxmq.NewRoutes()
 			insert := func(ctx context.Context, tx pgx.Tx, id string) error {
@@ -84,14 +79,15 @@ func TestWorker_LockMode(t *testing.T) {
 	}
 }
 
-// A route with the cache and the lock costs one Redis round trip before
-// its handler and one after; a copy of a completed job costs one and never
-// reaches the handler.
-func TestWorker_CacheAndLockShareRoundTrips(t *testing.T) {
+// A route with the cache and the lock costs two Redis round trips before
+// its handler (the cache's read, the obtain) and two after (the release,
+// the cache's write); a copy of a completed job costs one and never
+// reaches the handler, nor takes the lock.
+func TestWorker_CacheAndLockRoundTrips(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	rdb, prefix := redistest.Client(t) // for the test's own look-ups
-	counted, _ := redistest.Client(t)  // the worker's
+	rdb := redisFor(t, b.queue)     // for the test's own look-ups
+	counted := redisFor(t, b.queue) // the worker's
 	trips := &redistest.Trips{}
 	counted.AddHook(trips)
 	var before atomic.Int64
@@ -102,25 +98,21 @@ func TestWorker_CacheAndLockShareRoundTrips(t *testing.T) {
 		_, err := tx.Exec(ctx, `INSERT INTO effects (id) VALUES ($1)`, msg.Body.ID)
 		calls <- msg.Body.ID
 		return err
-	}, &inboxmq.RouteOpts{
-		LockMode: inboxmq.LockOn,
-		Lock:     &middleware.LockOpts{Prefix: prefix + "lock:"},
-		Cache:    &middleware.CacheOpts{Prefix: prefix + "done:"},
-	})
+	}, &inboxmq.RouteOpts{Lock: &inboxmq.LockOpts{}})
 	reg := prometheus.NewRegistry()
 	startWorker(t, b, counted, routes, reg)
 
 	// The first delivery loads the scripts (NOSCRIPT, then EVAL).
 	b.pub.Publish(b.queue, []byte(`{"id":"warm-up"}`), amqp.Publishing{MessageId: "m0"})
 	require.Equal(t, "warm-up", testenv.WaitChan(t, calls, "the warm-up delivery"))
-	testenv.WaitFor(t, "the warm-up is cached", func() bool { return rdb.Exists(t.Context(), cacheEntry(prefix, b.queue, "warm-up")).Val() == 1 })
+	testenv.WaitFor(t, "the warm-up is cached", func() bool { return rdb.Exists(t.Context(), cacheEntry(b.queue, "warm-up")).Val() == 1 })
 
 	start := trips.N.Load()
 	b.pub.Publish(b.queue, []byte(`{"id":"o1"}`), amqp.Publishing{MessageId: "m1"})
 	require.Equal(t, "o1", testenv.WaitChan(t, calls, "the delivery"))
-	require.Equal(t, start+1, before.Load(), "one round trip before the handler")
-	testenv.WaitFor(t, "the release writes the entry", func() bool { return rdb.Exists(t.Context(), cacheEntry(prefix, b.queue, "o1")).Val() == 1 })
-	require.Equal(t, start+2, trips.N.Load(), "one round trip after it")
+	require.Equal(t, start+2, before.Load(), "two round trips before the handler")
+	testenv.WaitFor(t, "the entry is written", func() bool { return rdb.Exists(t.Context(), cacheEntry(b.queue, "o1")).Val() == 1 })
+	require.Equal(t, start+4, trips.N.Load(), "two round trips after it")
 
 	start = trips.N.Load()
 	b.pub.Publish(b.queue, []byte(`{"id":"o1"}`), amqp.Publishing{MessageId: "m2"})
@@ -132,15 +124,33 @@ func TestWorker_CacheAndLockShareRoundTrips(t *testing.T) {
 	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM effects`))
 }
 
-func cacheEntry(prefix, queue, id string) string {
-	return fmt.Sprintf("%sdone:{%slock:%s:order:%s}", prefix, prefix, queue, id)
+// cacheEntry is the completed-cache's key of an order of queue's
+// namespace.
+func cacheEntry(queue, id string) string {
+	return fmt.Sprintf("inboxmq:done:%s:order:%s", queue, id)
+}
+
+// redisFor returns a Redis client on the test database whose keys of
+// namespace (the worker's cache, lock and rate-limit keys name it) are
+// deleted when the test ends.
+func redisFor(t *testing.T, namespace string) redis.UniversalClient {
+	t.Helper()
+	rdb, _ := redistest.Client(t)
+	t.Cleanup(func() {
+		ctx := context.Background()
+		iter := rdb.Scan(ctx, 0, "*"+namespace+"*", 1000).Iterator()
+		for iter.Next(ctx) {
+			_ = rdb.Del(ctx, iter.Val()).Err()
+		}
+	})
+	return rdb
 }
 
 func startWorker(t *testing.T, b *testBundle, rdb redis.UniversalClient, routes *inboxmq.Routes, reg *prometheus.Registry) *inboxmq.Worker {
 	t.Helper()
 	w, err := inboxmq.NewWorker(&inboxmq.Config{
 		URL: testenv.AMQPURL(), DB: b.pool, Redis: rdb, Routes: routes,
-		Metrics: &inboxmq.MetricsConfig{Registerer: reg},
+		Registerer: reg,
 	})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = w.Stop(context.Background()) })

@@ -13,17 +13,16 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmq/inboxmq"
-	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
 	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
 	"github.com/inboxmq/inboxmq/internal/pgtest"
 	"github.com/inboxmq/inboxmq/internal/redistest"
 	"github.com/inboxmq/inboxmq/internal/testenv"
-	"github.com/inboxmq/inboxmq/middleware"
 )
 
 // benchPayment is the payload of BenchmarkLockValue: a payment keyed by
@@ -68,16 +67,15 @@ func BenchmarkLockValue(b *testing.B) {
 		}{{"unique", 1}, {"dups", copiesPerKey}} {
 			for _, mode := range []struct {
 				name  string
-				lock  inboxmq.LockMode
-				cache bool
+				lock  bool
+				redis bool
 			}{
-				{"lock+cache", inboxmq.LockOn, true},
-				{"lock", inboxmq.LockOn, false},
-				{"cache", inboxmq.LockOff, true},
-				{"none", inboxmq.LockOff, false},
+				{"lock+cache", true, true},
+				{"cache", false, true},
+				{"none", false, false},
 			} {
 				b.Run(route+"/"+stream.name+"/"+mode.name, func(b *testing.B) {
-					benchLockValue(b, route == "claim", stream.copies, mode.lock, !mode.cache)
+					benchLockValue(b, route == "claim", stream.copies, mode.lock, mode.redis)
 				})
 			}
 		}
@@ -91,16 +89,19 @@ const (
 	outsideCall = 5 * time.Millisecond
 )
 
-func benchLockValue(b *testing.B, claim bool, copies int, lockMode inboxmq.LockMode, noCache bool) {
+func benchLockValue(b *testing.B, claim bool, copies int, lock, withRedis bool) {
 	ctx := b.Context()
 	pool, _ := pgtest.SchemaWith(b, 16)
 	_, err := pool.Exec(ctx, `
 		CREATE TABLE payments (order_id text PRIMARY KEY, amount_cents bigint NOT NULL, created_at timestamptz NOT NULL DEFAULT now());
 		CREATE TABLE ledger_entries (id bigserial PRIMARY KEY, order_id text NOT NULL, amount_cents bigint NOT NULL)`)
 	require.NoError(b, err)
-	rdb, prefix := redistest.Client(b)
 	conn := amqptest.Dial(b)
 	queue := amqptest.QueueName(b)
+	var rdb redis.UniversalClient // the cache, and the lock of lock+cache
+	if withRedis {
+		rdb, _ = redistest.Client(b)
+	}
 
 	write := func(ctx context.Context, tx pgx.Tx, p benchPayment) error {
 		if _, err := tx.Exec(ctx, `INSERT INTO payments (order_id, amount_cents) VALUES ($1, $2)`, p.OrderID, p.AmountCents); err != nil {
@@ -109,12 +110,9 @@ func benchLockValue(b *testing.B, claim bool, copies int, lockMode inboxmq.LockM
 		_, err := tx.Exec(ctx, `INSERT INTO ledger_entries (order_id, amount_cents) VALUES ($1, $2)`, p.OrderID, p.AmountCents)
 		return err
 	}
-	opts := &inboxmq.RouteOpts{
-		Queue:    consumer.QueueOpts{Concurrency: 8},
-		LockMode: lockMode,
-		Lock:     &middleware.LockOpts{Prefix: prefix + "lock:", RetryDelay: time.Second},
-		NoCache:  noCache,
-		Cache:    &middleware.CacheOpts{Prefix: prefix + "done:"},
+	opts := &inboxmq.RouteOpts{Concurrency: 8}
+	if lock {
+		opts.Lock = &inboxmq.LockOpts{RetryDelay: time.Second}
 	}
 	routes := inboxmq.NewRoutes()
 	var calls sync.Map // order id → *atomic.Int64: the claim route's outside calls
@@ -137,10 +135,10 @@ func benchLockValue(b *testing.B, claim bool, copies int, lockMode inboxmq.LockM
 	reg := prometheus.NewRegistry()
 	w, err := inboxmq.NewWorker(&inboxmq.Config{
 		URL: testenv.AMQPURL(), DB: pool, Redis: rdb, Routes: routes,
-		Metrics: &inboxmq.MetricsConfig{Registerer: reg},
+		Registerer: reg,
 		// Off: the watcher's LISTEN connection and polls would count in
-		// the pool's figures, which measure the lock and the cache.
-		Controls: &inboxmq.ControlsConfig{Disabled: true},
+		// the pool figures this benchmark reports.
+		DisableControls: true,
 	})
 	require.NoError(b, err)
 	b.Cleanup(func() { _ = w.Stop(context.Background()) })

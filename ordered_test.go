@@ -12,7 +12,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmq/inboxmq"
-	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
 	"github.com/inboxmq/inboxmq/internal/pgtest"
@@ -55,8 +54,11 @@ func TestWorker_OrderedAcrossWorkers(t *testing.T) {
 			msg.Body.Account, msg.Body.Seq, msg.Delivery.WorkerID)
 		return err
 	}, &inboxmq.RouteOpts{
-		Queue:   consumer.QueueOpts{Concurrency: 4},
-		Ordered: &consumer.OrderedOpts{Shards: shards, RebalanceInterval: 100 * time.Millisecond},
+		Concurrency: 4,
+		// Classic shards take Concurrency deliveries at once; quorum ones
+		// one each (see OrderedOpts), which the consumer's tests cover.
+		Queue:   &inboxmq.QueueOpts{Type: inboxmq.Classic},
+		Ordered: &inboxmq.OrderedOpts{Shards: shards, RebalanceInterval: 100 * time.Millisecond},
 	})
 	start := func(name string) *inboxmq.Worker {
 		w, err := inboxmq.NewWorker(&inboxmq.Config{URL: url, DB: pool, Routes: routes, Name: name})

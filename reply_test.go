@@ -14,9 +14,7 @@ import (
 	"github.com/inboxmq/inboxmq/inbox"
 	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
-	"github.com/inboxmq/inboxmq/internal/redistest"
 	"github.com/inboxmq/inboxmq/internal/testenv"
-	"github.com/inboxmq/inboxmq/middleware"
 )
 
 // oddResult is a result in no normal form (keys out of order, two
@@ -25,13 +23,12 @@ const oddResult = `{"b":1,  "a":[2,1]}`
 
 // A worker's replies (RouteOpts.Reply) to a request and to a duplicate of
 // it carry the bytes the handler set, as the row holds them, on every kind
-// of route: transactional, batched and pipelined, claim mode alone and in
-// a group commit, and behind the completed-cache (whose hit carries no
+// of route: transactional, batched in a group commit, claim mode alone
+// and in a group commit, and behind the completed-cache (whose hit carries no
 // result: the worker reads it from the inbox) with and without the lock.
 func TestWorker_RepliesCarryTheHandlersBytes(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	rdb, prefix := redistest.Client(t)
 	set := func(msg *inboxtype.Message[order]) error { return msg.SetResult(json.RawMessage(oddResult)) }
 	txFn := func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
 		if _, err := tx.Exec(ctx, `INSERT INTO effects (id) VALUES ($1)`, msg.Namespace); err != nil {
@@ -52,52 +49,49 @@ func TestWorker_RepliesCarryTheHandlersBytes(t *testing.T) {
 			return err
 		})
 	}
-	piped := &inbox.GroupCommit{Pipeline: true}
 	type route struct {
 		name     string
 		queue    string
 		cacheKey func(queue string) string // the completed-cache's entry, if the duplicate is its hit
 	}
-	routes := inboxmq.NewRoutes()
+	// Two workers: one without Redis (no completed-cache) and one with it.
+	plain, cached := inboxmq.NewRoutes(), inboxmq.NewRoutes()
 	var all []*route
 	add := func(name string, cacheKey func(string) string, register func(queue string)) {
 		r := &route{name: name, cacheKey: cacheKey, queue: amqptest.QueueName(t)}
 		register(r.queue)
 		all = append(all, r)
 	}
-	cacheEntry := func(q string) string { return prefix + "done:" + q + ":order:rpc" }
-	// With the lock, the entry joins the lock key's hash tag.
-	lockEntry := func(q string) string { return prefix + "done:{" + prefix + "lock:" + q + ":order:rpc}" }
+	cacheEntry := func(q string) string { return "inboxmq:done:" + q + ":order:rpc" }
 	add("tx", nil, func(q string) {
-		inboxmq.HandleTx(routes, q, txFn, &inboxmq.RouteOpts{Reply: true, NoCache: true})
+		inboxmq.HandleTx(plain, q, txFn, &inboxmq.RouteOpts{Reply: true})
 	})
-	add("batch_pipelined", nil, func(q string) {
-		inboxmq.HandleBatch(routes, q, batchFn, &inboxmq.RouteOpts{Reply: true, NoCache: true, GroupCommit: piped})
+	add("batch_group", nil, func(q string) {
+		inboxmq.HandleBatch(plain, q, batchFn, &inboxmq.RouteOpts{Reply: true, GroupCommit: &inbox.GroupCommit{}})
 	})
 	add("claim", nil, func(q string) {
-		inboxmq.HandleClaim(routes, q, claimFn, &inboxmq.RouteOpts{Reply: true, NoCache: true})
+		inboxmq.HandleClaim(plain, q, claimFn, &inboxmq.RouteOpts{Reply: true})
 	})
 	add("claim_group", nil, func(q string) {
-		inboxmq.HandleClaim(routes, q, claimFn, &inboxmq.RouteOpts{Reply: true, NoCache: true, GroupCommit: &inbox.GroupCommit{}})
+		inboxmq.HandleClaim(plain, q, claimFn, &inboxmq.RouteOpts{Reply: true, GroupCommit: &inbox.GroupCommit{}})
 	})
 	add("tx_cache", cacheEntry, func(q string) {
-		inboxmq.HandleTx(routes, q, txFn, &inboxmq.RouteOpts{Reply: true, Cache: &middleware.CacheOpts{Prefix: prefix + "done:"}})
+		inboxmq.HandleTx(cached, q, txFn, &inboxmq.RouteOpts{Reply: true})
 	})
-	add("tx_cache_lock", lockEntry, func(q string) {
-		inboxmq.HandleTx(routes, q, txFn, &inboxmq.RouteOpts{
-			Reply: true, LockMode: inboxmq.LockOn,
-			Cache: &middleware.CacheOpts{Prefix: prefix + "done:"},
-			Lock:  &middleware.LockOpts{Prefix: prefix + "lock:"},
-		})
+	add("tx_cache_lock", cacheEntry, func(q string) {
+		inboxmq.HandleTx(cached, q, txFn, &inboxmq.RouteOpts{Reply: true, Lock: &inboxmq.LockOpts{}})
 	})
-	reg := prometheus.NewRegistry()
-	w, err := inboxmq.NewWorker(&inboxmq.Config{
-		URL: testenv.AMQPURL(), DB: b.pool, Redis: rdb, Routes: routes,
-		Metrics: &inboxmq.MetricsConfig{Registerer: reg},
-	})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = w.Stop(context.Background()) })
-	require.NoError(t, w.Start(t.Context()))
+	rdb := redisFor(t, "rpc")
+	reg, cachedReg := prometheus.NewRegistry(), prometheus.NewRegistry()
+	for _, cfg := range []*inboxmq.Config{
+		{URL: testenv.AMQPURL(), DB: b.pool, Routes: plain, Registerer: reg},
+		{URL: testenv.AMQPURL(), DB: b.pool, Routes: cached, Redis: rdb, Registerer: cachedReg},
+	} {
+		w, err := inboxmq.NewWorker(cfg)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = w.Stop(context.Background()) })
+		require.NoError(t, w.Start(t.Context()))
+	}
 
 	ch, err := b.conn.Channel()
 	require.NoError(t, err)
@@ -131,7 +125,7 @@ func TestWorker_RepliesCarryTheHandlersBytes(t *testing.T) {
 		require.Equal(t, oddResult, request(r.queue, r.name+"-dup"), "%s: a duplicate's reply carries the same bytes", r.name)
 		// The counter moves once the duplicate is settled, after its reply.
 		testenv.WaitFor(t, r.name+": the duplicate is counted as caught by the "+source, func() bool {
-			return duplicates(t, reg, r.queue, source) == 1
+			return duplicates(t, reg, r.queue, source)+duplicates(t, cachedReg, r.queue, source) == 1
 		})
 	}
 	require.Equal(t, len(all), b.count(t, `SELECT count(*) FROM effects`), "one effect per route")

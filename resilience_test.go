@@ -17,13 +17,12 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmq/inboxmq"
-	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/control"
 	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
+	"github.com/inboxmq/inboxmq/internal/lock"
 	"github.com/inboxmq/inboxmq/internal/redistest"
 	"github.com/inboxmq/inboxmq/internal/testenv"
-	"github.com/inboxmq/inboxmq/middleware"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
@@ -125,8 +124,19 @@ const (
 
 // outageWorker runs a worker whose handler charges g for each order, with
 // a small attempt budget, and the breaker when breaker is set.
-func outageWorker(t *testing.T, b *testBundle, g *fakeGateway, breaker *middleware.BreakerOpts, reg *prometheus.Registry) {
+func outageWorker(t *testing.T, b *testBundle, g *fakeGateway, breaker *inboxmq.BreakerOpts, reg *prometheus.Registry) {
 	t.Helper()
+	outageWorkerLocked(t, b, g, breaker, reg, nil)
+}
+
+// outageWorkerLocked is outageWorker with the Redis lock on rdb when rdb
+// is set.
+func outageWorkerLocked(t *testing.T, b *testBundle, g *fakeGateway, breaker *inboxmq.BreakerOpts, reg *prometheus.Registry, rdb redis.UniversalClient) {
+	t.Helper()
+	var lock *inboxmq.LockOpts
+	if rdb != nil {
+		lock = &inboxmq.LockOpts{}
+	}
 	routes := inboxmq.NewRoutes()
 	inboxmq.HandleTx(routes, b.queue, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
 		if err := g.charge(ctx, "w"); err != nil {
@@ -135,18 +145,16 @@ func outageWorker(t *testing.T, b *testBundle, g *fakeGateway, breaker *middlewa
 		_, err := tx.Exec(ctx, `INSERT INTO effects (id) VALUES ($1)`, msg.Body.ID)
 		return err
 	}, &inboxmq.RouteOpts{
-		Queue: consumer.QueueOpts{
-			Concurrency: concurrency,
-			RetryTiers:  []time.Duration{200 * time.Millisecond, 500 * time.Millisecond, time.Second},
-		},
-		Policy:    retry.Exponential{InitialInterval: 200 * time.Millisecond, RandomizationFactor: -1, MaxAttempts: maxAttempts},
-		InProcess: retry.InProcess{Tries: -1},
-		Breaker:   breaker,
+		Concurrency: concurrency,
+		Queue:       &inboxmq.QueueOpts{RetryTiers: []time.Duration{200 * time.Millisecond, 500 * time.Millisecond, time.Second}},
+		Retry:       retry.Exponential{InitialInterval: 200 * time.Millisecond, RandomizationFactor: -1, MaxAttempts: maxAttempts},
+		InProcess:   retry.InProcess{Tries: -1},
+		Breaker:     breaker,
+		Lock:        lock,
 	})
 	w, err := inboxmq.NewWorker(&inboxmq.Config{
 		URL: testenv.AMQPURL(), DB: b.pool, Routes: routes, Name: "w-" + b.queue,
-		Metrics:  &inboxmq.MetricsConfig{Registerer: reg},
-		Controls: &inboxmq.ControlsConfig{},
+		Registerer: reg, Redis: rdb,
 	})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = w.Stop(context.Background()) })
@@ -165,7 +173,7 @@ func TestWorker_BreakerSparesAttemptsDuringOutage(t *testing.T) {
 	b := setup(t)
 	g := newFakeGateway(t, outage)
 	reg := prometheus.NewRegistry()
-	outageWorker(t, b, g, &middleware.BreakerOpts{
+	outageWorker(t, b, g, &inboxmq.BreakerOpts{
 		Downstream: "gateway", Window: 2 * time.Second, Threshold: 0.5, MinCalls: breakerMinCalls, CoolDown: breakerCoolDown,
 	}, reg)
 
@@ -194,6 +202,53 @@ func TestWorker_BreakerSparesAttemptsDuringOutage(t *testing.T) {
 	opened := value(t, reg, "inboxmq_breaker_transitions_total", map[string]string{"queue": b.queue, "downstream": "gateway", "to": "open"})
 	require.GreaterOrEqual(t, opened, 1.0)
 	require.Zero(t, value(t, reg, "inboxmq_breaker_state", map[string]string{"queue": b.queue, "downstream": "gateway"}), "closed")
+}
+
+// Behind the breaker, a delivery it holds back takes no Redis lock: every
+// lock obtained (each key's fence counter counts its obtains) led to a call
+// of the handler, while deliveries were held back.
+func TestWorker_BreakerHoldsBackBeforeTheLock(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setup(t)
+	rdb := redisFor(t, b.queue)
+	g := newFakeGateway(t, outage)
+	reg := prometheus.NewRegistry()
+	outageWorkerLocked(t, b, g, &inboxmq.BreakerOpts{
+		Downstream: "gateway", Window: 2 * time.Second, Threshold: 0.5, MinCalls: breakerMinCalls, CoolDown: breakerCoolDown,
+	}, reg, rdb)
+	testenv.WaitFor(t, "every order is charged", func() bool {
+		return b.count(t, `SELECT count(*) FROM effects`) == outageOrders
+	})
+	require.Positive(t, sumByLabel(t, reg, "reason", "breaker_open"), "deliveries held back by the breaker")
+
+	obtains := 0
+	for i := range outageOrders {
+		_, fence := lock.RedisKeys("inboxmq:lock:" + b.queue + ":" + fmt.Sprintf("order:o%d", i))
+		n, err := rdb.Get(ctx, fence).Int()
+		require.NoError(t, err, fence)
+		obtains += n
+	}
+	require.Equal(t, len(g.times("")), obtains, "one obtain per handler call, none for a held-back delivery")
+}
+
+// sumByLabel sums the counters and gauges of reg whose label name has
+// value.
+func sumByLabel(t *testing.T, reg *prometheus.Registry, name, value string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	var sum float64
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == name && l.GetValue() == value {
+					sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	return sum
 }
 
 // The same dead gateway without the breaker: every order spends its
@@ -271,16 +326,14 @@ func limitedWorkers(t *testing.T, b *testBundle, g *fakeGateway, rdb redis.Unive
 			_, err := tx.Exec(ctx, `INSERT INTO effects (id) VALUES ($1)`, msg.Body.ID)
 			return err
 		}, &inboxmq.RouteOpts{
-			Queue:     consumer.QueueOpts{Concurrency: 8},
-			NoCache:   true,
-			NoLock:    true,
-			RateLimit: &middleware.RateLimitOpts{Downstream: "gateway", Rate: rate, ExpectedWorkers: expected, Prefix: prefix},
+			Concurrency: 8,
+			RateLimit:   &inboxmq.RateLimitOpts{Downstream: "gateway-" + b.queue, Rate: rate, ExpectedWorkers: expected},
 		})
 		reg := prometheus.NewRegistry()
 		regs = append(regs, reg)
 		w, err := inboxmq.NewWorker(&inboxmq.Config{
 			URL: testenv.AMQPURL(), DB: b.pool, Redis: rdb, Routes: routes, Name: name,
-			Metrics: &inboxmq.MetricsConfig{Registerer: reg},
+			Registerer: reg,
 		})
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = w.Stop(context.Background()) })
@@ -320,7 +373,7 @@ func TestWorker_RateLimitSharedByThreeWorkers(t *testing.T) {
 	}
 	waits := 0.0
 	for _, reg := range regs {
-		waits += value(t, reg, "inboxmq_ratelimit_wait_seconds", map[string]string{"downstream": "gateway"})
+		waits += value(t, reg, "inboxmq_ratelimit_wait_seconds", map[string]string{"downstream": "gateway-" + b.queue})
 	}
 	require.InDelta(t, orders, waits, 0, "each delivery's wait for its slot is observed")
 	t.Logf("150 calls from 3 workers at 50/s: busiest 1s window %d, spread over %s", peak, times[len(times)-1].Sub(times[0]))
@@ -367,7 +420,7 @@ func TestWorker_BreakerNeverLiftsAnOperatorPause(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	g := newFakeGateway(t, time.Hour) // down until the test says otherwise
-	outageWorker(t, b, g, &middleware.BreakerOpts{
+	outageWorker(t, b, g, &inboxmq.BreakerOpts{
 		Downstream: "gateway", Window: 2 * time.Second, Threshold: 0.5, MinCalls: breakerMinCalls, CoolDown: 500 * time.Millisecond,
 	}, prometheus.NewRegistry())
 	breaker := func() string {

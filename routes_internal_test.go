@@ -6,55 +6,39 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/internal/consumer"
 )
 
-func TestRouteQueueOptsGroupCommitConcurrency(t *testing.T) {
+// A route's queue settings: quorum by default, and with group commit and
+// no concurrency, enough handlers to fill every batch in flight.
+func TestRouteQueueOpts(t *testing.T) {
 	t.Parallel()
+	tiers := consumer.DefaultRetryTiers
 	for _, tt := range []struct {
-		name  string
-		opts  RouteOpts
-		store *inbox.StoreConfig
-		want  consumer.QueueOpts
+		name string
+		opts RouteOpts
+		want consumer.QueueOpts
 	}{
-		{name: "no group commit keeps the queue settings", opts: RouteOpts{Queue: consumer.QueueOpts{Type: consumer.Quorum}},
-			want: consumer.QueueOpts{Type: consumer.Quorum}},
-		{name: "group commit at the defaults fills two batches of 64", opts: RouteOpts{GroupCommit: &inbox.GroupCommit{}},
-			want: consumer.QueueOpts{Concurrency: 128, Prefetch: 256}},
+		{name: "defaults: quorum, a delivery limit of 20, the default tiers", opts: RouteOpts{},
+			want: consumer.QueueOpts{Type: consumer.Quorum, DeliveryLimit: 20, RetryTiers: tiers}},
+		{name: "classic queues have no delivery limit", opts: RouteOpts{Queue: &QueueOpts{Type: Classic}},
+			want: consumer.QueueOpts{Type: consumer.Classic, RetryTiers: tiers}},
+		{name: "group commit at the defaults fills two batches of 256", opts: RouteOpts{GroupCommit: &inbox.GroupCommit{}},
+			want: consumer.QueueOpts{Type: consumer.Quorum, DeliveryLimit: 20, RetryTiers: tiers, Concurrency: 512, Prefetch: 1024}},
 		{name: "the route's batch settings", opts: RouteOpts{GroupCommit: &inbox.GroupCommit{MaxBatch: 32, MaxInFlight: 4}},
-			want: consumer.QueueOpts{Concurrency: 128, Prefetch: 256}},
-		{name: "the store's defaults", opts: RouteOpts{GroupCommit: &inbox.GroupCommit{MaxBatch: 16}},
-			store: &inbox.StoreConfig{GroupCommit: inbox.GroupCommit{MaxBatch: 100, MaxInFlight: 3}},
-			want:  consumer.QueueOpts{Concurrency: 48, Prefetch: 96}},
-		{name: "an explicit concurrency wins", opts: RouteOpts{GroupCommit: &inbox.GroupCommit{}, Queue: consumer.QueueOpts{Concurrency: 8}},
-			want: consumer.QueueOpts{Concurrency: 8}},
-		{name: "a pipelined route fills two batches of 256", opts: RouteOpts{GroupCommit: &inbox.GroupCommit{Pipeline: true}},
-			want: consumer.QueueOpts{Concurrency: 512, Prefetch: 1024}},
-		{name: "the store's batch size wins over the pipelined default", opts: RouteOpts{GroupCommit: &inbox.GroupCommit{Pipeline: true}},
-			store: &inbox.StoreConfig{GroupCommit: inbox.GroupCommit{MaxBatch: 64}},
-			want:  consumer.QueueOpts{Concurrency: 128, Prefetch: 256}},
-		{name: "an explicit prefetch is kept", opts: RouteOpts{GroupCommit: &inbox.GroupCommit{}, Queue: consumer.QueueOpts{Prefetch: 500}},
-			want: consumer.QueueOpts{Concurrency: 128, Prefetch: 500}},
+			want: consumer.QueueOpts{Type: consumer.Quorum, DeliveryLimit: 20, RetryTiers: tiers, Concurrency: 128, Prefetch: 256}},
+		{name: "an explicit concurrency wins", opts: RouteOpts{GroupCommit: &inbox.GroupCommit{}, Concurrency: 8},
+			want: consumer.QueueOpts{Type: consumer.Quorum, DeliveryLimit: 20, RetryTiers: tiers, Concurrency: 8}},
+		{name: "an explicit prefetch is kept", opts: RouteOpts{GroupCommit: &inbox.GroupCommit{}, Queue: &QueueOpts{Prefetch: 500}},
+			want: consumer.QueueOpts{Type: consumer.Quorum, DeliveryLimit: 20, RetryTiers: tiers, Concurrency: 512, Prefetch: 500}},
+		{name: "the queue's own settings", opts: RouteOpts{Queue: &QueueOpts{DeliveryLimit: 5, RetryTiers: []time.Duration{time.Second}, DeadLetterQueue: "dead"}},
+			want: consumer.QueueOpts{Type: consumer.Quorum, DeliveryLimit: 5, RetryTiers: []time.Duration{time.Second}, DeadLetterQueue: "dead"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			rt := &route{queue: "q", opts: tt.opts}
-			require.Equal(t, tt.want, rt.queueOpts(tt.store))
+			require.Equal(t, tt.want, rt.queueOpts())
 		})
 	}
-}
-
-// The handler gets the batch settings the route's concurrency was sized
-// for: the same MaxBatch and MaxInFlight, the route's other fields kept.
-func TestRouteGroupCommitResolved(t *testing.T) {
-	t.Parallel()
-	rt := &route{queue: "q", opts: RouteOpts{GroupCommit: &inbox.GroupCommit{Pipeline: true, MaxWait: time.Millisecond}}}
-	require.Equal(t, &inbox.GroupCommit{Pipeline: true, MaxWait: time.Millisecond, MaxBatch: 256, MaxInFlight: 2}, rt.groupCommit(nil))
-	require.Equal(t, &inbox.GroupCommit{MaxBatch: 64, MaxInFlight: 3},
-		(&route{queue: "q", opts: RouteOpts{GroupCommit: &inbox.GroupCommit{}}}).groupCommit(&inbox.StoreConfig{GroupCommit: inbox.GroupCommit{MaxInFlight: 3}}))
-	require.Nil(t, (&route{queue: "q"}).groupCommit(nil))
-	q := rt.queueOpts(nil)
-	gc := rt.groupCommit(nil)
-	require.Equal(t, gc.MaxBatch*gc.MaxInFlight, q.Concurrency, "the concurrency fills the handler's batches")
 }

@@ -1,16 +1,11 @@
 package inboxmq_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net/http"
-	"net/http/httptest"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -27,12 +22,11 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/inboxmq/inboxmq"
-	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
+	"github.com/inboxmq/inboxmq/internal/middleware"
 	"github.com/inboxmq/inboxmq/internal/pgtest"
 	"github.com/inboxmq/inboxmq/internal/testenv"
-	"github.com/inboxmq/inboxmq/middleware"
 	"github.com/inboxmq/inboxmq/outbox"
 	"github.com/inboxmq/inboxmq/retry"
 )
@@ -75,18 +69,19 @@ func TestWorker_TraceOfARetriedDelivery(t *testing.T) {
 		}
 		return outbox.Enqueue(ctx, tx, outbox.Message{Exchange: b.events, RoutingKey: "order.done", IdempotencyKey: msg.Key, Body: []byte(msg.Body.ID)})
 	}, &inboxmq.RouteOpts{
-		Policy:    retry.Exponential{InitialInterval: 10 * time.Millisecond, MaxAttempts: 3},
-		InProcess: retry.InProcess{Tries: -1},
-		Queue:     consumer.QueueOpts{Concurrency: 1, RetryTiers: []time.Duration{50 * time.Millisecond}},
+		Retry:       retry.Exponential{InitialInterval: 10 * time.Millisecond, MaxAttempts: 3},
+		InProcess:   retry.InProcess{Tries: -1},
+		Concurrency: 1,
+		Queue:       &inboxmq.QueueOpts{RetryTiers: []time.Duration{50 * time.Millisecond}},
 	})
 	reg := prometheus.NewRegistry()
 	w, err := inboxmq.NewWorker(&inboxmq.Config{
-		URL:     testenv.AMQPURL(),
-		DB:      pool,
-		Routes:  routes,
-		Metrics: &inboxmq.MetricsConfig{Registerer: reg},
-		Outbox:  &inboxmq.OutboxConfig{Exchanges: []inboxmq.Exchange{{Name: b.events}}},
-		Tracing: &inboxmq.TracingConfig{TracerProvider: tp},
+		URL:            testenv.AMQPURL(),
+		DB:             pool,
+		Routes:         routes,
+		Registerer:     reg,
+		Exchanges:      []string{b.events},
+		TracerProvider: tp,
 	})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = w.Stop(context.Background()) })
@@ -276,57 +271,4 @@ func renderTree(spans []sdktrace.ReadOnlySpan) string {
 		draw(r, 0)
 	}
 	return sb.String()
-}
-
-// With the standard environment pointing at an OTLP endpoint and no
-// TracingConfig, the worker builds the SDK itself and Stop flushes it:
-// the delivery's span reaches the endpoint by the time Stop returns.
-//
-//nolint:paralleltest // t.Setenv
-func TestWorker_TracingFromTheEnvironmentIsFlushedOnStop(t *testing.T) {
-	var (
-		mu     sync.Mutex
-		posted []byte
-	)
-	collector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
-		mu.Lock()
-		posted = append(posted, body...)
-		mu.Unlock()
-		w.Header().Set("Content-Type", "application/x-protobuf")
-	}))
-	t.Cleanup(collector.Close)
-	for _, v := range []string{"OTEL_SDK_DISABLED", "OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES"} {
-		t.Setenv(v, "")
-	}
-	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", collector.URL+"/v1/traces")
-	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "600000") // only Stop's flush sends
-
-	b := setup(t)
-	routes := inboxmq.NewRoutes()
-	inboxmq.HandleTx(routes, b.queue, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
-		_, err := tx.Exec(ctx, `INSERT INTO effects (id) VALUES ($1)`, msg.Body.ID)
-		return err
-	}, nil)
-	w, err := inboxmq.NewWorker(&inboxmq.Config{
-		URL: testenv.AMQPURL(), DB: b.pool, Routes: routes,
-		Tracing: &inboxmq.TracingConfig{ServiceName: "orders-worker"},
-	})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = w.Stop(context.Background()) })
-	require.NoError(t, w.Start(t.Context()))
-	b.pub.Publish(b.queue, []byte(`{"id":"o1"}`), amqp.Publishing{MessageId: "m1"})
-	testenv.WaitFor(t, "the order is handled", func() bool {
-		return b.count(t, `SELECT count(*) FROM inboxmq_inbox WHERE status = 'completed'`) == 1
-	})
-	testenv.WaitFor(t, "the delivery is acked", func() bool { return amqptest.Depth(t, b.conn, b.queue) == 0 })
-	mu.Lock()
-	require.Empty(t, posted, "nothing exported before Stop")
-	mu.Unlock()
-
-	require.NoError(t, w.Stop(t.Context()))
-	mu.Lock()
-	defer mu.Unlock()
-	require.True(t, bytes.Contains(posted, []byte("process "+b.queue)), "Stop flushed the delivery's span")
-	require.True(t, bytes.Contains(posted, []byte("orders-worker")), "with the configured service name")
 }

@@ -11,9 +11,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmq/inboxmq"
-	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
+	"github.com/inboxmq/inboxmq/internal/outboxwire"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 	"github.com/inboxmq/inboxmq/outbox"
 )
@@ -32,19 +32,16 @@ func TestWorker_OutboxWakesItsRelayWithoutNotify(t *testing.T) {
 	t.Cleanup(func() { _ = lconn.Close(context.Background()) })
 	var schema string
 	require.NoError(t, lconn.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema))
-	_, err = lconn.Exec(ctx, `LISTEN `+pgx.Identifier{outbox.NotifyChannel}.Sanitize())
+	_, err = lconn.Exec(ctx, `LISTEN `+pgx.Identifier{outboxwire.NotifyChannel}.Sanitize())
 	require.NoError(t, err)
 
 	routes := inboxmq.NewRoutes()
 	inboxmq.HandleTx(routes, b.queue, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
 		return outbox.Enqueue(ctx, tx, outbox.Message{Exchange: b.events, RoutingKey: "order.done", IdempotencyKey: msg.Key, Body: []byte(msg.Body.ID)})
-	}, &inboxmq.RouteOpts{Queue: consumer.QueueOpts{Concurrency: 2}})
+	}, &inboxmq.RouteOpts{Concurrency: 2})
 	w, err := inboxmq.NewWorker(&inboxmq.Config{
 		URL: testenv.AMQPURL(), DB: b.pool, Routes: routes,
-		Outbox: &inboxmq.OutboxConfig{
-			Relay:     outbox.RelayConfig{PollInterval: time.Hour},
-			Exchanges: []inboxmq.Exchange{{Name: b.events}},
-		},
+		Exchanges: []string{b.events},
 	})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = w.Stop(context.Background()) })

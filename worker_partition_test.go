@@ -10,7 +10,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmq/inboxmq"
-	"github.com/inboxmq/inboxmq/inbox"
 	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
 	"github.com/inboxmq/inboxmq/internal/testenv"
@@ -34,19 +33,19 @@ func TestWorker_StartRefusesPartitionedInboxWithoutRetention(t *testing.T) {
 		done <- struct{}{}
 		return err
 	}, nil)
-	newWorker := func(retention *inbox.RetentionConfig) *inboxmq.Worker {
-		w, err := inboxmq.NewWorker(&inboxmq.Config{URL: testenv.AMQPURL(), DB: b.pool, Routes: routes, Retention: retention})
+	newWorker := func(window time.Duration) *inboxmq.Worker {
+		w, err := inboxmq.NewWorker(&inboxmq.Config{URL: testenv.AMQPURL(), DB: b.pool, Routes: routes, RetentionWindow: window})
 		require.NoError(t, err, "NewWorker does no I/O: it cannot tell")
 		return w
 	}
 
-	w := newWorker(nil)
+	w := newWorker(-1)
 	err = w.Start(t.Context())
-	require.ErrorContains(t, err, `inbox table "inboxmq_inbox" is partitioned and Config.Retention is nil`)
-	require.ErrorContains(t, err, "set Config.Retention")
+	require.ErrorContains(t, err, `inbox table "inboxmq_inbox" is partitioned and Config.RetentionWindow is -1`)
+	require.ErrorContains(t, err, "retention creates the partitions ahead")
 	testenv.WaitChan(t, w.Stopped(), "a refused Start leaves the worker stopped")
 
-	w = newWorker(&inbox.RetentionConfig{})
+	w = newWorker(0)
 	require.NoError(t, w.Start(t.Context()))
 	t.Cleanup(func() { _ = w.Stop(context.Background()) })
 	b.pub.Publish(b.queue, []byte(`{"id":"a"}`), amqp.Publishing{MessageId: "a"})

@@ -18,14 +18,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmq/inboxmq"
-	"github.com/inboxmq/inboxmq/consumer"
-	"github.com/inboxmq/inboxmq/inbox"
 	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
 	"github.com/inboxmq/inboxmq/internal/pgtest"
-	"github.com/inboxmq/inboxmq/internal/redistest"
 	"github.com/inboxmq/inboxmq/internal/testenv"
-	"github.com/inboxmq/inboxmq/middleware"
 	"github.com/inboxmq/inboxmq/outbox"
 )
 
@@ -79,7 +75,7 @@ func httpStatus(url string) int {
 func TestWorker_EndToEnd(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	rdb, prefix := redistest.Client(t)
+	rdb := redisFor(t, b.queue)
 
 	var (
 		entered = make(chan struct{})
@@ -101,9 +97,7 @@ func TestWorker_EndToEnd(t *testing.T) {
 		}
 		return outbox.Enqueue(ctx, tx, outbox.Message{Exchange: b.events, RoutingKey: "order.done", IdempotencyKey: msg.Key, Body: []byte(msg.Body.ID)})
 	}, &inboxmq.RouteOpts{
-		Queue: consumer.QueueOpts{Concurrency: 4},
-		Cache: &middleware.CacheOpts{Prefix: prefix + "done:"},
-		Lock:  &middleware.LockOpts{Prefix: prefix + "lock:", RetryDelay: time.Second},
+		Concurrency: 4,
 	})
 	reg := prometheus.NewRegistry()
 	health := freeAddr(t)
@@ -112,12 +106,9 @@ func TestWorker_EndToEnd(t *testing.T) {
 		DB:         b.pool,
 		Redis:      rdb,
 		Routes:     routes,
-		Metrics:    &inboxmq.MetricsConfig{Registerer: reg},
-		Health:     &inboxmq.HealthConfig{Addr: health},
-		Controls:   &inboxmq.ControlsConfig{},
-		Outbox:     &inboxmq.OutboxConfig{Exchanges: []inboxmq.Exchange{{Name: b.events}}},
-		Reconciler: &inbox.ReconcilerConfig{},
-		Retention:  &inbox.RetentionConfig{},
+		Registerer: reg,
+		Addr:       health,
+		Exchanges:  []string{b.events},
 	})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = w.Stop(context.Background()) })
@@ -209,11 +200,7 @@ func TestWorker_StartFailureStopsWhatStarted(t *testing.T) {
 		DB:             b.pool,
 		Routes:         routes,
 		ConnectTimeout: 2 * time.Second,
-		Health:         &inboxmq.HealthConfig{Addr: health},
-		Controls:       &inboxmq.ControlsConfig{},
-		Outbox:         &inboxmq.OutboxConfig{},
-		Reconciler:     &inbox.ReconcilerConfig{},
-		Retention:      &inbox.RetentionConfig{},
+		Addr:           health,
 	})
 	require.NoError(t, err)
 
@@ -246,7 +233,7 @@ func TestWorker_RunStopsWhenTheContextEnds(t *testing.T) {
 		return err
 	}, nil)
 	health := freeAddr(t)
-	w, err := inboxmq.NewWorker(&inboxmq.Config{URL: testenv.AMQPURL(), DB: b.pool, Routes: routes, Health: &inboxmq.HealthConfig{Addr: health}})
+	w, err := inboxmq.NewWorker(&inboxmq.Config{URL: testenv.AMQPURL(), DB: b.pool, Routes: routes, Addr: health})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(t.Context())
 	ran := make(chan error, 1)

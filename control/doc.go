@@ -1,57 +1,60 @@
-// Package control holds inboxmq's runtime controls: the switches an
-// operator flips on a running fleet without a deploy — pause a consumer,
-// lower its concurrency, block an idempotency key (or a key prefix) at
-// ingress.
+// Package control is the operator's API to inboxmq's runtime controls:
+// switches stored in PostgreSQL that every running worker obeys without a
+// deploy — pause a namespace, lower its concurrency, block an idempotency
+// key (or a key prefix) at ingress — and what the workers publish back:
+// which of them are running and obey ([Store.Workers]) and the state of
+// their circuit breakers ([Store.Breakers]).
 //
-// # Why a package of its own
+// inboxctl and the operator console are built on it; a deploy script or an
+// incident tool can use it the same way.
 //
-// The controls are stored in PostgreSQL (tables inboxmq_controls and
-// inboxmq_blocks, created by the migrations) because PostgreSQL is already
-// the source of truth every worker can reach, and it can announce changes
-// (NOTIFY). They belong neither to the consumer (which knows nothing of
-// PostgreSQL) nor to the inbox (which records messages, not operator
-// intent). The writer is [Store] (used by inboxctl); the reader is
-// [Watcher], which every worker runs next to its consumer.
+//	s := control.NewStore(pool)
+//	err := s.Pause(ctx, "payments", &control.ChangeOpts{By: "alice", Reason: "gateway outage"})
+//	…
+//	err = s.Resume(ctx, "payments", nil)
+//
+// # Stored switches
+//
+// A [Store] writes the tables inboxmq_controls and inboxmq_blocks (created
+// by the migrations) and, in the same statement, sends NOTIFY on
+// [Channel], so the change is announced exactly when it commits; inside a
+// transaction (a [DB] may be a pgx.Tx) the change and its notification
+// commit together. Writing a switch is all a caller does: the workers
+// apply it.
 //
 // # Pickup time
 //
-// Each [Store] write sends NOTIFY on [Channel] in the same statement. A
-// [Watcher] holds one connection in LISTEN and reloads its snapshot on every
-// notification, so a change reaches running workers within milliseconds.
-// It also reloads every PollInterval (1s by default), which is the fallback
-// when LISTEN is unavailable (a transaction-pooling proxy) or a
-// notification is lost: the documented bound is 2s.
+// Every inboxmq worker (unless its Config.DisableControls is set) listens on
+// [Channel] and reloads the controls on each notification, and polls
+// every second as the fallback. A change reaches the running workers
+// within milliseconds, and within 2 seconds at worst. A worker that starts
+// later applies the stored state before it takes a delivery.
 //
 // # Pause and concurrency
 //
-// The watcher drives a [Target] — *consumer.Consumer satisfies it — with
-// Pause, Resume and SetConcurrency (0 restores the configured value). A
-// consumer paused before the worker starts is paused by Watcher.Start.
-//
-//	w, err := control.NewWatcher(pool, &control.WatcherConfig{
-//		Target: c,                        // *consumer.Consumer
-//		Queues: control.QueuesOf(router), // consumer name -> queue
-//	})
-//	if err := w.Start(ctx); err != nil { … }
-//	defer w.Stop(context.Background())
+// [Store.Pause] stops a namespace's delivery loop on every worker: in-flight
+// work finishes and unacked deliveries stay in the queue. [Store.Resume]
+// undoes it. [Store.SetConcurrency] limits a namespace's concurrent
+// deliveries per worker process; 0 restores its configured concurrency.
 //
 // # Blocked keys and the parked queue
 //
-// [Watcher.Blocked] answers from memory, so checking each delivery does not
-// query the database. middleware.Block parks a blocked delivery: a
-// [Parker] republishes it, with confirm, to "<queue>.parked"
-// ([ParkedQueueName]), and the consumer then acks the original. [Release]
-// (inboxctl unblock) moves parked messages back to the work queue, where
-// the inbox processes each exactly once.
+// [Store.Block] makes the workers park every delivery of a namespace whose
+// key is blocked: the message is copied, with publisher confirms, to
+// "<queue>.parked" ([inboxtype.ParkedQueue], with the headers
+// [inboxtype.HeaderParkedReason], [inboxtype.HeaderParkedPattern] and
+// [inboxtype.HeaderParkedAt]) and only then acked, so it is neither
+// processed nor lost. [Store.Unblock] removes the block, and
+// [Release] moves parked messages back to the work queue, where the inbox
+// processes each exactly once. Unblock first: a message released while its
+// key is still blocked is parked again.
 //
-// # Worker presence
+// # Who obeys
 //
-// A change is obeyed only by the running workers that serve its consumer
-// with a Watcher. Each worker process announces itself with a [Heartbeat]
-// (table inboxmq_workers: its namespaces, version and whether its controls
-// are on), refreshed every 5 seconds and marked stopped on a graceful
-// stop; [Store.Workers] reads the rows as live, stale or stopped, so that
-// inboxctl and the console say how many live workers obey a change. The
-// inboxmq worker runs both the watcher (unless its controls are disabled)
-// and the heartbeat (always).
+// A change is obeyed only by the running workers that serve its namespace
+// with their controls on. Each worker announces itself in the table
+// inboxmq_workers (its namespaces, version and whether its controls are
+// on), refreshed every 5 seconds and marked stopped on a graceful stop;
+// [Store.Workers] reads the rows as live, stale or stopped, so that a tool
+// can say how many live workers obey a change.
 package control

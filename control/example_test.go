@@ -44,66 +44,76 @@ func exampleDB(ctx context.Context) (*pgxpool.Pool, func()) {
 	}
 }
 
-// printTarget stands in for *consumer.Consumer.
-type printTarget struct{}
-
-func (printTarget) Pause(q string) error  { fmt.Println("pause", q); return nil }
-func (printTarget) Resume(q string) error { fmt.Println("resume", q); return nil }
-func (printTarget) SetConcurrency(q string, n int) error {
-	fmt.Println("concurrency", q, n)
-	return nil
-}
-
-// A worker runs a Watcher next to its consumer; an operator (inboxctl)
-// writes through a Store.
-func Example_pause() {
+// An operator's tool (inboxctl, the console, a deploy script) changes the
+// controls through a Store; every running worker that serves the
+// namespace obeys within 2 seconds, and a worker that starts later applies
+// them before it takes a delivery.
+func ExampleStore() {
 	ctx := context.Background()
 	pool, drop := exampleDB(ctx)
 	defer drop()
 
-	w, err := control.NewWatcher(pool, &control.WatcherConfig{
-		Target: printTarget{},                             // a *consumer.Consumer in a worker
-		Queues: map[string]string{"payments": "payments"}, // control.QueuesOf(router)
-	})
+	s := control.NewStore(pool)
+	by := &control.ChangeOpts{By: "alice", Reason: "gateway outage"}
+	if err := s.Pause(ctx, "payments", by); err != nil {
+		panic(err)
+	}
+	if err := s.SetConcurrency(ctx, "payments", 2, by); err != nil {
+		panic(err)
+	}
+	err := s.Block(ctx, control.Block{Namespace: "payments", Pattern: "tenant:9:", Prefix: true, Reason: "data repair", CreatedBy: "alice"})
 	if err != nil {
 		panic(err)
 	}
-	if err := w.Start(ctx); err != nil {
+
+	snap, err := s.List(ctx)
+	if err != nil {
 		panic(err)
 	}
-	defer w.Stop(ctx)
+	for _, c := range snap.Controls {
+		fmt.Printf("%s: paused=%v concurrency=%d by %s (%s)\n", c.Namespace, c.Paused, c.Concurrency, c.UpdatedBy, c.Reason)
+	}
+	for _, b := range snap.Blocks {
+		fmt.Printf("%s: keys starting with %q blocked by %s (%s)\n", b.Namespace, b.Pattern, b.CreatedBy, b.Reason)
+	}
 
-	ops := control.NewStore(pool)
-	_ = ops.Pause(ctx, "payments", &control.ChangeOpts{By: "alice", Reason: "gateway outage"})
-	_ = w.Refresh(ctx) // running workers pick the change up by NOTIFY within 2s
-	_ = ops.SetConcurrency(ctx, "payments", 2, nil)
-	_ = ops.Resume(ctx, "payments", nil)
-	_ = w.Refresh(ctx)
+	// Undo: resume, restore the configured concurrency (0), unblock.
+	if err := s.Resume(ctx, "payments", by); err != nil {
+		panic(err)
+	}
+	if err := s.SetConcurrency(ctx, "payments", 0, by); err != nil {
+		panic(err)
+	}
+	removed, err := s.Unblock(ctx, "payments", "tenant:9:", true)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("unblocked:", removed)
 	// Output:
-	// pause payments
-	// concurrency payments 2
-	// resume payments
+	// payments: paused=true concurrency=2 by alice (gateway outage)
+	// payments: keys starting with "tenant:9:" blocked by alice (data repair)
+	// unblocked: true
 }
 
-// Blocked answers from the watcher's in-memory snapshot.
-func ExampleWatcher_Blocked() {
+// Blocked reads the database now: a deploy script can check a key before
+// it replays messages.
+func ExampleStore_Blocked() {
 	ctx := context.Background()
 	pool, drop := exampleDB(ctx)
 	defer drop()
 
-	ops := control.NewStore(pool)
-	_ = ops.Block(ctx, control.Block{Consumer: "payments", Pattern: "tenant:9:", Prefix: true, Reason: "data repair"})
-
-	w, _ := control.NewWatcher(pool, nil)
-	if err := w.Start(ctx); err != nil {
+	s := control.NewStore(pool)
+	if err := s.Block(ctx, control.Block{Namespace: "payments", Pattern: "order:7", Reason: "chargeback"}); err != nil {
 		panic(err)
 	}
-	defer w.Stop(ctx)
-	fmt.Println(w.Blocked("payments", "tenant:9:order:1"))
-	fmt.Println(w.Blocked("payments", "tenant:1:order:1"))
-	fmt.Println(w.Blocked("emails", "tenant:9:order:1"))
+	b, ok, err := s.Blocked(ctx, "payments", "order:7")
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(ok, b.Reason)
+	_, ok, _ = s.Blocked(ctx, "payments", "order:8")
+	fmt.Println(ok)
 	// Output:
-	// true
-	// false
+	// true chargeback
 	// false
 }

@@ -10,12 +10,13 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/internal/consumer"
 )
 
 // Channel is the PostgreSQL NOTIFY channel on which every change made
-// through a [Store] is announced (the payload is the consumer's name).
-// Watchers LISTEN on it and reload their snapshot.
+// through a [Store] is announced when it commits; the payload is the
+// namespace. Every worker LISTENs on it to reload the controls; a tool of
+// your own may LISTEN too, to see changes as they happen.
 const Channel = "inboxmq_controls"
 
 // DB is the narrow database interface the [Store] needs. *pgxpool.Pool,
@@ -26,13 +27,13 @@ type DB interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
-// Control is the runtime control row of one consumer.
+// Control is the runtime control row of one inbox namespace.
 type Control struct {
-	// Consumer is the inbox namespace (consumer.HandlerOpts.Namespace).
-	Consumer string `json:"consumer"`
-	// Paused stops the consumer's delivery loop while true.
+	// Namespace is the inbox namespace (the route's namespace).
+	Namespace string `json:"namespace"`
+	// Paused stops the namespace's delivery loop while true.
 	Paused bool `json:"paused"`
-	// Concurrency limits the consumer's workers; 0 means its configured
+	// Concurrency limits the namespace's workers; 0 means its configured
 	// concurrency.
 	Concurrency int `json:"concurrency"`
 	// Reason is the operator's note (may be empty).
@@ -43,10 +44,10 @@ type Control struct {
 	UpdatedAt time.Time `json:"updated_at"`
 }
 
-// Block is one blocked idempotency key, or key prefix, of a consumer.
+// Block is one blocked idempotency key, or key prefix, of a namespace.
 type Block struct {
-	// Consumer is the inbox namespace the block applies to.
-	Consumer string `json:"consumer"`
+	// Namespace is the inbox namespace the block applies to.
+	Namespace string `json:"namespace"`
 	// Pattern is the key, or the key prefix when Prefix is true. It must not
 	// be empty.
 	Pattern string `json:"pattern"`
@@ -60,7 +61,7 @@ type Block struct {
 	CreatedAt time.Time `json:"created_at"`
 }
 
-// Matches reports whether key is blocked by b (consumer not checked).
+// Matches reports whether key is blocked by b (namespace not checked).
 func (b Block) Matches(key string) bool {
 	if b.Prefix {
 		return strings.HasPrefix(key, b.Pattern)
@@ -70,9 +71,9 @@ func (b Block) Matches(key string) bool {
 
 // Snapshot is the complete set of controls and blocks at one moment.
 type Snapshot struct {
-	// Controls are the consumers' control rows, ordered by consumer.
+	// Controls are the namespaces' control rows, ordered by namespace.
 	Controls []Control `json:"controls"`
-	// Blocks are the blocked keys and prefixes, ordered by consumer and
+	// Blocks are the blocked keys and prefixes, ordered by namespace and
 	// pattern.
 	Blocks []Block `json:"blocks"`
 }
@@ -113,12 +114,12 @@ type Store struct {
 // NewStore returns a store on db (a pool, a connection or a transaction).
 func NewStore(db DB) *Store { return &Store{db: db} }
 
-// ErrInvalid reports an invalid consumer name, key or concurrency.
+// ErrInvalid reports an invalid namespace, key or concurrency.
 var ErrInvalid = errors.New("control: invalid argument")
 
-func checkConsumer(name string) error {
+func checkNamespace(name string) error {
 	if !consumer.ValidName(name) {
-		return fmt.Errorf("%w: consumer name %q", ErrInvalid, name)
+		return fmt.Errorf("%w: namespace %q", ErrInvalid, name)
 	}
 	return nil
 }
@@ -138,7 +139,7 @@ WITH up AS (
 SELECT pg_notify('` + Channel + `', consumer) FROM up`
 
 func (s *Store) setControl(ctx context.Context, name string, paused *bool, conc *int, opts *ChangeOpts) error {
-	if err := checkConsumer(name); err != nil {
+	if err := checkNamespace(name); err != nil {
 		return err
 	}
 	if _, err := s.db.Exec(ctx, upsertControl, name, paused, conc, opts.reason(), opts.by()); err != nil {
@@ -147,28 +148,28 @@ func (s *Store) setControl(ctx context.Context, name string, paused *bool, conc 
 	return nil
 }
 
-// Pause marks consumer paused. Running workers whose [Watcher] controls it
-// stop taking deliveries within the watcher's pickup time; in-flight work
+// Pause marks namespace paused. Running workers with their controls on
+// stop taking deliveries within the pickup time (2s); in-flight work
 // finishes and unacked deliveries stay in the queue.
-func (s *Store) Pause(ctx context.Context, consumerName string, opts *ChangeOpts) error {
+func (s *Store) Pause(ctx context.Context, namespace string, opts *ChangeOpts) error {
 	t := true
-	return s.setControl(ctx, consumerName, &t, nil, opts)
+	return s.setControl(ctx, namespace, &t, nil, opts)
 }
 
-// Resume clears the pause of consumer.
-func (s *Store) Resume(ctx context.Context, consumerName string, opts *ChangeOpts) error {
+// Resume clears the pause of namespace.
+func (s *Store) Resume(ctx context.Context, namespace string, opts *ChangeOpts) error {
 	f := false
-	return s.setControl(ctx, consumerName, &f, nil, opts)
+	return s.setControl(ctx, namespace, &f, nil, opts)
 }
 
-// SetConcurrency limits consumer to n concurrent deliveries per worker
-// process; n = 0 restores the consumer's configured concurrency. A negative
+// SetConcurrency limits namespace to n concurrent deliveries per worker
+// process; n = 0 restores the namespace's configured concurrency. A negative
 // n is an error.
-func (s *Store) SetConcurrency(ctx context.Context, consumerName string, n int, opts *ChangeOpts) error {
+func (s *Store) SetConcurrency(ctx context.Context, namespace string, n int, opts *ChangeOpts) error {
 	if n < 0 {
 		return fmt.Errorf("%w: concurrency %d is negative", ErrInvalid, n)
 	}
-	return s.setControl(ctx, consumerName, nil, &n, opts)
+	return s.setControl(ctx, namespace, nil, &n, opts)
 }
 
 const upsertBlock = `
@@ -182,15 +183,15 @@ WITH up AS (
 SELECT pg_notify('` + Channel + `', consumer) FROM up`
 
 // Block blocks b.Pattern (a key, or a prefix when b.Prefix) for
-// b.Consumer. Blocking an already blocked pattern updates its reason.
+// b.Namespace. Blocking an already blocked pattern updates its reason.
 func (s *Store) Block(ctx context.Context, b Block) error {
-	if err := checkConsumer(b.Consumer); err != nil {
+	if err := checkNamespace(b.Namespace); err != nil {
 		return err
 	}
 	if b.Pattern == "" {
 		return fmt.Errorf("%w: empty key or prefix", ErrInvalid)
 	}
-	if _, err := s.db.Exec(ctx, upsertBlock, b.Consumer, b.Pattern, b.Prefix, b.Reason, b.CreatedBy); err != nil {
+	if _, err := s.db.Exec(ctx, upsertBlock, b.Namespace, b.Pattern, b.Prefix, b.Reason, b.CreatedBy); err != nil {
 		return fmt.Errorf("control: block %s: %w", b.Pattern, err)
 	}
 	return nil
@@ -204,12 +205,12 @@ WITH del AS (
 SELECT pg_notify('` + Channel + `', consumer) FROM del`
 
 // Unblock removes the block of pattern (a key, or a prefix when prefix is
-// true) for consumer. It reports whether such a block existed.
-func (s *Store) Unblock(ctx context.Context, consumerName, pattern string, prefix bool) (bool, error) {
-	if err := checkConsumer(consumerName); err != nil {
+// true) for namespace. It reports whether such a block existed.
+func (s *Store) Unblock(ctx context.Context, namespace, pattern string, prefix bool) (bool, error) {
+	if err := checkNamespace(namespace); err != nil {
 		return false, err
 	}
-	tag, err := s.db.Exec(ctx, deleteBlock, consumerName, pattern, prefix)
+	tag, err := s.db.Exec(ctx, deleteBlock, namespace, pattern, prefix)
 	if err != nil {
 		return false, fmt.Errorf("control: unblock %s: %w", pattern, err)
 	}
@@ -225,7 +226,7 @@ func (s *Store) List(ctx context.Context) (*Snapshot, error) {
 	}
 	controls, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Control, error) {
 		var c Control
-		err := r.Scan(&c.Consumer, &c.Paused, &c.Concurrency, &c.Reason, &c.UpdatedBy, &c.UpdatedAt)
+		err := r.Scan(&c.Namespace, &c.Paused, &c.Concurrency, &c.Reason, &c.UpdatedBy, &c.UpdatedAt)
 		return c, err
 	})
 	if err != nil {
@@ -238,7 +239,7 @@ func (s *Store) List(ctx context.Context) (*Snapshot, error) {
 	}
 	blocks, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Block, error) {
 		var b Block
-		err := r.Scan(&b.Consumer, &b.Pattern, &b.Prefix, &b.Reason, &b.CreatedBy, &b.CreatedAt)
+		err := r.Scan(&b.Namespace, &b.Pattern, &b.Prefix, &b.Reason, &b.CreatedBy, &b.CreatedAt)
 		return b, err
 	})
 	if err != nil {
@@ -247,19 +248,19 @@ func (s *Store) List(ctx context.Context) (*Snapshot, error) {
 	return &Snapshot{Controls: controls, Blocks: blocks}, nil
 }
 
-// Blocked reports the first block that matches key for consumer, read from
-// the database now (the watcher answers the same question from memory).
-func (s *Store) Blocked(ctx context.Context, consumerName, key string) (Block, bool, error) {
+// Blocked reports the first block that matches key for namespace, read from
+// the database now (the workers answer the same question from memory).
+func (s *Store) Blocked(ctx context.Context, namespace, key string) (Block, bool, error) {
 	rows, err := s.db.Query(ctx, `SELECT consumer, pattern, is_prefix, coalesce(reason, ''), created_by, created_at
 		FROM inboxmq_blocks
 		WHERE consumer = $1 AND ((NOT is_prefix AND pattern = $2) OR (is_prefix AND starts_with($2, pattern)))
-		ORDER BY is_prefix, pattern LIMIT 1`, consumerName, key)
+		ORDER BY is_prefix, pattern LIMIT 1`, namespace, key)
 	if err != nil {
 		return Block{}, false, fmt.Errorf("control: blocked: %w", err)
 	}
 	b, err := pgx.CollectExactlyOneRow(rows, func(r pgx.CollectableRow) (Block, error) {
 		var b Block
-		err := r.Scan(&b.Consumer, &b.Pattern, &b.Prefix, &b.Reason, &b.CreatedBy, &b.CreatedAt)
+		err := r.Scan(&b.Namespace, &b.Pattern, &b.Prefix, &b.Reason, &b.CreatedBy, &b.CreatedAt)
 		return b, err
 	})
 	if errors.Is(err, pgx.ErrNoRows) {

@@ -26,10 +26,10 @@ func TestStore_ControlsRoundTrip(t *testing.T) {
 	snap, err := s.List(ctx)
 	require.NoError(t, err)
 	require.Len(t, snap.Controls, 2)
-	require.Equal(t, "emails", snap.Controls[0].Consumer)
+	require.Equal(t, "emails", snap.Controls[0].Namespace)
 	require.False(t, snap.Controls[0].Paused)
 	p := snap.Controls[1]
-	require.Equal(t, "payments", p.Consumer)
+	require.Equal(t, "payments", p.Namespace)
 	require.True(t, p.Paused, "SetConcurrency keeps the pause")
 	require.Equal(t, 2, p.Concurrency)
 	require.Equal(t, "postgres", p.UpdatedBy, "nil opts: the database user")
@@ -51,7 +51,7 @@ func TestStore_InvalidArguments(t *testing.T) {
 
 	require.ErrorIs(t, s.Pause(ctx, "bad name; drop", nil), control.ErrInvalid)
 	require.ErrorIs(t, s.SetConcurrency(ctx, "payments", -1, nil), control.ErrInvalid)
-	require.ErrorIs(t, s.Block(ctx, control.Block{Consumer: "payments"}), control.ErrInvalid)
+	require.ErrorIs(t, s.Block(ctx, control.Block{Namespace: "payments"}), control.ErrInvalid)
 	snap, err := s.List(ctx)
 	require.NoError(t, err)
 	require.Empty(t, snap.Controls)
@@ -64,8 +64,8 @@ func TestStore_Blocks(t *testing.T) {
 	pool, _ := pgtest.Schema(t)
 	s := control.NewStore(pool)
 
-	require.NoError(t, s.Block(ctx, control.Block{Consumer: "payments", Pattern: "order:7", Reason: "fraud"}))
-	require.NoError(t, s.Block(ctx, control.Block{Consumer: "payments", Pattern: "tenant:9:", Prefix: true}))
+	require.NoError(t, s.Block(ctx, control.Block{Namespace: "payments", Pattern: "order:7", Reason: "fraud"}))
+	require.NoError(t, s.Block(ctx, control.Block{Namespace: "payments", Pattern: "tenant:9:", Prefix: true}))
 
 	for _, tc := range []struct {
 		key     string
@@ -84,7 +84,7 @@ func TestStore_Blocks(t *testing.T) {
 		}
 		_, ok, err = s.Blocked(ctx, "emails", tc.key)
 		require.NoError(t, err)
-		require.False(t, ok, "blocks are per consumer")
+		require.False(t, ok, "blocks are per namespace")
 	}
 
 	removed, err := s.Unblock(ctx, "payments", "order:7", false)
@@ -101,7 +101,7 @@ func TestStore_Blocks(t *testing.T) {
 }
 
 // Every write notifies on control.Channel when it commits, with the
-// consumer as payload.
+// namespace as payload.
 func TestStore_NotifiesOnCommit(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
@@ -114,7 +114,7 @@ func TestStore_NotifiesOnCommit(t *testing.T) {
 	_, err = listener.Exec(ctx, "LISTEN "+control.Channel)
 	require.NoError(t, err)
 
-	// The consumer name is unique to this test: other tests notify on the
+	// The namespace is unique to this test: other tests notify on the
 	// same database-wide channel.
 	name := "c." + rand.Text()
 	tx, err := pool.Begin(ctx)

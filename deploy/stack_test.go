@@ -177,7 +177,7 @@ func TestStack_TracesAndAlertsAreWired(t *testing.T) {
 	linked := false
 	for _, d := range ds.Datasources {
 		for _, e := range d.JSONData.Exemplars {
-			require.Equal(t, "trace_id", e.Name, "the label middleware.Metrics writes")
+			require.Equal(t, "trace_id", e.Name, "the exemplar label the worker's metrics write")
 			require.Equal(t, "jaeger", uids[e.DatasourceUID], "exemplars open a trace data source")
 			linked = true
 		}

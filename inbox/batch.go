@@ -44,7 +44,7 @@ type BatchHandlerFunc[T any] func(ctx context.Context, b *pgx.Batch, msg *inboxt
 // path (docs/internals.md); a stream that is mostly duplicates is cheaper
 // with Handler.
 //
-// With opts.GroupCommit set, the deliveries of a group travel the same
+// With gc set, the deliveries of a group travel the same
 // way together: every claim, with its result, and every write, in one
 // round trip and one transaction, which commits whole or not at all. When
 // it cannot commit whole (one key not free, one write refused, a lost
@@ -54,7 +54,7 @@ type BatchHandlerFunc[T any] func(ctx context.Context, b *pgx.Batch, msg *inboxt
 // second attempt, and is cheaper with Handler.
 //
 // BatchHandler panics if s or h is nil (a start-up bug).
-func BatchHandler[T any](s *Store, h BatchHandlerFunc[T], opts *HandlerOpts) inboxtype.Handler[T] {
+func BatchHandler[T any](s *Store, h BatchHandlerFunc[T], gc *GroupCommit) inboxtype.Handler[T] {
 	if s == nil || h == nil {
 		panic("inbox: BatchHandler needs a store and a handler")
 	}
@@ -68,7 +68,7 @@ func BatchHandler[T any](s *Store, h BatchHandlerFunc[T], opts *HandlerOpts) inb
 		}
 		return tx.SendBatch(ctx, b).Close()
 	}
-	return newHandler(s, inTx, h, opts)
+	return newHandler(s, inTx, h, gc)
 }
 
 // handleBatch is BatchHandler's one round trip for u: build queues the
@@ -119,7 +119,7 @@ func (s *Store) sendBuilt(ctx context.Context, units []*unit) error {
 	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, n)}
 	if len(units) == 1 {
 		u := units[0]
-		b.Queue(s.sql.claimOrAbort, u.consumer, u.key, u.fp, messageIDArg(u), u.payload, u.attempt, resultArg(u)).QueryRow(func(row pgx.Row) error {
+		b.Queue(s.sql.claimOrAbort, u.namespace, u.key, u.fp, messageIDArg(u), u.payload, u.attempt, resultArg(u)).QueryRow(func(row pgx.Row) error {
 			if err := row.Scan(&u.fence); err != nil {
 				return err
 			}

@@ -191,27 +191,22 @@ func TestBatchHandler_HandlerErrorAndPanic(t *testing.T) {
 }
 
 // In a group commit the batch goes into the delivery's savepoint: every
-// delivery commits once with its result, pipelined or not.
+// delivery commits once with its result.
 func TestBatchHandler_GroupCommit(t *testing.T) {
 	t.Parallel()
-	for name, opts := range map[string]*inbox.HandlerOpts{"savepoints": fullBatch(8), "pipelined": pipelinedBatch(8)} {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			b := setup(t, nil)
-			var calls atomic.Int64
-			h := inbox.BatchHandler(b.store, batchEffects(&calls, nil), opts)
-			msgs := orders(t, 8)
-			for i, err := range handleAll(t, h, msgs) {
-				require.NoError(t, err, "delivery %d", i)
-			}
-			for _, m := range msgs {
-				require.Equal(t, m.Body.OrderID, decodeResult(t, b.get(t, "payments", m.Key).Result).Order)
-			}
-			require.Equal(t, int64(8), calls.Load(), "each handler ran once")
-			require.Equal(t, 8, b.count(t, `SELECT count(*) FROM effects`), "one effect per key")
-			require.Equal(t, 8, b.count(t, `SELECT count(*) FROM ledger`))
-		})
+	b := setup(t, nil)
+	var calls atomic.Int64
+	h := inbox.BatchHandler(b.store, batchEffects(&calls, nil), fullBatch(8))
+	msgs := orders(t, 8)
+	for i, err := range handleAll(t, h, msgs) {
+		require.NoError(t, err, "delivery %d", i)
 	}
+	for _, m := range msgs {
+		require.Equal(t, m.Body.OrderID, decodeResult(t, b.get(t, "payments", m.Key).Result).Order)
+	}
+	require.Equal(t, int64(8), calls.Load(), "each handler ran once")
+	require.Equal(t, 8, b.count(t, `SELECT count(*) FROM effects`), "one effect per key")
+	require.Equal(t, 8, b.count(t, `SELECT count(*) FROM ledger`))
 }
 
 // A group of deliveries with free keys costs one round trip in all: every
@@ -219,29 +214,24 @@ func TestBatchHandler_GroupCommit(t *testing.T) {
 // delivery's fence is reported.
 func TestBatchHandler_GroupOfFreeKeysIsOneRoundTrip(t *testing.T) {
 	t.Parallel()
-	for name, opts := range map[string]*inbox.HandlerOpts{"savepoints": fullBatch(8), "pipelined": pipelinedBatch(8)} {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			tr := &countingTracer{}
-			b := setupOn(t, tracedPool(t, tr), nil)
-			h := inbox.BatchHandler(b.store, batchEffects(nil, nil), opts)
-			msgs := orders(t, 8)
-			before := tr.n.Load()
-			for i, err := range handleAll(t, h, msgs) {
-				require.NoError(t, err, "delivery %d", i)
-			}
-			require.Equal(t, int64(1), tr.n.Load()-before, "round trips of the group")
-			for _, m := range msgs {
-				rec := b.get(t, "payments", m.Key)
-				require.Equal(t, inbox.RecordCompleted, rec.Status)
-				require.Equal(t, m.Body.OrderID, decodeResult(t, rec.Result).Order)
-				require.Equal(t, m.Body.OrderID, decodeResult(t, m.Result()).Order)
-				require.Equal(t, rec.Fence, m.Delivery.InboxFence, "the claim's fence is reported")
-			}
-			require.Equal(t, 8, b.count(t, `SELECT count(*) FROM effects`))
-			require.Equal(t, 8, b.count(t, `SELECT count(*) FROM ledger`))
-		})
+	tr := &countingTracer{}
+	b := setupOn(t, tracedPool(t, tr), nil)
+	h := inbox.BatchHandler(b.store, batchEffects(nil, nil), fullBatch(8))
+	msgs := orders(t, 8)
+	before := tr.n.Load()
+	for i, err := range handleAll(t, h, msgs) {
+		require.NoError(t, err, "delivery %d", i)
 	}
+	require.Equal(t, int64(1), tr.n.Load()-before, "round trips of the group")
+	for _, m := range msgs {
+		rec := b.get(t, "payments", m.Key)
+		require.Equal(t, inbox.RecordCompleted, rec.Status)
+		require.Equal(t, m.Body.OrderID, decodeResult(t, rec.Result).Order)
+		require.Equal(t, m.Body.OrderID, decodeResult(t, m.Result()).Order)
+		require.Equal(t, rec.Fence, m.Delivery.InboxFence, "the claim's fence is reported")
+	}
+	require.Equal(t, 8, b.count(t, `SELECT count(*) FROM effects`))
+	require.Equal(t, 8, b.count(t, `SELECT count(*) FROM ledger`))
 }
 
 // A group's claim reports each delivery's own fence: keys taken up again

@@ -18,7 +18,7 @@ import (
 )
 
 // countingTracer counts the round trips on a pool: each statement sent on
-// its own, and each pipelined batch once.
+// its own, and each pgx.Batch once.
 type countingTracer struct{ n atomic.Int64 }
 
 func (c *countingTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
@@ -142,9 +142,7 @@ func handWrittenBatch(ctx context.Context, pool *pgxpool.Pool, msgs []*inboxtype
 func BenchmarkGroupCommit(b *testing.B) {
 	b.Run("inbox", func(b *testing.B) {
 		tb, tr := benchSetup(b)
-		h := inbox.Handler(tb.store, effectHandler(nil), &inbox.HandlerOpts{
-			GroupCommit: &inbox.GroupCommit{MaxBatch: 64, MaxWait: 2 * time.Millisecond, MaxInFlight: 2},
-		})
+		h := inbox.Handler(tb.store, effectHandler(nil), &inbox.GroupCommit{MaxBatch: 64, MaxWait: 2 * time.Millisecond, MaxInFlight: 2})
 		b.ReportAllocs()
 		b.ResetTimer()
 		before, start := tr.n.Load(), time.Now()
@@ -198,7 +196,7 @@ func BenchmarkClaim(b *testing.B) {
 	for _, workers := range []int{2, 8, 32} {
 		b.Run("handlers="+strconv.Itoa(workers), func(b *testing.B) {
 			tb, tr := benchSetup(b)
-			h := completingClaimHandler(tb, nil)
+			h := completingClaimHandler(tb, nil, nil)
 			b.ReportAllocs()
 			b.ResetTimer()
 			before, start := tr.n.Load(), time.Now()
@@ -209,21 +207,19 @@ func BenchmarkClaim(b *testing.B) {
 }
 
 // BenchmarkClaimGroupCommit is BenchmarkClaim with group-committed
-// completions (ClaimOpts.GroupCommit), serial and pipelined.
+// completions (ClaimHandler with a GroupCommit).
 func BenchmarkClaimGroupCommit(b *testing.B) {
 	for _, workers := range []int{8, 32, 128} {
-		for _, pipeline := range []bool{false, true} {
-			b.Run(fmt.Sprintf("handlers=%d/pipeline=%v", workers, pipeline), func(b *testing.B) {
-				tb, tr := benchSetup(b)
-				h := completingClaimHandler(tb, &inbox.ClaimOpts{GroupCommit: &inbox.GroupCommit{
-					MaxBatch: 64, MaxWait: 2 * time.Millisecond, MaxInFlight: 2, Pipeline: pipeline,
-				}})
-				b.ReportAllocs()
-				b.ResetTimer()
-				before, start := tr.n.Load(), time.Now()
-				parallel(b, workers, func(msg *inboxtype.Message[order]) error { return h.Handle(b.Context(), msg) })
-				report(b, start, tr, before)
-			})
-		}
+		b.Run(fmt.Sprintf("handlers=%d", workers), func(b *testing.B) {
+			tb, tr := benchSetup(b)
+			h := completingClaimHandler(tb, &inbox.GroupCommit{
+				MaxBatch: 64, MaxWait: 2 * time.Millisecond, MaxInFlight: 2,
+			}, nil)
+			b.ReportAllocs()
+			b.ResetTimer()
+			before, start := tr.n.Load(), time.Now()
+			parallel(b, workers, func(msg *inboxtype.Message[order]) error { return h.Handle(b.Context(), msg) })
+			report(b, start, tr, before)
+		})
 	}
 }

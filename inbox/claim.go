@@ -38,9 +38,16 @@ type ClaimOpts struct {
 	// Heartbeat is the interval between lease extensions. Defaults to
 	// Lease/3.
 	Heartbeat time.Duration
-	// StorePayload stores the raw body in the inbox row, for replay by
-	// operators. Defaults to false.
+	// StorePayload stores the raw body in the claim's row, so that the
+	// reconciler can replay a claim its worker left behind. Defaults to
+	// false.
 	StorePayload bool
+	// EffectCheck tells the reconciler whether the outside effect of a
+	// claim its worker left behind happened (the gateway knows the key):
+	// then the claim is completed instead of released for a retry. A
+	// worker hands it to its reconciler (ReconcilerConfig.EffectChecks).
+	// Defaults to nil: such claims are released.
+	EffectCheck EffectCheck
 	// DurableClaim makes the claim durable before the handler runs.
 	// Defaults to false: the claim is committed without waiting for its
 	// disk flush, which saves a flush per delivery. That is safe because
@@ -54,26 +61,6 @@ type ClaimOpts struct {
 	// same Claim.Fence again. Set DurableClaim if an outside system fences
 	// its writes on Claim.Fence.
 	DurableClaim bool
-	// GroupCommit, when non-nil, lets the completions of deliveries handled
-	// concurrently share one transaction: Claim.Complete hands its
-	// completion to a batch; each Complete callback runs in its own
-	// savepoint (or, with Pipeline, all of them concurrently), and one
-	// commit makes the batch durable before any Complete returns. A callback
-	// that fails is rolled back to its savepoint and its claim released in
-	// the same transaction; a claim taken over is fenced out as in
-	// per-message mode, alone, and nothing of it is written. Its zero fields
-	// take StoreConfig.GroupCommit's values; size the handler's concurrency
-	// as for HandlerOpts.GroupCommit. Defaults to nil: one transaction per
-	// completion.
-	//
-	// What a callback may assume changes: it runs on the batch's
-	// transaction, in the goroutine of whichever delivery leads the batch,
-	// so a slow callback delays the batch's other completions; a callback
-	// can run twice, the first run rolled back — after a failed COMMIT
-	// (the batch's completions then run again one by one, so that only the
-	// one whose writes fail at COMMIT fails) and with Pipeline after any
-	// failure. Keep callbacks to the business writes.
-	GroupCommit *GroupCommit
 }
 
 func (o *ClaimOpts) withDefaults() (ClaimOpts, error) {
@@ -103,8 +90,8 @@ func (o *ClaimOpts) withDefaults() (ClaimOpts, error) {
 // methods are safe for concurrent use. The zero value is not usable; the
 // claim handler builds it.
 type Claim struct {
-	// Consumer is the inbox namespace.
-	Consumer string
+	// Namespace is the inbox namespace.
+	Namespace string
 	// Key is the idempotency key: pass it downstream (as Idempotency-Key) so
 	// that a repeated outside call after a crash is recognised there.
 	Key string
@@ -120,7 +107,7 @@ type Claim struct {
 	Attempt int
 
 	s     *Store
-	batch *batcher // the handler's group commit (ClaimOpts.GroupCommit), or nil
+	batch *batcher // the handler's group commit (ClaimHandler's gc), or nil
 	// result is the message whose result (inboxtype.Message.SetResult)
 	// Complete stores; nil for none.
 	result resulter
@@ -139,7 +126,7 @@ type Claim struct {
 	// req and tx are the claim's request and Complete's transaction, kept
 	// here to save two allocations per delivery.
 	req leaseReq
-	tx  completionTx
+	tx  lazyTx
 	hb  beat // the lease's heartbeat, while the handler runs
 }
 
@@ -173,7 +160,7 @@ func (c *Claim) Step(ctx context.Context, name string, fn func(ctx context.Conte
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	tag, err := c.s.pool.Exec(ctx, c.s.sql.recordStep, c.Consumer, c.Key, c.Token, c.Fence, name, string(raw))
+	tag, err := c.s.pool.Exec(ctx, c.s.sql.recordStep, c.Namespace, c.Key, c.Token, c.Fence, name, string(raw))
 	if err != nil {
 		return raw, infraError(ReasonDBConnection, fmt.Errorf("inbox: record step %q: %w", name, err))
 	}
@@ -210,7 +197,7 @@ func (c *Claim) Completed() bool {
 
 func (c *Claim) fenced() error {
 	return retry.Duplicate(retry.SourceFenced,
-		fmt.Errorf("inbox: claim %d on key %q of consumer %q was taken over", c.Fence, c.Key, c.Consumer))
+		fmt.Errorf("inbox: claim %d on key %q of namespace %q was taken over", c.Fence, c.Key, c.Namespace))
 }
 
 // lost is the verdict when a fenced write found the claim no longer ours.
@@ -222,7 +209,7 @@ func (c *Claim) lost(ctx context.Context) error {
 	var status string
 	var result *string
 	err := c.s.pool.QueryRow(ctx, `SELECT status, CASE WHEN status = 'completed' THEN result::text END FROM `+c.s.table+
-		` WHERE consumer = $1 AND key = $2`, c.Consumer, c.Key).Scan(&status, &result)
+		` WHERE consumer = $1 AND key = $2`, c.Namespace, c.Key).Scan(&status, &result)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return infraError(ReasonDBConnection, fmt.Errorf("inbox: look up a lost claim: %w", err))
 	}
@@ -240,117 +227,11 @@ func (c *Claim) lostVerdict(status string) error {
 		return c.fenced()
 	case RecordProcessing:
 		return retry.WithReason(ReasonClaimHeld, retry.Defer(time.Second, fmt.Errorf(
-			"inbox: claim %d on key %q of consumer %q was taken over by a worker that has not completed", c.Fence, c.Key, c.Consumer)))
+			"inbox: claim %d on key %q of namespace %q was taken over by a worker that has not completed", c.Fence, c.Key, c.Namespace)))
 	default:
 		return retry.WithReason(ReasonLeaseLost, retry.Retryable(fmt.Errorf(
-			"inbox: claim %d on key %q of consumer %q was lost before completion (status %q)", c.Fence, c.Key, c.Consumer, status)))
+			"inbox: claim %d on key %q of namespace %q was lost before completion (status %q)", c.Fence, c.Key, c.Namespace, status)))
 	}
-}
-
-// Complete commits the claim: in one transaction it marks the row
-// completed — fenced on this claim's owner token and fence — and runs fn
-// (the business writes; nil for none). If the claim was taken over, nothing
-// is written and the error matches retry.ErrDuplicate (source fenced). fn's
-// errors roll everything back and are mapped with MapError. Calling
-// Complete again after it succeeded returns nil without doing anything.
-// With ClaimOpts.GroupCommit the transaction is a batch's, shared with
-// the completions of other deliveries (see there).
-func (c *Claim) Complete(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) (err error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.done {
-		return nil
-	}
-	ctx, span := startSpan(ctx, "inbox.commit")
-	defer func() { endSpan(span, err) }()
-	if c.batch != nil {
-		err = c.completeInBatch(ctx, fn)
-	} else {
-		err = c.completeAlone(ctx, fn)
-	}
-	c.done = err == nil
-	return err
-}
-
-// completeInBatch hands the completion to the handler's group commit and
-// waits for the batch's verdict: fenced out, fn's error, the commit's, or
-// nil once committed.
-func (c *Claim) completeInBatch(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
-	u := &unit{ctx: ctx, consumer: c.Consumer, key: c.Key, claim: c}
-	u.run = func(ctx context.Context, tx pgx.Tx) error {
-		u.pending = nil
-		if fn != nil {
-			if err := fn(ctx, tx); err != nil {
-				return err
-			}
-		}
-		return c.s.deferResult(u, c.resultBytes())
-	}
-	c.batch.do(u)
-	if u.result != nil {
-		c.won = u.result
-	}
-	if u.err == nil {
-		c.stored = u.pending
-	}
-	return u.err
-}
-
-// completeAlone runs the completion in a transaction of its own.
-func (c *Claim) completeAlone(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
-	if fn == nil {
-		// No business writes: the fenced completion, with the result if
-		// any, is the whole transaction.
-		raw := c.resultBytes()
-		if raw != nil {
-			if err := c.s.checkResult(c.Consumer, c.Key, raw); err != nil {
-				return err
-			}
-		}
-		if err := c.completeBare(ctx, raw); err != nil {
-			return err
-		}
-		c.stored = raw
-		return nil
-	}
-	// BEGIN and the fenced completion travel in one pipeline with fn's
-	// first Exec (completionTx).
-	tx := &c.tx
-	*tx = completionTx{c: c}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if err := fn(ctx, tx); err != nil {
-		if tx.err != nil { // the start's own verdict: fenced, or the connection
-			return tx.err
-		}
-		return MapError(err)
-	}
-	raw := c.resultBytes()
-	if raw != nil {
-		if err := c.s.checkResult(c.Consumer, c.Key, raw); err != nil {
-			return err
-		}
-	}
-	if err := tx.ensure(ctx); err != nil {
-		return err
-	}
-	// The result, if any, is written in COMMIT's round trip.
-	var units []*unit
-	if raw != nil {
-		units = []*unit{{consumer: c.Consumer, key: c.Key, pending: raw}}
-	}
-	if err := c.s.commitResults(ctx, tx.tx, units); err != nil {
-		return err
-	}
-	c.stored = raw
-	return nil
-}
-
-// resultBytes is the handler's result, if it set one.
-func (c *Claim) resultBytes() []byte {
-	if c.result == nil {
-		return nil
-	}
-	return c.result.Result()
 }
 
 // ClaimHandler adapts h into a consumer handler for effects outside
@@ -375,8 +256,23 @@ func (c *Claim) resultBytes() []byte {
 //  4. if h fails, the claim is released (status failed, last_error,
 //     last_failed_at; owner cleared) so a retry can take it.
 //
+// With gc set, the completions of deliveries handled concurrently share
+// one transaction: Claim.Complete hands its completion to a batch; each
+// Complete callback runs in its own savepoint, and one commit makes the
+// batch durable before any Complete returns. A callback that fails is
+// rolled back to its savepoint and its claim released in the same
+// transaction; a claim taken over is fenced out as in per-message mode,
+// alone, and nothing of it is written. What a callback may assume
+// changes: it runs on the batch's transaction, in the goroutine of
+// whichever delivery leads the batch, so a slow callback delays the
+// batch's other completions; a callback can run twice, the first run
+// rolled back — after a failed COMMIT (the batch's completions then run
+// again one by one, so that only the one whose writes fail at COMMIT
+// fails). Keep callbacks to the business writes. A nil gc means one
+// transaction per completion.
+//
 // ClaimHandler panics if s or h is nil or opts is invalid (a start-up bug).
-func ClaimHandler[T any](s *Store, h ClaimFunc[T], opts *ClaimOpts) inboxtype.Handler[T] {
+func ClaimHandler[T any](s *Store, h ClaimFunc[T], gc *GroupCommit, opts *ClaimOpts) inboxtype.Handler[T] {
 	if s == nil || h == nil {
 		panic("inbox: ClaimHandler needs a store and a handler")
 	}
@@ -385,8 +281,11 @@ func ClaimHandler[T any](s *Store, h ClaimFunc[T], opts *ClaimOpts) inboxtype.Ha
 		panic(err)
 	}
 	var b *batcher
-	if o.GroupCommit != nil {
-		b = newBatcher(s, o.GroupCommit.or(s.cfg.GroupCommit))
+	if gc != nil {
+		if err := gc.validate(); err != nil {
+			panic(err)
+		}
+		b = newBatcher(s, gc.withDefaults())
 	}
 	return inboxtype.HandlerFunc[T](func(ctx context.Context, msg *inboxtype.Message[T]) (err error) {
 		defer func() { s.healPartitions(ctx, err) }()
@@ -469,7 +368,7 @@ func newToken() string {
 func (s *Store) claimLease(ctx context.Context, u *unit, o ClaimOpts) (c *Claim, capAt time.Time, err error) {
 	ctx, span := startSpan(ctx, "inbox.claim")
 	defer func() { endSpan(span, err) }()
-	c = &Claim{Consumer: u.consumer, Key: u.key, Token: newToken(), s: s}
+	c = &Claim{Namespace: u.namespace, Key: u.key, Token: newToken(), s: s}
 	r := &c.req
 	*r = leaseReq{u: u, token: c.Token, lease: o.Lease.Microseconds(), durable: o.DurableClaim}
 	err = s.leases.Do(ctx, r)
@@ -492,7 +391,7 @@ func (s *Store) explainOne(ctx context.Context, u *unit) error {
 	var fp []byte
 	var lease float64
 	var result *string
-	err := s.pool.QueryRow(ctx, s.sql.lookup, []string{u.consumer}, []string{u.key}).Scan(new(string), new(string), &status, &fp, &lease, &result)
+	err := s.pool.QueryRow(ctx, s.sql.lookup, []string{u.namespace}, []string{u.key}).Scan(new(string), new(string), &status, &fp, &lease, &result)
 	if result != nil {
 		u.result = []byte(*result)
 	}
@@ -620,7 +519,7 @@ func (s *Store) extend(ctx context.Context, c *Claim, o ClaimOpts, capAt time.Ti
 		return false, 0, nil
 	}
 	var secs float64
-	err = s.pool.QueryRow(ctx, s.sql.extendLease, c.Consumer, c.Key, c.Token, c.Fence, o.Lease.Microseconds(), capAt).Scan(&capped, &secs)
+	err = s.pool.QueryRow(ctx, s.sql.extendLease, c.Namespace, c.Key, c.Token, c.Fence, o.Lease.Microseconds(), capAt).Scan(&capped, &secs)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, 0, errTakenOver
 	}
@@ -632,8 +531,8 @@ func (s *Store) extend(ctx context.Context, c *Claim, o ClaimOpts, capAt time.Ti
 func (s *Store) release(ctx context.Context, c *Claim, herr error) {
 	ctx, cancel := s.cleanupCtx(ctx)
 	defer cancel()
-	if _, err := s.pool.Exec(ctx, s.sql.releaseClaim, c.Consumer, c.Key, c.Token, c.Fence, errorText(herr)); err != nil {
+	if _, err := s.pool.Exec(ctx, s.sql.releaseClaim, c.Namespace, c.Key, c.Token, c.Fence, errorText(herr)); err != nil {
 		s.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "inbox: release claim failed; the reconciler will find it after its lease",
-			slog.String("consumer", c.Consumer), slog.String("key", c.Key), slog.Any("error", err))
+			slog.String("namespace", c.Namespace), slog.String("key", c.Key), slog.Any("error", err))
 	}
 }

@@ -32,7 +32,7 @@ func TestClaim_CompleteWithoutWritesIsOneStatement(t *testing.T) {
 			}
 		}
 		return nil // the outside call succeeded; nothing to write here
-	}, nil)
+	}, nil, nil)
 
 	require.NoError(t, h.Handle(ctx, newMsg(t, "pay", order{OrderID: "done", Amount: 1}, false)))
 	// A batch (BEGIN + completion) is not seen by a query tracer; a
@@ -69,7 +69,7 @@ func TestClaim_ResultWithoutWritesIsInTheCompletion(t *testing.T) {
 			return msg.SetResult(json.RawMessage("{\"charge\":\"ch_\xe9\"}"))
 		}
 		return msg.SetResult(map[string]string{"charge": "ch_" + msg.Body.OrderID})
-	}, nil)
+	}, nil, nil)
 
 	before := tr.n.Load()
 	require.NoError(t, h.Handle(ctx, newMsg(t, "pay", order{OrderID: "r", Amount: 1}, false)))
@@ -104,7 +104,7 @@ func TestClaim_ResultWrittenInTheCommitsRoundTrip(t *testing.T) {
 			}
 			return msg.SetResult(map[string]string{"order": msg.Body.OrderID})
 		})
-	}, nil)
+	}, nil, nil)
 
 	before := tr.n.Load()
 	require.NoError(t, h.Handle(ctx, newMsg(t, "pay", order{OrderID: "w", Amount: 3}, false)))

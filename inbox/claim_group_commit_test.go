@@ -20,13 +20,13 @@ import (
 // fullClaimBatch is fullBatch for claim mode: the completions of exactly
 // n deliveries share a transaction (the long MaxWait is never reached in
 // a passing test).
-func fullClaimBatch(n int, pipeline bool) *inbox.ClaimOpts {
-	return &inbox.ClaimOpts{GroupCommit: &inbox.GroupCommit{MaxBatch: n, MaxWait: time.Minute, MaxInFlight: 1, Pipeline: pipeline}}
+func fullClaimBatch(n int) *inbox.GroupCommit {
+	return &inbox.GroupCommit{MaxBatch: n, MaxWait: time.Minute, MaxInFlight: 1}
 }
 
 // completeThen is a claim handler whose completion writes the effect row,
 // then runs then(ctx, tx, msg), whose error it returns.
-func completeThen(b *testBundle, opts *inbox.ClaimOpts, then func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error) inboxtype.Handler[order] {
+func completeThen(b *testBundle, gc *inbox.GroupCommit, then func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error) inboxtype.Handler[order] {
 	return inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[order]) error {
 		return c.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error {
 			if err := completeWithEffect(msg)(ctx, tx); err != nil {
@@ -34,7 +34,7 @@ func completeThen(b *testBundle, opts *inbox.ClaimOpts, then func(ctx context.Co
 			}
 			return then(ctx, tx, msg)
 		})
-	}, opts)
+	}, gc, nil)
 }
 
 func TestClaimGroupCommit_CompletionsShareOneTransaction(t *testing.T) {
@@ -42,7 +42,7 @@ func TestClaimGroupCommit_CompletionsShareOneTransaction(t *testing.T) {
 	b := setup(t, nil)
 	var mu sync.Mutex
 	txids := map[int64]int{}
-	h := completeThen(b, fullClaimBatch(5, false), func(ctx context.Context, tx pgx.Tx, _ *inboxtype.Message[order]) error {
+	h := completeThen(b, fullClaimBatch(5), func(ctx context.Context, tx pgx.Tx, _ *inboxtype.Message[order]) error {
 		var txid int64
 		if err := tx.QueryRow(ctx, `SELECT txid_current()`).Scan(&txid); err != nil {
 			return err
@@ -65,7 +65,7 @@ func TestClaimGroupCommit_CompletionsShareOneTransaction(t *testing.T) {
 func TestClaimGroupCommit_FailureInTheMiddleReleasesOnlyItsClaim(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
-	h := completeThen(b, fullClaimBatch(5, false), func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
+	h := completeThen(b, fullClaimBatch(5), func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
 		if msg.Body.OrderID == "3" {
 			// A failed statement aborts the transaction: only its
 			// savepoint brings the batch back.
@@ -96,7 +96,7 @@ func TestClaimGroupCommit_FailureInTheMiddleReleasesOnlyItsClaim(t *testing.T) {
 	// A replay takes the released claim and completes once.
 	replayed := newMsg(t, "payments", order{OrderID: "3", Amount: 2}, false)
 	replayed.Attempt = 2
-	require.NoError(t, completingClaimHandler(b, nil).Handle(t.Context(), replayed))
+	require.NoError(t, completingClaimHandler(b, nil, nil).Handle(t.Context(), replayed))
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects WHERE key = 'order:3'`))
 	r = b.get(t, "payments", "order:3")
 	require.Equal(t, inbox.RecordCompleted, r.Status)
@@ -124,7 +124,7 @@ func TestClaimGroupCommit_TakenOverClaimIsFencedOutAlone(t *testing.T) {
 			}
 		}
 		return c.Complete(ctx, completeWithEffect(msg))
-	}, fullClaimBatch(3, false))
+	}, fullClaimBatch(3), nil)
 
 	errs := handleAll(t, h, orders(t, 3))
 	require.ErrorIs(t, errs[0], retry.ErrDuplicate)
@@ -148,7 +148,7 @@ func TestClaimGroupCommit_TakenOverClaimIsFencedOutAlone(t *testing.T) {
 func TestClaimGroupCommit_CommitFailureFailsOnlyItsCompletion(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
-	h := completeThen(b, fullClaimBatch(4, false), func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
+	h := completeThen(b, fullClaimBatch(4), func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
 		if msg.Body.OrderID == "2" {
 			// A deferred foreign key: the statement succeeds, COMMIT fails.
 			_, err := tx.Exec(ctx, `INSERT INTO child (id) VALUES (42)`)
@@ -166,52 +166,6 @@ func TestClaimGroupCommit_CommitFailureFailsOnlyItsCompletion(t *testing.T) {
 	require.Nil(t, r.Owner)
 }
 
-func TestClaimGroupCommit_PipelinedCompletionsRunOnce(t *testing.T) {
-	t.Parallel()
-	b := setup(t, nil)
-	var calls atomic.Int64
-	h := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[order]) error {
-		return c.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error {
-			calls.Add(1)
-			if _, err := tx.Exec(ctx, `INSERT INTO effects (key, amount) VALUES ($1, $2)`, msg.Key, msg.Body.Amount); err != nil {
-				return err
-			}
-			_, err := tx.Exec(ctx, `INSERT INTO ledger (key) VALUES ($1)`, msg.Key)
-			return err
-		})
-	}, fullClaimBatch(6, true))
-
-	for _, err := range handleAll(t, h, orders(t, 6)) {
-		require.NoError(t, err)
-	}
-	require.Equal(t, int64(6), calls.Load(), "a pipelined attempt that succeeds runs each callback once")
-	require.Equal(t, 6, b.count(t, `SELECT count(*) FROM effects`))
-	require.Equal(t, 6, b.count(t, `SELECT count(*) FROM ledger`))
-	require.Equal(t, 6, b.count(t, `SELECT count(*) FROM inboxmq_inbox WHERE status = 'completed'`))
-}
-
-func TestClaimGroupCommit_PipelinedFailureRunsTheBatchAgainWithSavepoints(t *testing.T) {
-	t.Parallel()
-	b := setup(t, nil)
-	h := completeThen(b, fullClaimBatch(4, true), func(_ context.Context, _ pgx.Tx, msg *inboxtype.Message[order]) error {
-		if msg.Body.OrderID == "2" {
-			return errors.New("the gateway's answer does not fit the order")
-		}
-		return nil
-	})
-
-	errs := handleAll(t, h, orders(t, 4))
-	require.ErrorContains(t, errs[1], "does not fit")
-	for i, err := range errs {
-		if i != 1 {
-			require.NoError(t, err)
-		}
-	}
-	require.Equal(t, 3, b.count(t, `SELECT count(*) FROM effects`), "one effect per completed key, none for the failed one")
-	require.Equal(t, 3, b.count(t, `SELECT count(DISTINCT key) FROM effects`))
-	require.Equal(t, inbox.RecordFailed, b.get(t, "payments", "order:2").Status)
-}
-
 // Two workers (two stores on one database) whose claims and group-committed
 // completions cover the same keys in opposite orders: no deadlock, every
 // key completed once; a delivery that met the other worker's live claim is
@@ -219,14 +173,17 @@ func TestClaimGroupCommit_PipelinedFailureRunsTheBatchAgainWithSavepoints(t *tes
 func TestClaimGroupCommit_TwoWorkersSameKeysOppositeOrder(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
-	other, err := inbox.NewStore(t.Context(), b.pool, nil)
+	other, err := inbox.NewStore(b.pool, nil)
+	if err == nil {
+		err = other.Check(t.Context())
+	}
 	require.NoError(t, err)
 	const n = 24
 	var calls atomic.Int64
 	handler := func(s *inbox.Store) inboxtype.Handler[order] {
 		return inbox.ClaimHandler(s, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[order]) error {
 			return c.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error { return effectHandler(&calls)(ctx, tx, msg) })
-		}, &inbox.ClaimOpts{GroupCommit: &inbox.GroupCommit{MaxBatch: n, MaxWait: 20 * time.Millisecond, MaxInFlight: 2}})
+		}, &inbox.GroupCommit{MaxBatch: n, MaxWait: 20 * time.Millisecond, MaxInFlight: 2}, nil)
 	}
 	h1, h2 := handler(b.store), handler(other)
 
@@ -267,15 +224,15 @@ func TestClaimGroupCommit_LoneCompletionCostsWhatPerMessageModeCosts(t *testing.
 	t.Parallel()
 	tr := &countingTracer{}
 	b := setupOn(t, tracedPool(t, tr), nil)
-	roundTrips := func(opts *inbox.ClaimOpts, id string) int64 {
+	roundTrips := func(gc *inbox.GroupCommit, id string) int64 {
 		h := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[order]) error {
 			return c.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error { return effectHandler(nil)(ctx, tx, msg) })
-		}, opts)
+		}, gc, nil)
 		before := tr.n.Load()
 		require.NoError(t, h.Handle(t.Context(), newMsg(t, "payments", order{OrderID: id}, false)))
 		return tr.n.Load() - before
 	}
 	require.Equal(t, int64(4), roundTrips(nil, "per-message"))
-	require.Equal(t, int64(4), roundTrips(&inbox.ClaimOpts{GroupCommit: &inbox.GroupCommit{MaxWait: time.Millisecond}}, "grouped"))
+	require.Equal(t, int64(4), roundTrips(&inbox.GroupCommit{MaxWait: time.Millisecond}, "grouped"))
 	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM effects`))
 }

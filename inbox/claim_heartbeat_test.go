@@ -67,7 +67,7 @@ func TestClaim_HeartbeatEndsWithItsDelivery(t *testing.T) {
 			panic("inbox test: a panic after Complete")
 		}
 		return nil
-	}, opts)
+	}, nil, opts)
 
 	require.NoError(t, h.Handle(ctx, newMsg(t, "pay", order{OrderID: "returns", Amount: 1}, false)))
 	require.Panics(t, func() { _ = h.Handle(ctx, newMsg(t, "pay", order{OrderID: "panics", Amount: 1}, false)) })

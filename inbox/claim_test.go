@@ -28,10 +28,10 @@ func (g *gateway) charge(context.Context, string) (any, error) {
 
 // completingClaimHandler is a claim handler that only completes, writing
 // one effect row.
-func completingClaimHandler(b *testBundle, opts *inbox.ClaimOpts) inboxtype.Handler[order] {
+func completingClaimHandler(b *testBundle, gc *inbox.GroupCommit, opts *inbox.ClaimOpts) inboxtype.Handler[order] {
 	return inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[order]) error {
 		return c.Complete(ctx, completeWithEffect(msg))
-	}, opts)
+	}, gc, opts)
 }
 
 // completeWithEffect is a Complete callback writing one effect row.
@@ -58,7 +58,7 @@ func TestClaim_TwoWorkersOneOutsideCallOneEffect(t *testing.T) {
 			return err
 		}
 		return c.Complete(ctx, completeWithEffect(msg))
-	}, nil)
+	}, nil, nil)
 
 	done := make(chan error, 1)
 	firstMsg := newMsg(t, "payments", order{OrderID: "1", Amount: 10}, false)
@@ -100,7 +100,7 @@ func TestClaim_HeldKeyDeferralGrowsUpToTheLease(t *testing.T) {
 			<-release
 		}
 		return c.Complete(ctx, completeWithEffect(msg))
-	}, &inbox.ClaimOpts{Lease: 20 * time.Second})
+	}, nil, &inbox.ClaimOpts{Lease: 20 * time.Second})
 	done := make(chan error, 1)
 	go func() { done <- h.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "1", Amount: 10}, false)) }()
 	testenv.WaitChan(t, entered, "the first worker holds the claim")
@@ -152,7 +152,7 @@ func TestClaim_ExpiredLeaseFencesOutTheLateWorker(t *testing.T) {
 		claimed <- c
 		<-proceed
 		return c.Complete(ctx, completeWithEffect(msg))
-	}, nil)
+	}, nil, nil)
 	lateErr := make(chan error, 1)
 	lateMsg := newMsg(t, "payments", order{OrderID: "2", Amount: 1}, false)
 	go func() { lateErr <- late.Handle(t.Context(), lateMsg) }()
@@ -166,7 +166,7 @@ func TestClaim_ExpiredLeaseFencesOutTheLateWorker(t *testing.T) {
 	winner := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[order]) error {
 		fence = c.Fence
 		return c.Complete(ctx, completeWithEffect(msg))
-	}, nil)
+	}, nil, nil)
 	require.NoError(t, winner.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "2", Amount: 1}, false)))
 	require.Equal(t, lateClaim.Fence+1, fence)
 
@@ -198,7 +198,7 @@ func TestClaim_HeartbeatExtendsUpToTheCap(t *testing.T) {
 			return err
 		}
 		return context.Cause(ctx)
-	}, opts)
+	}, nil, opts)
 	msg := newMsg(t, "payments", order{OrderID: "hb"}, false)
 	msg.Delivery = inboxtype.NewDelivery("q", "payments", "w1", msg.Delivery.Raw, obs)
 	err := h.Handle(t.Context(), msg)
@@ -227,7 +227,7 @@ func TestClaim_TakenOverWhileRunningCancelsTheHandler(t *testing.T) {
 		}
 		<-ctx.Done()
 		return context.Cause(ctx)
-	}, opts)
+	}, nil, opts)
 	err := h.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "t"}, false))
 	require.ErrorIs(t, err, inbox.ErrLeaseLost)
 	r := b.get(t, "payments", "order:t")
@@ -255,7 +255,7 @@ func TestClaim_RecoveryPointsSkipCompletedSteps(t *testing.T) {
 			return err
 		}
 		return c.Complete(ctx, completeWithEffect(msg))
-	}, nil)
+	}, nil, nil)
 	require.ErrorContains(t, h.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "s"}, false)), "crashed")
 	r := b.get(t, "payments", "order:s")
 	require.Equal(t, inbox.RecordFailed, r.Status)
@@ -280,7 +280,7 @@ func TestClaim_NilWithoutCompleteCompletes(t *testing.T) {
 	h := inbox.ClaimHandler(b.store, func(context.Context, *inbox.Claim, *inboxtype.Message[order]) error {
 		calls.Add(1)
 		return nil
-	}, nil)
+	}, nil, nil)
 	require.NoError(t, h.Handle(t.Context(), newMsg(t, "mailer", order{OrderID: "m"}, false)))
 	require.ErrorIs(t, h.Handle(t.Context(), newMsg(t, "mailer", order{OrderID: "m"}, false)), retry.ErrDuplicate)
 	err := h.Handle(t.Context(), newMsg(t, "mailer", order{OrderID: "m", Amount: 3}, false))
@@ -300,7 +300,7 @@ func TestClaim_FailedCompleteRollsBackAndReleases(t *testing.T) {
 			_, err := tx.Exec(ctx, `SELECT 1/0`)
 			return err
 		})
-	}, nil)
+	}, nil, nil)
 	require.ErrorContains(t, h.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "f"}, false)), "division by zero")
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM effects`))
 	r := b.get(t, "payments", "order:f")
@@ -314,6 +314,6 @@ func TestClaimOpts_Invalid(t *testing.T) {
 	b := setup(t, nil)
 	require.Panics(t, func() {
 		inbox.ClaimHandler(b.store, func(context.Context, *inbox.Claim, *inboxtype.Message[order]) error { return nil },
-			&inbox.ClaimOpts{Lease: time.Minute, MaxLease: time.Second})
+			nil, &inbox.ClaimOpts{Lease: time.Minute, MaxLease: time.Second})
 	})
 }

@@ -37,7 +37,7 @@ func (s *Store) newLeaseRounds() *combine.Combiner[*leaseReq] {
 		now := make([]bool, len(q))
 		seen := make(map[unitKey]struct{}, len(q))
 		for i, r := range q {
-			k := unitKey{r.u.consumer, r.u.key}
+			k := unitKey{r.u.namespace, r.u.key}
 			if _, dup := seen[k]; !dup {
 				seen[k] = struct{}{}
 				now[i] = true
@@ -69,10 +69,10 @@ func (s *Store) sendLeases(batch []*leaseReq) {
 	leases, fps, payloads, attempts := make([]int64, n), make([][]byte, n), make([][]byte, n), make([]int32, n)
 	byKey := make(map[unitKey]*leaseReq, n)
 	for i, r := range batch {
-		consumers[i], keys[i], owners[i], mids[i] = r.u.consumer, r.u.key, r.token, messageIDArg(r.u)
+		consumers[i], keys[i], owners[i], mids[i] = r.u.namespace, r.u.key, r.token, messageIDArg(r.u)
 		leases[i], fps[i], payloads[i] = r.lease, r.u.fp, r.u.payload
 		attempts[i] = int32(min(r.u.attempt, math.MaxInt32)) //nolint:gosec // bounded above
-		byKey[unitKey{r.u.consumer, r.u.key}] = r
+		byKey[unitKey{r.u.namespace, r.u.key}] = r
 	}
 	sql := s.sql.claimLeases
 	if async {
@@ -128,7 +128,7 @@ func (s *Store) sendLease(ctx context.Context, r *leaseReq, async bool) {
 	if !async {
 		sql, dest = s.sql.claimLease, dest[:4]
 	}
-	err := s.pool.QueryRow(ctx, sql, r.u.consumer, r.u.key, r.token, r.lease, r.u.fp, messageIDArg(r.u), r.u.payload, r.u.attempt).Scan(dest...)
+	err := s.pool.QueryRow(ctx, sql, r.u.namespace, r.u.key, r.token, r.lease, r.u.fp, messageIDArg(r.u), r.u.payload, r.u.attempt).Scan(dest...)
 	r.claimed = err == nil
 	if !errors.Is(err, pgx.ErrNoRows) {
 		r.err = err

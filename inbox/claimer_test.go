@@ -97,8 +97,8 @@ func TestClaim_ConcurrentClaimsShareOneStatement(t *testing.T) {
 	ctx := t.Context()
 	tr := &sqlTracer{}
 	b := setupOn(t, tracedPool(t, tr), nil)
-	async := completingClaimHandler(b, nil)
-	durable := completingClaimHandler(b, &inbox.ClaimOpts{DurableClaim: true})
+	async := completingClaimHandler(b, nil, nil)
+	durable := completingClaimHandler(b, nil, &inbox.ClaimOpts{DurableClaim: true})
 
 	// A key that is already done.
 	require.NoError(t, async.Handle(ctx, newMsg(t, "pay", order{OrderID: "done", Amount: 1}, false)))
@@ -126,7 +126,7 @@ func TestClaim_FailedSharedClaimFailsItsRoundAndLeavesNothing(t *testing.T) {
 	ctx := t.Context()
 	tr := &sqlTracer{}
 	b := setupOn(t, tracedPool(t, tr), nil)
-	h := completingClaimHandler(b, nil)
+	h := completingClaimHandler(b, nil, nil)
 	// A claim of key "order:boom" makes the whole statement fail.
 	_, err := b.pool.Exec(ctx, `
 		CREATE FUNCTION boom() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -159,7 +159,7 @@ func TestClaim_SharedClaimsUnderConcurrencyOneEffectPerKey(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	b := setup(t, nil)
-	h := completingClaimHandler(b, nil)
+	h := completingClaimHandler(b, nil, nil)
 	const deliveries, keys = 120, 15
 	errs := make([]error, deliveries)
 	var wg sync.WaitGroup

@@ -146,9 +146,9 @@ func TestGroupCommit_CommitAnswerLostIsADuplicateForEveryDelivery(t *testing.T) 
 			if mode == "claim" {
 				h = inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[order]) error {
 					return c.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error { return effectHandler(nil)(ctx, tx, msg) })
-				}, &inbox.ClaimOpts{GroupCommit: group})
+				}, group, nil)
 			} else {
-				h = inbox.Handler(b.store, effectHandler(nil), &inbox.HandlerOpts{GroupCommit: group})
+				h = inbox.Handler(b.store, effectHandler(nil), group)
 			}
 
 			d.armed.Store(true)
@@ -182,7 +182,7 @@ func TestHandler_CommitAnswerLostIsRetriedThenADuplicate(t *testing.T) {
 			if mode == "claim" {
 				h = inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[order]) error {
 					return c.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error { return effectHandler(nil)(ctx, tx, msg) })
-				}, nil)
+				}, nil, nil)
 			} else {
 				h = inbox.Handler(b.store, effectHandler(nil), nil)
 			}

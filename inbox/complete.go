@@ -9,6 +9,113 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
+// Complete commits the claim: in one transaction it marks the row
+// completed — fenced on this claim's owner token and fence — and runs fn
+// (the business writes; nil for none). If the claim was taken over, nothing
+// is written and the error matches retry.ErrDuplicate (source fenced). fn's
+// errors roll everything back and are mapped with MapError. fn cannot end
+// tx (as a TxHandlerFunc cannot), and tx is usable until fn returns. Calling
+// Complete again after it succeeded returns nil without doing anything.
+// With ClaimHandler's gc the transaction is a batch's, shared with
+// the completions of other deliveries (see there).
+func (c *Claim) Complete(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) (err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.done {
+		return nil
+	}
+	ctx, span := startSpan(ctx, "inbox.commit")
+	defer func() { endSpan(span, err) }()
+	if c.batch != nil {
+		err = c.completeInBatch(ctx, fn)
+	} else {
+		err = c.completeAlone(ctx, fn)
+	}
+	c.done = err == nil
+	return err
+}
+
+// completeInBatch hands the completion to the handler's group commit and
+// waits for the batch's verdict: fenced out, fn's error, the commit's, or
+// nil once committed.
+func (c *Claim) completeInBatch(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	u := &unit{ctx: ctx, namespace: c.Namespace, key: c.Key, claim: c}
+	u.run = func(ctx context.Context, tx pgx.Tx) error {
+		u.pending = nil
+		if fn != nil {
+			if err := fn(ctx, tx); err != nil {
+				return err
+			}
+		}
+		return c.s.deferResult(u, c.resultBytes())
+	}
+	c.batch.do(u)
+	if u.result != nil {
+		c.won = u.result
+	}
+	if u.err == nil {
+		c.stored = u.pending
+	}
+	return u.err
+}
+
+// completeAlone runs the completion in a transaction of its own.
+func (c *Claim) completeAlone(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	if fn == nil {
+		// No business writes: the fenced completion, with the result if
+		// any, is the whole transaction.
+		raw := c.resultBytes()
+		if raw != nil {
+			if err := c.s.checkResult(c.Namespace, c.Key, raw); err != nil {
+				return err
+			}
+		}
+		if err := c.completeBare(ctx, raw); err != nil {
+			return err
+		}
+		c.stored = raw
+		return nil
+	}
+	// BEGIN and the fenced completion travel in one pipeline with fn's
+	// first Exec (lazyTx's leadCompletion).
+	tx := &c.tx
+	*tx = lazyTx{lead: leadCompletion, claim: c}
+	defer tx.rollback(context.WithoutCancel(ctx))
+	if err := fn(ctx, tx); err != nil {
+		if tx.err != nil { // the start's own verdict: fenced, or the connection
+			return tx.err
+		}
+		return MapError(err)
+	}
+	raw := c.resultBytes()
+	if raw != nil {
+		if err := c.s.checkResult(c.Namespace, c.Key, raw); err != nil {
+			return err
+		}
+	}
+	if err := tx.ensure(ctx); err != nil {
+		return err
+	}
+	// The result, if any, is written in COMMIT's round trip.
+	var units []*unit
+	if raw != nil {
+		units = []*unit{{namespace: c.Namespace, key: c.Key, pending: raw}}
+	}
+	if err := c.s.commitResults(ctx, tx, units); err != nil {
+		return err
+	}
+	c.stored = raw
+	return nil
+}
+
+// resultBytes is the handler's result, if it set one.
+func (c *Claim) resultBytes() []byte {
+	if c.result == nil {
+		return nil
+	}
+	return c.result.Result()
+}
+
 // completeBare completes a claim that has no business writes: the fenced
 // completion, which also stores result (nil for none, already checked
 // against MaxResultBytes), is then the whole transaction, sent as one
@@ -25,7 +132,7 @@ func (c *Claim) completeBare(ctx context.Context, result []byte) error {
 	if result != nil {
 		arg = string(result)
 	}
-	tag, err := c.s.pool.Exec(ctx, c.s.sql.completeWith, c.Consumer, c.Key, c.Token, c.Fence, arg)
+	tag, err := c.s.pool.Exec(ctx, c.s.sql.completeWith, c.Namespace, c.Key, c.Token, c.Fence, arg)
 	if err != nil {
 		if perr := (*pgconn.PgError)(nil); result != nil && errors.As(err, &perr) && sqlClass(perr.Code) == "22" {
 			return MapError(fmt.Errorf("inbox: store result: %w", err))
@@ -36,168 +143,4 @@ func (c *Claim) completeBare(ctx context.Context, result []byte) error {
 		return c.lost(ctx)
 	}
 	return nil
-}
-
-// completionTx is the transaction Claim.Complete hands to its fn. It starts
-// lazily: BEGIN and the fenced completion travel in one pipeline with fn's
-// first Exec, which saves a round trip per delivery. If the completion finds
-// the claim taken over, that first Exec's effect dies with the rollback and
-// fn gets the fenced error (a duplicate).
-type completionTx struct {
-	c      *Claim
-	tx     *connTx // on a connection of its own, so that COMMIT can carry the result
-	fenced bool
-	err    error     // the start's error, repeated to every later call
-	b      pgx.Batch // the start's pipeline, kept here to save an allocation
-}
-
-// start sends BEGIN and the fenced completion, with sql (if not empty) in
-// the same pipeline, and returns sql's command tag.
-func (t *completionTx) start(ctx context.Context, sql string, args []any) (pgconn.CommandTag, error) {
-	if t.tx != nil || t.err != nil {
-		return pgconn.CommandTag{}, t.err
-	}
-	b := &t.b
-	b.BeginTx(pgx.TxOptions{})
-	b.Queue(t.c.s.sql.completeWith, t.c.Consumer, t.c.Key, t.c.Token, t.c.Fence, nil)
-	if sql != "" {
-		b.Queue(sql, args...)
-	}
-	tx, br, err := t.c.s.beginBatch(ctx, b)
-	if err != nil {
-		t.err = err
-		return pgconn.CommandTag{}, err
-	}
-	t.tx = tx
-	_, err = br.Exec() // BEGIN
-	var done, tag pgconn.CommandTag
-	if err == nil {
-		done, err = br.Exec()
-	}
-	var stmtErr error
-	if err == nil && sql != "" {
-		tag, stmtErr = br.Exec()
-	}
-	if cerr := br.Close(); err == nil && stmtErr == nil {
-		stmtErr = cerr
-	}
-	switch {
-	case err != nil:
-		t.err = infraError(ReasonDBConnection, fmt.Errorf("inbox: complete: %w", err))
-	case done.RowsAffected() == 0:
-		t.fenced = true
-		t.err = t.c.lost(ctx)
-	}
-	if t.err != nil {
-		return pgconn.CommandTag{}, t.err
-	}
-	return tag, stmtErr
-}
-
-func (t *completionTx) ensure(ctx context.Context) error {
-	if t.tx == nil && t.err == nil {
-		_, _ = t.start(ctx, "", nil)
-	}
-	return t.err
-}
-
-// Exec runs sql; the first one carries BEGIN and the fenced completion.
-func (t *completionTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if t.tx == nil && t.err == nil && (len(args) == 0 || !isExecMode(args[0])) {
-		return t.start(ctx, sql, args)
-	}
-	if err := t.ensure(ctx); err != nil {
-		return pgconn.CommandTag{}, err
-	}
-	return t.tx.Exec(ctx, sql, args...)
-}
-
-// Query runs sql after the completion.
-func (t *completionTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	if err := t.ensure(ctx); err != nil {
-		return nil, err
-	}
-	return t.tx.Query(ctx, sql, args...)
-}
-
-// QueryRow runs sql after the completion.
-func (t *completionTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	if err := t.ensure(ctx); err != nil {
-		return errRow{err}
-	}
-	return t.tx.QueryRow(ctx, sql, args...)
-}
-
-// SendBatch sends b after the completion.
-func (t *completionTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	if err := t.ensure(ctx); err != nil {
-		return errBatch{err}
-	}
-	return t.tx.SendBatch(ctx, b)
-}
-
-// CopyFrom copies after the completion.
-func (t *completionTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
-	if err := t.ensure(ctx); err != nil {
-		return 0, err
-	}
-	return t.tx.CopyFrom(ctx, table, columns, src)
-}
-
-// Prepare prepares after the completion.
-func (t *completionTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
-	if err := t.ensure(ctx); err != nil {
-		return nil, err
-	}
-	return t.tx.Prepare(ctx, name, sql)
-}
-
-// Begin starts a savepoint after the completion.
-func (t *completionTx) Begin(ctx context.Context) (pgx.Tx, error) {
-	if err := t.ensure(ctx); err != nil {
-		return nil, err
-	}
-	return t.tx.Begin(ctx)
-}
-
-// Commit commits (Complete does it; fn need not).
-func (t *completionTx) Commit(ctx context.Context) error {
-	if err := t.ensure(ctx); err != nil {
-		return err
-	}
-	return t.tx.Commit(ctx)
-}
-
-// Rollback rolls back; without a started transaction there is nothing to do.
-func (t *completionTx) Rollback(ctx context.Context) error {
-	if t.tx == nil {
-		return nil
-	}
-	return t.tx.Rollback(ctx)
-}
-
-// LargeObjects starts the transaction first (bounded by the cleanup
-// timeout, having no context).
-func (t *completionTx) LargeObjects() pgx.LargeObjects {
-	t.ensureNoCtx()
-	if t.tx == nil {
-		return pgx.LargeObjects{}
-	}
-	return t.tx.LargeObjects()
-}
-
-// Conn starts the transaction first; statements on the connection bypass
-// the wrapper.
-func (t *completionTx) Conn() *pgx.Conn {
-	t.ensureNoCtx()
-	if t.tx == nil {
-		return nil
-	}
-	return t.tx.Conn()
-}
-
-func (t *completionTx) ensureNoCtx() {
-	ctx, cancel := context.WithTimeout(context.Background(), defaultCleanupTimeout)
-	defer cancel()
-	_ = t.ensure(ctx)
 }

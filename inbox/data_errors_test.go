@@ -78,13 +78,13 @@ func TestHandler_DataAndIntegrityErrorsArePermanent(t *testing.T) {
 func TestHandler_UnstorableKeyIsPermanentAndFailsAlone(t *testing.T) {
 	t.Parallel()
 	claimMode := func(s *inbox.Store, group bool) inboxtype.Handler[order] {
-		var opts *inbox.ClaimOpts
+		var gc *inbox.GroupCommit
 		if group {
-			opts = &inbox.ClaimOpts{GroupCommit: &inbox.GroupCommit{}}
+			gc = &inbox.GroupCommit{}
 		}
 		return inbox.ClaimHandler(s, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[order]) error {
 			return c.Complete(ctx, completeWithEffect(msg))
-		}, opts)
+		}, gc, nil)
 	}
 	for _, tc := range []struct {
 		name string

@@ -35,7 +35,7 @@ type deadLetterObserver struct {
 
 // OnOutcome marks the row of a dead-lettered delivery's key dead.
 func (o deadLetterObserver) OnOutcome(d *inboxtype.Delivery, out inboxtype.Outcome) {
-	if out.Action != inboxtype.ActionDeadLettered || out.Err != nil || d == nil || d.Key == "" || d.Namespace == "" {
+	if out.Action != inboxtype.ActionDeadLettered || out.Err != nil || d == nil || d.Key == "" || d.Namespace == "" || o.s.ready() != nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), o.s.cfg.CleanupTimeout)
@@ -43,7 +43,7 @@ func (o deadLetterObserver) OnOutcome(d *inboxtype.Delivery, out inboxtype.Outco
 	attempt := int32(min(max(d.Attempt, 1), math.MaxInt32)) //nolint:gosec // bounded above
 	if _, err := o.s.pool.Exec(ctx, o.s.sql.markDead, d.Namespace, d.Key, deadLetterText(out.Decision), attempt); err != nil {
 		o.s.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "inbox: mark dead-lettered key dead",
-			slog.String("consumer", d.Namespace), slog.String("key", d.Key), slog.Any("error", err))
+			slog.String("namespace", d.Namespace), slog.String("key", d.Key), slog.Any("error", err))
 	}
 }
 

@@ -11,10 +11,10 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
 	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
+	"github.com/inboxmq/inboxmq/internal/consumer"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 	"github.com/inboxmq/inboxmq/retry"
 )
@@ -91,7 +91,7 @@ func TestE2E_RowAttemptsMatchDeadLetterCopy(t *testing.T) {
 					return err
 				}
 				return c.Complete(ctx, completeWithEffect(msg))
-			}, nil)
+			}, nil, nil)
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -81,12 +81,13 @@
 //
 // # Group commit
 //
-// One commit per delivery is what limits per-message throughput. With
-// HandlerOpts.GroupCommit, deliveries handled concurrently share one
-// transaction and one commit, and each keeps its own outcome: its handler
-// runs in its own savepoint, so a failure rolls back only that delivery's
-// writes and is recorded on its row, and every caller gets its own result,
-// after the commit. Batches that share keys never deadlock, and two
+// One commit per delivery is what limits per-message throughput. With a
+// [GroupCommit] given to [Handler] or [BatchHandler], deliveries handled
+// concurrently share one transaction and one commit (at most 64 of them
+// when each takes a savepoint), and each keeps its own outcome: its
+// handler runs in its own savepoint, so a failure rolls back only that
+// delivery's writes and is recorded on its row, and every caller gets its
+// own result, after the commit. Batches that share keys never deadlock, and two
 // deliveries of one key in a batch run one after the other, so the second
 // meets the first's outcome. Both modes take the same steps (claim,
 // verdict, failure record, commit), so a key is decided alike in both.
@@ -99,17 +100,10 @@
 // at commit fails), and when a statement that broke the batch's connection
 // makes the rest of the batch run again.
 //
-// GroupCommit.Pipeline goes further for handlers that only Exec: the
-// batch's handlers run concurrently on its transaction and their
-// statements are sent together. It is optimistic: any handler error,
-// failed statement or call other than Exec rolls the attempt back and the
-// batch runs again one handler after the other, with savepoints, so the
-// handlers of such a batch run twice.
-//
-// A [BatchHandler]'s group is more optimistic still: each handler queues
-// its writes before the group forms, and the group's claims and writes go
-// to PostgreSQL in one round trip, as one transaction that commits whole
-// or not at all. A group that cannot commit whole runs as above, so each
+// A [BatchHandler]'s group is optimistic: each handler queues its writes
+// before the group forms, and the group's claims and writes go to
+// PostgreSQL in one round trip, as one transaction that commits whole or
+// not at all. A group that cannot commit whole runs as above, so each
 // delivery still gets its own verdict.
 //
 // # Claim/lease mode
@@ -130,14 +124,13 @@
 // the delivery is retried, never acked. The completion, on which the ack
 // rests, is always durable.
 //
-// ClaimOpts.GroupCommit group-commits the completions: the Complete calls
+// A [GroupCommit] given to [ClaimHandler] group-commits the completions: the Complete calls
 // of concurrent deliveries share one transaction, each callback in its own
-// savepoint (or, with GroupCommit.Pipeline, all of them concurrently), and
-// one commit makes the batch durable before any of them returns. A claim
-// taken over drops out alone, with its own verdict, and nothing of it is
-// written; a callback that fails is rolled back alone and its claim
+// savepoint, and one commit makes the batch durable before any of them
+// returns. A claim taken over drops out alone, with its own verdict, and
+// nothing of it is written; a callback that fails is rolled back alone and its claim
 // released in the same transaction. A callback can run twice, the first
-// run rolled back (see ClaimOpts.GroupCommit).
+// run rolled back (see [ClaimHandler]).
 //
 // # Reconciler
 //

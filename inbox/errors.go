@@ -21,12 +21,15 @@ var ErrLeaseLost = errors.New("inbox: lease lost")
 // key.
 var ErrNotFound = errors.New("inbox: record not found")
 
-// ErrReplica is returned by [NewStore] when the pool points at a read
+// ErrReplica is returned by [Store.Check] when the pool points at a read
 // replica (or a read-only session): replicas lag, so the final "was this
 // done?" check must run on the primary.
 var ErrReplica = errors.New("inbox: the database is a read replica or read-only; the inbox needs the primary (replicas lag, so the final check must be on the primary)")
 
-// ErrNoTable is returned by [NewStore] when the inbox table is missing.
+// ErrNotChecked is returned by a [Store] used before [Store.Check] passed.
+var ErrNotChecked = errors.New("inbox: store not checked yet (Store.Check; a worker's Start runs it)")
+
+// ErrNoTable is returned by [Store.Check] when the inbox table is missing.
 var ErrNoTable = errors.New("inbox: inbox table not found; run the migrations first (migrations.Up)")
 
 // Reasons given to database errors mapped into the retry taxonomy. They are

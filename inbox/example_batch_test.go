@@ -48,7 +48,13 @@ func ExampleBatchHandler() {
 		panic(err)
 	}
 
-	store, err := inbox.NewStore(ctx, pool, nil)
+	store, err := inbox.NewStore(pool, nil)
+
+	if err == nil {
+
+		err = store.Check(ctx)
+
+	}
 	if err != nil {
 		panic(err)
 	}

@@ -58,7 +58,10 @@ func Example_claim() {
 	if _, err := pool.Exec(ctx, `CREATE TABLE charges (order_id text PRIMARY KEY, gateway_id text NOT NULL)`); err != nil {
 		panic(err)
 	}
-	store, err := inbox.NewStore(ctx, pool, nil)
+	store, err := inbox.NewStore(pool, nil)
+	if err == nil {
+		err = store.Check(ctx)
+	}
 	if err != nil {
 		panic(err)
 	}
@@ -83,7 +86,7 @@ func Example_claim() {
 			_, err := tx.Exec(ctx, `INSERT INTO charges (order_id, gateway_id) VALUES ($1, $2)`, msg.Body.OrderID, string(res))
 			return err
 		})
-	}, nil)
+	}, nil, nil)
 
 	// In a worker: consumer.Register(router, "charges", h, nil). Here two
 	// copies of one job are handed over directly.
@@ -129,7 +132,10 @@ func Example_claimGroupCommit() {
 	if _, err := pool.Exec(ctx, `CREATE TABLE charges (order_id text PRIMARY KEY, txid bigint NOT NULL)`); err != nil {
 		panic(err)
 	}
-	store, err := inbox.NewStore(ctx, pool, nil)
+	store, err := inbox.NewStore(pool, nil)
+	if err == nil {
+		err = store.Check(ctx)
+	}
 	if err != nil {
 		panic(err)
 	}
@@ -140,10 +146,10 @@ func Example_claimGroupCommit() {
 			_, err := tx.Exec(ctx, `INSERT INTO charges (order_id, txid) VALUES ($1, txid_current())`, msg.Body.OrderID)
 			return err
 		})
-	}, &inbox.ClaimOpts{GroupCommit: &inbox.GroupCommit{
+	}, &inbox.GroupCommit{
 		MaxBatch: 4,                // at most 4 completions per transaction
 		MaxWait:  10 * time.Second, // the first waits up to this for the others (here: until 4 arrived)
-	}})
+	}, nil)
 
 	var wg sync.WaitGroup
 	for i := range 4 {

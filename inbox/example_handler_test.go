@@ -56,7 +56,13 @@ func Example_handler() {
 		panic(err)
 	}
 
-	store, err := inbox.NewStore(ctx, pool, nil)
+	store, err := inbox.NewStore(pool, nil)
+
+	if err == nil {
+
+		err = store.Check(ctx)
+
+	}
 	if err != nil {
 		panic(err)
 	}

@@ -11,10 +11,10 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
 	"github.com/inboxmq/inboxmq/inboxtype"
-	"github.com/inboxmq/inboxmq/middleware"
+	"github.com/inboxmq/inboxmq/internal/consumer"
+	"github.com/inboxmq/inboxmq/internal/middleware"
 	"github.com/inboxmq/inboxmq/retry"
 )
 

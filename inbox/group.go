@@ -8,17 +8,23 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/trace"
 )
 
-// Group commit (HandlerOpts.GroupCommit, ClaimOpts.GroupCommit), layered on
+// Group commit (the gc of Handler, BatchHandler and ClaimHandler), layered on
 // the steps of steps.go: deliveries handled concurrently share one
 // transaction, one claim statement and one COMMIT, each delivery's
-// handler in a savepoint of its own (or, with GroupCommit.Pipeline, all of
-// them concurrently: pipeline.go). Every way a batch can fail part-way
-// ends on the per-message path for the deliveries concerned, so that each
-// is decided alone.
+// handler in a savepoint of its own (a BatchHandler's group first tries
+// one round trip: batch.go). Every way a batch can fail part-way ends on
+// the per-message path for the deliveries concerned, so that each is
+// decided alone.
+
+// maxSavepoints is the most deliveries of a batch that share one
+// transaction when each takes a savepoint: PostgreSQL keeps the ids of 64
+// subtransactions of a transaction in memory (PGPROC_MAX_CACHED_SUBXIDS);
+// past that, while the transaction runs, every snapshot on the server has
+// to look transaction ids up in pg_subtrans (docs/performance.md).
+const maxSavepoints = 64
 
 // batcher collects deliveries handled concurrently into group commits. The
 // first delivery of a batch leads it: it waits up to MaxWait for others (or
@@ -77,22 +83,22 @@ func (b *batcher) do(u *unit) {
 	}
 	units := pb.units
 	b.mu.Unlock()
-	b.s.execBatch(units, b.cfg.Pipeline)
+	b.s.execBatch(units)
 }
 
 // execBatch runs a batch. Deliveries of the same key within it are
 // deferred to a following transaction, so they meet the first one's
 // committed outcome exactly as a concurrent duplicate would.
-func (s *Store) execBatch(units []*unit, pipeline bool) {
+func (s *Store) execBatch(units []*unit) {
 	if len(units) == 1 {
-		s.execGuarded(units, pipeline) // a lone delivery: no key to defer
+		s.execGuarded(units) // a lone delivery: no key to defer
 		return
 	}
 	for len(units) > 0 {
 		var first, later []*unit
 		seen := make(map[unitKey]struct{}, len(units))
 		for _, u := range units {
-			k := unitKey{u.consumer, u.key}
+			k := unitKey{u.namespace, u.key}
 			if _, dup := seen[k]; dup {
 				later = append(later, u)
 				continue
@@ -100,7 +106,7 @@ func (s *Store) execBatch(units []*unit, pipeline bool) {
 			seen[k] = struct{}{}
 			first = append(first, u)
 		}
-		s.execGuarded(first, pipeline)
+		s.execGuarded(first)
 		units = later
 	}
 }
@@ -110,7 +116,7 @@ func (s *Store) execBatch(units []*unit, pipeline bool) {
 // of leaving the other deliveries of the batch blocked for ever. It cannot
 // be left to the consumer's last guard: the batch runs on its leader's
 // goroutine, and the others' callers wait on u.done.
-func (s *Store) execGuarded(units []*unit, pipeline bool) {
+func (s *Store) execGuarded(units []*unit) {
 	defer func() {
 		if p := recover(); p != nil {
 			failAll(units, s.recovered(p, units[0], "batch"))
@@ -119,7 +125,7 @@ func (s *Store) execGuarded(units []*unit, pipeline bool) {
 			close(u.done)
 		}
 	}()
-	s.execGroup(units, pipeline)
+	s.execGroup(units)
 }
 
 // execOne runs one unit of a batch on the per-message path: its own
@@ -135,17 +141,17 @@ func (s *Store) execOne(u *unit) {
 	u.err = s.handleOne(u)
 }
 
-// execGroup runs units with distinct keys in one transaction: BEGIN and
-// the claim of every key, each claimed delivery's handler (in a savepoint,
-// or all pipelined), COMMIT. A batch that fails part-way hands the
-// deliveries concerned to the per-message path:
+// execGroup runs units with distinct keys in one transaction (with
+// savepoints, at most maxSavepoints of them; more run in several): BEGIN
+// and the claim of every key, each claimed delivery's handler in a
+// savepoint, COMMIT. A batch that fails part-way hands the deliveries
+// concerned to the per-message path:
 //   - a key whose values PostgreSQL refuses fails the batch's claim: each
 //     delivery is claimed alone, so that only the bad one fails;
 //   - a failure no savepoint could isolate reruns the batch without it;
-//   - a pipelined attempt that fails reruns the batch with savepoints;
 //   - a failed COMMIT reruns each delivery alone (if that COMMIT did commit
 //     after all, each is then a duplicate).
-func (s *Store) execGroup(units []*unit, pipeline bool) {
+func (s *Store) execGroup(units []*unit) {
 	if len(units) == 1 {
 		s.execOne(units[0])
 		return
@@ -153,13 +159,21 @@ func (s *Store) execGroup(units []*unit, pipeline bool) {
 	ctx, done := batchContext(units)
 	defer done()
 	slices.SortFunc(units, func(a, b *unit) int {
-		return cmp.Or(cmp.Compare(a.consumer, b.consumer), cmp.Compare(a.key, b.key))
+		return cmp.Or(cmp.Compare(a.namespace, b.namespace), cmp.Compare(a.key, b.key))
 	})
 
 	// BatchHandler's deliveries first try one round trip for the whole
 	// group: every claim, with its result, and every write, as one
 	// implicit transaction. Any failure runs the group as below.
 	if takeBuilt(units) && s.sendBuilt(ctx, units) == nil {
+		return
+	}
+	// Below, every delivery takes a savepoint. A larger batch commits in
+	// transactions of maxSavepoints, in key order.
+	if len(units) > maxSavepoints {
+		for c := range slices.Chunk(units, maxSavepoints) {
+			s.execGroup(c)
+		}
 		return
 	}
 
@@ -186,28 +200,19 @@ func (s *Store) execGroup(units []*unit, pipeline bool) {
 		failAll(units, err)
 		return
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer tx.rollback(context.WithoutCancel(ctx))
 	if len(claimed) == 0 {
 		return // every key was decided by the claim: nothing to commit
 	}
 
-	if pipeline && len(claimed) > 1 {
-		if !s.runPipelined(ctx, tx, claimed) {
-			_ = tx.Rollback(context.WithoutCancel(ctx))
-			for _, u := range units {
-				u.err = nil
-			}
-			s.execGroup(units, false)
-			return
-		}
-	} else if i, herr := s.runSerial(ctx, tx, claimed); herr != nil {
+	if i, herr := s.runSerial(ctx, tx, claimed); herr != nil {
 		bad := claimed[i].u
-		_ = tx.Rollback(context.WithoutCancel(ctx))
+		tx.rollback(context.WithoutCancel(ctx))
 		s.recordFailure(bad, herr)
 		if len(claimed) > 1 {
 			// The others' work was rolled back with it: run them again
 			// without it.
-			s.execGroup(without(units, bad), false)
+			s.execGroup(without(units, bad))
 		}
 		return
 	}
@@ -246,7 +251,7 @@ func (s *Store) execGroup(units []*unit, pipeline bool) {
 // survive: a lone handler's, or one whose first statement failed before
 // its savepoint ran (a parse error, say) and aborted the transaction. The
 // error is nil if the transaction can commit.
-func (s *Store) runSerial(ctx context.Context, tx pgx.Tx, claimed []claimedUnit) (int, error) {
+func (s *Store) runSerial(ctx context.Context, tx *lazyTx, claimed []claimedUnit) (int, error) {
 	if len(claimed) == 1 {
 		u := claimed[0].u
 		u.fence = claimed[0].fence
@@ -259,18 +264,18 @@ func (s *Store) runSerial(ctx context.Context, tx pgx.Tx, claimed []claimedUnit)
 	for i, cu := range claimed {
 		u := cu.u
 		u.fence = cu.fence
-		sp := &lazySavepoint{Tx: tx}
+		sp := &lazyTx{tx: tx, lead: leadSavepoint}
 		herr := s.runHandler(u, sp)
 		if herr == nil {
 			continue
 		}
 		u.err = MapError(herr)
 		var err error
-		if sp.sent {
+		if sp.sent() {
 			_, err = tx.Exec(ctx, rollbackToSQL)
 		}
 		if err == nil {
-			_, err = tx.Exec(ctx, s.sql.failInTx, u.consumer, u.key, errorText(herr))
+			_, err = tx.Exec(ctx, s.sql.failInTx, u.namespace, u.key, errorText(herr))
 		}
 		if err != nil {
 			return i, herr

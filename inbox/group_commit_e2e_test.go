@@ -12,10 +12,10 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
 	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
+	"github.com/inboxmq/inboxmq/internal/consumer"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 	"github.com/inboxmq/inboxmq/retry"
 )
@@ -28,18 +28,18 @@ import (
 func TestE2E_GroupCommitConnectionLostBetweenCommitAndAck(t *testing.T) {
 	t.Parallel()
 	const n = 8
-	group := &inbox.GroupCommit{MaxBatch: n, MaxWait: time.Minute, MaxInFlight: 1, Pipeline: true}
+	group := &inbox.GroupCommit{MaxBatch: n, MaxWait: time.Minute, MaxInFlight: 1}
 	t.Run("transactional", func(t *testing.T) {
 		t.Parallel()
 		b := setupE2E(t)
-		connectionLostBetweenCommitAndAck(t, b, n, inbox.Handler(b.store, effectHandler(nil), &inbox.HandlerOpts{GroupCommit: group}))
+		connectionLostBetweenCommitAndAck(t, b, n, inbox.Handler(b.store, effectHandler(nil), group))
 	})
 	t.Run("claim", func(t *testing.T) {
 		t.Parallel()
 		b := setupE2E(t)
 		h := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[order]) error {
 			return c.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error { return effectHandler(nil)(ctx, tx, msg) })
-		}, &inbox.ClaimOpts{GroupCommit: group})
+		}, group, nil)
 		connectionLostBetweenCommitAndAck(t, b, n, h)
 	})
 }

@@ -19,8 +19,8 @@ import (
 
 // fullBatch makes a batch of exactly n: it only closes when n deliveries
 // arrived (the long MaxWait is never reached in a passing test).
-func fullBatch(n int) *inbox.HandlerOpts {
-	return &inbox.HandlerOpts{GroupCommit: &inbox.GroupCommit{MaxBatch: n, MaxWait: time.Minute, MaxInFlight: 1}}
+func fullBatch(n int) *inbox.GroupCommit {
+	return &inbox.GroupCommit{MaxBatch: n, MaxWait: time.Minute, MaxInFlight: 1}
 }
 
 // handleAll runs h on msgs concurrently and returns their errors in order.
@@ -158,7 +158,7 @@ func TestGroupCommit_OverlappingBatchesInOppositeOrderDoNotDeadlock(t *testing.T
 	b := setup(t, nil)
 	const n = 24
 	var calls atomic.Int64
-	opts := &inbox.HandlerOpts{GroupCommit: &inbox.GroupCommit{MaxBatch: n, MaxWait: 20 * time.Millisecond, MaxInFlight: 2}}
+	opts := &inbox.GroupCommit{MaxBatch: n, MaxWait: 20 * time.Millisecond, MaxInFlight: 2}
 	h1 := inbox.Handler(b.store, effectHandler(&calls), opts)
 	h2 := inbox.Handler(b.store, effectHandler(&calls), opts)
 
@@ -212,7 +212,7 @@ func TestGroupCommit_CommitFailureFailsOnlyItsDelivery(t *testing.T) {
 func TestGroupCommit_LoneDeliveryIsNotHeldBeyondMaxWait(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
-	h := inbox.Handler(b.store, effectHandler(nil), &inbox.HandlerOpts{GroupCommit: &inbox.GroupCommit{}})
+	h := inbox.Handler(b.store, effectHandler(nil), &inbox.GroupCommit{})
 	require.NoError(t, h.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "lone"}, false)))
 	require.ErrorIs(t, h.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "lone"}, false)), retry.ErrDuplicate)
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`))
@@ -336,4 +336,53 @@ func TestGroupCommit_BatchHandlerInsideSavepoints(t *testing.T) {
 	require.Equal(t, []string{"order:1", "order:3"}, keys)
 	require.Equal(t, inbox.RecordFailed, b.get(t, "payments", "order:2").Status)
 	require.Equal(t, inbox.RecordCompleted, b.get(t, "payments", "order:3").Status)
+}
+
+// A batch larger than PostgreSQL's cache of a transaction's subtransactions
+// (64 per backend) commits in transactions of at most 64 savepoints, so
+// that no snapshot on the server has to look its subtransactions up in
+// pg_subtrans; every delivery still commits once. In both modes that take
+// a savepoint per delivery.
+func TestGroupCommit_LargeBatchKeepsAtMost64SavepointsPerTransaction(t *testing.T) {
+	t.Parallel()
+	const n = 150
+	for _, mode := range []string{"transactional", "claim"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, nil)
+			var mu sync.Mutex
+			perTx := map[int64]int{}
+			write := func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
+				if err := effectHandler(nil)(ctx, tx, msg); err != nil {
+					return err
+				}
+				var txid int64
+				if err := tx.QueryRow(ctx, `SELECT txid_current()`).Scan(&txid); err != nil {
+					return err
+				}
+				mu.Lock()
+				perTx[txid]++
+				mu.Unlock()
+				return nil
+			}
+			h := inbox.Handler(b.store, write, fullBatch(n))
+			if mode == "claim" {
+				h = inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[order]) error {
+					return c.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error { return write(ctx, tx, msg) })
+				}, fullBatch(n), nil)
+			}
+			for i, err := range handleAll(t, h, orders(t, n)) {
+				require.NoError(t, err, "delivery %d", i)
+			}
+			require.Equal(t, n, b.count(t, `SELECT count(*) FROM effects`))
+			require.Equal(t, n, b.count(t, `SELECT count(*) FROM inboxmq_inbox WHERE status = 'completed'`))
+			total := 0
+			for txid, savepoints := range perTx {
+				require.LessOrEqual(t, savepoints, 64, "savepoints in transaction %d", txid)
+				total += savepoints
+			}
+			require.Equal(t, n, total, "each handler ran once")
+			require.Len(t, perTx, 3, "150 deliveries in transactions of at most 64")
+		})
+	}
 }

@@ -2,7 +2,6 @@ package inbox
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -23,7 +22,7 @@ import (
 // in group commit it carries it to the batch's leader.
 type unit struct {
 	ctx       context.Context //nolint:containedctx // the caller's context, handed to the leader of its batch
-	consumer  string
+	namespace string
 	key       string
 	messageID string
 	attempt   int // the delivery's broker attempt (x-attempt), 1-based
@@ -50,7 +49,7 @@ type unit struct {
 	built *pgx.Batch
 	d     *inboxtype.Delivery
 	// claim is set on the completion of a claim in claim mode's group
-	// commit (ClaimOpts.GroupCommit): the batch's claim step is then the
+	// commit (ClaimHandler's gc): the batch's claim step is then the
 	// fenced completion of its claims, and a unit whose claim was taken
 	// over gets claim's verdict. A batch holds units of one handler, so
 	// all of one kind.
@@ -77,14 +76,14 @@ func (s *Store) handleOne(u *unit) error {
 	if err != nil {
 		return err
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer tx.rollback(context.WithoutCancel(ctx))
 
 	// 2. The handler, in the claim's transaction. On failure its writes
 	// and the claim roll back together, and the failed attempt is recorded
 	// on the row in a statement of its own.
 	u.fence = fence
 	if herr := s.runHandler(u, tx); herr != nil {
-		_ = tx.Rollback(context.WithoutCancel(ctx))
+		tx.rollback(context.WithoutCancel(ctx))
 		s.recordFailure(u, herr)
 		return MapError(herr)
 	}
@@ -100,9 +99,8 @@ func (s *Store) handleOne(u *unit) error {
 // runHandler runs u's handler in tx, turning a panic into u's error. This
 // recover cannot be left to the consumer's last guard: in group commit the
 // handler runs on the leader's goroutine, for another delivery, and its
-// panic must fail only its own savepoint; pipelined, it runs on a goroutine
-// of its own. The per-message path shares it, so that a panic is recorded
-// on the row the same way in every mode.
+// panic must fail only its own savepoint. The per-message path shares it,
+// so that a panic is recorded on the row the same way in every mode.
 func (s *Store) runHandler(u *unit, tx pgx.Tx) (err error) {
 	ctx, span := startSpan(u.ctx, "inbox.handler")
 	defer func() {
@@ -112,15 +110,6 @@ func (s *Store) runHandler(u *unit, tx pgx.Tx) (err error) {
 		endSpan(span, err)
 	}()
 	return u.run(ctx, tx)
-}
-
-// commit commits tx, the inbox's own statement: its failure is retryable
-// unless PostgreSQL says the writes can never commit.
-func commit(ctx context.Context, tx pgx.Tx) error {
-	if err := tx.Commit(ctx); err != nil {
-		return infraError(ReasonDBCommit, fmt.Errorf("inbox: commit: %w", err))
-	}
-	return nil
 }
 
 const tracerName = "github.com/inboxmq/inboxmq/inbox"

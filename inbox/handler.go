@@ -14,27 +14,12 @@ import (
 
 // TxHandlerFunc handles one message inside the transaction that records
 // it in the inbox. Every business write must go through tx, so that it
-// commits together with the inbox row or not at all. It must not commit or
-// roll back tx (it may open nested transactions with tx.Begin or
-// pgx.BeginFunc: they are savepoints).
+// commits together with the inbox row or not at all. It cannot commit or
+// roll back tx: tx.Commit and tx.Rollback return an error and end nothing
+// (it may open nested transactions with tx.Begin or pgx.BeginFunc: they
+// are savepoints). tx is usable until h returns; every call after that
+// fails with pgx.ErrTxClosed.
 type TxHandlerFunc[T any] func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[T]) error
-
-// HandlerOpts are per-handler settings of [Handler]. A nil *HandlerOpts
-// means defaults.
-type HandlerOpts struct {
-	// GroupCommit, when non-nil, collects deliveries handled concurrently
-	// into one transaction, each in its own savepoint, committed together.
-	// Its zero fields take StoreConfig.GroupCommit's values. Defaults to
-	// nil: one transaction per delivery. Handlers share
-	// the batch's connection: one whose context ends in the middle of a
-	// statement fails alone, and if that broke the connection the rest of
-	// the batch runs again (its handlers twice). See the package
-	// documentation's Group commit for what a handler may assume.
-	GroupCommit *GroupCommit
-	// StorePayload stores the raw body in the inbox row, for replay by
-	// operators. Defaults to false.
-	StorePayload bool
-}
 
 // Handler adapts h into a consumer handler that runs it exactly once per
 // idempotency key (msg.Namespace, msg.Key): h's writes through tx commit
@@ -71,9 +56,11 @@ type HandlerOpts struct {
 // permanent, and so is a key PostgreSQL cannot store (a NUL byte): in a
 // batch, such a key fails alone.
 //
-// With opts.GroupCommit set, deliveries handled concurrently share one
-// transaction: each in its own savepoint (a failure rolls back only its
-// own writes), all committed together. A failed COMMIT (a deferred
+// With gc set, deliveries handled concurrently share one transaction: each
+// in its own savepoint (a failure rolls back only its own writes), all
+// committed together; handlers share the batch's connection (see the
+// package documentation's Group commit for what a handler may assume). A
+// nil gc means one transaction per delivery. A failed COMMIT (a deferred
 // constraint, a serialization failure) runs the batch's deliveries again
 // one by one, each in its own transaction, so that only the delivery whose
 // writes fail at COMMIT fails (classified by MapError: a deferred foreign
@@ -81,28 +68,27 @@ type HandlerOpts struct {
 // back. The statements are described in docs/internals.md.
 //
 // Handler panics if s or h is nil (a start-up bug).
-func Handler[T any](s *Store, h TxHandlerFunc[T], opts *HandlerOpts) inboxtype.Handler[T] {
+func Handler[T any](s *Store, h TxHandlerFunc[T], gc *GroupCommit) inboxtype.Handler[T] {
 	if s == nil || h == nil {
 		panic("inbox: Handler needs a store and a handler")
 	}
-	return newHandler(s, h, nil, opts)
+	return newHandler(s, h, nil, gc)
 }
 
 // newHandler is the body of Handler and BatchHandler: h runs in the
 // transaction of the per-message path or of a group commit; build, when
 // set, first tries BatchHandler's one round trip (handleBatch).
-func newHandler[T any](s *Store, h TxHandlerFunc[T], build BatchHandlerFunc[T], opts *HandlerOpts) inboxtype.Handler[T] {
-	var o HandlerOpts
-	if opts != nil {
-		o = *opts
-	}
+func newHandler[T any](s *Store, h TxHandlerFunc[T], build BatchHandlerFunc[T], gc *GroupCommit) inboxtype.Handler[T] {
 	var b *batcher
-	if o.GroupCommit != nil {
-		b = newBatcher(s, o.GroupCommit.or(s.cfg.GroupCommit))
+	if gc != nil {
+		if err := gc.validate(); err != nil {
+			panic(err)
+		}
+		b = newBatcher(s, gc.withDefaults())
 	}
 	return inboxtype.HandlerFunc[T](func(ctx context.Context, msg *inboxtype.Message[T]) (err error) {
 		defer func() { s.healPartitions(ctx, err) }()
-		u, err := s.newUnit(ctx, msg.Namespace, msg.Key, msg.ID, msg.Attempt, msg.Delivery, msg.Fingerprint(), o.StorePayload)
+		u, err := s.newUnit(ctx, msg.Namespace, msg.Key, msg.ID, msg.Attempt, msg.Delivery, msg.Fingerprint(), false)
 		if err != nil {
 			return err
 		}
@@ -148,14 +134,17 @@ func newHandler[T any](s *Store, h TxHandlerFunc[T], build BatchHandlerFunc[T], 
 	})
 }
 
-func (s *Store) newUnit(ctx context.Context, consumerName, key, messageID string, attempt int, d *inboxtype.Delivery, fp []byte, storePayload bool) (*unit, error) {
+func (s *Store) newUnit(ctx context.Context, namespace, key, messageID string, attempt int, d *inboxtype.Delivery, fp []byte, storePayload bool) (*unit, error) {
+	if err := s.ready(); err != nil {
+		return nil, retry.WithReason(retry.ReasonError, retry.Retryable(err))
+	}
 	if key == "" {
 		return nil, retry.Permanent(retry.WithReason(retry.ReasonInvalid, errors.New("inbox: empty idempotency key")))
 	}
-	if consumerName == "" {
-		return nil, retry.Permanent(retry.WithReason(retry.ReasonInvalid, errors.New("inbox: empty consumer name")))
+	if namespace == "" {
+		return nil, retry.Permanent(retry.WithReason(retry.ReasonInvalid, errors.New("inbox: empty namespace")))
 	}
-	u := &unit{ctx: ctx, consumer: consumerName, key: key, messageID: messageID, attempt: max(attempt, 1), fp: fp}
+	u := &unit{ctx: ctx, namespace: namespace, key: key, messageID: messageID, attempt: max(attempt, 1), fp: fp}
 	if d != nil {
 		u.sinceHeld = d.SinceDeferred(ReasonClaimHeld, time.Now())
 		if storePayload {
@@ -197,13 +186,13 @@ func (s *Store) countRedelivery(ctx context.Context, u *unit) error {
 	}
 	var status string
 	var deliveries int
-	err := s.pool.QueryRow(ctx, s.sql.redelivered, u.consumer, u.key, mid, s.cfg.CrashLimit).Scan(&status, &deliveries)
+	err := s.pool.QueryRow(ctx, s.sql.redelivered, u.namespace, u.key, mid, s.cfg.CrashLimit).Scan(&status, &deliveries)
 	if err != nil {
 		return infraError(ReasonDBConnection, fmt.Errorf("inbox: count redelivery: %w", err))
 	}
 	if status != RecordCompleted && deliveries > s.cfg.CrashLimit {
 		return retry.Permanent(retry.WithReason(ReasonCrashLoop, fmt.Errorf(
-			"inbox: key %q of consumer %q was redelivered %d times (crash limit %d)", u.key, u.consumer, deliveries, s.cfg.CrashLimit)))
+			"inbox: key %q of namespace %q was redelivered %d times (crash limit %d)", u.key, u.namespace, deliveries, s.cfg.CrashLimit)))
 	}
 	return nil
 }

@@ -79,13 +79,13 @@ func TestHandler_SetsFenceAndProcessingTransition(t *testing.T) {
 		return inbox.ClaimHandler(s, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[order]) error {
 			fences.Store(msg.Key, msg.Delivery.InboxFence)
 			return c.Complete(ctx, nil)
-		}, &inbox.ClaimOpts{GroupCommit: gc})
+		}, gc, nil)
 	}
 	txh := func(s *inbox.Store, gc *inbox.GroupCommit, fences seen) inboxtype.Handler[order] {
 		return inbox.Handler(s, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
 			fences.Store(msg.Key, msg.Delivery.InboxFence)
 			return effectHandler(nil)(ctx, tx, msg)
-		}, &inbox.HandlerOpts{GroupCommit: gc})
+		}, gc)
 	}
 	for _, tc := range []struct {
 		name    string
@@ -94,7 +94,6 @@ func TestHandler_SetsFenceAndProcessingTransition(t *testing.T) {
 	}{
 		{"PerMessage", txh, nil},
 		{"GroupCommit", txh, &inbox.GroupCommit{MaxBatch: 4}},
-		{"Pipeline", txh, &inbox.GroupCommit{MaxBatch: 4, Pipeline: true}},
 		{"Claim", claim, nil},
 		{"ClaimGroupCommit", claim, &inbox.GroupCommit{MaxBatch: 4}},
 	} {

@@ -46,7 +46,10 @@ func setupOn(t testing.TB, pool *pgxpool.Pool, cfg *inbox.StoreConfig) *testBund
 		CREATE TABLE parent (id int PRIMARY KEY);
 		CREATE TABLE child (id int REFERENCES parent DEFERRABLE INITIALLY DEFERRED);`)
 	require.NoError(t, err)
-	store, err := inbox.NewStore(ctx, pool, cfg)
+	store, err := inbox.NewStore(pool, cfg)
+	if err == nil {
+		err = store.Check(ctx)
+	}
 	require.NoError(t, err)
 	return &testBundle{pool: pool, store: store}
 }
@@ -69,18 +72,28 @@ func tracedPool(t testing.TB, tracer pgx.QueryTracer) *pgxpool.Pool {
 var msgSeq atomic.Int64
 
 // newMsg builds a message as the consumer would hand it to a handler.
-func newMsg(t testing.TB, consumerName string, o order, redelivered bool) *inboxtype.Message[order] {
+func newMsg(t testing.TB, namespace string, o order, redelivered bool) *inboxtype.Message[order] {
 	t.Helper()
 	body, err := json.Marshal(o)
 	require.NoError(t, err)
 	id := "m-" + strconv.FormatInt(msgSeq.Add(1), 10)
-	d := inboxtype.NewDelivery("q", consumerName, "w1", &amqp.Delivery{MessageId: id, Body: body, Redelivered: redelivered})
+	d := inboxtype.NewDelivery("q", namespace, "w1", &amqp.Delivery{MessageId: id, Body: body, Redelivered: redelivered})
 	d.Key = o.IdempotencyKey()
 	d.Value = &o
 	return &inboxtype.Message[order]{
-		ID: id, Key: d.Key, Namespace: consumerName, Body: o, Headers: d.Headers,
+		ID: id, Key: d.Key, Namespace: namespace, Body: o, Headers: d.Headers,
 		Attempt: 1, Redelivered: redelivered, Delivery: d,
 	}
+}
+
+// orders builds n messages of distinct keys for consumer "payments".
+func orders(t *testing.T, n int) []*inboxtype.Message[order] {
+	t.Helper()
+	msgs := make([]*inboxtype.Message[order], n)
+	for i := range msgs {
+		msgs[i] = newMsg(t, "payments", order{OrderID: strconv.Itoa(i + 1), Amount: i + 1}, false)
+	}
+	return msgs
 }
 
 func (b *testBundle) count(t *testing.T, sql string, args ...any) int {
@@ -90,9 +103,9 @@ func (b *testBundle) count(t *testing.T, sql string, args ...any) int {
 	return n
 }
 
-func (b *testBundle) get(t *testing.T, consumerName, key string) *inbox.Record {
+func (b *testBundle) get(t *testing.T, namespace, key string) *inbox.Record {
 	t.Helper()
-	r, err := b.store.Get(t.Context(), consumerName, key)
+	r, err := b.store.Get(t.Context(), namespace, key)
 	require.NoError(t, err)
 	return r
 }

@@ -17,16 +17,15 @@ import (
 )
 
 // A handler that panics inside the inbox fails its own delivery only, with
-// reason panic and a failed row, whatever the mode: in group commit and
-// pipelining the handler runs on the goroutine of another delivery (the
-// batch's leader) or on one of its own, where the consumer's last guard
-// cannot catch it, so the inbox recovers there and logs the stack once.
+// reason panic and a failed row, whatever the mode: in group commit the
+// handler runs on the goroutine of another delivery (the batch's leader),
+// where the consumer's last guard cannot catch it, so the inbox recovers
+// there and logs the stack once.
 func TestHandler_PanicFailsOnlyItsDeliveryInEveryMode(t *testing.T) {
 	t.Parallel()
-	modes := map[string]*inbox.HandlerOpts{
+	modes := map[string]*inbox.GroupCommit{
 		"per-message":  nil,
 		"group commit": fullBatch(3),
-		"pipelined":    pipelinedBatch(3),
 	}
 	for name, opts := range modes {
 		t.Run(name, func(t *testing.T) {
@@ -47,8 +46,6 @@ func TestHandler_PanicFailsOnlyItsDeliveryInEveryMode(t *testing.T) {
 			require.Equal(t, 2, b.count(t, `SELECT count(*) FROM effects`))
 			require.Equal(t, inbox.RecordFailed, b.get(t, "payments", "order:2").Status)
 
-			// Pipelined, a failure falls back to savepoints, which runs the
-			// handler again: one line per panic.
 			panics := logs.Message("inbox: handler panicked")
 			require.NotZero(t, panicked.Load())
 			require.Len(t, panics, int(panicked.Load()), "each panic's stack is logged once")
@@ -71,7 +68,7 @@ func TestClaimHandler_PanicReleasesTheClaimAndGoesOn(t *testing.T) {
 	b := setup(t, nil)
 	h := inbox.ClaimHandler(b.store, func(context.Context, *inbox.Claim, *inboxtype.Message[order]) error {
 		panic("nil map write")
-	}, nil)
+	}, nil, nil)
 	msg := newMsg(t, "payments", order{OrderID: "p"}, false)
 	require.PanicsWithValue(t, "nil map write", func() { _ = h.Handle(t.Context(), msg) })
 	r := b.get(t, "payments", "order:p")

@@ -67,9 +67,9 @@ WHERE t.bucket >= $1 AND t.bucket < $2
 // bucket, in batches of BatchSize (each a statement and a transaction of
 // its own), until a batch moves fewer (the rest, if any, a worker is
 // touching) or the run's MaxBatches are spent.
-func (r *Retention) moveKeepers(ctx context.Context, conn *pgxpool.Conn, pi partitionInfo, cutoff time.Time, run *RetentionRun) error {
+func (r *Retention) moveKeepers(ctx context.Context, conn *pgxpool.Conn, ps *partitionStatements, pi partitionInfo, cutoff time.Time, run *RetentionRun) error {
 	for r.cfg.MaxBatches <= 0 || run.Batches < r.cfg.MaxBatches {
-		tag, err := conn.Exec(ctx, r.part.moveKeepers, pi.lo, pi.hi, cutoff, r.cfg.BatchSize)
+		tag, err := conn.Exec(ctx, ps.moveKeepers, pi.lo, pi.hi, cutoff, r.cfg.BatchSize)
 		if err != nil {
 			return fmt.Errorf("inbox: retention: move keepers of %s: %w", pi.name, err)
 		}
@@ -98,6 +98,7 @@ type partitionInfo struct {
 func (r *Retention) dropPartitions(ctx context.Context, conn *pgxpool.Conn, cutoff time.Time) (RetentionRun, error) {
 	var run RetentionRun
 	p := r.store.part
+	ps := buildPartitionStatements(p)
 	if err := migrations.CreatePartitions(ctx, r.store.pool, p, time.Now()); err != nil {
 		return run, fmt.Errorf("inbox: retention: %w", err)
 	}
@@ -109,7 +110,7 @@ func (r *Retention) dropPartitions(ctx context.Context, conn *pgxpool.Conn, cuto
 		return run, fmt.Errorf("inbox: retention: %w", err)
 	}
 	current := p.Bucket(now)
-	rows, err := conn.Query(ctx, r.part.list, p.Table)
+	rows, err := conn.Query(ctx, ps.list, p.Table)
 	if err != nil {
 		return run, fmt.Errorf("inbox: retention: list partitions: %w", err)
 	}
@@ -126,11 +127,11 @@ func (r *Retention) dropPartitions(ctx context.Context, conn *pgxpool.Conn, cuto
 			break
 		}
 		if !pi.pending {
-			if err := r.moveKeepers(ctx, conn, pi, cutoff, &run); err != nil {
+			if err := r.moveKeepers(ctx, conn, &ps, pi, cutoff, &run); err != nil {
 				return run, err
 			}
 			var kept bool
-			if err := conn.QueryRow(ctx, r.part.hasKeepers, pi.lo, pi.hi, cutoff).Scan(&kept); err != nil {
+			if err := conn.QueryRow(ctx, ps.hasKeepers, pi.lo, pi.hi, cutoff).Scan(&kept); err != nil {
 				return run, fmt.Errorf("inbox: retention: keepers of %s: %w", pi.name, err)
 			}
 			if kept {
@@ -184,7 +185,7 @@ const (
 	msgPartitionsNotCreated = "inbox: the partitioned inbox table has no partition for the current time, " +
 		"and creating it failed: every delivery is retried until it exists"
 	fixPartitions = "run `inboxctl partition` (migrations.PartitionInbox) as the inbox table's owner now; " +
-		"then run the retention job (Config.Retention) under a role that owns the inbox table and may CREATE in its schema: " +
+		"then run the retention job (inboxmq.Config.RetentionWindow, on by default) under a role that owns the inbox table and may CREATE in its schema: " +
 		"it creates the partitions ahead on every run"
 	// healTimeout bounds one creation (it may wait for retention's).
 	healTimeout = 30 * time.Second

@@ -42,7 +42,13 @@ func TestPartitionedRetention_MovesManyKeepersInBoundedTransactions(t *testing.T
 		FROM generate_series(1, $2) g`, old, keepers)
 	require.NoError(t, err)
 
-	s, err := inbox.NewStore(ctx, pool, nil)
+	s, err := inbox.NewStore(pool, nil)
+
+	if err == nil {
+
+		err = s.Check(ctx)
+
+	}
 	require.NoError(t, err)
 	r, err := inbox.NewRetention(s, &inbox.RetentionConfig{Window: 24 * time.Hour, BatchDelay: -1})
 	require.NoError(t, err)

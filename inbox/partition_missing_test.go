@@ -14,14 +14,14 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
 	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
+	"github.com/inboxmq/inboxmq/internal/consumer"
 	"github.com/inboxmq/inboxmq/internal/logtest"
+	"github.com/inboxmq/inboxmq/internal/metrics"
 	"github.com/inboxmq/inboxmq/internal/pgtest"
 	"github.com/inboxmq/inboxmq/internal/testenv"
-	"github.com/inboxmq/inboxmq/metrics"
 	"github.com/inboxmq/inboxmq/migrations"
 	"github.com/inboxmq/inboxmq/retry"
 )
@@ -177,18 +177,17 @@ func counter(t *testing.T, reg *prometheus.Registry, name, queue, reason string)
 
 // Every path that inserts an inbox row maps the missing partition to a
 // retry and heals the table: per message, redelivered (the crash-loop
-// counter inserts first), group commit (serial and pipelined),
-// BatchHandler (alone and grouped), and claim mode (alone and with its
-// claims combined). Concurrent deliveries hit it at once; none is
-// permanent, and each one retried afterwards completes.
+// counter inserts first), group commit, BatchHandler (alone and
+// grouped), and claim mode (alone and with its claims combined).
+// Concurrent deliveries hit it at once; none is permanent, and each one
+// retried afterwards completes.
 func TestPartitionedInbox_MissingPartitionRetryableInEveryMode(t *testing.T) {
 	t.Parallel()
 	group := &inbox.GroupCommit{MaxBatch: 4, MaxWait: 20 * time.Millisecond}
-	pipelined := &inbox.GroupCommit{MaxBatch: 4, MaxWait: 20 * time.Millisecond, Pipeline: true}
-	claim := func(s *inbox.Store, o *inbox.ClaimOpts) inboxtype.Handler[order] {
+	claim := func(s *inbox.Store, gc *inbox.GroupCommit) inboxtype.Handler[order] {
 		return inbox.ClaimHandler(s, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[order]) error {
 			return c.Complete(ctx, completeWithEffect(msg))
-		}, o)
+		}, gc, nil)
 	}
 	modes := []struct {
 		name        string
@@ -198,21 +197,18 @@ func TestPartitionedInbox_MissingPartitionRetryableInEveryMode(t *testing.T) {
 		{"handler", func(s *inbox.Store) inboxtype.Handler[order] { return inbox.Handler(s, effectHandler(nil), nil) }, false},
 		{"handler redelivered", func(s *inbox.Store) inboxtype.Handler[order] { return inbox.Handler(s, effectHandler(nil), nil) }, true},
 		{"group commit", func(s *inbox.Store) inboxtype.Handler[order] {
-			return inbox.Handler(s, effectHandler(nil), &inbox.HandlerOpts{GroupCommit: group})
-		}, false},
-		{"group commit pipelined", func(s *inbox.Store) inboxtype.Handler[order] {
-			return inbox.Handler(s, effectHandler(nil), &inbox.HandlerOpts{GroupCommit: pipelined})
+			return inbox.Handler(s, effectHandler(nil), group)
 		}, false},
 		{"batch handler", func(s *inbox.Store) inboxtype.Handler[order] {
 			return inbox.BatchHandler(s, batchEffects(nil, nil), nil)
 		}, false},
 		{"batch handler group commit", func(s *inbox.Store) inboxtype.Handler[order] {
-			return inbox.BatchHandler(s, batchEffects(nil, nil), &inbox.HandlerOpts{GroupCommit: group})
+			return inbox.BatchHandler(s, batchEffects(nil, nil), group)
 		}, false},
 		{"claim", func(s *inbox.Store) inboxtype.Handler[order] { return claim(s, nil) }, false},
 		{"claim redelivered", func(s *inbox.Store) inboxtype.Handler[order] { return claim(s, nil) }, true},
 		{"claim group commit", func(s *inbox.Store) inboxtype.Handler[order] {
-			return claim(s, &inbox.ClaimOpts{GroupCommit: group})
+			return claim(s, group)
 		}, false},
 	}
 	for _, mode := range modes {
@@ -330,7 +326,10 @@ func TestPartitionedInbox_CreationRefusedStaysRetryable(t *testing.T) {
 	waitPartitionsRunOut(t, owner, p)
 
 	logger, logs := logtest.New(slog.LevelInfo)
-	s, err := inbox.NewStore(ctx, pool, &inbox.StoreConfig{Logger: logger})
+	s, err := inbox.NewStore(pool, &inbox.StoreConfig{Logger: logger})
+	if err == nil {
+		err = s.Check(ctx)
+	}
 	require.NoError(t, err)
 	h := inbox.Handler(s, effectHandler(nil), nil)
 	msg := newMsg(t, "payments", order{OrderID: "r1", Amount: 1}, false)

@@ -54,10 +54,10 @@ func testFailover(t *testing.T, how string) {
 		url += "&target_session_attrs=read-write"
 	}
 	inFlightN := 1
-	var hopts *inbox.HandlerOpts
+	var hopts *inbox.GroupCommit
 	if how == "stopped-group" {
 		inFlightN = 4
-		hopts = &inbox.HandlerOpts{GroupCommit: &inbox.GroupCommit{MaxBatch: inFlightN, MaxWait: 100 * time.Millisecond, MaxInFlight: 1}}
+		hopts = &inbox.GroupCommit{MaxBatch: inFlightN, MaxWait: 100 * time.Millisecond, MaxInFlight: 1}
 	}
 	cfg, err := pgxpool.ParseConfig(url)
 	require.NoError(t, err)

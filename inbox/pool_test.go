@@ -204,14 +204,16 @@ func TestConfigurePool_NewStoreWarnsWithoutIt(t *testing.T) {
 	t.Parallel()
 	plain, schema := pgtest.SchemaWith(t, 1)
 	logger, rec := logtest.New(slog.LevelWarn)
-	_, err := inbox.NewStore(t.Context(), plain, &inbox.StoreConfig{Logger: logger})
+	s, err := inbox.NewStore(plain, &inbox.StoreConfig{Logger: logger})
 	require.NoError(t, err)
+	require.NoError(t, s.Check(t.Context()))
 	require.Len(t, rec.Containing("not built through inbox.ConfigurePool"), 1)
 
 	guarded := guardedPool(t, schema, 1, nil)
 	logger, rec = logtest.New(slog.LevelWarn)
-	_, err = inbox.NewStore(t.Context(), guarded, &inbox.StoreConfig{Logger: logger})
+	s, err = inbox.NewStore(guarded, &inbox.StoreConfig{Logger: logger})
 	require.NoError(t, err)
+	require.NoError(t, s.Check(t.Context()))
 	require.Empty(t, rec.All())
 
 	cfg := guarded.Config()

@@ -35,24 +35,22 @@ var propSeq atomic.Int64
 // TestProperty_AtMostOneEffectPerKey drives random groups of concurrent
 // deliveries — duplicates of a few keys, each failing in a random way or
 // succeeding — through the commit modes (per message, group commit,
-// pipelined group commit, BatchHandler's one round trip alone and
-// group-committed, and the first
-// three for claim mode's completions), and checks after every group that no key has more than one
-// effect, that a key some delivery completed has exactly one, and that
-// every key ends with exactly one effect once it is delivered successfully.
+// BatchHandler's one round trip alone and group-committed, and the first
+// two for claim mode's completions), and checks after every group that no
+// key has more than one effect, that a key some delivery completed has
+// exactly one, and that every key ends with exactly one effect once it is
+// delivered successfully.
 func TestProperty_AtMostOneEffectPerKey(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
 	rapid.Check(t, func(rt *rapid.T) {
 		ctx := context.Background()
 		run := propSeq.Add(1)
-		mode := rapid.SampledFrom([]string{"per-message", "group", "pipelined", "batch", "batch-group", "claim", "claim-group", "claim-pipelined"}).Draw(rt, "mode")
+		mode := rapid.SampledFrom([]string{"per-message", "group", "batch", "batch-group", "claim", "claim-group"}).Draw(rt, "mode")
 		var group *inbox.GroupCommit
 		switch mode {
 		case "group", "batch-group", "claim-group":
 			group = &inbox.GroupCommit{MaxBatch: 8, MaxWait: time.Millisecond, MaxInFlight: 2}
-		case "pipelined", "claim-pipelined":
-			group = &inbox.GroupCommit{MaxBatch: 8, MaxWait: time.Millisecond, MaxInFlight: 2, Pipeline: true}
 		}
 		var behaviours sync.Map // message id -> behaviour
 		behaviourOf := func(msg *inboxtype.Message[order]) behaviour {
@@ -98,21 +96,21 @@ func TestProperty_AtMostOneEffectPerKey(t *testing.T) {
 					bt.Queue(`INSERT INTO child (id) VALUES (42)`)
 				}
 				return nil
-			}, &inbox.HandlerOpts{GroupCommit: group})
+			}, group)
 		case strings.HasPrefix(mode, "claim"):
 			h = inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[order]) error {
 				if behaviourOf(msg) == behaveFailBeforeWrite {
 					return errors.New("fails before completing")
 				}
 				return c.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error { return write(ctx, tx, msg) })
-			}, &inbox.ClaimOpts{GroupCommit: group})
+			}, group, nil)
 		default:
 			h = inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
 				if behaviourOf(msg) == behaveFailBeforeWrite {
 					return errors.New("fails before writing")
 				}
 				return write(ctx, tx, msg)
-			}, &inbox.HandlerOpts{GroupCommit: group})
+			}, group)
 		}
 
 		nKeys := rapid.IntRange(1, 4).Draw(rt, "keys")

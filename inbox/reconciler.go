@@ -16,7 +16,7 @@ import (
 // (a row the business transaction would have written, a charge found at
 // the gateway by its idempotency key). It runs inside the reconciler's
 // transaction, with the inbox row locked. true completes the claim.
-type EffectCheck func(ctx context.Context, tx pgx.Tx, consumerName, key string) (bool, error)
+type EffectCheck func(ctx context.Context, tx pgx.Tx, namespace, key string) (bool, error)
 
 // ReconcilerConfig configures a [Reconciler]. A nil *ReconcilerConfig means
 // defaults.
@@ -35,13 +35,13 @@ type ReconcilerConfig struct {
 	// those of workers that vanished included, which the broker attempt
 	// does not see). Defaults to 10; -1 never marks claims dead.
 	MaxAttempts int
-	// EffectChecks maps a consumer name to the check of its effect. A
-	// consumer without one has its stale claims released for retry.
+	// EffectChecks maps a namespace to the check of its effect. A
+	// namespace without one has its stale claims released for retry.
 	// Defaults to none.
 	EffectChecks map[string]EffectCheck
-	// OnStale is told how many stale claims of a consumer a run found (the
+	// OnStale is told how many stale claims of a namespace a run found (the
 	// stale_processing_records_total metric). Defaults to nil: no call.
-	OnStale func(consumerName string, n int)
+	OnStale func(namespace string, n int)
 	// Logger logs each stale claim with its owner, attempts and last error.
 	// Defaults to the store's logger.
 	Logger *slog.Logger
@@ -57,9 +57,9 @@ const (
 
 // StaleClaim is one claim found past its lease (plus Grace).
 type StaleClaim struct {
-	// Consumer and Key identify the claim.
-	Consumer string
-	Key      string
+	// Namespace and Key identify the claim.
+	Namespace string
+	Key       string
 	// Owner is the vanished worker's owner token.
 	Owner *string
 	// Fence is the claim's fence.
@@ -170,6 +170,9 @@ func (r *Reconciler) loop(ctx context.Context) error {
 // changes nothing.
 func (r *Reconciler) RunOnce(ctx context.Context, dryRun bool) (ReconcileReport, error) {
 	rep := ReconcileReport{DryRun: dryRun}
+	if err := r.s.ready(); err != nil {
+		return rep, err
+	}
 	err := pgx.BeginFunc(ctx, r.s.pool, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, r.s.sql.staleForUpdate, r.cfg.Grace.Microseconds(), r.cfg.BatchSize)
 		if err != nil {
@@ -177,7 +180,7 @@ func (r *Reconciler) RunOnce(ctx context.Context, dryRun bool) (ReconcileReport,
 		}
 		claims, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (StaleClaim, error) {
 			var c StaleClaim
-			err := row.Scan(&c.Consumer, &c.Key, &c.Owner, &c.Fence, &c.Attempts, &c.LastError, &c.LeaseUntil)
+			err := row.Scan(&c.Namespace, &c.Key, &c.Owner, &c.Fence, &c.Attempts, &c.LastError, &c.LeaseUntil)
 			return c, err
 		})
 		if err != nil {
@@ -201,9 +204,9 @@ func (r *Reconciler) RunOnce(ctx context.Context, dryRun bool) (ReconcileReport,
 	if err != nil && !errors.Is(err, errDryRun) {
 		return ReconcileReport{DryRun: dryRun}, fmt.Errorf("inbox: reconcile: %w", err)
 	}
-	perConsumer := map[string]int{}
+	perNamespace := map[string]int{}
 	for _, c := range rep.Claims {
-		perConsumer[c.Consumer]++
+		perNamespace[c.Namespace]++
 		switch c.Action {
 		case ActionCompleted:
 			rep.Completed++
@@ -213,12 +216,12 @@ func (r *Reconciler) RunOnce(ctx context.Context, dryRun bool) (ReconcileReport,
 			rep.Dead++
 		}
 		r.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "inbox: stale claim",
-			slog.String("consumer", c.Consumer), slog.String("key", c.Key), optionalString("owner", c.Owner),
+			slog.String("namespace", c.Namespace), slog.String("key", c.Key), optionalString("owner", c.Owner),
 			slog.Int64("fence", c.Fence), slog.Int("attempts", c.Attempts), optionalString("last_error", c.LastError),
 			slog.Time("lease_until", c.LeaseUntil), slog.String("action", c.Action), slog.Bool("dry_run", dryRun))
 	}
 	if r.cfg.OnStale != nil {
-		for name, n := range perConsumer {
+		for name, n := range perNamespace {
 			r.cfg.OnStale(name, n)
 		}
 	}
@@ -228,13 +231,13 @@ func (r *Reconciler) RunOnce(ctx context.Context, dryRun bool) (ReconcileReport,
 var errDryRun = errors.New("inbox: dry run")
 
 func (r *Reconciler) act(ctx context.Context, tx pgx.Tx, c *StaleClaim) error {
-	if check := r.cfg.EffectChecks[c.Consumer]; check != nil {
-		found, err := check(ctx, tx, c.Consumer, c.Key)
+	if check := r.cfg.EffectChecks[c.Namespace]; check != nil {
+		found, err := check(ctx, tx, c.Namespace, c.Key)
 		if err != nil {
-			return fmt.Errorf("effect check of %s/%s: %w", c.Consumer, c.Key, err)
+			return fmt.Errorf("effect check of %s/%s: %w", c.Namespace, c.Key, err)
 		}
 		if found {
-			if _, err := tx.Exec(ctx, r.s.sql.reconcileComplete, c.Consumer, c.Key, c.Fence); err != nil {
+			if _, err := tx.Exec(ctx, r.s.sql.reconcileComplete, c.Namespace, c.Key, c.Fence); err != nil {
 				return err
 			}
 			c.Action = ActionCompleted
@@ -250,7 +253,7 @@ func (r *Reconciler) act(ctx context.Context, tx pgx.Tx, c *StaleClaim) error {
 		owner = *c.Owner
 	}
 	msg := fmt.Sprintf("inbox: reconciler: claim %d of owner %s expired at %s", c.Fence, owner, c.LeaseUntil.UTC().Format(time.RFC3339))
-	if _, err := tx.Exec(ctx, r.s.sql.reconcileRelease, c.Consumer, c.Key, c.Fence, status, msg); err != nil {
+	if _, err := tx.Exec(ctx, r.s.sql.reconcileRelease, c.Namespace, c.Key, c.Fence, status, msg); err != nil {
 		return err
 	}
 	c.Action = action

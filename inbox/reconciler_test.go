@@ -17,12 +17,12 @@ import (
 
 // staleClaim inserts a claim whose worker vanished: its lease ended an
 // hour ago, and its key has been claimed claims times (broker attempt 1).
-func (b *testBundle) staleClaim(t *testing.T, consumerName, key string, claims int) {
+func (b *testBundle) staleClaim(t *testing.T, namespace, key string, claims int) {
 	t.Helper()
 	_, err := b.pool.Exec(t.Context(), `INSERT INTO inboxmq_inbox
 		(consumer, key, status, owner, fence, lease_until, attempts, last_error)
 		VALUES ($1, $2, 'processing', 'gone-worker', $3, now() - interval '1 hour', 1, 'gateway timeout')`,
-		consumerName, key, claims)
+		namespace, key, claims)
 	require.NoError(t, err)
 }
 

@@ -25,11 +25,11 @@ const ReasonResultTooLarge = "result_too_large"
 const defaultMaxResultBytes = 64 << 10
 
 // checkResult refuses a result larger than MaxResultBytes, permanently.
-func (s *Store) checkResult(consumerName, key string, raw []byte) error {
+func (s *Store) checkResult(namespace, key string, raw []byte) error {
 	if len(raw) > s.cfg.MaxResultBytes {
 		return retry.Permanent(retry.WithReason(ReasonResultTooLarge, fmt.Errorf(
-			"inbox: result of key %q of consumer %q is %d bytes, more than MaxResultBytes %d",
-			key, consumerName, len(raw), s.cfg.MaxResultBytes)))
+			"inbox: result of key %q of namespace %q is %d bytes, more than MaxResultBytes %d",
+			key, namespace, len(raw), s.cfg.MaxResultBytes)))
 	}
 	return nil
 }
@@ -42,7 +42,7 @@ func (s *Store) deferResult(u *unit, raw []byte) error {
 	if raw == nil {
 		return nil
 	}
-	if err := s.checkResult(u.consumer, u.key, raw); err != nil {
+	if err := s.checkResult(u.namespace, u.key, raw); err != nil {
 		return err
 	}
 	u.pending = raw

@@ -25,9 +25,9 @@ import (
 const oddResult = `{"b":1,  "a":[2,1]}`
 
 // resultPaths are the inbox's handlers, each storing oddResult, on every
-// path that writes a result: transactional (alone, in a group commit,
-// pipelined), BatchHandler (alone, in a pipelined group), claim mode (the
-// bare completion, a completion with writes, a group of completions).
+// path that writes a result: transactional (alone, in a group commit),
+// BatchHandler (alone, in a group commit), claim mode (the bare
+// completion, a completion with writes, a group of completions).
 func resultPaths(b *testBundle) []resultPath {
 	set := func(msg *inboxtype.Message[order]) error { return msg.SetResult(json.RawMessage(oddResult)) }
 	tx := func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
@@ -49,17 +49,15 @@ func resultPaths(b *testBundle) []resultPath {
 		return c.Complete(ctx, completeWithEffect(msg))
 	}
 	group := &inbox.GroupCommit{MaxBatch: 1}
-	piped := &inbox.GroupCommit{MaxBatch: 1, Pipeline: true}
 	return []resultPath{
 		{"tx", 1, inbox.Handler(b.store, tx, nil)},
-		{"tx_group", 1, inbox.Handler(b.store, tx, &inbox.HandlerOpts{GroupCommit: group})},
-		{"tx_pipelined", 1, inbox.Handler(b.store, tx, &inbox.HandlerOpts{GroupCommit: piped})},
+		{"tx_group", 1, inbox.Handler(b.store, tx, group)},
 		{"batch", 1, inbox.BatchHandler(b.store, batch, nil)},
-		{"batch_pipelined", 1, inbox.BatchHandler(b.store, batch, &inbox.HandlerOpts{GroupCommit: piped})},
-		{"claim_bare", 0, inbox.ClaimHandler(b.store, bare, nil)},
-		{"claim_writes", 1, inbox.ClaimHandler(b.store, withWrites, nil)},
-		{"claim_group_bare", 0, inbox.ClaimHandler(b.store, bare, &inbox.ClaimOpts{GroupCommit: group})},
-		{"claim_group_writes", 1, inbox.ClaimHandler(b.store, withWrites, &inbox.ClaimOpts{GroupCommit: group})},
+		{"batch_group", 1, inbox.BatchHandler(b.store, batch, group)},
+		{"claim_bare", 0, inbox.ClaimHandler(b.store, bare, nil, nil)},
+		{"claim_writes", 1, inbox.ClaimHandler(b.store, withWrites, nil, nil)},
+		{"claim_group_bare", 0, inbox.ClaimHandler(b.store, bare, group, nil)},
+		{"claim_group_writes", 1, inbox.ClaimHandler(b.store, withWrites, group, nil)},
 	}
 }
 
@@ -118,13 +116,10 @@ func TestResult_GroupStoresEachDeliverysBytes(t *testing.T) {
 		wb.Queue(`INSERT INTO effects (key, amount) VALUES ($1, $2)`, msg.Key, msg.Body.Amount)
 		return set(msg)
 	}
-	pair := func(pipeline bool) *inbox.HandlerOpts {
-		return &inbox.HandlerOpts{GroupCommit: &inbox.GroupCommit{MaxBatch: 2, MaxWait: time.Minute, MaxInFlight: 1, Pipeline: pipeline}}
-	}
+	pair := &inbox.GroupCommit{MaxBatch: 2, MaxWait: time.Minute, MaxInFlight: 1}
 	for _, p := range []resultPath{
-		{name: "tx_group", h: inbox.Handler(b.store, tx, pair(false))},
-		{name: "tx_pipelined", h: inbox.Handler(b.store, tx, pair(true))},
-		{name: "batch_pipelined", h: inbox.BatchHandler(b.store, batch, pair(true))},
+		{name: "tx_group", h: inbox.Handler(b.store, tx, pair)},
+		{name: "batch_group", h: inbox.BatchHandler(b.store, batch, pair)},
 	} {
 		t.Run(p.name, func(t *testing.T) {
 			t.Parallel()
@@ -159,9 +154,9 @@ func TestResult_SetAfterCompleteLeavesTheStoredBytes(t *testing.T) {
 	for _, group := range []bool{false, true} {
 		t.Run("group_commit="+strconv.FormatBool(group), func(t *testing.T) {
 			t.Parallel()
-			var opts *inbox.ClaimOpts
+			var gc *inbox.GroupCommit
 			if group {
-				opts = &inbox.ClaimOpts{GroupCommit: &inbox.GroupCommit{MaxBatch: 1}}
+				gc = &inbox.GroupCommit{MaxBatch: 1}
 			}
 			h := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[order]) error {
 				if err := msg.SetResult(json.RawMessage(oddResult)); err != nil {
@@ -171,7 +166,7 @@ func TestResult_SetAfterCompleteLeavesTheStoredBytes(t *testing.T) {
 					return err
 				}
 				return msg.SetResult("set after the commit")
-			}, opts)
+			}, gc, nil)
 			o := order{OrderID: "late-" + strconv.FormatBool(group), Amount: 1}
 			first := newMsg(t, "c", o, false)
 			require.NoError(t, h.Handle(t.Context(), first))

@@ -112,39 +112,34 @@ func TestResult_OversizeIsPermanentAndCommitsNothing(t *testing.T) {
 
 func TestResult_GroupCommitKeepsEachDeliverysOwn(t *testing.T) {
 	t.Parallel()
-	for _, pipeline := range []bool{false, true} {
-		t.Run("pipeline="+strconv.FormatBool(pipeline), func(t *testing.T) {
-			t.Parallel()
-			b := setup(t, nil)
-			const n = 5
-			h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
-				if _, err := tx.Exec(ctx, `INSERT INTO effects (key, amount) VALUES ($1, $2)`, msg.Key, msg.Body.Amount); err != nil {
-					return err
-				}
-				if err := msg.SetResult(paymentResult{PaymentID: int64(msg.Body.Amount), Order: msg.Body.OrderID}); err != nil {
-					return err
-				}
-				if msg.Body.OrderID == "2" {
-					return retry.Permanent(errors.New("declined"))
-				}
-				return nil
-			}, &inbox.HandlerOpts{GroupCommit: &inbox.GroupCommit{MaxBatch: n, MaxWait: time.Minute, MaxInFlight: 1, Pipeline: pipeline}})
-			msgs := make([]*inboxtype.Message[order], n)
-			for i := range msgs {
-				msgs[i] = newMsg(t, "c", order{OrderID: strconv.Itoa(i), Amount: 100 + i}, false)
-			}
-			errs := handleAll(t, h, msgs)
-			for i, m := range msgs {
-				rec := b.get(t, "c", m.Key)
-				if i == 2 {
-					require.Error(t, errs[i])
-					require.Nil(t, rec.Result, "a failed delivery stores no result")
-					continue
-				}
-				require.NoError(t, errs[i])
-				require.Equal(t, paymentResult{PaymentID: int64(100 + i), Order: strconv.Itoa(i)}, decodeResult(t, rec.Result))
-			}
-		})
+	b := setup(t, nil)
+	const n = 5
+	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO effects (key, amount) VALUES ($1, $2)`, msg.Key, msg.Body.Amount); err != nil {
+			return err
+		}
+		if err := msg.SetResult(paymentResult{PaymentID: int64(msg.Body.Amount), Order: msg.Body.OrderID}); err != nil {
+			return err
+		}
+		if msg.Body.OrderID == "2" {
+			return retry.Permanent(errors.New("declined"))
+		}
+		return nil
+	}, &inbox.GroupCommit{MaxBatch: n, MaxWait: time.Minute, MaxInFlight: 1})
+	msgs := make([]*inboxtype.Message[order], n)
+	for i := range msgs {
+		msgs[i] = newMsg(t, "c", order{OrderID: strconv.Itoa(i), Amount: 100 + i}, false)
+	}
+	errs := handleAll(t, h, msgs)
+	for i, m := range msgs {
+		rec := b.get(t, "c", m.Key)
+		if i == 2 {
+			require.Error(t, errs[i])
+			require.Nil(t, rec.Result, "a failed delivery stores no result")
+			continue
+		}
+		require.NoError(t, errs[i])
+		require.Equal(t, paymentResult{PaymentID: int64(100 + i), Order: strconv.Itoa(i)}, decodeResult(t, rec.Result))
 	}
 }
 
@@ -192,9 +187,9 @@ func TestResult_ClaimModeStoresTheOutsideAnswer(t *testing.T) {
 			gw := &gateway{}
 			entered := make(chan struct{}, 1)
 			release := make(chan struct{})
-			var opts *inbox.ClaimOpts
+			var gc *inbox.GroupCommit
 			if group {
-				opts = &inbox.ClaimOpts{GroupCommit: &inbox.GroupCommit{}}
+				gc = &inbox.GroupCommit{}
 			}
 			h := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[order]) error {
 				raw, err := c.Step(ctx, "charge", func(ctx context.Context) (any, error) { return gw.charge(ctx, c.Key) })
@@ -207,7 +202,7 @@ func TestResult_ClaimModeStoresTheOutsideAnswer(t *testing.T) {
 					return err
 				}
 				return c.Complete(ctx, completeWithEffect(msg))
-			}, opts)
+			}, gc, nil)
 			o := order{OrderID: "1", Amount: 5}
 			firstErr := make(chan error, 1)
 			go func() { firstErr <- h.Handle(t.Context(), newMsg(t, "c", o, false)) }()

@@ -119,7 +119,6 @@ type Retention struct {
 	cfg   RetentionConfig
 	lock  string
 	del   string
-	part  partitionStatements
 
 	svc startstop.Service // the background job's lifecycle
 }
@@ -152,12 +151,7 @@ func NewRetention(s *Store, cfg *RetentionConfig) (*Retention, error) {
 	if err := CheckWindow(c.Window, c.RedeliveryHorizon); err != nil {
 		return nil, err
 	}
-	var part partitionStatements
-	if s.part != nil {
-		part = buildPartitionStatements(s.part)
-	}
 	return &Retention{
-		part:  part,
 		store: s,
 		cfg:   c,
 		svc:   startstop.Service{Name: "inbox: retention"},
@@ -193,6 +187,9 @@ func (r *Retention) PurgeBefore(ctx context.Context, cutoff time.Time) (Retentio
 
 func (r *Retention) purge(ctx context.Context, cutoff time.Time) (RetentionRun, error) {
 	var run RetentionRun
+	if err := r.store.ready(); err != nil {
+		return run, err
+	}
 	conn, err := r.store.pool.Acquire(ctx)
 	if err != nil {
 		return run, fmt.Errorf("inbox: retention: acquire: %w", err)

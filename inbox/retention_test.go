@@ -19,13 +19,13 @@ import (
 	"github.com/inboxmq/inboxmq/internal/testenv"
 )
 
-// seedCompleted inserts n completed rows of consumer whose completed_at is
+// seedCompleted inserts n completed rows of namespace whose completed_at is
 // age ago.
-func seedCompleted(t testing.TB, pool *pgxpool.Pool, consumerName string, n int, age time.Duration) {
+func seedCompleted(t testing.TB, pool *pgxpool.Pool, namespace string, n int, age time.Duration) {
 	t.Helper()
 	_, err := pool.Exec(context.Background(), `INSERT INTO inboxmq_inbox (consumer, key, status, completed_at)
 		SELECT $1, $1 || ':' || g, 'completed', now() - $3::bigint * interval '1 microsecond'
-		FROM generate_series(1, $2) g`, consumerName, n, age.Microseconds())
+		FROM generate_series(1, $2) g`, namespace, n, age.Microseconds())
 	require.NoError(t, err)
 }
 
@@ -38,7 +38,10 @@ func countRows(t testing.TB, pool *pgxpool.Pool, where string, args ...any) int 
 
 func newRetention(t *testing.T, pool *pgxpool.Pool, cfg *inbox.RetentionConfig) *inbox.Retention {
 	t.Helper()
-	s, err := inbox.NewStore(t.Context(), pool, nil)
+	s, err := inbox.NewStore(pool, nil)
+	if err == nil {
+		err = s.Check(t.Context())
+	}
 	require.NoError(t, err)
 	r, err := inbox.NewRetention(s, cfg)
 	require.NoError(t, err)
@@ -212,7 +215,10 @@ func TestCheckWindow(t *testing.T) {
 func TestNewRetention_RefusesWindowShorterThanHorizon(t *testing.T) {
 	t.Parallel()
 	pool, _ := pgtest.Schema(t)
-	s, err := inbox.NewStore(t.Context(), pool, nil)
+	s, err := inbox.NewStore(pool, nil)
+	if err == nil {
+		err = s.Check(t.Context())
+	}
 	require.NoError(t, err)
 	_, err = inbox.NewRetention(s, &inbox.RetentionConfig{
 		Window:            time.Hour,
@@ -265,7 +271,10 @@ func BenchmarkInboxInsert(b *testing.B) {
 		}
 		for _, cleanup := range []bool{false, true} {
 			b.Run(fmt.Sprintf("rows=%d/cleanup=%v", rows, cleanup), func(b *testing.B) {
-				s, err := inbox.NewStore(ctx, pool, nil)
+				s, err := inbox.NewStore(pool, nil)
+				if err == nil {
+					err = s.Check(ctx)
+				}
 				require.NoError(b, err)
 				r, err := inbox.NewRetention(s, &inbox.RetentionConfig{Window: 7 * 24 * time.Hour, Interval: 50 * time.Millisecond, MaxBatches: 5}) // short runs: the work spreads over the measurement
 				require.NoError(b, err)

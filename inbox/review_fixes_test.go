@@ -30,7 +30,7 @@ func TestClaim_ReleasedClaimIsRetriedNotAcked(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, 1, rep.Released)
 		return c.Complete(ctx, completeWithEffect(msg))
-	}, nil)
+	}, nil, nil)
 	err = h.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "r", Amount: 1}, false))
 	d := retry.Classify(err)
 	require.Equal(t, retry.KindRetry, d.Kind, "a lost claim is retried: %v", err)
@@ -38,31 +38,9 @@ func TestClaim_ReleasedClaimIsRetriedNotAcked(t *testing.T) {
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM effects`))
 
 	// The retry claims again and completes once.
-	ok := completingClaimHandler(b, nil)
+	ok := completingClaimHandler(b, nil, nil)
 	require.NoError(t, ok.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "r", Amount: 1}, false)))
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`))
-}
-
-// Handlers that wait on each other (a shared one-slot semaphore held across
-// a statement) cannot stall a pipelined batch: the attempt is aborted and
-// the batch runs serially.
-func TestPipeline_InterdependentHandlersDoNotDeadlock(t *testing.T) {
-	t.Parallel()
-	b := setup(t, nil)
-	slot := make(chan struct{}, 1)
-	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
-		select {
-		case slot <- struct{}{}:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-		defer func() { <-slot }()
-		return effectHandler(nil)(ctx, tx, msg)
-	}, pipelinedBatch(2))
-	for _, err := range handleAll(t, h, orders(t, 2)) {
-		require.NoError(t, err)
-	}
-	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM effects`))
 }
 
 // A group-commit handler cannot commit the batch's transaction (that would

@@ -55,7 +55,7 @@ type statements struct {
 	extendLease      string
 	completeWith     string
 	// completeMany is the fenced completion of claim mode's group commit
-	// (ClaimOpts.GroupCommit): it takes the place of the claim in a batch
+	// (ClaimHandler's gc): it takes the place of the claim in a batch
 	// of completions and returns what claim returns, (consumer, key,
 	// fence) per row. A lone completion runs Claim's own path.
 	completeMany string

@@ -23,14 +23,14 @@ import (
 // returns the open transaction and the claim's fence; if the key is not
 // free, the transaction is rolled back and the error is the key's verdict
 // (see verdict).
-func (s *Store) claimOne(ctx context.Context, u *unit) (pgx.Tx, int64, error) {
+func (s *Store) claimOne(ctx context.Context, u *unit) (*lazyTx, int64, error) {
 	var mid *string
 	if u.messageID != "" {
 		mid = &u.messageID
 	}
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
-	b.Queue(s.sql.claimOne, u.consumer, u.key, u.fp, mid, u.payload, u.attempt)
+	b.Queue(s.sql.claimOne, u.namespace, u.key, u.fp, mid, u.payload, u.attempt)
 	tx, br, err := s.beginBatch(ctx, b)
 	if err != nil {
 		return nil, 0, err
@@ -43,7 +43,7 @@ func (s *Store) claimOne(ctx context.Context, u *unit) (pgx.Tx, int64, error) {
 		}
 	}
 	if err != nil {
-		_ = tx.Rollback(context.WithoutCancel(ctx))
+		tx.rollback(context.WithoutCancel(ctx))
 		return nil, 0, err
 	}
 	return tx, fence, nil
@@ -81,7 +81,7 @@ type claimedUnit struct {
 // completions, their fenced completion instead. It returns the open
 // transaction and the units whose key it took; the others have their
 // verdict in u.err. On error the transaction is rolled back.
-func (s *Store) claimMany(ctx context.Context, units []*unit) (pgx.Tx, []claimedUnit, error) {
+func (s *Store) claimMany(ctx context.Context, units []*unit) (*lazyTx, []claimedUnit, error) {
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
 	if units[0].claim != nil {
@@ -98,7 +98,7 @@ func (s *Store) claimMany(ctx context.Context, units []*unit) (pgx.Tx, []claimed
 		err = s.unclaimed(ctx, tx, missing)
 	}
 	if err != nil {
-		_ = tx.Rollback(context.WithoutCancel(ctx))
+		tx.rollback(context.WithoutCancel(ctx))
 		return nil, nil, err
 	}
 	return tx, claimed, nil
@@ -118,7 +118,7 @@ func claimArrays(units []*unit) []any {
 	mids := make([]*string, n)
 	attempts := make([]int32, n)
 	for i, u := range units {
-		consumers[i], keys[i], fps[i], payloads[i] = u.consumer, u.key, u.fp, u.payload
+		consumers[i], keys[i], fps[i], payloads[i] = u.namespace, u.key, u.fp, u.payload
 		attempts[i] = int32(min(u.attempt, math.MaxInt32)) //nolint:gosec // bounded above
 		mids[i] = messageIDArg(u)
 	}
@@ -133,7 +133,7 @@ func (s *Store) queueCompletion(b *pgx.Batch, units []*unit) {
 	n := len(units)
 	consumers, keys, owners, fences := make([]string, n), make([]string, n), make([]string, n), make([]int64, n)
 	for i, u := range units {
-		consumers[i], keys[i], owners[i], fences[i] = u.claim.Consumer, u.claim.Key, u.claim.Token, u.claim.Fence
+		consumers[i], keys[i], owners[i], fences[i] = u.claim.Namespace, u.claim.Key, u.claim.Token, u.claim.Fence
 	}
 	b.Queue(s.sql.completeMany, consumers, keys, owners, fences)
 }
@@ -166,7 +166,7 @@ func readFences(br pgx.BatchResults, units []*unit) (claimed []claimedUnit, miss
 	}
 	claimed = make([]claimedUnit, 0, len(fences))
 	for _, u := range units {
-		if f, ok := fences[unitKey{u.consumer, u.key}]; ok {
+		if f, ok := fences[unitKey{u.namespace, u.key}]; ok {
 			claimed = append(claimed, claimedUnit{u: u, fence: f})
 		} else {
 			missing = append(missing, u)
@@ -181,7 +181,7 @@ func (s *Store) unclaimed(ctx context.Context, tx pgx.Tx, units []*unit) error {
 	consumers := make([]string, len(units))
 	keys := make([]string, len(units))
 	for i, u := range units {
-		consumers[i], keys[i] = u.consumer, u.key
+		consumers[i], keys[i] = u.namespace, u.key
 	}
 	rows, err := tx.Query(ctx, s.sql.lookup, consumers, keys)
 	if err != nil {
@@ -213,7 +213,7 @@ func (s *Store) unclaimed(ctx context.Context, tx pgx.Tx, units []*unit) error {
 		return infraError(ReasonDBConnection, fmt.Errorf("inbox: look up duplicates: %w", err))
 	}
 	for _, u := range units {
-		st, ok := found[unitKey{u.consumer, u.key}]
+		st, ok := found[unitKey{u.namespace, u.key}]
 		u.err = verdict(u, st.status, st.fp, time.Duration(st.lease*float64(time.Second)), ok)
 		u.result = st.result
 	}
@@ -239,17 +239,17 @@ func verdict(u *unit, status string, fp []byte, lease time.Duration, found bool)
 	}
 	switch {
 	case found && status == RecordCompleted && fp != nil && u.fp != nil && !bytes.Equal(fp, u.fp):
-		return retry.Permanent(fmt.Errorf("inbox: key %q of consumer %q: %w", u.key, u.consumer, retry.ErrKeyConflict))
+		return retry.Permanent(fmt.Errorf("inbox: key %q of namespace %q: %w", u.key, u.namespace, retry.ErrKeyConflict))
 	case found && status == RecordCompleted:
-		return retry.Duplicate(retry.SourceInbox, fmt.Errorf("inbox: key %q of consumer %q is completed", u.key, u.consumer))
+		return retry.Duplicate(retry.SourceInbox, fmt.Errorf("inbox: key %q of namespace %q is completed", u.key, u.namespace))
 	case found && status == RecordProcessing:
 		return retry.WithReason(ReasonClaimHeld, retry.Defer(heldDeferral(u.sinceHeld, lease),
-			fmt.Errorf("inbox: key %q of consumer %q is claimed by another worker", u.key, u.consumer)))
+			fmt.Errorf("inbox: key %q of namespace %q is claimed by another worker", u.key, u.namespace)))
 	default:
 		// The row changed between the claim and the look-up (such as a
 		// retention delete): try again.
 		return retry.WithReason(ReasonClaimHeld, retry.Retryable(
-			fmt.Errorf("inbox: key %q of consumer %q could not be claimed (status %q)", u.key, u.consumer, status)))
+			fmt.Errorf("inbox: key %q of namespace %q could not be claimed (status %q)", u.key, u.namespace, status)))
 	}
 }
 
@@ -268,9 +268,9 @@ func (s *Store) recordFailure(u *unit, herr error) {
 	if u.messageID != "" {
 		mid = &u.messageID
 	}
-	if _, err := s.pool.Exec(ctx, s.sql.failAuto, u.consumer, u.key, u.fp, mid, errorText(herr), u.attempt); err != nil {
+	if _, err := s.pool.Exec(ctx, s.sql.failAuto, u.namespace, u.key, u.fp, mid, errorText(herr), u.attempt); err != nil {
 		s.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "inbox: record failed attempt",
-			slog.String("consumer", u.consumer), slog.String("key", u.key), slog.Any("error", err))
+			slog.String("namespace", u.namespace), slog.String("key", u.key), slog.Any("error", err))
 	}
 }
 

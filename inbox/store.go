@@ -8,13 +8,17 @@ import (
 	"log/slog"
 	"regexp"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/combine"
 	"github.com/inboxmq/inboxmq/migrations"
+	"github.com/inboxmq/inboxmq/retry"
 )
 
 // DefaultTable is the inbox table created by package migrations.
@@ -45,10 +49,6 @@ type StoreConfig struct {
 	// Logger receives the store's warnings and the reconciler's findings.
 	// Defaults to nil, which discards them.
 	Logger *slog.Logger
-	// GroupCommit holds the defaults for handlers that opt into group commit
-	// (HandlerOpts.GroupCommit, ClaimOpts.GroupCommit); its zero fields
-	// default to 64 deliveries, 2ms and 2 batches in flight.
-	GroupCommit GroupCommit
 	// CrashLimit bounds crash loops on classic queues: a delivery that the
 	// broker has redelivered (the previous worker died or lost its
 	// connection before settling it) more than CrashLimit times fails
@@ -66,20 +66,19 @@ type StoreConfig struct {
 }
 
 // GroupCommit configures group commit: deliveries handled concurrently are
-// collected into one transaction (in claim mode, their completions). The
-// zero value of a field takes the store's default (StoreConfig.GroupCommit),
-// else the built-in one.
+// collected into batches that share a transaction (in claim mode, their
+// completions). A zero field takes its default.
 //
 // A batch only fills if that many deliveries are handled at once: run at
-// least MaxBatch × MaxInFlight handlers (consumer.QueueOpts.Concurrency),
-// as the inboxmq façade does by itself when a route's concurrency is left
-// at 0. With fewer, batches stay small and group commit can be slower than
-// one transaction per delivery.
+// least [GroupCommit.Concurrency] handlers, as a worker's route does by
+// itself when its concurrency is left at 0. With fewer, batches stay small
+// and group commit can be slower than one transaction per delivery.
 type GroupCommit struct {
-	// MaxBatch is the most deliveries in one transaction. Raise it above 64
-	// only with Pipeline: each delivery of a serial batch takes a savepoint,
-	// and PostgreSQL slows down past 64 of them in one transaction.
-	// Defaults to 64.
+	// MaxBatch is the most deliveries in one batch. A BatchHandler's batch
+	// commits in one transaction; the deliveries of Handler and
+	// ClaimHandler take a savepoint each, and a batch of more than 64 of
+	// them commits in transactions of at most 64 (PostgreSQL keeps 64
+	// subtransactions per transaction in memory). Defaults to 256.
 	MaxBatch int
 	// MaxWait is how long the first delivery of a batch waits for others:
 	// the latency group commit adds under light load. Defaults to 2ms.
@@ -88,37 +87,40 @@ type GroupCommit struct {
 	// (each holds a pool connection). Raise it while cores and pool
 	// connections are free. Defaults to 2.
 	MaxInFlight int
-	// Pipeline runs a batch's handlers concurrently on its transaction and
-	// sends their statements together, so a batch waits on the database
-	// about as long as one handler would (see docs/performance.md). It is
-	// optimistic (no savepoints): a handler that returns an error, a
-	// statement that fails, a call other than Exec, Query, QueryRow or
-	// SendBatch on the transaction, or a handler that pauses between its
-	// statements (waiting on something else) rolls the attempt back, and
-	// the batch runs again one handler after the other with a savepoint
-	// each, where every delivery is classified alone. A handler of such a
-	// batch therefore runs twice: use it for handlers that are pure
-	// database work (as transactional mode asks anyway). Rows a pipelined
-	// Query returns are read into memory in full. docs/performance.md measures what it gains over
-	// savepoints alone. Defaults to false.
-	Pipeline bool
 }
 
-func (g GroupCommit) or(def GroupCommit) GroupCommit {
+// withDefaults returns g with its defaults applied: the one place where
+// group commit's defaults are resolved.
+func (g GroupCommit) withDefaults() GroupCommit {
 	if g.MaxBatch <= 0 {
-		g.MaxBatch = def.MaxBatch
+		g.MaxBatch = 256
 	}
 	if g.MaxWait <= 0 {
-		g.MaxWait = def.MaxWait
+		g.MaxWait = 2 * time.Millisecond
 	}
 	if g.MaxInFlight <= 0 {
-		g.MaxInFlight = def.MaxInFlight
+		g.MaxInFlight = 2
 	}
-	g.Pipeline = g.Pipeline || def.Pipeline
 	return g
 }
 
-var builtinGroupCommit = GroupCommit{MaxBatch: 64, MaxWait: 2 * time.Millisecond, MaxInFlight: 2}
+// Concurrency returns how many deliveries a handler must handle at once to
+// fill every batch in flight: MaxBatch × MaxInFlight, defaults applied
+// (512). A nil GroupCommit returns 0.
+func (g *GroupCommit) Concurrency() int {
+	if g == nil {
+		return 0
+	}
+	d := g.withDefaults()
+	return d.MaxBatch * d.MaxInFlight
+}
+
+func (g GroupCommit) validate() error {
+	if g.MaxBatch > 10000 {
+		return fmt.Errorf("inbox: GroupCommit.MaxBatch %d is too large (at most 10000)", g.MaxBatch)
+	}
+	return nil
+}
 
 func (c *StoreConfig) withDefaults() StoreConfig {
 	var out StoreConfig
@@ -131,7 +133,6 @@ func (c *StoreConfig) withDefaults() StoreConfig {
 	if out.Logger == nil {
 		out.Logger = slog.New(slog.DiscardHandler)
 	}
-	out.GroupCommit = out.GroupCommit.or(builtinGroupCommit)
 	if out.CrashLimit == 0 {
 		out.CrashLimit = 10
 	}
@@ -169,9 +170,6 @@ func (c StoreConfig) validate() (pgx.Identifier, error) {
 	if c.CrashLimit < -1 {
 		return nil, fmt.Errorf("inbox: CrashLimit %d: want -1 (disabled) or a positive bound", c.CrashLimit)
 	}
-	if c.GroupCommit.MaxBatch > 10000 {
-		return nil, fmt.Errorf("inbox: GroupCommit.MaxBatch %d is too large (at most 10000)", c.GroupCommit.MaxBatch)
-	}
 	return id, nil
 }
 
@@ -189,13 +187,18 @@ type Store struct {
 	leases *combine.Combiner[*leaseReq]
 	// heal guards the creation of partitions that ran out (partitioned).
 	heal partitionHealer
+
+	// checked is set once Check has read the table's layout into sql and
+	// part; checkMu serialises the Checks.
+	checkMu sync.Mutex
+	checked atomic.Bool
 }
 
-// NewStore checks that pool reaches a writable primary holding the inbox
-// table and returns a Store on it. It refuses a read replica or a read-only
-// session ([ErrReplica]): replicas lag, so the final check must run on the
-// primary. A missing table returns [ErrNoTable] (run the migrations).
-func NewStore(ctx context.Context, pool *pgxpool.Pool, cfg *StoreConfig) (*Store, error) {
+// NewStore validates cfg and returns a Store on pool. It does no I/O: the
+// store serves handlers, reads and the maintenance jobs only after
+// [Store.Check] has passed (Worker.Start calls it); before that they
+// return [ErrNotChecked].
+func NewStore(pool *pgxpool.Pool, cfg *StoreConfig) (*Store, error) {
 	if pool == nil {
 		return nil, errors.New("inbox: nil pool")
 	}
@@ -205,37 +208,62 @@ func NewStore(ctx context.Context, pool *pgxpool.Pool, cfg *StoreConfig) (*Store
 		return nil, err
 	}
 	s := &Store{pool: pool, cfg: c, table: id.Sanitize()}
+	s.leases = s.newLeaseRounds()
+	return s, nil
+}
 
+// Check checks that the store's pool reaches a writable primary holding
+// the inbox table, and reads how the table is laid out (partitioned or
+// not), which the store's statements follow. It refuses a read replica or
+// a read-only session ([ErrReplica]): replicas lag, so the final check
+// must run on the primary. A missing table returns [ErrNoTable] (run the
+// migrations). Check may be called again; the layout read first stays.
+func (s *Store) Check(ctx context.Context) error {
 	var inRecovery, readOnly bool
 	var reg *string
-	err = pool.QueryRow(ctx,
+	err := s.pool.QueryRow(ctx,
 		`SELECT pg_is_in_recovery(), current_setting('transaction_read_only') = 'on', to_regclass($1)::text`,
 		s.table).Scan(&inRecovery, &readOnly, &reg)
 	if err != nil {
-		return nil, fmt.Errorf("inbox: check database: %w", err)
+		return fmt.Errorf("inbox: check database: %w", err)
 	}
 	if inRecovery || readOnly {
-		return nil, ErrReplica
+		return ErrReplica
 	}
 	if reg == nil {
-		return nil, fmt.Errorf("%w (table %s)", ErrNoTable, s.table)
+		return fmt.Errorf("%w (table %s)", ErrNoTable, s.table)
+	}
+	s.checkMu.Lock()
+	defer s.checkMu.Unlock()
+	if s.checked.Load() {
+		return nil
 	}
 	// A partitioned inbox (migrations.PartitionInbox) is detected, not
 	// configured: the statements must match the table.
 	var fn string
-	switch p, err := migrations.LoadPartitioning(ctx, pool, c.Table); {
+	switch p, err := migrations.LoadPartitioning(ctx, s.pool, s.cfg.Table); {
 	case err == nil:
 		s.part, fn = p, p.Func
 	case !errors.Is(err, migrations.ErrNotPartitioned):
-		return nil, fmt.Errorf("inbox: check partitioning: %w", err)
+		return fmt.Errorf("inbox: check partitioning: %w", err)
 	}
 	s.sql = buildStatements(s.table, fn)
-	s.leases = s.newLeaseRounds()
-	if !configured(pool.Config()) {
-		c.Logger.LogAttrs(ctx, slog.LevelWarn, "inbox: the pool was not built through inbox.ConfigurePool: "+
+	if !configured(s.pool.Config()) {
+		s.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "inbox: the pool was not built through inbox.ConfigurePool: "+
 			"connections it opens after start-up are not checked for the primary, and may reach a standby or a fenced node after a fail-over")
 	}
-	return s, nil
+	s.checked.Store(true)
+	return nil
+}
+
+// ready returns ErrNotChecked until Check has passed. Every entry point of
+// the store calls it first: the statements are those of the table's
+// layout, known only then.
+func (s *Store) ready() error {
+	if !s.checked.Load() {
+		return ErrNotChecked
+	}
+	return nil
 }
 
 // Pool returns the pool the store runs on.
@@ -250,8 +278,8 @@ func (s *Store) Partitioned() bool { return s.part != nil }
 
 // Record is one inbox row. Pointer fields are nil when the column is NULL.
 type Record struct {
-	// Consumer is the inbox namespace (the handler's HandlerOpts.Namespace).
-	Consumer string
+	// Namespace is the inbox namespace (the route's namespace).
+	Namespace string
 	// Key is the idempotency key.
 	Key string
 	// Status is one of the Record* constants.
@@ -301,7 +329,7 @@ func scanRecord(row pgx.Row) (*Record, error) {
 	var r Record
 	// The result is read as bytes: a json.RawMessage target would go
 	// through json.Unmarshal, which drops whitespace around the value.
-	err := row.Scan(&r.Consumer, &r.Key, &r.Status, &r.Fingerprint, &r.Owner, &r.Fence, &r.LeaseUntil,
+	err := row.Scan(&r.Namespace, &r.Key, &r.Status, &r.Fingerprint, &r.Owner, &r.Fence, &r.LeaseUntil,
 		&r.Attempts, &r.Deliveries, &r.LastError, &r.LastFailedAt, &r.MessageID, (*[]byte)(&r.Result), &r.Steps,
 		&r.FirstSeenAt, &r.UpdatedAt, &r.CompletedAt)
 	if err != nil {
@@ -310,10 +338,13 @@ func scanRecord(row pgx.Row) (*Record, error) {
 	return &r, nil
 }
 
-// Get returns the inbox row of (consumer, key), or [ErrNotFound].
-func (s *Store) Get(ctx context.Context, consumerName, key string) (*Record, error) {
+// Get returns the inbox row of (namespace, key), or [ErrNotFound].
+func (s *Store) Get(ctx context.Context, namespace, key string) (*Record, error) {
+	if err := s.ready(); err != nil {
+		return nil, err
+	}
 	r, err := scanRecord(s.pool.QueryRow(ctx,
-		`SELECT `+recordColumns+` FROM `+s.table+` WHERE consumer = $1 AND key = $2`, consumerName, key))
+		`SELECT `+recordColumns+` FROM `+s.table+` WHERE consumer = $1 AND key = $2`, namespace, key))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ErrNotFound
 	}
@@ -323,10 +354,34 @@ func (s *Store) Get(ctx context.Context, consumerName, key string) (*Record, err
 	return r, nil
 }
 
+// ReplyResult returns the result a request's reply carries (it fits the
+// consumer's reply hook): the delivery's own — once the inbox has ruled,
+// the bytes of the key's row —, or, for a duplicate that holds none
+// because the completed-cache acked it without reading the row, the
+// result stored on the key's completed row.
+func (s *Store) ReplyResult(ctx context.Context, d *inboxtype.Delivery, dec retry.Decision) (json.RawMessage, error) {
+	if dec.Kind != retry.KindDuplicate || d.Result != nil || d.Key == "" {
+		return d.Result, nil
+	}
+	rec, err := s.Get(ctx, d.Namespace, d.Key)
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return nil, nil
+	case err != nil:
+		return nil, err
+	case rec.Status != RecordCompleted:
+		return nil, nil
+	}
+	return rec.Result, nil
+}
+
 // Stale returns the claims (status processing) whose lease ended more than
 // olderThan ago, oldest first, at most 1000 rows. It only reads; the
 // [Reconciler] acts on them.
 func (s *Store) Stale(ctx context.Context, olderThan time.Duration) ([]*Record, error) {
+	if err := s.ready(); err != nil {
+		return nil, err
+	}
 	rows, err := s.pool.Query(ctx, `SELECT `+recordColumns+` FROM `+s.table+`
 		WHERE status = 'processing' AND lease_until < now() - $1::bigint * interval '1 microsecond'
 		ORDER BY lease_until LIMIT 1000`, olderThan.Microseconds())

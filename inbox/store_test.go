@@ -24,7 +24,9 @@ func TestNewStore_RefusesReadOnlySession(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 
-	_, err = inbox.NewStore(t.Context(), pool, nil)
+	s, err := inbox.NewStore(pool, nil)
+	require.NoError(t, err, "NewStore does no I/O")
+	err = s.Check(t.Context())
 	require.ErrorIs(t, err, inbox.ErrReplica)
 	require.ErrorContains(t, err, "primary")
 }
@@ -32,7 +34,11 @@ func TestNewStore_RefusesReadOnlySession(t *testing.T) {
 func TestNewStore_MissingTable(t *testing.T) {
 	t.Parallel()
 	pool, _ := pgtest.Schema(t)
-	_, err := inbox.NewStore(t.Context(), pool, &inbox.StoreConfig{Table: "no_such_inbox"})
+	s, err := inbox.NewStore(pool, &inbox.StoreConfig{Table: "no_such_inbox"})
+	require.NoError(t, err, "NewStore does no I/O")
+	_, err = s.Get(t.Context(), "payments", "k")
+	require.ErrorIs(t, err, inbox.ErrNotChecked, "nothing runs before Check")
+	err = s.Check(t.Context())
 	require.ErrorIs(t, err, inbox.ErrNoTable)
 	require.ErrorContains(t, err, "migrations")
 }
@@ -40,7 +46,10 @@ func TestNewStore_MissingTable(t *testing.T) {
 func TestNewStore_SchemaQualifiedTable(t *testing.T) {
 	t.Parallel()
 	pool, schema := pgtest.Schema(t)
-	s, err := inbox.NewStore(t.Context(), pool, &inbox.StoreConfig{Table: schema + "." + inbox.DefaultTable})
+	s, err := inbox.NewStore(pool, &inbox.StoreConfig{Table: schema + "." + inbox.DefaultTable})
+	if err == nil {
+		err = s.Check(t.Context())
+	}
 	require.NoError(t, err)
 	require.Contains(t, s.Table(), `"`+schema+`"`)
 }
@@ -60,7 +69,7 @@ func TestStoreConfig_Validate(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			_, err := inbox.NewStore(t.Context(), pool, tt.cfg)
+			_, err := inbox.NewStore(pool, tt.cfg)
 			require.Error(t, err)
 		})
 	}

@@ -42,7 +42,7 @@ func TestHandler_ChildSpans(t *testing.T) {
 // round trip, alone and in a group, each a child of the delivery's.
 func TestBatchHandler_ChildSpans(t *testing.T) {
 	t.Parallel()
-	for name, opts := range map[string]*inbox.HandlerOpts{"alone": nil, "group": fullBatch(2)} {
+	for name, opts := range map[string]*inbox.GroupCommit{"alone": nil, "group": fullBatch(2)} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, nil)

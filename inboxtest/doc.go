@@ -5,11 +5,13 @@
 //
 // # What it checks
 //
-// Give [Run] (or [Check]) a [Subject]: the consumer.Router holding your
-// registered handler and its queue, a function producing fresh jobs, and a
-// function counting a job's committed effects. Each scenario delivers a job
-// through the route's complete middleware chain (decode, Cache, Lock,
-// inbox, your handler) the way the broker would, settles every copy (a
+// Give [Run] (or [Check]) a [Subject]: the inboxmq.Worker holding your
+// route (built with NewWorker as in production, not started) and its
+// queue, a function producing fresh jobs, and a function counting a job's
+// committed effects. Each scenario delivers a job through the route's
+// complete chain (the worker's middleware, the completed-cache and the
+// lock when it has Redis, decoding, the inbox, your handler) the way the
+// broker would, settles every copy (a
 // retry comes back with attempt+1, a crashed delivery comes back
 // redelivered), and then requires exactly one effect:
 //
@@ -39,12 +41,12 @@
 //	cfg, _ := pgxpool.ParseConfig(databaseURL)
 //	faults.Instrument(cfg)
 //	pool, _ := pgxpool.NewWithConfig(ctx, cfg)
-//	store, _ := inbox.NewStore(ctx, pool, nil)
-//	router := consumer.NewRouter()
-//	consumer.Register(router, "payments", inbox.Handler(store, recordPayment, nil), nil)
+//	routes := inboxmq.NewRoutes()
+//	inboxmq.HandleTx(routes, "payments", recordPayment, nil)
+//	w, _ := inboxmq.NewWorker(&inboxmq.Config{URL: amqpURL, DB: pool, Routes: routes})
 //
 //	inboxtest.Run(t, inboxtest.Subject{
-//		Router:  router,
+//		Worker:  w,
 //		Queue:   "payments",
 //		Message: func(n int) []byte { return []byte(fmt.Sprintf(`{"order_id":"o-%d","amount_cents":100}`, n)) },
 //		Effects: countLedgerEntries,

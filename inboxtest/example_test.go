@@ -5,12 +5,12 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"log/slog"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/inboxmq/inboxmq/consumer"
-	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq"
 	"github.com/inboxmq/inboxmq/inboxtest"
 	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/testenv"
@@ -69,15 +69,16 @@ func Example_payment() {
 	if _, err := pool.Exec(ctx, `CREATE TABLE ledger_entries (order_id text NOT NULL, amount_cents bigint NOT NULL)`); err != nil {
 		panic(err)
 	}
-	store, err := inbox.NewStore(ctx, pool, nil)
+	// The worker as the program builds it; the kit does not start it.
+	routes := inboxmq.NewRoutes()
+	inboxmq.HandleTx(routes, "payments", recordPayment, nil)
+	w, err := inboxmq.NewWorker(&inboxmq.Config{URL: testenv.AMQPURL(), DB: pool, Routes: routes, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		panic(err)
 	}
-	router := consumer.NewRouter()
-	consumer.Register(router, "payments", inbox.Handler(store, recordPayment, nil), nil)
 
 	results, err := inboxtest.Check(ctx, inboxtest.Subject{
-		Router: router,
+		Worker: w,
 		Queue:  "payments",
 		Message: func(n int) []byte {
 			return fmt.Appendf(nil, `{"order_id":"order-%d","amount_cents":1250}`, n)

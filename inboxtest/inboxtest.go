@@ -14,8 +14,10 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq"
 	"github.com/inboxmq/inboxmq/inboxtype"
+	"github.com/inboxmq/inboxmq/internal/consumer"
+	"github.com/inboxmq/inboxmq/internal/workerkit"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
@@ -38,12 +40,14 @@ var Scenarios = []string{SequentialDuplicates, ConcurrentDuplicates, CrashBefore
 
 // Subject is the handler under test and how to observe its effects.
 type Subject struct {
-	// Router holds the handler, registered with consumer.Register together
-	// with its middleware (Cache, Lock). Required.
-	Router *consumer.Router
-	// Queue is the queue the handler is registered for. Nothing is sent to
-	// a broker: deliveries are built in memory and handed to the route's
-	// complete middleware chain. Required.
+	// Worker holds the handler: a worker built with inboxmq.NewWorker,
+	// with the Config it runs with (its Redis for the completed-cache and
+	// the lock), and not started. Required.
+	Worker *inboxmq.Worker
+	// Queue is the queue of the worker's route under test. Nothing is sent
+	// to a broker: deliveries are built in memory and handed to the
+	// route's complete chain, the worker's own middleware included.
+	// Required.
 	Queue string
 	// Message returns the body of a fresh, valid job: each call must return
 	// a job with a new business identity (and so a new idempotency key),
@@ -78,7 +82,7 @@ type Result struct {
 	Effects int
 	// Outcomes lists the decision's kind for each delivery of the
 	// scenario, in order ("succeeded", "duplicate", "retry", …): what the
-	// consumer would decide ([consumer.Decide] with the route's Rules).
+	// consumer would decide (with the route's Rules).
 	Outcomes []string
 	// NotRun says why the scenario could not run (no Faults); empty if it
 	// ran.
@@ -124,6 +128,9 @@ func Check(ctx context.Context, s Subject) ([]*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := workerkit.Prepare(ctx, s.Worker); err != nil {
+		return nil, fmt.Errorf("the worker's inbox: %w", err)
+	}
 	var out []*Result
 	for _, name := range Scenarios {
 		out = append(out, h.run(ctx, name))
@@ -154,8 +161,8 @@ type harness struct {
 }
 
 func newHarness(s Subject) (*harness, error) {
-	if s.Router == nil || s.Queue == "" || s.Message == nil || s.Effects == nil {
-		return nil, errors.New("Subject needs Router, Queue, Message and Effects")
+	if s.Worker == nil || s.Queue == "" || s.Message == nil || s.Effects == nil {
+		return nil, errors.New("Subject needs Worker, Queue, Message and Effects")
 	}
 	if s.Copies <= 1 {
 		s.Copies = 3
@@ -163,14 +170,11 @@ func newHarness(s Subject) (*harness, error) {
 	if s.Timeout <= 0 {
 		s.Timeout = 30 * time.Second
 	}
-	h := &harness{s: s, run0: randomHex(4)}
-	for _, r := range s.Router.Routes() {
-		if r.Queue == s.Queue {
-			h.route = r
-			return h, nil
-		}
+	r, err := workerkit.Route(s.Worker, s.Queue)
+	if err != nil {
+		return nil, err
 	}
-	return nil, fmt.Errorf("queue %q has no handler in the router", s.Queue)
+	return &harness{s: s, run0: randomHex(4), route: r}, nil
 }
 
 func randomHex(n int) string {

@@ -3,6 +3,7 @@ package inboxtest_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"runtime"
 	"strings"
 	"sync"
@@ -13,13 +14,14 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq"
 	"github.com/inboxmq/inboxmq/inbox"
 	"github.com/inboxmq/inboxmq/inboxtest"
 	"github.com/inboxmq/inboxmq/inboxtype"
+	"github.com/inboxmq/inboxmq/internal/amqptest"
 	"github.com/inboxmq/inboxmq/internal/pgtest"
 	"github.com/inboxmq/inboxmq/internal/redistest"
-	"github.com/inboxmq/inboxmq/middleware"
+	"github.com/inboxmq/inboxmq/internal/testenv"
 )
 
 // Payment is the payload of the tests: its business identity is OrderID.
@@ -33,10 +35,9 @@ func (p Payment) IdempotencyKey() string { return "payment:" + p.OrderID }
 
 type testBundle struct {
 	pool    *pgxpool.Pool // instrumented with faults
-	store   *inbox.Store
 	faults  *inboxtest.Faults
 	rdb     redis.UniversalClient
-	prefix  string
+	queue   string
 	subject inboxtest.Subject
 }
 
@@ -54,11 +55,12 @@ func setup(t *testing.T) *testBundle {
 	t.Cleanup(b.pool.Close)
 	_, err = b.pool.Exec(ctx, `CREATE TABLE ledger_entries (id bigserial PRIMARY KEY, order_id text NOT NULL, amount_cents bigint NOT NULL)`)
 	require.NoError(t, err)
-	b.store, err = inbox.NewStore(ctx, b.pool, nil)
-	require.NoError(t, err)
-	b.rdb, b.prefix = redistest.Client(t)
+	b.rdb, _ = redistest.Client(t)
+	// The worker's cache and lock keys name the route's namespace: the
+	// test's own queue name.
+	b.queue = amqptest.QueueName(t)
 	b.subject = inboxtest.Subject{
-		Queue: "payments",
+		Queue: b.queue,
 		Message: func(n int) []byte {
 			return fmt.Appendf(nil, `{"order_id":"o-%d","amount_cents":%d}`, n, 100+n)
 		},
@@ -68,31 +70,40 @@ func setup(t *testing.T) *testBundle {
 			return n, err
 		},
 		Faults:     b.faults,
-		FlushRedis: inboxtest.FlushPrefix(b.scan, b.del, b.prefix),
+		FlushRedis: b.flush,
 	}
 	return b
 }
 
-func (b *testBundle) scan(ctx context.Context, pattern string) ([]string, error) {
-	return b.rdb.Keys(ctx, pattern).Result()
-}
-
-func (b *testBundle) del(ctx context.Context, keys ...string) error {
+// flush deletes the Redis keys of the test's namespace: the route's
+// completed-cache entries and locks.
+func (b *testBundle) flush(ctx context.Context) error {
+	keys, err := b.rdb.Keys(ctx, "*"+b.queue+"*").Result()
+	if err != nil || len(keys) == 0 {
+		return err
+	}
 	return b.rdb.Del(ctx, keys...).Err()
 }
 
-// router registers h behind the completed-cache and the Redis lock, both
-// under the test's key prefix.
-func (b *testBundle) router(t *testing.T, h inboxtype.Handler[Payment]) *consumer.Router {
+// worker builds (not starts) a worker with Redis, whose route the register
+// function adds on the test's queue; a route with opts nil takes the lock.
+func (b *testBundle) worker(t *testing.T, register func(r *inboxmq.Routes, queue string, opts *inboxmq.RouteOpts)) *inboxmq.Worker {
 	t.Helper()
-	r := consumer.NewRouter()
-	lck, err := middleware.Lock(b.rdb, &middleware.LockOpts{Prefix: b.prefix + "lock:"})
+	routes := inboxmq.NewRoutes()
+	register(routes, b.queue, &inboxmq.RouteOpts{Lock: &inboxmq.LockOpts{}})
+	w, err := inboxmq.NewWorker(&inboxmq.Config{
+		URL: testenv.AMQPURL(), DB: b.pool, Redis: b.rdb, Routes: routes,
+		Logger: slog.New(slog.DiscardHandler),
+	})
 	require.NoError(t, err)
-	consumer.Register(r, "payments", h, &consumer.HandlerOpts{Middleware: []inboxtype.Middleware{
-		middleware.Cache(b.rdb, &middleware.CacheOpts{Prefix: b.prefix + "done:"}),
-		lck,
-	}})
-	return r
+	return w
+}
+
+// ledger is the transactional handler under test: one ledger entry per
+// payment, written through the inbox's transaction.
+func ledger(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[Payment]) error {
+	_, err := tx.Exec(ctx, `INSERT INTO ledger_entries (order_id, amount_cents) VALUES ($1, $2)`, msg.Body.OrderID, msg.Body.AmountCents)
+	return err
 }
 
 // recorder is a testing.TB that records failures instead of failing.
@@ -136,10 +147,7 @@ func runRecorded(s inboxtest.Subject) *recorder {
 func TestInboxHandlerPasses(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.subject.Router = b.router(t, inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[Payment]) error {
-		_, err := tx.Exec(ctx, `INSERT INTO ledger_entries (order_id, amount_cents) VALUES ($1, $2)`, msg.Body.OrderID, msg.Body.AmountCents)
-		return err
-	}, nil))
+	b.subject.Worker = b.worker(t, func(r *inboxmq.Routes, q string, o *inboxmq.RouteOpts) { inboxmq.HandleTx(r, q, ledger, o) })
 
 	results, err := inboxtest.Check(t.Context(), b.subject)
 	require.NoError(t, err)
@@ -158,33 +166,17 @@ func TestInboxHandlerPasses(t *testing.T) {
 	require.Empty(t, rec.errors)
 }
 
-func TestHandlerWithoutInboxFails(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	// Not behind the inbox: every copy writes again.
-	b.subject.Router = b.router(t, inboxtype.HandlerFunc[Payment](func(ctx context.Context, msg *inboxtype.Message[Payment]) error {
-		_, err := b.pool.Exec(ctx, `INSERT INTO ledger_entries (order_id, amount_cents) VALUES ($1, $2)`, msg.Body.OrderID, msg.Body.AmountCents)
-		return err
-	}))
-	rec := runRecorded(b.subject)
-	all := strings.Join(rec.errors, "\n")
-	// Sequential and concurrent copies are absorbed by the completed-cache
-	// and the Redis lock, but a copy after a flush is not: Redis is only an
-	// accelerator.
-	require.Contains(t, all, "inboxtest: redis flush between copies")
-	require.Contains(t, all, "effect happened 2 times")
-	require.Contains(t, all, "the handler does not commit through the instrumented pool")
-}
-
 func TestWritesOutsideTheInboxTransactionFail(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	// Behind the inbox, but the write goes through the pool, not tx: it
 	// survives a failed COMMIT and is made again on redelivery.
-	b.subject.Router = b.router(t, inbox.Handler(b.store, func(ctx context.Context, _ pgx.Tx, msg *inboxtype.Message[Payment]) error {
-		_, err := b.pool.Exec(ctx, `INSERT INTO ledger_entries (order_id, amount_cents) VALUES ($1, $2)`, msg.Body.OrderID, msg.Body.AmountCents)
-		return err
-	}, nil))
+	b.subject.Worker = b.worker(t, func(r *inboxmq.Routes, q string, o *inboxmq.RouteOpts) {
+		inboxmq.HandleTx(r, q, func(ctx context.Context, _ pgx.Tx, msg *inboxtype.Message[Payment]) error {
+			_, err := b.pool.Exec(ctx, `INSERT INTO ledger_entries (order_id, amount_cents) VALUES ($1, $2)`, msg.Body.OrderID, msg.Body.AmountCents)
+			return err
+		}, o)
+	})
 	results, err := inboxtest.Check(t.Context(), b.subject)
 	require.NoError(t, err)
 	byName := map[string]*inboxtest.Result{}
@@ -205,10 +197,7 @@ func TestUninstrumentedPoolIsReported(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.subject.Faults = &inboxtest.Faults{} // armed, but on no pool
-	b.subject.Router = b.router(t, inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[Payment]) error {
-		_, err := tx.Exec(ctx, `INSERT INTO ledger_entries (order_id, amount_cents) VALUES ($1, $2)`, msg.Body.OrderID, msg.Body.AmountCents)
-		return err
-	}, nil))
+	b.subject.Worker = b.worker(t, func(r *inboxmq.Routes, q string, o *inboxmq.RouteOpts) { inboxmq.HandleTx(r, q, ledger, o) })
 	rec := runRecorded(b.subject)
 	require.Contains(t, strings.Join(rec.errors, "\n"), "is the inbox store's pool instrumented with Faults.Instrument?)")
 
@@ -221,21 +210,22 @@ func TestUninstrumentedPoolIsReported(t *testing.T) {
 func TestSubjectValidation(t *testing.T) {
 	t.Parallel()
 	_, err := inboxtest.Check(t.Context(), inboxtest.Subject{})
-	require.ErrorContains(t, err, "Subject needs Router, Queue, Message and Effects")
-	_, err = inboxtest.Check(t.Context(), inboxtest.Subject{Router: consumer.NewRouter(), Queue: "q",
+	require.ErrorContains(t, err, "Subject needs Worker, Queue, Message and Effects")
+	b := setup(t)
+	w := b.worker(t, func(r *inboxmq.Routes, q string, o *inboxmq.RouteOpts) { inboxmq.HandleTx(r, q, ledger, o) })
+	_, err = inboxtest.Check(t.Context(), inboxtest.Subject{Worker: w, Queue: "q",
 		Message: func(int) []byte { return nil }, Effects: func(context.Context, string) (int, error) { return 0, nil }})
-	require.ErrorContains(t, err, `queue "q" has no handler`)
+	require.ErrorContains(t, err, `queue "q" has no route in the worker`)
 }
 
 func TestClaimHandlerPasses(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.subject.Router = b.router(t, inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[Payment]) error {
-		return c.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error {
-			_, err := tx.Exec(ctx, `INSERT INTO ledger_entries (order_id, amount_cents) VALUES ($1, $2)`, msg.Body.OrderID, msg.Body.AmountCents)
-			return err
-		})
-	}, nil))
+	b.subject.Worker = b.worker(t, func(r *inboxmq.Routes, q string, o *inboxmq.RouteOpts) {
+		inboxmq.HandleClaim(r, q, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[Payment]) error {
+			return c.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error { return ledger(ctx, tx, msg) })
+		}, o)
+	})
 	results, err := inboxtest.Check(t.Context(), b.subject)
 	require.NoError(t, err)
 	for _, r := range results {

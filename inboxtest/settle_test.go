@@ -3,6 +3,7 @@ package inboxtest_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -12,11 +13,10 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
-	"github.com/inboxmq/inboxmq/consumer"
-	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq"
 	"github.com/inboxmq/inboxmq/inboxtest"
 	"github.com/inboxmq/inboxmq/inboxtype"
-	"github.com/inboxmq/inboxmq/middleware"
+	"github.com/inboxmq/inboxmq/internal/testenv"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
@@ -33,7 +33,7 @@ func TestHarnessSettlesAsTheConsumerDoes(t *testing.T) {
 
 	var mu sync.Mutex
 	seen := map[string][]int{} // the attempts each order's handler saw
-	h := inbox.Handler(b.store, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[Payment]) error {
+	fn := func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[Payment]) error {
 		mu.Lock()
 		seen[msg.Body.OrderID] = append(seen[msg.Body.OrderID], msg.Attempt)
 		first := len(seen[msg.Body.OrderID]) == 1
@@ -41,13 +41,15 @@ func TestHarnessSettlesAsTheConsumerDoes(t *testing.T) {
 		if first {
 			return retry.Interrupted(errors.New("ledger connection dropped"))
 		}
-		_, err := tx.Exec(ctx, `INSERT INTO ledger_entries (order_id, amount_cents) VALUES ($1, $2)`, msg.Body.OrderID, msg.Body.AmountCents)
-		return err
-	}, nil)
-	r := consumer.NewRouter()
-	r.Use(middleware.Tracing(tp, nil))
-	consumer.Register(r, "payments", h, nil)
-	b.subject.Router = r
+		return ledger(ctx, tx, msg)
+	}
+	routes := inboxmq.NewRoutes()
+	inboxmq.HandleTx(routes, b.queue, fn, nil)
+	w, err := inboxmq.NewWorker(&inboxmq.Config{
+		URL: testenv.AMQPURL(), DB: b.pool, Routes: routes, TracerProvider: tp, Logger: slog.New(slog.DiscardHandler),
+	})
+	require.NoError(t, err)
+	b.subject.Worker = w
 	b.subject.Faults = nil // only the scenarios without faults
 
 	results, err := inboxtest.Check(t.Context(), b.subject)
@@ -62,13 +64,13 @@ func TestHarnessSettlesAsTheConsumerDoes(t *testing.T) {
 
 	var started int
 	for _, s := range rec.Started() {
-		if s.Name() == "process payments" {
+		if s.Name() == "process "+b.queue {
 			started++
 		}
 	}
 	ended := map[string]int{}
 	for _, s := range rec.Ended() {
-		if s.Name() != "process payments" {
+		if s.Name() != "process "+b.queue {
 			continue
 		}
 		for _, kv := range s.Attributes() {

@@ -58,8 +58,8 @@ const (
 type Delivery struct {
 	// Queue is the queue the delivery came from.
 	Queue string
-	// Namespace is the inbox namespace of the handler (the consumer's
-	// HandlerOpts.Namespace, which defaults to the queue name): idempotency
+	// Namespace is the inbox namespace of the handler (the route's
+	// RouteOpts.Namespace, which defaults to the queue name): idempotency
 	// keys are unique per namespace.
 	Namespace string
 	// WorkerID identifies this worker process (Config.Name).
@@ -117,15 +117,16 @@ type Delivery struct {
 	Result json.RawMessage
 
 	// TraceID is the trace id (32 lowercase hex digits) of the delivery's
-	// span when it is sampled, set by middleware.Tracing; the metrics put
+	// span when it is sampled, set by the worker's tracing; the metrics put
 	// it on the latency histograms' exemplars. Empty otherwise.
 	TraceID string
 
 	// CopyHeaders are added to the headers of the retry or dead-letter copy
 	// the consumer publishes when this run of the chain fails, over the
 	// delivery's own headers; the consumer's failure headers (attempt,
-	// x-error, failure times, original queue) always win. middleware.Tracing
-	// puts the failed attempt's trace context there. Nil adds nothing.
+	// x-error, failure times, original queue) always win. The worker's
+	// tracing puts the failed attempt's trace context there. Nil adds
+	// nothing.
 	CopyHeaders amqp.Table
 
 	// Raw is the underlying delivery. Never ack, nack or reject it: only the
@@ -185,7 +186,7 @@ func (d *Delivery) Transition(status Status, err error) {
 // whose Action is [ActionRetriedInProcess]. Middleware uses it to report
 // what became of a delivery (the decision, the action, a reason such as
 // exhausted) rather than classifying the chain's error again:
-// middleware.Tracing ends its span there.
+// the worker's tracing ends its span there.
 //
 // Each f runs once, on the goroutine that settles the delivery, in reverse
 // order of registration (the innermost middleware's first, as deferred
@@ -208,9 +209,10 @@ func (d *Delivery) OnSettled(f func(Outcome)) {
 // settlement with o, as the consumer does when it settles a delivery. It
 // is for code that runs a handler chain outside a consumer, such as a test
 // or inboxtest: call it once the chain has returned, with the outcome the
-// delivery had (see consumer.Decide), so that the middleware's spans end
-// and its observations are made. On a delivery a consumer is handling it
-// does nothing: the consumer settles those.
+// delivery had (retry.Classify of the chain's error, with the route's
+// Rules), so that the middleware's spans end and its observations are
+// made. On a delivery a consumer is handling it does nothing: the consumer
+// settles those.
 func (d *Delivery) Settle(o Outcome) {
 	if !d.owned {
 		d.runSettled(o)

@@ -1,13 +1,15 @@
 // Package inboxtype is inboxmq's shared vocabulary: the untyped [Delivery]
 // and the typed [Message] that flow through a worker, the [Status] of a
 // delivery, the [Outcome] the consumer settled it on, the [Observer] that
-// hears about both, the AMQP header names inboxmq reads and writes, and
-// the handler and middleware signatures.
+// hears about both, the AMQP header names inboxmq reads and writes (and
+// why a dead letter died: [DeadLetterReason]), the names of the queues
+// around a work queue ([DeadLetterQueue], [RetryQueue], [ParkedQueue]),
+// and the handler and middleware signatures.
 //
 // It is a leaf, as rivertype is for River: it imports only package retry
-// and the AMQP client's types, so that the AMQP runtime (package
-// consumer), the inbox, the outbox, metrics and middleware can all speak
-// of one delivery without importing each other.
+// and the AMQP client's types, so that the worker's runtime (its consumer,
+// metrics and middleware), the inbox and the outbox can all speak of one
+// delivery without importing each other.
 //
 // # Handlers and middleware
 //
@@ -22,8 +24,20 @@
 //		}
 //	}
 //
-// Package consumer registers handlers ([github.com/inboxmq/inboxmq/consumer.Register])
-// and turns a handler's error into an AMQP outcome.
+// A route takes such middleware in
+// [github.com/inboxmq/inboxmq.RouteOpts].Middleware; only the worker turns
+// a handler's error into an AMQP outcome.
+//
+// # Queues and dead letters
+//
+// A script, an alert or a test names a route's queues as inboxmq does, and
+// reads why a dead letter died from its headers:
+//
+//	d, ok, err := ch.Get(inboxtype.DeadLetterQueue("payments"), false) // payments.dlq
+//	if err == nil && ok {
+//		fmt.Println(inboxtype.DeadLetterReason(d.Headers)) // "decode: …", or "expired (broker)"
+//		fmt.Println(inboxtype.DeadLetterOrigin(d.Headers)) // payments
+//	}
 //
 // # Idempotency keys
 //

@@ -36,12 +36,80 @@ const (
 	HeaderDeliveryCount = "x-delivery-count"
 	// HeaderFailedTraceparent and HeaderFailedTracestate carry, on a retry
 	// or dead-letter copy, the W3C trace context of the attempt that
-	// failed (middleware.Tracing writes them through
+	// failed (the worker's tracing writes them through
 	// [Delivery.CopyHeaders]), so that the span of the next attempt links
 	// to it. The copy's own traceparent stays the producer's.
 	HeaderFailedTraceparent = "x-failed-traceparent"
 	HeaderFailedTracestate  = "x-failed-tracestate"
+	// HeaderParkedReason, HeaderParkedPattern and HeaderParkedAt are set
+	// on a message parked in [ParkedQueue] because its key is blocked: the
+	// block's reason ("blocked" when it has none), the blocked key or key
+	// prefix that matched, and when it was parked (RFC 3339). The message
+	// keeps its other headers and properties, and gains
+	// HeaderIdempotencyKey and HeaderOriginalQueue. A release back to the
+	// work queue removes the three.
+	HeaderParkedReason  = "x-parked-reason"
+	HeaderParkedPattern = "x-parked-pattern"
+	HeaderParkedAt      = "x-parked-at"
 )
+
+// DeadLetterReason returns why a dead letter is in its dead-letter queue.
+// When inboxmq dead-lettered it, that is its [HeaderError] header
+// ("<reason>: <error text>", such as "decode: invalid character"). When
+// the broker did, because the message expired, was rejected, exceeded a
+// length limit or the delivery limit in its work queue, that is the
+// broker's x-death reason followed by " (broker)", such as
+// "expired (broker)"; this holds even for a message that carries an older
+// HeaderError from a retry. It returns "" when the headers say neither.
+func DeadLetterReason(h amqp.Table) string {
+	if reason, _, ok := brokerDeath(h); ok {
+		return reason + " (broker)"
+	}
+	s, _ := h[HeaderError].(string)
+	return s
+}
+
+// DeadLetterOrigin returns the work queue a dead letter came from: its
+// [HeaderOriginalQueue] header when inboxmq dead-lettered or retried it,
+// else the queue the broker dead-lettered it from (x-death). It returns
+// "" when the headers say neither.
+func DeadLetterOrigin(h amqp.Table) string {
+	if q, ok := h[HeaderOriginalQueue].(string); ok && q != "" {
+		return q
+	}
+	_, q, _ := brokerDeath(h)
+	return q
+}
+
+// brokerDeath reports the reason and queue of the broker's dead-lettering
+// that brought the message to its DLQ. The broker lists its most recent
+// dead-lettering first in x-death. A message that inboxmq retried carries
+// x-death entries of its delay tiers too (they expire back into the work
+// queue): the last one counts only when it names the work queue itself
+// (x-original-queue). Without a usable x-death, the x-first-death headers
+// count for a message that inboxmq never handled.
+func brokerDeath(h amqp.Table) (reason, queue string, ok bool) {
+	orig, handled := h[HeaderOriginalQueue].(string)
+	if deaths, _ := h["x-death"].([]any); len(deaths) > 0 {
+		if d, isTable := deaths[0].(amqp.Table); isTable {
+			reason, _ = d["reason"].(string)
+			queue, _ = d["queue"].(string)
+			if reason != "" && queue != "" && (!handled || orig == queue) {
+				return reason, queue, true
+			}
+			return "", "", false
+		}
+	}
+	if handled {
+		return "", "", false
+	}
+	reason, _ = h["x-first-death-reason"].(string)
+	queue, _ = h["x-first-death-queue"].(string)
+	if reason == "" || queue == "" {
+		return "", "", false
+	}
+	return reason, queue, true
+}
 
 // HeaderInt reads an integer header of any AMQP integer type (or a decimal
 // string); a missing or malformed header reads as 0.

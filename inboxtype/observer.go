@@ -45,6 +45,10 @@ type Outcome struct {
 	Delay time.Duration
 	// Duration is the time from receipt to settlement.
 	Duration time.Duration
+	// Handled is the time the last run of the handler chain took
+	// (middleware, decoding, the inbox and the handler): zero when no
+	// handler ran (a dead letter the broker made, a stop before the run).
+	Handled time.Duration
 	// InProcessRetries is the number of in-process tries after the first
 	// (for ActionRetriedInProcess: before the run it describes).
 	InProcessRetries int

@@ -10,12 +10,12 @@ CREATE TABLE inboxmq_outbox (
     message_id      text        NOT NULL UNIQUE,
     exchange        text        NOT NULL DEFAULT '',
     routing_key     text        NOT NULL DEFAULT '',
-    -- AMQP headers in a typed JSON encoding (outbox/headers.go).
+    -- AMQP headers in a typed JSON encoding (internal/outboxwire/headers.go).
     headers         jsonb       NOT NULL DEFAULT '{}'::jsonb,
     content_type    text        NOT NULL DEFAULT '',
     body            bytea       NOT NULL,
-    -- Rows with the same ordering key go out one at a time, in id order,
-    -- when the relay runs in ordered mode. NULL: no ordering constraint.
+    -- Rows with the same ordering key go out one at a time, in id order.
+    -- NULL: no ordering constraint.
     ordering_key    text,
     idempotency_key text,
     -- Failed publishes (nack, unroutable) back off per row.
@@ -29,7 +29,7 @@ CREATE TABLE inboxmq_outbox (
 
 -- The relay's claim: pending rows in id order.
 CREATE INDEX inboxmq_outbox_pending_idx ON inboxmq_outbox (id) WHERE sent_at IS NULL;
--- Ordered mode: the head of each ordering key's pending rows.
+-- The claim's ordering check: the head of each ordering key's pending rows.
 CREATE INDEX inboxmq_outbox_ordering_idx ON inboxmq_outbox (ordering_key, id) WHERE sent_at IS NULL AND ordering_key IS NOT NULL;
 -- Retention: sent rows by age, deleted in small batches.
 CREATE INDEX inboxmq_outbox_sent_idx ON inboxmq_outbox (sent_at) WHERE sent_at IS NOT NULL;

@@ -9,12 +9,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/inboxmq/inboxmq/internal/envelope"
+	"github.com/inboxmq/inboxmq/internal/outboxwire"
 )
-
-// NotifyChannel is the PostgreSQL NOTIFY channel on which Enqueue wakes the
-// relays. The payload is the schema of the outbox table (current_schema()),
-// so relays of other schemas in the same database ignore it.
-const NotifyChannel = "inboxmq_outbox"
 
 // Message is one outgoing AMQP message. The zero value is not valid: it
 // needs a destination (Exchange and/or RoutingKey) and a stable identity (ID
@@ -37,9 +33,11 @@ type Message struct {
 	// such header (ID must then be set).
 	IdempotencyKey string
 	// OrderingKey groups messages that must go out in order (typically the
-	// aggregate's id). When the relay runs with RelayConfig.Ordered, rows
-	// with the same key are published one at a time, in enqueue order.
-	// Empty means no ordering constraint.
+	// aggregate's id): the relay publishes the messages of one key one at a
+	// time, in enqueue order, each only after the previous one was
+	// confirmed, so a message that cannot be published yet (it backs off
+	// and is retried) holds its key's later messages back. Empty means no
+	// ordering constraint.
 	OrderingKey string
 	// ContentType is the AMQP content type. Empty means none.
 	ContentType string
@@ -79,7 +77,7 @@ func prepare(ctx context.Context, m Message) (row, error) {
 		}
 		id = DeriveID(m.Exchange, m.RoutingKey, m.IdempotencyKey)
 	}
-	headers, err := encodeHeaders(envelope.Headers(ctx, m.Headers, m.IdempotencyKey))
+	headers, err := outboxwire.EncodeHeaders(envelope.Headers(ctx, m.Headers, m.IdempotencyKey))
 	if err != nil {
 		return row{}, err
 	}
@@ -103,12 +101,14 @@ const insertSQL = `INSERT INTO inboxmq_outbox
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
 ON CONFLICT (message_id) DO NOTHING`
 
-const notifySQL = `SELECT pg_notify('` + NotifyChannel + `', current_schema())`
+const notifySQL = `SELECT pg_notify('` + outboxwire.NotifyChannel + `', current_schema())`
 
-// Enqueue writes msg to the outbox in the caller's transaction tx, and
-// schedules a NOTIFY that PostgreSQL delivers to the relays only if tx
-// commits (under a context from Relay.WakeLocally, no NOTIFY: that relay is
-// woken in-process instead). If tx rolls back, nothing is published.
+// Enqueue writes msg to the outbox in the caller's transaction tx; an
+// inboxmq.Worker's relay publishes it once tx commits, and if tx rolls
+// back nothing is published. The relays are woken by a NOTIFY that
+// PostgreSQL delivers only on commit (in a Worker's handler, none: the
+// Worker wakes its own relay in-process when the delivery's transaction
+// ends).
 //
 // Enqueueing a message id that is already in the outbox is a no-op, so a
 // handler that runs twice enqueues once (while the first row is retained).
@@ -174,7 +174,7 @@ func AddToBatch(ctx context.Context, b *pgx.Batch, msgs ...Message) error {
 }
 
 // queueRows appends the inserts of rows and the NOTIFY to b (none under
-// Relay.WakeLocally: the caller wakes its relay after the commit). The
+// the relay's WakeLocally: the worker wakes its relay after the commit). The
 // arguments point into rows (pgx reads through pointers): a pointer goes
 // into an interface without the allocation a string or a slice costs.
 func queueRows(ctx context.Context, b *pgx.Batch, rows []row) {
@@ -182,7 +182,7 @@ func queueRows(ctx context.Context, b *pgx.Batch, rows []row) {
 		r := &rows[i]
 		b.Queue(insertSQL, &r.id, &r.exchange, &r.routingKey, &r.headers, &r.contentType, &r.body, r.orderingKey, r.idempotencyKey)
 	}
-	if !wakesLocally(ctx) {
+	if !outboxwire.SkipNotify(ctx) {
 		b.Queue(notifySQL)
 	}
 }

@@ -37,7 +37,7 @@
 //
 // # Ordered routes
 //
-// A route consumed with consumer.OrderedOpts applies the messages of one
+// A route with inboxmq.RouteOpts.Ordered applies the messages of one
 // ordering key in the order it receives them. Publish to its exchange
 // (named after the queue unless configured otherwise) with the ordering
 // key, typically the aggregate's id, as routing key: all of the

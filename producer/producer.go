@@ -41,9 +41,8 @@ type Producer struct {
 
 // session is one connection with its pool of confirm channels.
 type session struct {
-	conn     *amqp.Connection
-	pool     *confirm.Pool
-	frameMax int
+	conn *amqp.Connection
+	pool *confirm.Pool
 }
 
 func (s *session) close() {
@@ -144,7 +143,7 @@ func (p *Producer) session(ctx context.Context) (*session, error) {
 		_ = conn.Close()
 		return nil, fmt.Errorf("producer: %w", err)
 	}
-	s := &session{conn: conn, pool: pool, frameMax: conn.Config.FrameSize}
+	s := &session{conn: conn, pool: pool}
 	p.cur.Store(s)
 	p.log.LogAttrs(ctx, slog.LevelInfo, "producer connected", slog.String("url", node))
 	return s, nil
@@ -233,9 +232,6 @@ func (p *Producer) attempt(ctx context.Context, exchange, routingKey string, man
 	if err != nil {
 		return err
 	}
-	if size := confirm.ContentHeaderSize(msg); s.frameMax > 0 && size > s.frameMax {
-		return &InvalidError{Err: fmt.Errorf("its properties and headers take %d bytes, more than the connection's frame size of %d", size, s.frameMax)}
-	}
 	actx, cancel := context.WithTimeout(ctx, p.cfg.PublishTimeout)
 	err = s.pool.Publish(actx, exchange, routingKey, mandatory, *msg)
 	cancel()
@@ -243,10 +239,13 @@ func (p *Producer) attempt(ctx context.Context, exchange, routingKey string, man
 		return nil
 	}
 	var (
-		ret    *confirm.ReturnedError
-		closed *confirm.ClosedError
+		ret      *confirm.ReturnedError
+		closed   *confirm.ClosedError
+		tooLarge *confirm.TooLargeError
 	)
 	switch {
+	case errors.As(err, &tooLarge):
+		return &InvalidError{Err: tooLarge}
 	case errors.As(err, &ret):
 		return &UnroutableError{Exchange: exchange, RoutingKey: routingKey, ReplyCode: ret.Return.ReplyCode, ReplyText: ret.Return.ReplyText}
 	case p.isClosed():

@@ -16,8 +16,8 @@ import (
 	"github.com/inboxmq/inboxmq/internal/envelope"
 )
 
-// Encoder turns a body into bytes. consumer.JSON (the consumer's default
-// codec) implements it.
+// Encoder turns a body into bytes. [JSON] is the default, and the format an
+// inboxmq worker's routes decode.
 type Encoder interface {
 	// Encode serialises v.
 	Encode(v any) ([]byte, error)

@@ -3,11 +3,13 @@
 #
 #  1. services: docker compose when a Docker engine answers, else the local
 #     RabbitMQ/PostgreSQL/Redis (started if down);
-#  2. build the binary, migrate (twice: it is idempotent);
+#  2. build the worker and the load tool (cmd/inboxload), migrate (twice: it
+#     is idempotent);
 #  3. start the worker in the background, wait for /readyz;
-#  4. publish a burst: ORDERS orders, each 1–3 times with different message
-#     ids, plus INVALID invalid messages, with publisher confirms;
-#  5. wait until everything is processed, stop the worker with SIGTERM;
+#  4. publish a burst with inboxload: ORDERS orders, each 1–3 times with
+#     different message ids, plus INVALID invalid messages, with confirms;
+#  5. wait until everything is processed (inboxload report), stop the worker
+#     with SIGTERM;
 #  6. print published / unique orders / payments / ledger / duplicates /
 #     dead-lettered, and fail unless payments = unique orders = ledger rows;
 #  7. print where to see metrics, traces and alerts: the compose stack's
@@ -70,8 +72,10 @@ where() {
 
 mkdir -p bin
 BIN=bin/payment-worker
-log "build $BIN"
+LOAD=bin/inboxload
+log "build $BIN and $LOAD"
 go build -o "$BIN" ./examples/payment-worker
+go build -o "$LOAD" ./cmd/inboxload
 
 log "migrate (twice: safe to repeat)"
 "$BIN" migrate
@@ -108,11 +112,11 @@ done
 
 SUMMARY=bin/demo-summary.json
 log "publish $ORDERS orders (1–$MAX_COPIES copies each) + $INVALID invalid, with confirms"
-"$BIN" publish --purge --orders "$ORDERS" --max-copies "$MAX_COPIES" --invalid "$INVALID" --summary "$SUMMARY"
+"$LOAD" publish --purge --orders "$ORDERS" --max-copies "$MAX_COPIES" --invalid "$INVALID" --summary "$SUMMARY"
 
 log "wait for the queue to drain, then count the effects"
 set +e
-"$BIN" report --summary "$SUMMARY" --metrics-url "http://$METRICS_ADDR/metrics" --wait 3m
+"$LOAD" report --summary "$SUMMARY" --metrics-url "http://$METRICS_ADDR/metrics" --wait 3m
 rc=$?
 set -e
 

@@ -86,7 +86,7 @@ func (con *Console) reasons(rep *inbox.ReconcileReport) map[string]string {
 	}
 	out := make(map[string]string, len(rep.Claims))
 	for _, c := range rep.Claims {
-		hasCheck := con.cfg.Reconciler != nil && con.cfg.Reconciler.EffectChecks[c.Consumer] != nil
+		hasCheck := con.cfg.Reconciler != nil && con.cfg.Reconciler.EffectChecks[c.Namespace] != nil
 		var why string
 		switch {
 		case c.Action == inbox.ActionCompleted:
@@ -100,9 +100,9 @@ func (con *Console) reasons(rep *inbox.ReconcileReport) map[string]string {
 		case maxAttempts > 0 && c.Fence >= int64(maxAttempts):
 			why = "would mark dead: claimed " + strconv.FormatInt(c.Fence, 10) + " times (bound " + strconv.Itoa(maxAttempts) + ")"
 		default:
-			why = "would release: no effect check for this consumer, so it becomes retryable (status failed)"
+			why = "would release: no effect check for this namespace, so it becomes retryable (status failed)"
 		}
-		out[c.Consumer+"\x00"+c.Key] = why
+		out[c.Namespace+"\x00"+c.Key] = why
 	}
 	return out
 }
@@ -153,13 +153,13 @@ func (con *Console) reconcile(r *http.Request, actor string) actionResult {
 	}
 	keys := make([]string, 0, len(rep.Claims))
 	for _, c := range rep.Claims {
-		keys = append(keys, c.Consumer+"/"+c.Key+"="+c.Action)
+		keys = append(keys, c.Namespace+"/"+c.Key+"="+c.Action)
 	}
 	res.attrs = []slog.Attr{slog.String("grace", g.String()), slog.Any("keys", keys),
 		slog.Int("released", rep.Released), slog.Int("dead", rep.Dead), slog.Int("completed", rep.Completed)}
 	res.flash = fmt.Sprintf("Reconciled %d stale claims: %d released, %d dead, %d completed.", len(rep.Claims), rep.Released, rep.Dead, rep.Completed)
 	for _, c := range rep.Claims {
-		res.flash += " " + c.Consumer + "/" + c.Key + ": " + c.Action + "."
+		res.flash += " " + c.Namespace + "/" + c.Key + ": " + c.Action + "."
 	}
 	return res
 }

@@ -11,9 +11,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqpdial"
+	"github.com/inboxmq/inboxmq/internal/consumer"
 )
 
 // Queue is one work queue the console shows, with its inbox namespace and
@@ -21,14 +22,14 @@ import (
 type Queue struct {
 	// Name is the work queue. Required.
 	Name string
-	// Namespace is the inbox namespace of its handler
-	// (HandlerOpts.Namespace, the controls' consumer name). Defaults to
-	// Name.
+	// Namespace is the inbox namespace of its handler (the route's
+	// namespace, which the controls name too). Defaults to Name.
 	Namespace string
 	// DeadLetterQueue is its DLQ. Defaults to "<Name>.dlq".
 	DeadLetterQueue string
 	// RetryTiers are its broker delay tiers, whose depths the overview
-	// shows. Defaults to consumer.DefaultRetryTiers.
+	// shows. Defaults to the worker's default tiers (inboxmq.QueueOpts:
+	// 1s, 5s, 30s, 2m and 10m).
 	RetryTiers []time.Duration
 }
 
@@ -42,7 +43,7 @@ type Config struct {
 	// depths, the dead letters and the parked queues. Defaults to "": the broker's parts of the
 	// console say it has no broker. Its password is never shown.
 	AMQPURL string
-	// Queues are the work queues shown. Defaults to nil: every consumer
+	// Queues are the work queues shown. Defaults to nil: every namespace
 	// found in the inbox (at most 100), each taken as a queue of the same
 	// name with the default DLQ and retry tiers.
 	Queues []Queue
@@ -145,7 +146,7 @@ func (q Queue) withDefaults() (Queue, error) {
 		q.Namespace = q.Name
 	}
 	if q.DeadLetterQueue == "" {
-		q.DeadLetterQueue = q.Name + ".dlq"
+		q.DeadLetterQueue = inboxtype.DeadLetterQueue(q.Name)
 	}
 	if !consumer.ValidName(q.DeadLetterQueue) {
 		return q, fmt.Errorf("ui: invalid dead-letter queue name %q", q.DeadLetterQueue)

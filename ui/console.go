@@ -150,8 +150,11 @@ func (con *Console) inbox(ctx context.Context) (*inbox.Store, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, con.cfg.QueryTimeout)
 	defer cancel()
-	s, err := inbox.NewStore(ctx, con.cfg.DB, con.cfg.Inbox)
+	s, err := inbox.NewStore(con.cfg.DB, con.cfg.Inbox)
 	if err != nil {
+		return nil, err
+	}
+	if err := s.Check(ctx); err != nil {
 		return nil, err
 	}
 	con.store = s
@@ -183,7 +186,7 @@ func (con *Console) broker() (*amqp.Connection, error) {
 	return conn, nil
 }
 
-// queues returns the configured queues, or one per consumer of the inbox.
+// queues returns the configured queues, or one per namespace of the inbox.
 func (con *Console) queues(ctx context.Context) ([]Queue, error) {
 	if len(con.cfg.Queues) > 0 {
 		return con.cfg.Queues, nil
@@ -195,7 +198,7 @@ func (con *Console) queues(ctx context.Context) ([]Queue, error) {
 	var names []string
 	err = ops.Bounded(ctx, con.cfg.DB, con.cfg.QueryTimeout, func(tx pgx.Tx) error {
 		var err error
-		names, err = ops.Consumers(ctx, tx, s.Table(), 100)
+		names, err = ops.Namespaces(ctx, tx, s.Table(), 100)
 		return err
 	})
 	if err != nil {

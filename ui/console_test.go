@@ -14,6 +14,7 @@ import (
 
 	"github.com/inboxmq/inboxmq/control"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
+	"github.com/inboxmq/inboxmq/internal/controlrun"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 	"github.com/inboxmq/inboxmq/ui"
 )
@@ -153,7 +154,7 @@ func TestActions_RefusedWithoutTokenOrCSRF(t *testing.T) {
 	b := setup(t, true, nil)
 	blocks := func() int { return b.count(t, `SELECT count(*) FROM inboxmq_blocks`) }
 	form := func(extra ...string) url.Values {
-		v := url.Values{"consumer": {b.queue}, "pattern": {"order:1"}}
+		v := url.Values{"namespace": {b.queue}, "pattern": {"order:1"}}
 		for i := 0; i+1 < len(extra); i += 2 {
 			v.Set(extra[i], extra[i+1])
 		}
@@ -182,7 +183,7 @@ func TestActions_RefusedWithoutTokenOrCSRF(t *testing.T) {
 	require.Equal(t, http.StatusForbidden, resp.StatusCode, "a cross-origin post")
 	require.Zero(t, blocks(), "nothing changed")
 	for _, p := range []string{"/controls/pause", "/controls/concurrency", "/dlq/replay", "/dlq/purge", "/claims/reconcile", "/controls/unblock"} {
-		status, _ := anon.post(p, url.Values{"consumer": {b.queue}, "queue": {b.queue}, "n": {"1"}, "all": {"1"}, "confirm": {b.dlq}})
+		status, _ := anon.post(p, url.Values{"namespace": {b.queue}, "queue": {b.queue}, "n": {"1"}, "all": {"1"}, "confirm": {b.dlq}})
 		require.Equal(t, http.StatusForbidden, status, p)
 	}
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM inboxmq_controls`))
@@ -199,7 +200,7 @@ func TestActions_RefusedWithoutTokenOrCSRF(t *testing.T) {
 	require.InDelta(t, 1.0, b.actions(t, "login", "refused"), 0)
 	require.InDelta(t, 1.0, b.actions(t, "cross_origin", "refused"), 0)
 
-	flash := c.act("/controls/block", "consumer", b.queue, "pattern", "order:1", "reason", "chargeback")
+	flash := c.act("/controls/block", "namespace", b.queue, "pattern", "order:1", "reason", "chargeback")
 	require.Contains(t, flash, `Blocked "order:1"`)
 	require.Equal(t, 1, blocks(), "the same form with both tokens is accepted")
 }
@@ -312,7 +313,7 @@ func TestControls_BlockParksNextDelivery(t *testing.T) {
 	b := setup(t, false, nil)
 	c := b.client(t)
 	c.login("alice")
-	flash := c.act("/controls/block", "consumer", b.queue, "pattern", "order:7", "reason", "chargeback dispute")
+	flash := c.act("/controls/block", "namespace", b.queue, "pattern", "order:7", "reason", "chargeback dispute")
 	require.Contains(t, flash, `Blocked "order:7"`)
 	var by, reason string
 	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT created_by, reason FROM inboxmq_blocks WHERE pattern = 'order:7'`).Scan(&by, &reason))
@@ -328,7 +329,7 @@ func TestControls_BlockParksNextDelivery(t *testing.T) {
 	require.Contains(t, page, "chargeback dispute")
 	require.Contains(t, page, "ui:alice@127.0.0.1")
 
-	flash = c.act("/controls/unblock", "consumer", b.queue, "pattern", "order:7")
+	flash = c.act("/controls/unblock", "namespace", b.queue, "pattern", "order:7")
 	require.Contains(t, flash, "Released 1 parked messages")
 	require.NoError(t, testenv.WaitChan(t, settled, "the released delivery handled"))
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects WHERE key = 'order:7'`))
@@ -351,7 +352,7 @@ func TestControls_PauseResumeConcurrency(t *testing.T) {
 			Scan(&r.paused, &r.conc, &r.by, &r.reason))
 		return r
 	}
-	require.Contains(t, c.act("/controls/pause", "consumer", b.queue, "reason", "gateway outage"), "Paused")
+	require.Contains(t, c.act("/controls/pause", "namespace", b.queue, "reason", "gateway outage"), "Paused")
 	r := get()
 	require.True(t, r.paused)
 	require.Equal(t, "ui:bob@127.0.0.1", r.by)
@@ -360,21 +361,19 @@ func TestControls_PauseResumeConcurrency(t *testing.T) {
 	require.Contains(t, page, `<span class="badge paused">paused</span>`)
 	require.Contains(t, page, "gateway outage")
 
-	require.Contains(t, c.act("/controls/concurrency", "consumer", b.queue, "n", "3"), "Limited")
+	require.Contains(t, c.act("/controls/concurrency", "namespace", b.queue, "n", "3"), "Limited")
 	require.Equal(t, 3, get().conc)
-	require.Contains(t, c.act("/controls/concurrency", "consumer", b.queue, "n", "-1"), "Failed")
+	require.Contains(t, c.act("/controls/concurrency", "namespace", b.queue, "n", "-1"), "Failed")
 	require.Equal(t, 3, get().conc, "a bad value changes nothing")
-	require.Contains(t, c.act("/controls/resume", "consumer", b.queue), "Resumed")
+	require.Contains(t, c.act("/controls/resume", "namespace", b.queue), "Resumed")
 	require.False(t, get().paused)
-	require.Contains(t, c.act("/controls/pause", "consumer", "not-a-shown-queue"), "unknown consumer")
+	require.Contains(t, c.act("/controls/pause", "namespace", "not-a-shown-queue"), "unknown namespace")
 	require.InDelta(t, 1.0, b.actions(t, "pause", "error"), 0)
 
 	// A worker's breaker shows with the controls.
 	_, page = c.get("/controls")
 	require.Contains(t, page, "No worker publishes a breaker.")
-	require.NoError(t, control.NewStore(b.pool).SetBreaker(t.Context(), control.BreakerState{
-		Consumer: b.queue, Downstream: "gateway", Worker: "w1", State: "open",
-	}))
+	b.exec(t, `INSERT INTO inboxmq_breakers (consumer, downstream, worker, state) VALUES ($1, 'gateway', 'w1', 'open')`, b.queue)
 	_, page = c.get("/controls")
 	require.Contains(t, page, `data-downstream="gateway"`)
 	require.Contains(t, page, `<span class="badge bad">open</span>`)
@@ -390,21 +389,21 @@ func TestControls_ShowWhoObeys(t *testing.T) {
 		{ID: "w-on", Host: "host-a", PID: 7, Namespaces: []string{b.queue}, Version: "0.1.0", Controls: true},
 		{ID: "w-off", Host: "host-b", PID: 8, Namespaces: []string{b.queue}, Version: "0.1.0", Controls: false},
 	} {
-		h := control.NewHeartbeat(b.pool, p, nil)
+		h := controlrun.NewHeartbeat(b.pool, p, nil)
 		require.NoError(t, h.Start(t.Context()))
 		t.Cleanup(func() { require.NoError(t, h.Stop(context.Background())) })
 	}
 	c := b.client(t)
 	c.login("bob")
 
-	flash := c.act("/controls/pause", "consumer", b.queue, "reason", "incident")
+	flash := c.act("/controls/pause", "namespace", b.queue, "reason", "incident")
 	require.Contains(t, flash, "Paused "+b.queue+": 1 live worker obeys")
 	require.Contains(t, flash, "Warning: 1 live worker serves "+b.queue+" with controls off (w-off) and ignores the change")
-	flash = c.act("/controls/concurrency", "consumer", b.queue, "n", "2")
+	flash = c.act("/controls/concurrency", "namespace", b.queue, "n", "2")
 	require.Contains(t, flash, "Limited "+b.queue+" to 2 concurrent deliveries per worker: 1 live worker obeys")
 
 	_, page := c.get("/controls")
-	require.Regexp(t, `(?s)<tr data-consumer="`+regexp.QuoteMeta(b.queue)+`">.*?1 live worker obeys.*?</tr>`, page)
+	require.Regexp(t, `(?s)<tr data-namespace="`+regexp.QuoteMeta(b.queue)+`">.*?1 live worker obeys.*?</tr>`, page)
 	require.Regexp(t, `(?s)<tr data-worker="w-on">.*?host-a.*?on.*?live.*?</tr>`, page)
 	require.Regexp(t, `(?s)<tr data-worker="w-off">.*?host-b.*?off.*?live.*?</tr>`, page)
 
@@ -471,7 +470,7 @@ func TestDLQ_ReplayAllAndLogout(t *testing.T) {
 func TestControls_UnblockKeepsParked(t *testing.T) {
 	t.Parallel()
 	b := setup(t, true, nil)
-	require.NoError(t, control.NewStore(b.pool).Block(t.Context(), control.Block{Consumer: b.queue, Pattern: "tenant:9:", Prefix: true}))
+	require.NoError(t, control.NewStore(b.pool).Block(t.Context(), control.Block{Namespace: b.queue, Pattern: "tenant:9:", Prefix: true}))
 	parked := b.queue + ".parked"
 	ch, err := b.conn.Channel()
 	require.NoError(t, err)
@@ -483,12 +482,12 @@ func TestControls_UnblockKeepsParked(t *testing.T) {
 	c.login("alice")
 	_, page := c.get("/controls")
 	require.Contains(t, page, `<tr data-pattern="tenant:9:">`)
-	flash := c.act("/controls/unblock", "consumer", b.queue, "pattern", "tenant:9:", "prefix", "1", "keep", "1")
+	flash := c.act("/controls/unblock", "namespace", b.queue, "pattern", "tenant:9:", "prefix", "1", "keep", "1")
 	require.Contains(t, flash, `Unblocked "tenant:9:"`)
 	require.NotContains(t, flash, "Released")
 	require.Equal(t, 1, amqptest.Depth(t, b.conn, parked), "kept parked")
 	require.Zero(t, b.count(t, `SELECT count(*) FROM inboxmq_blocks`))
-	require.Contains(t, c.act("/controls/unblock", "consumer", b.queue, "pattern", "tenant:9:", "prefix", "1"), "was not blocked")
+	require.Contains(t, c.act("/controls/unblock", "namespace", b.queue, "pattern", "tenant:9:", "prefix", "1"), "was not blocked")
 	require.Zero(t, amqptest.DepthOrZero(t, b.conn, parked), "a second unblock releases what the first kept")
 	require.Equal(t, 1, amqptest.Depth(t, b.conn, b.queue))
 }

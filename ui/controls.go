@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/inboxmq/inboxmq/control"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/ops"
 )
 
@@ -88,7 +89,7 @@ func (con *Console) controlsPage(w http.ResponseWriter, r *http.Request) {
 		d.Parked = map[string]int{}
 		names := make([]string, 0, len(qs))
 		for _, q := range qs {
-			names = append(names, control.ParkedQueueName(q.Name))
+			names = append(names, inboxtype.ParkedQueue(q.Name))
 		}
 		if depths, err := ops.Depths(conn, names); err == nil {
 			for i, dd := range depths {
@@ -99,17 +100,17 @@ func (con *Console) controlsPage(w http.ResponseWriter, r *http.Request) {
 	con.render(w, r, http.StatusOK, "controls", d)
 }
 
-// namespace reads the form's consumer, which must be one the console
+// namespace reads the form's namespace, which must be one the console
 // shows.
 func (con *Console) namespace(ctx context.Context, r *http.Request) (Queue, error) {
-	name := r.PostFormValue("consumer")
+	name := r.PostFormValue("namespace")
 	if q, ok := con.queue(ctx, name); ok {
 		return q, nil
 	}
-	return Queue{}, fmt.Errorf("ui: unknown consumer %q", name)
+	return Queue{}, fmt.Errorf("ui: unknown namespace %q", name)
 }
 
-// change applies a change of the form's consumer; done words the flash
+// change applies a change of the form's namespace; done words the flash
 // of a success, to which the count of the workers that obey is added.
 func (con *Console) change(r *http.Request, actor string, done func(ns string) string, apply func(ctx context.Context, name string, o *control.ChangeOpts) error) actionResult {
 	res := actionResult{back: "/controls"}
@@ -119,7 +120,7 @@ func (con *Console) change(r *http.Request, actor string, done func(ns string) s
 		return res
 	}
 	reason := strings.TrimSpace(r.PostFormValue("reason"))
-	res.attrs = []slog.Attr{slog.String("consumer", q.Namespace), slog.String("reason", reason)}
+	res.attrs = []slog.Attr{slog.String("namespace", q.Namespace), slog.String("reason", reason)}
 	if res.err = apply(r.Context(), q.Namespace, &control.ChangeOpts{By: actor, Reason: reason}); res.err == nil {
 		res.flash = done(q.Namespace) + con.obeyNote(r.Context(), q.Namespace)
 	}
@@ -194,10 +195,10 @@ func (con *Console) block(r *http.Request, actor string) actionResult {
 		res.err = err
 		return res
 	}
-	b := control.Block{Consumer: q.Namespace, Pattern: p, Prefix: isPrefix, Reason: strings.TrimSpace(r.PostFormValue("reason")), CreatedBy: actor}
-	res.attrs = []slog.Attr{slog.String("consumer", b.Consumer), slog.String("pattern", p), slog.Bool("prefix", isPrefix), slog.String("reason", b.Reason)}
+	b := control.Block{Namespace: q.Namespace, Pattern: p, Prefix: isPrefix, Reason: strings.TrimSpace(r.PostFormValue("reason")), CreatedBy: actor}
+	res.attrs = []slog.Attr{slog.String("namespace", b.Namespace), slog.String("pattern", p), slog.Bool("prefix", isPrefix), slog.String("reason", b.Reason)}
 	if res.err = con.controls.Block(r.Context(), b); res.err == nil {
-		res.flash = fmt.Sprintf("Blocked %q for %s (its deliveries are parked in %s)", p, q.Namespace, control.ParkedQueueName(q.Name)) +
+		res.flash = fmt.Sprintf("Blocked %q for %s (its deliveries are parked in %s)", p, q.Namespace, inboxtype.ParkedQueue(q.Name)) +
 			con.obeyNote(r.Context(), q.Namespace)
 	}
 	return res
@@ -218,7 +219,7 @@ func (con *Console) unblock(r *http.Request, actor string) actionResult {
 		return res
 	}
 	release := r.PostFormValue("keep") == ""
-	res.attrs = []slog.Attr{slog.String("consumer", q.Namespace), slog.String("pattern", p), slog.Bool("prefix", isPrefix), slog.Bool("release", release)}
+	res.attrs = []slog.Attr{slog.String("namespace", q.Namespace), slog.String("pattern", p), slog.Bool("prefix", isPrefix), slog.Bool("release", release)}
 	conn, err := con.broker()
 	if release && err != nil {
 		res.err = err

@@ -10,8 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
+	"github.com/inboxmq/inboxmq/internal/consumer"
 	"github.com/inboxmq/inboxmq/internal/ops"
 )
 
@@ -48,7 +48,7 @@ func (con *Console) pickQueue(ctx context.Context, name string) ([]Queue, Queue,
 		return nil, Queue{}, err
 	}
 	if len(qs) == 0 {
-		return nil, Queue{}, errors.New("ui: no queues: configure Queues or let the inbox name its consumers")
+		return nil, Queue{}, errors.New("ui: no queues: configure Queues or let the inbox name its namespaces")
 	}
 	if name == "" {
 		return qs, qs[0], nil

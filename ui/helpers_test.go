@@ -13,7 +13,6 @@ import (
 	"regexp"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -22,7 +21,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmq/inboxmq"
-	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
 	"github.com/inboxmq/inboxmq/internal/logtest"
@@ -222,12 +220,11 @@ func (b *testBundle) startWorker(t *testing.T) <-chan error {
 		_, err := tx.Exec(ctx, `INSERT INTO effects (key) VALUES ($1)`, msg.Body.IdempotencyKey())
 		return err
 	}, &inboxmq.RouteOpts{
-		Queue:      consumer.QueueOpts{Concurrency: 1},
-		Middleware: []inboxtype.Middleware{report},
+		Concurrency: 1,
+		Middleware:  []inboxtype.Middleware{report},
 	})
 	w, err := inboxmq.NewWorker(&inboxmq.Config{
 		URL: testenv.AMQPURL(), DB: b.pool, Routes: routes, Name: "ui-test",
-		Controls: &inboxmq.ControlsConfig{PollInterval: 100 * time.Millisecond},
 	})
 	require.NoError(t, err)
 	require.NoError(t, w.Start(t.Context()))

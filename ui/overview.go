@@ -6,8 +6,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/control"
+	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/ops"
 	"github.com/inboxmq/inboxmq/outbox"
 )
@@ -96,12 +96,12 @@ func (con *Console) queueRow(ctx context.Context, q Queue, snap *control.Snapsho
 	}
 	if snap != nil {
 		for i := range snap.Controls {
-			if snap.Controls[i].Consumer == q.Namespace {
+			if snap.Controls[i].Namespace == q.Namespace {
 				row.Control = &snap.Controls[i]
 			}
 		}
 		for _, b := range snap.Blocks {
-			if b.Consumer == q.Namespace {
+			if b.Namespace == q.Namespace {
 				row.Blocks++
 			}
 		}
@@ -111,9 +111,9 @@ func (con *Console) queueRow(ctx context.Context, q Queue, snap *control.Snapsho
 		row.BrokerErr = err.Error()
 		return row
 	}
-	names := []string{q.Name, q.DeadLetterQueue, control.ParkedQueueName(q.Name)}
+	names := []string{q.Name, q.DeadLetterQueue, inboxtype.ParkedQueue(q.Name)}
 	for _, t := range q.RetryTiers {
-		names = append(names, consumer.RetryQueueName(q.Name, t))
+		names = append(names, inboxtype.RetryQueue(q.Name, t))
 	}
 	depths, err := ops.Depths(conn, names)
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 	"github.com/inboxmq/inboxmq/control"
 	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
+	"github.com/inboxmq/inboxmq/internal/controlrun"
 	"github.com/inboxmq/inboxmq/ui"
 )
 
@@ -69,14 +70,14 @@ func TestBrowser_Screenshots(t *testing.T) {
 	st := control.NewStore(b.pool)
 	require.NoError(t, st.SetConcurrency(ctx, "payments", 4, &control.ChangeOpts{By: "ui:alice@10.1.4.7", Reason: "database contention"}))
 	require.NoError(t, st.Pause(ctx, "emails", &control.ChangeOpts{By: "ui:bob@10.1.4.9", Reason: "SMTP provider outage"}))
-	require.NoError(t, st.Block(ctx, control.Block{Consumer: "payments", Pattern: "payment:order-1009", Reason: "chargeback dispute", CreatedBy: "ui:alice@10.1.4.7"}))
+	require.NoError(t, st.Block(ctx, control.Block{Namespace: "payments", Pattern: "payment:order-1009", Reason: "chargeback dispute", CreatedBy: "ui:alice@10.1.4.7"}))
 	for _, p := range []control.Presence{
 		{ID: "payment-worker-7f9c", Host: "pay-7f9c", PID: 1, Namespaces: []string{"payments"}, Controls: true},
 		{ID: "payment-worker-3a1e", Host: "pay-3a1e", PID: 1, Namespaces: []string{"payments"}, Controls: true},
 		{ID: "mailer-0b2d", Host: "mail-0b2d", PID: 1, Namespaces: []string{"emails"}, Controls: false},
 	} {
 		p.Version = inboxmq.Version
-		h := control.NewHeartbeat(b.pool, p, nil)
+		h := controlrun.NewHeartbeat(b.pool, p, nil)
 		require.NoError(t, h.Start(ctx))
 		t.Cleanup(func() { _ = h.Stop(context.Background()) })
 	}

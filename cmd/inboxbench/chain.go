@@ -18,14 +18,13 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/inboxmq/inboxmq"
-	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
 	"github.com/inboxmq/inboxmq/inboxtype"
-	"github.com/inboxmq/inboxmq/middleware"
+	"github.com/inboxmq/inboxmq/internal/consumer"
 	"github.com/inboxmq/inboxmq/outbox"
 )
 
-// The full payment chain, cases (p), (pg) and (pc): what
+// The full payment chain, cases (p), (pt), (pg), (pts) and (pc): what
 // examples/payment-worker does per delivery, through the façade
 // (inboxmq.NewWorker) and by hand.
 
@@ -70,6 +69,30 @@ func recordPayment(ctx context.Context, b *pgx.Batch, msg *inboxtype.Message[pay
 	return msg.SetResult(chainResult{OrderID: p.OrderID, Status: "completed"})
 }
 
+// recordPaymentTx is recordPayment as a transactional handler: the same
+// writes, result and event through the handler's pgx.Tx (cases (pt),
+// (pts)), to weigh inbox.HandleTx against inbox.BatchHandler.
+func recordPaymentTx(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[payment]) error {
+	p := msg.Body
+	body, err := json.Marshal(chainEvent{OrderID: p.OrderID, AmountCents: p.AmountCents, Currency: p.Currency, Status: "completed"})
+	if err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, sqlPayment, p.OrderID, p.AmountCents, p.Currency); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, sqlLedger, p.OrderID, p.AmountCents); err != nil {
+		return err
+	}
+	if err := outbox.Enqueue(ctx, tx, outbox.Message{
+		Exchange: eventsExchange, RoutingKey: eventRoutingKey, IdempotencyKey: p.IdempotencyKey(),
+		ContentType: "application/json", Body: body,
+	}); err != nil {
+		return err
+	}
+	return msg.SetResult(chainResult{OrderID: p.OrderID, Status: "completed"})
+}
+
 // chainCase is (p) (gc nil) or (pg): the example's worker, wired as its
 // run() wires it — controls (the block check), the completed-cache and the
 // lock on Redis, replies, the outbox relay with confirms to an events
@@ -78,28 +101,28 @@ func recordPayment(ctx context.Context, b *pgx.Batch, msg *inboxtype.Message[pay
 // HTTP listener (/metrics is not scraped during the drain) and tracing
 // (no exporter configured: spans do not record). Its logger is the
 // example's (exampleLogger).
-func chainCase(e *env, typ consumer.QueueType, gc *inbox.GroupCommit, concurrency int) runner {
+// With tx, the handler is recordPaymentTx through inboxmq.HandleTx:
+// (pt) and (pts).
+func chainCase(e *env, typ consumer.QueueType, gc *inbox.GroupCommit, concurrency int, tx bool) runner {
 	return func(ctx context.Context, queue string, done func(time.Time)) (func() error, error) {
 		routes := inboxmq.NewRoutes()
-		inboxmq.HandleBatch(routes, queue, recordPayment, &inboxmq.RouteOpts{
-			Queue:       consumer.QueueOpts{Concurrency: concurrency, Type: typ, DeliveryLimit: benchDeliveryLimit},
-			Lock:        &middleware.LockOpts{TTL: 30 * time.Second, RetryDelay: time.Second},
+		opts := &inboxmq.RouteOpts{
+			Concurrency: concurrency,
+			Queue:       &inboxmq.QueueOpts{Type: inboxmq.QueueType(typ), DeliveryLimit: benchDeliveryLimit},
 			Reply:       true,
 			GroupCommit: gc,
 			Middleware:  []inboxtype.Middleware{committed(done)},
-		})
+		}
+		if tx {
+			inboxmq.HandleTx(routes, queue, recordPaymentTx, opts)
+		} else {
+			inboxmq.HandleBatch(routes, queue, recordPayment, opts)
+		}
 		reg := prometheus.NewRegistry()
 		w, err := inboxmq.NewWorker(&inboxmq.Config{
 			URL: e.amqpURL, DB: e.pool, Redis: e.redis, Routes: routes, Name: benchName,
-			Logger:   exampleLogger(),
-			Metrics:  &inboxmq.MetricsConfig{Registerer: reg},
-			Controls: &inboxmq.ControlsConfig{ParkerName: benchName + "-parker"},
-			Outbox: &inboxmq.OutboxConfig{
-				Relay:     outbox.RelayConfig{ConnectionName: benchName + "-outbox", AllowUnroutable: true},
-				Exchanges: []inboxmq.Exchange{{Name: eventsExchange}},
-			},
-			Reconciler: &inbox.ReconcilerConfig{},
-			Retention:  &inbox.RetentionConfig{},
+			Logger: exampleLogger(), Registerer: reg,
+			Exchanges: []string{eventsExchange}, DropUnroutable: true,
 		})
 		if err != nil {
 			return nil, err
@@ -197,8 +220,17 @@ func (e *env) chainSettled(ctx context.Context, n int) error {
 	}
 }
 
-// chainCases returns (p), (pg) and (pc) on a queue of type typ (ids
-// suffixed "q" on a quorum queue).
+// chainBatchField is the GroupCommit field that (pg) and (pts) set, for
+// their descriptions: none at the default.
+func (e *env) chainBatchField() string {
+	if e.chainBatch <= 0 {
+		return ""
+	}
+	return "MaxBatch: " + strconv.Itoa(e.chainBatch)
+}
+
+// chainCases returns (p), (pt), (pg), (pts) and (pc) on a queue of type
+// typ (ids suffixed "q" on a quorum queue).
 func chainCases(e *env, typ consumer.QueueType) []benchCase {
 	suffix, on := "", ""
 	if typ == consumer.Quorum {
@@ -206,9 +238,13 @@ func chainCases(e *env, typ consumer.QueueType) []benchCase {
 	}
 	return []benchCase{
 		{"p" + suffix, fmt.Sprintf("inboxmq full payment chain (payment-worker defaults), %d handlers%s", e.workers, on), typ,
-			chainCase(e, typ, nil, e.workers), e.chainSettled},
-		{"pg" + suffix, "inboxmq full payment chain, GROUP_COMMIT=on (GroupCommit{Pipeline: true}, the route's default concurrency)" + on, typ,
-			chainCase(e, typ, &inbox.GroupCommit{Pipeline: true}, 0), e.chainSettled},
+			chainCase(e, typ, nil, e.workers, false), e.chainSettled},
+		{"pt" + suffix, fmt.Sprintf("(p) with a transactional handler (HandleTx), %d handlers%s", e.workers, on), typ,
+			chainCase(e, typ, nil, e.workers, true), e.chainSettled},
+		{"pg" + suffix, fmt.Sprintf("inboxmq full payment chain, GROUP_COMMIT=on (GroupCommit{%s}, the route's default concurrency)%s", e.chainBatchField(), on), typ,
+			chainCase(e, typ, &inbox.GroupCommit{MaxBatch: e.chainBatch}, 0, false), e.chainSettled},
+		{"pts" + suffix, fmt.Sprintf("(pg) with a transactional handler (HandleTx, GroupCommit{%s}: a savepoint per delivery)%s", e.chainBatchField(), on), typ,
+			chainCase(e, typ, &inbox.GroupCommit{MaxBatch: e.chainBatch}, 0, true), e.chainSettled},
 		{"pc" + suffix, fmt.Sprintf("hand-written full payment chain, %d handlers%s", e.workers, on), typ,
 			chainLoop(e, e.workers), e.chainSettled},
 	}

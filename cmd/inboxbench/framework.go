@@ -8,10 +8,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inbox"
 	"github.com/inboxmq/inboxmq/inboxtype"
-	"github.com/inboxmq/inboxmq/middleware"
+	"github.com/inboxmq/inboxmq/internal/consumer"
+	"github.com/inboxmq/inboxmq/internal/middleware"
 )
 
 // IdempotencyKey makes payment a inboxtype.Keyer: the business identity.
@@ -49,8 +49,8 @@ func (o doneObserver) OnOutcome(d *inboxtype.Delivery, out inboxtype.Outcome) {
 
 // claimCase registers the claim handler of (f) and (h), with opts and
 // queue settings q; withLock puts it behind the Redis lock (fl), as
-// RouteOpts.LockMode LockOn does.
-func claimCase(e *env, opts *inbox.ClaimOpts, q consumer.QueueOpts, withLock bool) runner {
+// RouteOpts.Lock does.
+func claimCase(e *env, gc *inbox.GroupCommit, q consumer.QueueOpts, withLock bool) runner {
 	return inboxmqCase(e, func(store *inbox.Store, r *consumer.Router, queue string) {
 		var mw []inboxtype.Middleware
 		if withLock {
@@ -63,7 +63,7 @@ func claimCase(e *env, opts *inbox.ClaimOpts, q consumer.QueueOpts, withLock boo
 		consumer.Register(r, queue, inbox.ClaimHandler(store, func(ctx context.Context, c *inbox.Claim, m *inboxtype.Message[payment]) error {
 			// the outside call would carry c.Key as Idempotency-Key here
 			return c.Complete(ctx, func(ctx context.Context, tx pgx.Tx) error { return writePayment(ctx, tx, m.Body) })
-		}, opts), &consumer.HandlerOpts{
+		}, gc, nil), &consumer.HandlerOpts{
 			Namespace:  benchConsumer,
 			Middleware: mw,
 			Queue:      q,
@@ -73,7 +73,7 @@ func claimCase(e *env, opts *inbox.ClaimOpts, q consumer.QueueOpts, withLock boo
 
 // groupCommit is the group commit of cases (e) and (h).
 func (e *env) groupCommit() *inbox.GroupCommit {
-	return &inbox.GroupCommit{MaxBatch: e.batch, MaxWait: e.maxWait, MaxInFlight: e.inflight, Pipeline: e.pipeline}
+	return &inbox.GroupCommit{MaxBatch: e.batch, MaxWait: e.maxWait, MaxInFlight: e.inflight}
 }
 
 // groupQueue is the queue settings of cases (e) and (h): enough handlers
@@ -97,25 +97,28 @@ func frameworkCases(e *env, typ consumer.QueueType) []benchCase {
 				return writePayment(ctx, tx, m.Body)
 			}, nil), &consumer.HandlerOpts{Namespace: benchConsumer, Queue: perMessage})
 		}), nil},
-		{"e" + suffix, fmt.Sprintf("inboxmq group commit (%d per tx, %d in flight, pipeline %v)%s", e.batch, e.inflight, e.pipeline, on), typ, inboxmqCase(e, func(store *inbox.Store, r *consumer.Router, q string) {
+		{"e" + suffix, fmt.Sprintf("inboxmq group commit (%d per tx, %d in flight)%s", e.batch, e.inflight, on), typ, inboxmqCase(e, func(store *inbox.Store, r *consumer.Router, q string) {
 			consumer.Register(r, q, inbox.Handler(store, func(ctx context.Context, tx pgx.Tx, m *inboxtype.Message[payment]) error {
 				return writePayment(ctx, tx, m.Body)
-			}, &inbox.HandlerOpts{GroupCommit: e.groupCommit()}),
+			}, e.groupCommit()),
 				&consumer.HandlerOpts{Namespace: benchConsumer, Queue: e.groupQueue(typ)})
 		}), nil},
 		{"f" + suffix, fmt.Sprintf("inboxmq claim mode, %d handlers%s", e.workers, on), typ,
 			claimCase(e, nil, perMessage, false), nil},
-		{"fl" + suffix, fmt.Sprintf("inboxmq claim mode + Redis lock (LockOn), %d handlers%s", e.workers, on), typ,
+		{"fl" + suffix, fmt.Sprintf("inboxmq claim mode + Redis lock (RouteOpts.Lock), %d handlers%s", e.workers, on), typ,
 			claimCase(e, nil, perMessage, true), nil},
 		{"h" + suffix, "inboxmq claim mode, completions group-committed as (e)" + on, typ,
-			claimCase(e, &inbox.ClaimOpts{GroupCommit: e.groupCommit()}, e.groupQueue(typ), false), nil},
+			claimCase(e, e.groupCommit(), e.groupQueue(typ), false), nil},
 	}
 }
 
 func inboxmqCase(e *env, register func(store *inbox.Store, r *consumer.Router, queue string)) runner {
 	return func(ctx context.Context, queue string, done func(time.Time)) (func() error, error) {
-		store, err := inbox.NewStore(ctx, e.pool, nil)
+		store, err := inbox.NewStore(e.pool, nil)
 		if err != nil {
+			return nil, err
+		}
+		if err := store.Check(ctx); err != nil {
 			return nil, err
 		}
 		r := consumer.NewRouter()

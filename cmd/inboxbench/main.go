@@ -7,14 +7,16 @@
 //	(d) inboxmq, per-message transactional mode
 //	(e) inboxmq, group commit
 //	(f) inboxmq, claim mode at the façade's default (no Redis lock)
-//	(fl) (f) behind the Redis lock (RouteOpts.LockMode LockOn)
+//	(fl) (f) behind the Redis lock (RouteOpts.Lock)
 //	(g) hand-written loop, claim protocol — (f)'s protocol by hand: its ceiling
 //	(h) inboxmq, claim mode with group-committed completions
 //	(p) the full payment chain, as examples/payment-worker wires it through
 //	    inboxmq.NewWorker: block check, completed-cache (no lock, the
 //	    default), replies, an outbox event per payment relayed with confirms
-//	(pg) (p) with GROUP_COMMIT=on: GroupCommit{Pipeline: true} and the route's default
+//	(pt) (p) with a transactional handler (HandleTx) doing the same writes
+//	(pg) (p) with GROUP_COMMIT=on: GroupCommit{} and the route's default
 //	    concurrency
+//	(pts) (pg) with (pt)'s transactional handler: a savepoint per delivery
 //	(pc) hand-written full chain — (p)'s work by hand: its ceiling
 //	(dq), (eq)  (d) and (e) again on a quorum queue (-quorum: which of
 //	    d,e,f,fl,h,p,pg,pc)
@@ -70,7 +72,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/inboxmq/inboxmq"
-	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
+	"github.com/inboxmq/inboxmq/internal/consumer"
 	"github.com/inboxmq/inboxmq/migrations"
 )
 
@@ -104,8 +107,10 @@ type env struct {
 	workers  int
 	batch    int
 	inflight int
-	pipeline bool
 	maxWait  time.Duration
+	// chainBatch is the GroupCommit.MaxBatch of (pg) and (pts); 0 leaves
+	// the default.
+	chainBatch int
 	// acked, while a chain case runs the worker, reads the worker's count
 	// of acked deliveries.
 	acked atomic.Pointer[func() float64]
@@ -137,7 +142,7 @@ func main() {
 		workers  = flag.Int("workers", 8, "handlers for the per-message cases")
 		batch    = flag.Int("batch", 64, "deliveries per transaction in the batched cases")
 		inflight = flag.Int("inflight", 4, "batches in flight in the batched cases")
-		pipeline = flag.Bool("pipeline", true, "cases (e) and (h): GroupCommit.Pipeline (handlers' statements sent together)")
+		chainBat = flag.Int("chainbatch", 0, "cases (pg) and (pts): GroupCommit.MaxBatch (0: its default)")
 		maxWait  = flag.Duration("maxwait", 2*time.Millisecond, "cases (e) and (h): GroupCommit.MaxWait")
 		latDur   = flag.Duration("latency", 4*time.Second, "duration of each steady-load latency run (0 skips them)")
 		latRuns  = flag.Int("latruns", 3, "latency runs per case (the medians of p50 and p99 are reported)")
@@ -166,7 +171,7 @@ func main() {
 		log.Fatal(err)
 	}
 	defer e.close()
-	e.workers, e.batch, e.inflight, e.pipeline, e.maxWait = *workers, *batch, *inflight, *pipeline, *maxWait
+	e.workers, e.batch, e.inflight, e.chainBatch, e.maxWait = *workers, *batch, *inflight, *chainBat, *maxWait
 
 	all := append([]benchCase{
 		{"a", "raw amqp091 drain, ack only (broker ceiling)", consumer.Classic, rawDrain(e), nil},
@@ -403,7 +408,7 @@ func (e *env) freshQueue(typ consumer.QueueType) (string, error) {
 	}
 	defer ch.Close()
 	args := amqp.Table{
-		"x-queue-type": string(typ), "x-dead-letter-exchange": "", "x-dead-letter-routing-key": q + ".dlq",
+		"x-queue-type": string(typ), "x-dead-letter-exchange": "", "x-dead-letter-routing-key": inboxtype.DeadLetterQueue(q),
 	}
 	if typ == consumer.Quorum {
 		args["x-delivery-limit"] = int64(benchDeliveryLimit)
@@ -420,11 +425,11 @@ func (e *env) deleteQueue(q string) {
 		return
 	}
 	defer ch.Close()
-	for _, n := range []string{q, q + ".dlq", q + ".parked"} {
+	for _, n := range []string{q, inboxtype.DeadLetterQueue(q), inboxtype.ParkedQueue(q)} {
 		_, _ = ch.QueueDelete(n, false, false, false)
 	}
 	for _, t := range []time.Duration{time.Second, 5 * time.Second, 30 * time.Second, 2 * time.Minute, 10 * time.Minute} {
-		_, _ = ch.QueueDelete(q+".retry."+t.String(), false, false, false)
+		_, _ = ch.QueueDelete(inboxtype.RetryQueue(q, t), false, false, false)
 	}
 }
 
@@ -645,7 +650,7 @@ func report(w io.Writer, rs []*result, n, runs, latRuns int) {
 	ratio("e", "b", "target ≥ 5")
 	ratio("f", "d", "target ≥ 0.75")
 	ratio("f", "g", "claim mode against its hand-written protocol")
-	ratio("fl", "f", "claim mode with the Redis lock (LockOn) against without: the lock's cost")
+	ratio("fl", "f", "claim mode with the Redis lock (RouteOpts.Lock) against without: the lock's cost")
 	ratio("g", "b", "the claim protocol's own ceiling against one tx per delivery")
 	ratio("g", "d", "the claim protocol by hand against (d): the bound on (f)/(d)")
 	ratio("h", "e", "claim mode against transactional mode, both group-committed")

@@ -16,7 +16,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/inboxmq/inboxmq/chaos"
+	"github.com/inboxmq/inboxmq/internal/chaos"
 )
 
 func main() {

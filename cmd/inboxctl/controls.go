@@ -12,8 +12,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/spf13/cobra"
 
-	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/control"
+	"github.com/inboxmq/inboxmq/internal/consumer"
 	"github.com/inboxmq/inboxmq/internal/ops"
 )
 
@@ -48,7 +48,7 @@ func (c *cli) controlChange(use, short, long string, apply func(cmd *cobra.Comma
 				return err
 			}
 			for _, ctl := range snap.Controls {
-				if ctl.Consumer == args[0] {
+				if ctl.Namespace == args[0] {
 					return c.emitChange(struct {
 						control.Control
 						*ops.Reach
@@ -59,18 +59,18 @@ func (c *cli) controlChange(use, short, long string, apply func(cmd *cobra.Comma
 		},
 	}
 	cmd.Flags().StringVar(&reason, "reason", "", "note stored with the change")
-	cmd.Flags().BoolVar(&force, "force", false, "change a consumer that no worker announced and no control names")
+	cmd.Flags().BoolVar(&force, "force", false, "change a namespace that no worker announced and no control names")
 	return cmd
 }
 
-// reachHelp ends the help of every command that changes a consumer's
+// reachHelp ends the help of every command that changes a namespace's
 // controls.
 const reachHelp = `
 
 The command says how many live workers obey the change (their ids with
 --output json), and warns on stderr when none does: no live worker serves
-CONSUMER, or those that do run with their controls off. It refuses a
-CONSUMER that no worker (live, stale or stopped) announced and no control
+NAMESPACE, or those that do run with their controls off. It refuses a
+NAMESPACE that no worker (live, stale or stopped) announced and no control
 or block names (a typo), listing the known ones, unless --force.`
 
 // reach reads who a change of name reaches, before the change: it
@@ -79,7 +79,7 @@ or block names (a typo), listing the known ones, unless --force.`
 // nil: the change goes ahead without a count.
 func (c *cli) reach(ctx context.Context, s *control.Store, name string, force bool) (*ops.Reach, error) {
 	if !consumer.ValidName(name) {
-		return nil, fmt.Errorf("%w: consumer name %q", control.ErrInvalid, name)
+		return nil, fmt.Errorf("%w: namespace %q", control.ErrInvalid, name)
 	}
 	r, err := ops.ReachOf(ctx, s, name)
 	if err != nil {
@@ -110,8 +110,8 @@ func (c *cli) warn(format string, args ...any) {
 }
 
 func (c *cli) pauseCmd() *cobra.Command {
-	return c.controlChange("pause CONSUMER", "Pause a consumer on every worker",
-		`pause stops consumer CONSUMER on every running worker whose controls are on,
+	return c.controlChange("pause NAMESPACE", "Pause a namespace on every worker",
+		`pause stops namespace NAMESPACE on every running worker whose controls are on,
 within 2 seconds: workers cancel their broker consumer, finish in-flight
 deliveries and leave the rest in the queue. The pause survives restarts
 until resume.`,
@@ -121,8 +121,8 @@ until resume.`,
 }
 
 func (c *cli) resumeCmd() *cobra.Command {
-	return c.controlChange("resume CONSUMER", "Resume a paused consumer",
-		`resume lets consumer CONSUMER take deliveries again on every worker within
+	return c.controlChange("resume NAMESPACE", "Resume a paused namespace",
+		`resume lets namespace NAMESPACE take deliveries again on every worker within
 2 seconds.`,
 		func(cmd *cobra.Command, s *control.Store, name string, o *control.ChangeOpts) (string, error) {
 			return "resumed " + name, s.Resume(cmd.Context(), name, o)
@@ -130,8 +130,8 @@ func (c *cli) resumeCmd() *cobra.Command {
 }
 
 func (c *cli) concurrencyCmd() *cobra.Command {
-	return c.controlChange("concurrency CONSUMER N", "Limit a consumer's concurrency (0 restores it)",
-		`concurrency limits consumer CONSUMER to N concurrent deliveries per worker
+	return c.controlChange("concurrency NAMESPACE N", "Limit a namespace's concurrency (0 restores it)",
+		`concurrency limits namespace NAMESPACE to N concurrent deliveries per worker
 process, from 1 up to its configured concurrency; 0 restores the configured
 value. Workers apply it within 2 seconds; running handlers finish.`,
 		func(cmd *cobra.Command, s *control.Store, name string, o *control.ChangeOpts) (string, error) {
@@ -143,7 +143,7 @@ value. Workers apply it within 2 seconds; running handlers finish.`,
 		}, concurrencyArgs)
 }
 
-// concurrencyArgs checks CONSUMER N before anything is read or changed.
+// concurrencyArgs checks NAMESPACE N before anything is read or changed.
 func concurrencyArgs(cmd *cobra.Command, args []string) error {
 	if err := cobra.ExactArgs(2)(cmd, args); err != nil {
 		return err
@@ -169,17 +169,17 @@ func blockPattern(args []string, prefix string) (string, bool, error) {
 }
 
 func (c *cli) blockCmd() *cobra.Command {
-	var consumerName, prefix, reason string
+	var namespace, prefix, reason string
 	var force bool
 	cmd := &cobra.Command{
-		Use:   "block KEY|--prefix P --consumer C",
+		Use:   "block KEY|--prefix P --namespace NS",
 		Short: "Park deliveries of a key (or key prefix) instead of processing them",
-		Long: `block makes workers of consumer C park every delivery whose idempotency key
+		Long: `block makes workers of namespace NS park every delivery whose idempotency key
 is KEY (or starts with P): the message is moved to "<queue>.parked"
 unprocessed. Workers pick the block up within 2 seconds. unblock releases
-the parked messages.` + strings.ReplaceAll(reachHelp, "CONSUMER", "C"),
-		Example: `  inboxctl block payment:42 --consumer payments --reason "chargeback dispute"
-  inboxctl block --prefix tenant:9: --consumer payments`,
+the parked messages.` + strings.ReplaceAll(reachHelp, "NAMESPACE", "NS"),
+		Example: `  inboxctl block payment:42 --namespace payments --reason "chargeback dispute"
+  inboxctl block --prefix tenant:9: --namespace payments`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			pattern, isPrefix, err := blockPattern(args, prefix)
@@ -194,11 +194,11 @@ the parked messages.` + strings.ReplaceAll(reachHelp, "CONSUMER", "C"),
 			}
 			defer pool.Close()
 			store := control.NewStore(pool)
-			reach, err := c.reach(ctx, store, consumerName, force)
+			reach, err := c.reach(ctx, store, namespace, force)
 			if err != nil {
 				return err
 			}
-			b := control.Block{Consumer: consumerName, Pattern: pattern, Prefix: isPrefix, Reason: reason, CreatedBy: c.actor()}
+			b := control.Block{Namespace: namespace, Pattern: pattern, Prefix: isPrefix, Reason: reason, CreatedBy: c.actor()}
 			if err := store.Block(ctx, b); err != nil {
 				return err
 			}
@@ -209,31 +209,31 @@ the parked messages.` + strings.ReplaceAll(reachHelp, "CONSUMER", "C"),
 			return c.emitChange(struct {
 				control.Block
 				*ops.Reach
-			}{b, reach}, fmt.Sprintf("blocked %s %q for %s", kind, pattern, consumerName), reach)
+			}{b, reach}, fmt.Sprintf("blocked %s %q for %s", kind, pattern, namespace), reach)
 		},
 	}
-	cmd.Flags().StringVar(&consumerName, "consumer", "", "consumer (inbox namespace) (required)")
+	cmd.Flags().StringVar(&namespace, "namespace", "", "inbox namespace (required)")
 	cmd.Flags().StringVar(&prefix, "prefix", "", "block every key starting with this prefix")
 	cmd.Flags().StringVar(&reason, "reason", "", "note stored with the block")
-	cmd.Flags().BoolVar(&force, "force", false, "block for a consumer that no worker announced and no control names")
-	_ = cmd.MarkFlagRequired("consumer")
+	cmd.Flags().BoolVar(&force, "force", false, "block for a namespace that no worker announced and no control names")
+	_ = cmd.MarkFlagRequired("namespace")
 	return cmd
 }
 
 func (c *cli) unblockCmd() *cobra.Command {
-	var consumerName, prefix, queue string
+	var namespace, prefix, queue string
 	var noRelease bool
 	cmd := &cobra.Command{
-		Use:   "unblock KEY|--prefix P --consumer C",
+		Use:   "unblock KEY|--prefix P --namespace NS",
 		Short: "Remove a block and release its parked messages to the work queue",
-		Long: `unblock removes the block of KEY (or --prefix P) for consumer C, then moves
+		Long: `unblock removes the block of KEY (or --prefix P) for namespace NS, then moves
 the matching messages from "<queue>.parked" back to the work queue (each
 one republished with confirm before it leaves the parked queue), where they
 are processed once: the inbox absorbs any duplicate. --queue defaults to
-the consumer's name; --no-release keeps the parked messages (no broker
+the namespace; --no-release keeps the parked messages (no broker
 needed).`,
-		Example: `  inboxctl unblock payment:42 --consumer payments
-  inboxctl unblock --prefix tenant:9: --consumer payments --queue payments.v2`,
+		Example: `  inboxctl unblock payment:42 --namespace payments
+  inboxctl unblock --prefix tenant:9: --namespace payments --queue payments.v2`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			pattern, isPrefix, err := blockPattern(args, prefix)
@@ -254,20 +254,20 @@ needed).`,
 				}
 				defer conn.Close()
 				if queue == "" {
-					queue = consumerName
+					queue = namespace
 				}
 			}
-			ur, err := ops.Unblock(ctx, control.NewStore(pool), conn, consumerName, pattern, isPrefix, queue)
+			ur, err := ops.Unblock(ctx, control.NewStore(pool), conn, namespace, pattern, isPrefix, queue)
 			if err != nil {
 				return err
 			}
 			removed, released := ur.Removed, ur.Released
-			res := map[string]any{"consumer": consumerName, "pattern": pattern, "prefix": isPrefix, "removed": removed, "released": released}
+			res := map[string]any{"namespace": namespace, "pattern": pattern, "prefix": isPrefix, "removed": removed, "released": released}
 			return c.emit(res, func(w io.Writer) {
 				if !removed {
-					fmt.Fprintf(w, "%q was not blocked for %s\n", pattern, consumerName)
+					fmt.Fprintf(w, "%q was not blocked for %s\n", pattern, namespace)
 				} else {
-					fmt.Fprintf(w, "unblocked %q for %s\n", pattern, consumerName)
+					fmt.Fprintf(w, "unblocked %q for %s\n", pattern, namespace)
 				}
 				if !noRelease {
 					fmt.Fprintf(w, "released %d parked messages to %s\n", released, queue)
@@ -275,18 +275,18 @@ needed).`,
 			})
 		},
 	}
-	cmd.Flags().StringVar(&consumerName, "consumer", "", "consumer (inbox namespace) (required)")
+	cmd.Flags().StringVar(&namespace, "namespace", "", "inbox namespace (required)")
 	cmd.Flags().StringVar(&prefix, "prefix", "", "remove the block of this key prefix")
-	cmd.Flags().StringVar(&queue, "queue", "", "work queue of the consumer (default: the consumer's name)")
+	cmd.Flags().StringVar(&queue, "queue", "", "work queue of the namespace (default: the namespace)")
 	cmd.Flags().BoolVar(&noRelease, "no-release", false, "leave parked messages parked")
-	_ = cmd.MarkFlagRequired("consumer")
+	_ = cmd.MarkFlagRequired("namespace")
 	return cmd
 }
 
 func (c *cli) controlsCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "controls",
-		Short: "List paused consumers, concurrency limits, blocked keys and circuit breakers",
+		Short: "List paused namespaces, concurrency limits, blocked keys and circuit breakers",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, cancel := c.ctx(cmd)
@@ -311,20 +311,20 @@ func (c *cli) controlsCmd() *cobra.Command {
 			}{snap, breakers}
 			return c.emit(out, func(w io.Writer) {
 				tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "CONSUMER\tPAUSED\tCONCURRENCY\tBY\tREASON")
+				fmt.Fprintln(tw, "NAMESPACE\tPAUSED\tCONCURRENCY\tBY\tREASON")
 				for _, ctl := range snap.Controls {
 					conc := "configured"
 					if ctl.Concurrency > 0 {
 						conc = strconv.Itoa(ctl.Concurrency)
 					}
-					fmt.Fprintf(tw, "%s\t%v\t%s\t%s\t%s\n", ctl.Consumer, ctl.Paused, conc, ctl.UpdatedBy, ctl.Reason)
+					fmt.Fprintf(tw, "%s\t%v\t%s\t%s\t%s\n", ctl.Namespace, ctl.Paused, conc, ctl.UpdatedBy, ctl.Reason)
 				}
 				_ = tw.Flush()
 				fmt.Fprintln(w)
 				tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "CONSUMER\tBLOCKED\tPREFIX\tBY\tREASON")
+				fmt.Fprintln(tw, "NAMESPACE\tBLOCKED\tPREFIX\tBY\tREASON")
 				for _, b := range snap.Blocks {
-					fmt.Fprintf(tw, "%s\t%s\t%v\t%s\t%s\n", b.Consumer, b.Pattern, b.Prefix, b.CreatedBy, b.Reason)
+					fmt.Fprintf(tw, "%s\t%s\t%v\t%s\t%s\n", b.Namespace, b.Pattern, b.Prefix, b.CreatedBy, b.Reason)
 				}
 				_ = tw.Flush()
 				printBreakers(w, breakers)
@@ -341,9 +341,9 @@ func printBreakers(w io.Writer, breakers []control.BreakerState) {
 	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "CONSUMER\tDOWNSTREAM\tWORKER\tBREAKER\tSINCE")
+	fmt.Fprintln(tw, "NAMESPACE\tDOWNSTREAM\tWORKER\tBREAKER\tSINCE")
 	for _, b := range breakers {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", b.Consumer, b.Downstream, b.Worker, b.State, b.ChangedAt.UTC().Format(time.RFC3339))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", b.Namespace, b.Downstream, b.Worker, b.State, b.ChangedAt.UTC().Format(time.RFC3339))
 	}
 	_ = tw.Flush()
 }

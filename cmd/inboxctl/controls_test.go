@@ -11,10 +11,11 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/control"
 	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
+	"github.com/inboxmq/inboxmq/internal/consumer"
+	"github.com/inboxmq/inboxmq/internal/controlrun"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 )
 
@@ -25,7 +26,7 @@ func (b *cliBundle) announce(t *testing.T, p control.Presence) (stop func()) {
 	if p.Host == "" {
 		p.Host, p.PID, p.Version = "host-a", 4242, "0.1.0"
 	}
-	h := control.NewHeartbeat(b.pool, p, nil)
+	h := controlrun.NewHeartbeat(b.pool, p, nil)
 	require.NoError(t, h.Start(t.Context()))
 	stop = func() { require.NoError(t, h.Stop(context.Background())) }
 	t.Cleanup(stop)
@@ -55,10 +56,10 @@ func TestControlCommands(t *testing.T) {
 	r = b.run(t, "resume", "payments")
 	require.Equal(t, "resumed payments: 1 live worker obeys\n", r.out)
 
-	r = b.run(t, "block", "payment:42", "--consumer", "payments", "--reason", "dispute")
+	r = b.run(t, "block", "payment:42", "--namespace", "payments", "--reason", "dispute")
 	require.Equal(t, exitOK, r.code, r.errOut)
 	require.Equal(t, "blocked key \"payment:42\" for payments: 1 live worker obeys\n", r.out)
-	r = b.run(t, "block", "--prefix", "tenant:9:", "--consumer", "payments")
+	r = b.run(t, "block", "--prefix", "tenant:9:", "--namespace", "payments")
 	require.Equal(t, "blocked prefix \"tenant:9:\" for payments: 1 live worker obeys\n", r.out)
 
 	r = b.run(t, "controls", "-o", "json")
@@ -74,9 +75,7 @@ func TestControlCommands(t *testing.T) {
 	require.Regexp(t, `(?m)^payments\s+payment:42\s+false\s+\S+\s+dispute$`, r.out)
 	require.NotContains(t, r.out, "BREAKER", "no breakers published: no table")
 
-	require.NoError(t, control.NewStore(b.pool).SetBreaker(t.Context(), control.BreakerState{
-		Consumer: "payments", Downstream: "gateway", Worker: "w1", State: "half-open",
-	}))
+	b.exec(t, `INSERT INTO inboxmq_breakers (consumer, downstream, worker, state) VALUES ('payments', 'gateway', 'w1', 'half-open')`)
 	r = b.run(t, "controls")
 	require.Regexp(t, `(?m)^payments\s+gateway\s+w1\s+half-open\s+\S+$`, r.out)
 	r = b.run(t, "controls", "-o", "json")
@@ -87,11 +86,11 @@ func TestControlCommands(t *testing.T) {
 	require.Len(t, withBreakers.Breakers, 1)
 	require.Equal(t, "half-open", withBreakers.Breakers[0].State)
 
-	r = b.run(t, "unblock", "payment:42", "--consumer", "payments", "--no-release")
+	r = b.run(t, "unblock", "payment:42", "--namespace", "payments", "--no-release")
 	require.Equal(t, exitOK, r.code, r.errOut)
 	require.Equal(t, "unblocked \"payment:42\" for payments\n", r.out)
-	r = b.run(t, "unblock", "payment:42", "--consumer", "payments", "--no-release", "-o", "json")
-	require.JSONEq(t, `{"consumer":"payments","pattern":"payment:42","prefix":false,"removed":false,"released":0}`, r.out)
+	r = b.run(t, "unblock", "payment:42", "--namespace", "payments", "--no-release", "-o", "json")
+	require.JSONEq(t, `{"namespace":"payments","pattern":"payment:42","prefix":false,"removed":false,"released":0}`, r.out)
 
 	r = b.run(t, "pause", "bad name")
 	require.Equal(t, exitUsage, r.code)
@@ -104,7 +103,7 @@ func TestUnblockReleasesParkedMessages(t *testing.T) {
 	b := setup(t)
 	conn := amqptest.Dial(t)
 	queue := amqptest.QueueName(t)
-	parked := control.ParkedQueueName(queue)
+	parked := inboxtype.ParkedQueue(queue)
 	ch, err := conn.Channel()
 	require.NoError(t, err)
 	for _, q := range []string{queue, parked} {
@@ -115,18 +114,18 @@ func TestUnblockReleasesParkedMessages(t *testing.T) {
 	pub := amqptest.NewPublisher(t, conn)
 	for _, k := range []string{"order:1", "order:2", "order:1"} {
 		pub.Publish(parked, fmt.Appendf(nil, `{"k":%q}`, k), amqp.Publishing{Headers: amqp.Table{
-			inboxtype.HeaderIdempotencyKey: k, control.HeaderParkedReason: "blocked",
+			inboxtype.HeaderIdempotencyKey: k, inboxtype.HeaderParkedReason: "blocked",
 		}})
 	}
-	require.Equal(t, exitOK, b.run(t, "block", "order:1", "--consumer", "orders", "--force").code)
+	require.Equal(t, exitOK, b.run(t, "block", "order:1", "--namespace", "orders", "--force").code)
 
-	r := b.run(t, "unblock", "order:1", "--consumer", "orders", "--queue", queue)
+	r := b.run(t, "unblock", "order:1", "--namespace", "orders", "--queue", queue)
 	require.Equal(t, exitOK, r.code, r.errOut)
 	require.Equal(t, fmt.Sprintf("unblocked \"order:1\" for orders\nreleased 2 parked messages to %s\n", queue), r.out)
 	require.Equal(t, 1, amqptest.Depth(t, conn, parked))
 	got := amqptest.Drain(t, conn, queue)
 	require.Len(t, got, 2)
-	require.NotContains(t, got[0].Headers, control.HeaderParkedReason)
+	require.NotContains(t, got[0].Headers, inboxtype.HeaderParkedReason)
 	require.Equal(t, "order:1", got[0].Headers[inboxtype.HeaderIdempotencyKey])
 }
 
@@ -142,7 +141,7 @@ const pickupBound = 2 * time.Second
 
 // signalTarget forwards to the consumer and reports each applied call.
 type signalTarget struct {
-	control.Target
+	controlrun.Target
 	applied chan string
 }
 
@@ -174,7 +173,7 @@ func TestPauseAndResumeDriveARunningConsumer(t *testing.T) {
 
 	b.announce(t, control.Presence{ID: "worker-1", Namespaces: []string{queue}, Controls: true})
 	target := &signalTarget{Target: c, applied: make(chan string, 8)}
-	w, err := control.NewWatcher(b.pool, &control.WatcherConfig{Target: target, Queues: control.QueuesOf(router)})
+	w, err := controlrun.NewWatcher(b.pool, &controlrun.WatcherConfig{Target: target, Queues: controlrun.QueuesOf(router)})
 	require.NoError(t, err)
 	require.NoError(t, w.Start(t.Context()))
 	t.Cleanup(func() { require.NoError(t, w.Stop(context.Background())) })
@@ -255,22 +254,22 @@ func TestControlChangesCountTheWorkersThatObey(t *testing.T) {
 	require.Equal(t, "paused emails: no live worker obeys\n", r.out)
 	require.Equal(t, "inboxctl: warning: 1 live worker serves emails but has controls off (w3): nothing obeys the change\n", r.errOut)
 
-	r = b.run(t, "block", "k1", "--consumer", "reports")
+	r = b.run(t, "block", "k1", "--namespace", "reports")
 	require.Equal(t, exitOK, r.code, r.errOut)
 	require.Equal(t, "blocked key \"k1\" for reports: no live worker obeys\n", r.out)
 	require.Contains(t, r.errOut, "inboxctl: warning: no live worker serves reports", "only a stopped worker serves it")
 
 	r = b.run(t, "pause", "paymnets")
 	require.Equal(t, exitNotFound, r.code)
-	require.Contains(t, r.errOut, `unknown consumer "paymnets"`)
+	require.Contains(t, r.errOut, `unknown namespace "paymnets"`)
 	require.Contains(t, r.errOut, "known: emails, payments, refunds, reports")
 	require.Empty(t, r.out)
 	snap, err := control.NewStore(b.pool).List(t.Context())
 	require.NoError(t, err)
 	for _, c := range snap.Controls {
-		require.NotEqual(t, "paymnets", c.Consumer, "nothing written for a refused consumer")
+		require.NotEqual(t, "paymnets", c.Namespace, "nothing written for a refused consumer")
 	}
-	r = b.run(t, "block", "k", "--consumer", "paymnets")
+	r = b.run(t, "block", "k", "--namespace", "paymnets")
 	require.Equal(t, exitNotFound, r.code)
 
 	r = b.run(t, "pause", "newqueue", "--force")

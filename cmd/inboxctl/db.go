@@ -48,7 +48,7 @@ concurrently and again: applied migrations are skipped.`,
 
 // recordView is an inbox row as inboxctl prints it.
 type recordView struct {
-	Consumer     string     `json:"consumer"`
+	Namespace    string     `json:"namespace"`
 	Key          string     `json:"key"`
 	Status       string     `json:"status"`
 	Fence        int64      `json:"fence"`
@@ -64,14 +64,14 @@ type recordView struct {
 	CompletedAt  *time.Time `json:"completed_at"`
 	// Result is the job's stored result (JSON), replayed to duplicates.
 	Result json.RawMessage `json:"result"`
-	// Breakers are the consumer's circuit breakers as the workers
+	// Breakers are the namespace's circuit breakers as the workers
 	// published them: a key that waits may be held back by one.
 	Breakers []control.BreakerState `json:"breakers,omitempty"`
 }
 
 func viewOf(r *inbox.Record) recordView {
 	return recordView{
-		Consumer: r.Consumer, Key: r.Key, Status: r.Status, Fence: r.Fence, Owner: r.Owner, LeaseUntil: r.LeaseUntil,
+		Namespace: r.Namespace, Key: r.Key, Status: r.Status, Fence: r.Fence, Owner: r.Owner, LeaseUntil: r.LeaseUntil,
 		Attempts: r.Attempts, Redeliveries: r.Deliveries, LastError: r.LastError, LastFailedAt: r.LastFailedAt,
 		MessageID: r.MessageID, FirstSeenAt: r.FirstSeenAt, UpdatedAt: r.UpdatedAt, CompletedAt: r.CompletedAt,
 		Result: r.Result,
@@ -105,11 +105,11 @@ func tm(p *time.Time) string {
 }
 
 func (c *cli) statusCmd() *cobra.Command {
-	var consumerName string
+	var namespace string
 	cmd := &cobra.Command{
-		Use:   "status KEY --consumer C",
+		Use:   "status KEY --namespace NS",
 		Short: "Show the inbox row of one idempotency key",
-		Long: `status prints the inbox row of (consumer, KEY): status, fence, owner and
+		Long: `status prints the inbox row of (NS, KEY): status, fence, owner and
 lease, attempts, redeliveries, last error, times and the stored result
 (what duplicates of the key get back). It exits with code 3
 if the inbox has no such row (the message was never seen, or retention
@@ -121,8 +121,8 @@ the attempt a dead-letter copy of the key carries. redeliveries is the
 crash-loop counter: the broker's redeliveries of the key on classic queues
 (a worker died or lost its connection before settling), not every delivery;
 it is 0 for a key that only went through retries.`,
-		Example: `  inboxctl status payment:42 --consumer payments
-  inboxctl status payment:42 --consumer payments -o json`,
+		Example: `  inboxctl status payment:42 --namespace payments
+  inboxctl status payment:42 --namespace payments -o json`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, cancel := c.ctx(cmd)
@@ -132,9 +132,9 @@ it is 0 for a key that only went through retries.`,
 				return err
 			}
 			defer closeDB()
-			r, err := s.Get(ctx, consumerName, args[0])
+			r, err := s.Get(ctx, namespace, args[0])
 			if errors.Is(err, inbox.ErrNotFound) {
-				return notFoundError{fmt.Errorf("no inbox row for consumer %q, key %q", consumerName, args[0])}
+				return notFoundError{fmt.Errorf("no inbox row for namespace %q, key %q", namespace, args[0])}
 			}
 			if err != nil {
 				return err
@@ -142,11 +142,11 @@ it is 0 for a key that only went through retries.`,
 			v := viewOf(r)
 			// The row is the answer; the breakers are context (absent
 			// before the migration that adds their table).
-			v.Breakers, _ = control.NewStore(s.Pool()).Breakers(ctx, consumerName)
+			v.Breakers, _ = control.NewStore(s.Pool()).Breakers(ctx, namespace)
 			return c.emit(v, func(w io.Writer) {
 				tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 				for _, kv := range [][2]string{
-					{"consumer", v.Consumer},
+					{"namespace", v.Namespace},
 					{"key", v.Key},
 					{"status", v.Status},
 					{"fence", fmt.Sprint(v.Fence)},
@@ -169,8 +169,8 @@ it is 0 for a key that only went through retries.`,
 			})
 		},
 	}
-	cmd.Flags().StringVar(&consumerName, "consumer", "", "consumer (inbox namespace) of the key (required)")
-	_ = cmd.MarkFlagRequired("consumer")
+	cmd.Flags().StringVar(&namespace, "namespace", "", "inbox namespace of the key (required)")
+	_ = cmd.MarkFlagRequired("namespace")
 	return cmd
 }
 
@@ -180,9 +180,9 @@ func printRecords(w io.Writer, recs []recordView) {
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "CONSUMER\tKEY\tOWNER\tFENCE\tLEASE_UNTIL\tATTEMPTS\tLAST_ERROR")
+	fmt.Fprintln(tw, "NAMESPACE\tKEY\tOWNER\tFENCE\tLEASE_UNTIL\tATTEMPTS\tLAST_ERROR")
 	for _, r := range recs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d\t%s\n", r.Consumer, r.Key, str(r.Owner), r.Fence, tm(r.LeaseUntil), r.Attempts, str(r.LastError))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d\t%s\n", r.Namespace, r.Key, str(r.Owner), r.Fence, tm(r.LeaseUntil), r.Attempts, str(r.LastError))
 	}
 	_ = tw.Flush()
 }
@@ -297,8 +297,8 @@ partition, --batch-size rows per statement.`,
 func (c *cli) statsCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "stats",
-		Short: "Inbox rows by consumer and status, oldest claim, table and index sizes",
-		Long: `stats counts inbox rows by consumer and status, reports the age of the
+		Short: "Inbox rows by namespace and status, oldest claim, table and index sizes",
+		Long: `stats counts inbox rows by namespace and status, reports the age of the
 oldest live claim and the number of claims past their lease, and the size
 of the inbox table and its indexes. Counting is a full scan of the table:
 on a very large inbox prefer the estimate (estimated_rows).`,
@@ -317,9 +317,9 @@ on a very large inbox prefer the estimate (estimated_rows).`,
 			}
 			return c.emit(v, func(w io.Writer) {
 				tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "CONSUMER\tSTATUS\tROWS")
+				fmt.Fprintln(tw, "NAMESPACE\tSTATUS\tROWS")
 				for _, r := range v.Rows {
-					fmt.Fprintf(tw, "%s\t%s\t%d\n", r.Consumer, r.Status, r.Count)
+					fmt.Fprintf(tw, "%s\t%s\t%d\n", r.Namespace, r.Status, r.Count)
 				}
 				_ = tw.Flush()
 				age := "-"

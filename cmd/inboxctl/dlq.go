@@ -8,7 +8,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
+	"github.com/inboxmq/inboxmq/internal/consumer"
 	"github.com/inboxmq/inboxmq/internal/ops"
 )
 
@@ -29,7 +30,7 @@ func dlqName(queue, override string) (string, error) {
 		return "", usagef("invalid queue name %q", queue)
 	}
 	if override == "" {
-		return queue + ".dlq", nil
+		return inboxtype.DeadLetterQueue(queue), nil
 	}
 	if !consumer.ValidName(override) {
 		return "", usagef("invalid queue name %q", override)

@@ -106,13 +106,13 @@ func TestUsageErrors(t *testing.T) {
 	}{
 		{[]string{"nosuch"}, "unknown command"},
 		{[]string{"status"}, "accepts 1 arg"},
-		{[]string{"status", "k"}, `required flag(s) "consumer"`},
+		{[]string{"status", "k"}, `required flag(s) "namespace"`},
 		{[]string{"purge"}, `required flag(s) "older-than"`},
 		{[]string{"purge", "--older-than", "-1h"}, "positive duration"},
 		{[]string{"stats", "--output", "yaml"}, "text or json"},
 		{[]string{"concurrency", "payments", "two"}, "non-negative"},
-		{[]string{"block", "k", "--prefix", "p", "--consumer", "c"}, "not both"},
-		{[]string{"block", "--consumer", "c"}, "KEY or --prefix"},
+		{[]string{"block", "k", "--prefix", "p", "--namespace", "c"}, "not both"},
+		{[]string{"block", "--namespace", "c"}, "KEY or --prefix"},
 		{[]string{"dlq", "purge", "payments"}, "--yes"},
 		{[]string{"dlq", "list", "bad name"}, "invalid queue name"},
 	} {
@@ -190,10 +190,10 @@ func TestStatus(t *testing.T) {
 	b.exec(t, `INSERT INTO inboxmq_inbox (consumer, key, status, fence, owner, attempts, deliveries, last_error, message_id, completed_at, result)
 		VALUES ('payments', 'payment:42', 'completed', 2, 'w1', 3, 4, 'gateway 503', 'm-42', now(), '{"charge_id": "ch_1"}')`)
 
-	r := b.run(t, "status", "payment:42", "--consumer", "payments")
+	r := b.run(t, "status", "payment:42", "--namespace", "payments")
 	require.Equal(t, exitOK, r.code, r.errOut)
 	for _, line := range []string{
-		"consumer:", "key:", "status:", "fence:", "owner:", "lease_until:", "attempts (broker attempt):",
+		"namespace:", "key:", "status:", "fence:", "owner:", "lease_until:", "attempts (broker attempt):",
 		"redeliveries (crash counter):", "last_error:", "message_id:", "first_seen_at:", "completed_at:",
 	} {
 		require.Contains(t, r.out, line)
@@ -203,7 +203,7 @@ func TestStatus(t *testing.T) {
 	require.Regexp(t, `(?m)^last_error:\s+gateway 503$`, r.out)
 	require.Regexp(t, `(?m)^result:\s+\{"charge_id": "ch_1"\}$`, r.out)
 
-	r = b.run(t, "status", "payment:42", "--consumer", "payments", "-o", "json")
+	r = b.run(t, "status", "payment:42", "--namespace", "payments", "-o", "json")
 	require.Equal(t, exitOK, r.code, r.errOut)
 	var v recordView
 	r.json(t, &v)
@@ -218,15 +218,15 @@ func TestStatus(t *testing.T) {
 
 	// A worker's breaker on the consumer shows with the key's row.
 	b.exec(t, `INSERT INTO inboxmq_breakers (consumer, downstream, worker, state) VALUES ('payments', 'gateway', 'w1', 'open')`)
-	r = b.run(t, "status", "payment:42", "--consumer", "payments")
+	r = b.run(t, "status", "payment:42", "--namespace", "payments")
 	require.Equal(t, exitOK, r.code, r.errOut)
 	require.Regexp(t, `(?m)^payments\s+gateway\s+w1\s+open\s+\S+$`, r.out)
-	r = b.run(t, "status", "payment:42", "--consumer", "payments", "-o", "json")
+	r = b.run(t, "status", "payment:42", "--namespace", "payments", "-o", "json")
 	r.json(t, &v)
 	require.Len(t, v.Breakers, 1)
 	require.Equal(t, "open", v.Breakers[0].State)
 
-	r = b.run(t, "status", "payment:43", "--consumer", "payments")
+	r = b.run(t, "status", "payment:43", "--namespace", "payments")
 	require.Equal(t, exitNotFound, r.code)
 	require.Contains(t, r.errOut, "no inbox row")
 }
@@ -240,7 +240,7 @@ func TestStaleAndReconcileDryRun(t *testing.T) {
 
 	r := b.run(t, "stale")
 	require.Equal(t, exitOK, r.code, r.errOut)
-	require.Contains(t, r.out, "CONSUMER")
+	require.Contains(t, r.out, "NAMESPACE")
 	require.Contains(t, r.out, "payment:1")
 	require.Contains(t, r.out, "worker-dead")
 	require.NotContains(t, r.out, "payment:2")
@@ -313,9 +313,9 @@ func TestStats(t *testing.T) {
 	var v ops.Stats
 	r.json(t, &v)
 	require.Equal(t, []ops.StatusCount{
-		{Consumer: "emails", Status: "failed", Count: 1},
-		{Consumer: "emails", Status: "processing", Count: 1},
-		{Consumer: "payments", Status: "completed", Count: 7},
+		{Namespace: "emails", Status: "failed", Count: 1},
+		{Namespace: "emails", Status: "processing", Count: 1},
+		{Namespace: "payments", Status: "completed", Count: 7},
 	}, v.Rows)
 	require.NotNil(t, v.OldestClaimAgeSeconds)
 	require.InDelta(t, 300, *v.OldestClaimAgeSeconds, 60)

@@ -48,11 +48,11 @@ func TestJSONKeysAreSnakeCase(t *testing.T) {
 
 	b.exec(t, `INSERT INTO inboxmq_inbox (consumer, key, status, fence, attempts, deliveries, last_error)
 		VALUES ('payments', 'payment:7', 'dead', 1, 8, 2, 'exhausted: boom')`)
-	r = b.run(t, "status", "payment:7", "--consumer", "payments", "-o", "json")
+	r = b.run(t, "status", "payment:7", "--namespace", "payments", "-o", "json")
 	require.Equal(t, exitOK, r.code, r.errOut)
 	require.Equal(t, []string{
-		"attempts", "completed_at", "consumer", "fence", "first_seen_at", "key", "last_error", "last_failed_at",
-		"lease_until", "message_id", "owner", "redeliveries", "result", "status", "updated_at",
+		"attempts", "completed_at", "fence", "first_seen_at", "key", "last_error", "last_failed_at",
+		"lease_until", "message_id", "namespace", "owner", "redeliveries", "result", "status", "updated_at",
 	}, jsonKeys(t, r.out))
 }
 
@@ -63,7 +63,7 @@ func TestStatusNamesTheCrashCounter(t *testing.T) {
 	b := setup(t)
 	b.exec(t, `INSERT INTO inboxmq_inbox (consumer, key, status, fence, attempts, deliveries)
 		VALUES ('payments', 'payment:8', 'failed', 1, 5, 0)`)
-	r := b.run(t, "status", "payment:8", "--consumer", "payments")
+	r := b.run(t, "status", "payment:8", "--namespace", "payments")
 	require.Equal(t, exitOK, r.code, r.errOut)
 	require.Regexp(t, `(?m)^attempts \(broker attempt\):\s+5$`, r.out)
 	require.Regexp(t, `(?m)^redeliveries \(crash counter\):\s+0$`, r.out)

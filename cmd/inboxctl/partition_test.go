@@ -34,7 +34,7 @@ func TestPartition_ThenStatusStatsAndPurge(t *testing.T) {
 	r = b.run(t, "partition", "--width", "1500ms")
 	require.Equal(t, exitUsage, r.code, r.errOut)
 
-	r = b.run(t, "status", "old:1", "--consumer", "payments", "-o", "json")
+	r = b.run(t, "status", "old:1", "--namespace", "payments", "-o", "json")
 	require.Equal(t, exitOK, r.code, r.errOut)
 	require.Contains(t, r.out, `"completed"`)
 
@@ -50,6 +50,6 @@ func TestPartition_ThenStatusStatsAndPurge(t *testing.T) {
 	var left int
 	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT count(*) FROM inboxmq_inbox`).Scan(&left))
 	require.Equal(t, 6, left)
-	r = b.run(t, "status", "old:1", "--consumer", "payments")
+	r = b.run(t, "status", "old:1", "--namespace", "payments")
 	require.Equal(t, exitNotFound, r.code, r.out)
 }

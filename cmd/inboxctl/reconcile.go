@@ -13,7 +13,7 @@ import (
 
 // staleClaimView is one reconciled claim as inboxctl prints it.
 type staleClaimView struct {
-	Consumer   string    `json:"consumer"`
+	Namespace  string    `json:"namespace"`
 	Key        string    `json:"key"`
 	Owner      *string   `json:"owner"`
 	Fence      int64     `json:"fence"`
@@ -96,9 +96,9 @@ none) and changes nothing.`,
 					return
 				}
 				tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "CONSUMER\tKEY\tOWNER\tFENCE\tATTEMPTS\tLEASE_UNTIL\tACTION\tLAST_ERROR")
+				fmt.Fprintln(tw, "NAMESPACE\tKEY\tOWNER\tFENCE\tATTEMPTS\tLEASE_UNTIL\tACTION\tLAST_ERROR")
 				for _, cl := range v.Claims {
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", cl.Consumer, cl.Key, str(cl.Owner), cl.Fence,
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", cl.Namespace, cl.Key, str(cl.Owner), cl.Fence,
 						cl.Attempts, tm(&cl.LeaseUntil), cl.Action, str(cl.LastError))
 				}
 				_ = tw.Flush()

@@ -190,7 +190,10 @@ func (c *cli) openStore(ctx context.Context) (s *inbox.Store, closeDB func(), er
 	if err != nil {
 		return nil, nil, err
 	}
-	s, err = inbox.NewStore(ctx, pool, nil)
+	s, err = inbox.NewStore(pool, nil)
+	if err == nil {
+		err = s.Check(ctx)
+	}
 	if err != nil {
 		pool.Close()
 		return nil, nil, err

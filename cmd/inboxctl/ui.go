@@ -13,7 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/internal/consumer"
 	"github.com/inboxmq/inboxmq/ui"
 )
 
@@ -68,7 +68,7 @@ Every change is written as an audit line on stderr. The console listens on
 loopback; another address needs --allow-remote (put TLS in front of it).
 
 --queue names a work queue (repeat it), NAME or NAME=NAMESPACE when the
-handler's inbox namespace differs; without it, every consumer found in the
+handler's inbox namespace differs; without it, every namespace found in the
 inbox is shown.`,
 		Example: `  inboxctl ui --queue payments --queue emails
   INBOXCTL_UI_TOKEN=... inboxctl ui --addr 127.0.0.1:9470`,
@@ -142,7 +142,7 @@ inbox is shown.`,
 	f := cmd.Flags()
 	f.StringVar(&addr, "addr", "127.0.0.1:9470", "listen address (loopback unless --allow-remote)")
 	f.StringVar(&token, "token", "", "operator token (default $INBOXCTL_UI_TOKEN, else generated and printed)")
-	f.StringSliceVar(&queues, "queue", nil, "work queue to show, NAME or NAME=NAMESPACE (repeatable; default: every consumer in the inbox)")
+	f.StringSliceVar(&queues, "queue", nil, "work queue to show, NAME or NAME=NAMESPACE (repeatable; default: every namespace in the inbox)")
 	f.DurationSliceVar(&tiers, "retry-tiers", nil, "the queues' broker delay tiers (default: inboxmq's defaults)")
 	f.StringVar(&base, "base-path", "", "path prefix the console is served under behind a proxy")
 	f.BoolVar(&allowRemote, "allow-remote", false, "allow a non-loopback --addr")

@@ -361,7 +361,10 @@ func newTable(ctx context.Context, base *pgxpool.Config, name string, pc *migrat
 			return nil, err
 		}
 	}
-	if t.store, err = inbox.NewStore(ctx, pool, nil); err != nil {
+	if t.store, err = inbox.NewStore(pool, nil); err != nil {
+		return nil, err
+	}
+	if err := t.store.Check(ctx); err != nil {
 		return nil, err
 	}
 	return t, nil

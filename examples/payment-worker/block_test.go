@@ -20,7 +20,7 @@ func TestWorkerBlockedKeyIsParkedThenProcessedOnce(t *testing.T) {
 	b := setup(t)
 	b.migrate(t)
 	ctrl := control.NewStore(b.pool)
-	require.NoError(t, ctrl.Block(t.Context(), control.Block{Consumer: b.queue, Pattern: "payment:blk-1", Reason: "incident 42"}))
+	require.NoError(t, ctrl.Block(t.Context(), control.Block{Namespace: b.queue, Pattern: "payment:blk-1", Reason: "incident 42"}))
 	t.Cleanup(func() { amqptest.DeleteQueues(t, b.conn, b.queue+".parked") })
 	w := b.start(t)
 

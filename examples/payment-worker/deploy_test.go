@@ -7,10 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caarlos0/env/v11"
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
-
-	"github.com/inboxmq/inboxmq"
 )
 
 // The Kubernetes manifest in deploy/ parses, and stays in step with the
@@ -64,14 +63,17 @@ func TestKubernetesManifest(t *testing.T) {
 	require.Len(t, spec.Containers, 1)
 	c := spec.Containers[0]
 
-	require.Greater(t, time.Duration(spec.TerminationGracePeriodSeconds)*time.Second, inboxmq.DefaultStopTimeout,
-		"SIGKILL comes after the worker's graceful stop")
+	require.Greater(t, time.Duration(spec.TerminationGracePeriodSeconds)*time.Second, 25*time.Second,
+		"SIGKILL comes after the worker's graceful stop (Config.StopTimeout, 25s by default)")
 
 	// Every variable is read by the worker, and METRICS_ADDR listens on
 	// the port the probes use, on every interface.
-	read := map[string]bool{}
-	_, err = configFromEnv(func(k string) string { read[k] = true; return "" })
+	params, err := env.GetFieldParams(&config{})
 	require.NoError(t, err)
+	read := map[string]bool{}
+	for _, p := range params {
+		read[p.Key] = true
+	}
 	env := map[string]string{}
 	for _, e := range c.Env {
 		require.True(t, read[e.Name], "the worker reads %s", e.Name)
@@ -89,7 +91,9 @@ func TestKubernetesManifest(t *testing.T) {
 	}
 	require.Equal(t, "/healthz", c.Liveness.HTTPGet.Path)
 	require.Equal(t, "/readyz", c.Readiness.HTTPGet.Path)
-	require.Greater(t, time.Duration(c.Startup.PeriodSeconds*c.Startup.FailureThreshold)*time.Second, defaultConnect,
+	def, err := loadConfig(map[string]string{})
+	require.NoError(t, err)
+	require.Greater(t, time.Duration(c.Startup.PeriodSeconds*c.Startup.FailureThreshold)*time.Second, def.ConnectTimeout,
 		"start-up may wait CONNECT_TIMEOUT before liveness counts")
 	require.NotEmpty(t, c.Resources.Requests["cpu"])
 	require.NotEmpty(t, c.Resources.Requests["memory"])

@@ -1,14 +1,14 @@
 package main
 
 import (
-	"fmt"
 	"net/url"
+	"os"
+	"os/exec"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/inboxmq/inboxmq/internal/redistest"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 )
 
@@ -20,31 +20,29 @@ func TestOpenPool_MultiHostURL(t *testing.T) {
 	require.NoError(t, err)
 	u.Host = "127.0.0.1:9," + u.Host // nothing listens on the discard port
 	cfg := config{DatabaseURL: u.String(), Concurrency: 2, ConnectTimeout: 5 * time.Second}
-	pool, err := openPool(cfg, &tracing{})
+	pool, err := openPool(cfg, nil)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	var readOnly string
 	require.NoError(t, pool.QueryRow(t.Context(), `SHOW transaction_read_only`).Scan(&readOnly))
 	require.Equal(t, "off", readOnly)
 
-	_, err = openPool(config{DatabaseURL: "postgres://postgres:pg-secret@127.0.0.1:9,127.0.0.1:5432/db?target_session_attrs=standby"}, &tracing{})
+	_, err = openPool(config{DatabaseURL: "postgres://postgres:pg-secret@127.0.0.1:9,127.0.0.1:5432/db?target_session_attrs=standby"}, nil)
 	require.ErrorContains(t, err, "target_session_attrs=standby")
 	require.NotContains(t, err.Error(), "pg-secret")
 }
 
-// REDIS_URL may name a Sentinel set; a bad one is an error naming
-// REDIS_URL without its password.
-func TestRedisClient_SentinelURL(t *testing.T) {
+// A bad REDIS_URL (a Sentinel URL without the master set's name) ends
+// `run` at once with an error naming REDIS_URL, never its password.
+func TestRunRefusesABadRedisURL(t *testing.T) {
 	t.Parallel()
-	primary := redistest.StartServer(t, "", "")
-	sentinel := redistest.StartSentinel(t, "payments", primary, "", "")
-	rdb, err := redisClient(fmt.Sprintf("redis+sentinel://%s/payments/3", sentinel.Addr()))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = rdb.Close() })
-	require.NoError(t, rdb.Set(t.Context(), "k", "v", 0).Err())
-
-	_, err = redisClient("redis+sentinel://:redis-secret@127.0.0.1:26379")
-	require.ErrorContains(t, err, "REDIS_URL")
-	require.ErrorContains(t, err, "master set's name")
-	require.NotContains(t, err.Error(), "redis-secret")
+	cmd := exec.CommandContext(t.Context(), workerBinary(t), "run")
+	cmd.Env = append(os.Environ(), "REDIS_URL=redis+sentinel://:redis-secret@127.0.0.1:26379", "METRICS_ADDR="+freeAddr(t))
+	out, err := cmd.CombinedOutput()
+	var exitErr *exec.ExitError
+	require.ErrorAs(t, err, &exitErr, "%s", out)
+	require.Equal(t, 1, exitErr.ExitCode())
+	require.Contains(t, string(out), "payment-worker: REDIS_URL")
+	require.Contains(t, string(out), "master set's name")
+	require.NotContains(t, string(out), "redis-secret")
 }

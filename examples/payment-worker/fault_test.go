@@ -22,7 +22,7 @@ func (b *testBundle) subscribeFailed(t *testing.T) <-chan amqp.Delivery {
 	t.Cleanup(func() { _ = ch.Close() })
 	q, err := ch.QueueDeclare("", false, true, true, false, nil)
 	require.NoError(t, err)
-	require.NoError(t, ch.QueueBind(q.Name, failedRoutingKey, b.events, false, nil))
+	require.NoError(t, ch.QueueBind(q.Name, "payment.failed", b.events, false, nil))
 	deliveries, err := ch.Consume(q.Name, "", true, true, false, false, nil)
 	require.NoError(t, err)
 	return deliveries

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -20,6 +22,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -187,11 +191,29 @@ func (w *worker) metrics(t testing.TB) string {
 	return body
 }
 
+// metricSum sums the samples of the worker's counters and gauges whose
+// name ends in suffix.
 func (w *worker) metricSum(t testing.TB, suffix string) float64 {
 	t.Helper()
-	v, err := sumMetric(strings.NewReader(w.metrics(t)), suffix)
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(strings.NewReader(w.metrics(t)))
 	require.NoError(t, err)
-	return v
+	var sum float64
+	for name, f := range families {
+		if strings.HasSuffix(name, suffix) {
+			for _, m := range f.GetMetric() {
+				sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+			}
+		}
+	}
+	return sum
+}
+
+// newID returns a fresh message id.
+func newID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 // subscribe binds a private queue to the worker's events exchange (which
@@ -203,7 +225,7 @@ func (b *testBundle) subscribe(t testing.TB) <-chan amqp.Delivery {
 	t.Cleanup(func() { _ = ch.Close() })
 	q, err := ch.QueueDeclare("", false, true, true, false, nil)
 	require.NoError(t, err)
-	require.NoError(t, ch.QueueBind(q.Name, eventRoutingKey, b.events, false, nil))
+	require.NoError(t, ch.QueueBind(q.Name, "payment.completed", b.events, false, nil))
 	deliveries, err := ch.Consume(q.Name, "", true, true, false, false, nil)
 	require.NoError(t, err)
 	return deliveries
@@ -319,7 +341,7 @@ func TestWorkerEndToEnd(t *testing.T) {
 			select {
 			case d, ok := <-events:
 				require.True(t, ok, "the events subscription is open")
-				var ev completedEvent
+				var ev Payment
 				require.NoError(t, json.Unmarshal(d.Body, &ev))
 				require.True(t, strings.HasPrefix(ev.OrderID, "e2e-"), "event for %s", ev.OrderID)
 				require.Equal(t, "payment:"+ev.OrderID, d.Headers[inboxtype.HeaderIdempotencyKey])
@@ -463,7 +485,7 @@ type gateway struct {
 }
 
 func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	var req chargeRequest
+	var req Payment
 	if r.Method != http.MethodPost || r.URL.Path != "/charges" || json.NewDecoder(r.Body).Decode(&req) != nil {
 		http.Error(w, "bad request", http.StatusBadRequest)
 		return

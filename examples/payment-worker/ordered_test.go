@@ -1,33 +1,26 @@
 package main
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
+	"github.com/inboxmq/inboxmq/internal/consumer"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 )
 
 func TestConfigOrderedShards(t *testing.T) {
 	t.Parallel()
-	env := func(v string) func(string) string {
-		return func(k string) string {
-			if k == "ORDERED_SHARDS" {
-				return v
-			}
-			return ""
-		}
-	}
-	c, err := configFromEnv(env(""))
+	c, err := loadConfig(map[string]string{})
 	require.NoError(t, err)
 	require.Zero(t, c.OrderedShards, "off by default")
-	c, err = configFromEnv(env("6"))
+	c, err = loadConfig(map[string]string{"ORDERED_SHARDS": "6"})
 	require.NoError(t, err)
 	require.Equal(t, 6, c.OrderedShards)
 	for _, bad := range []string{"-1", "x", "2000"} {
-		_, err = configFromEnv(env(bad))
+		_, err = loadConfig(map[string]string{"ORDERED_SHARDS": bad})
 		require.ErrorContains(t, err, "ORDERED_SHARDS", bad)
 	}
 }
@@ -45,9 +38,19 @@ func TestWorkerOrdered(t *testing.T) {
 	w1 := b.start(t)
 	w2 := b.start(t)
 
+	// Published to the queue's exchange with the order id as routing key:
+	// each order 1–3 times, and two invalid messages.
 	const orders, invalid = 40, 2
-	msgs, _ := burst("ord", orders, 3, invalid)
-	require.NoError(t, publishTo(t.Context(), testenv.AMQPURL(), b.queue, true, msgs))
+	var msgs []outgoing
+	for i := range orders {
+		p := &Payment{OrderID: fmt.Sprintf("ord-%05d", i), AmountCents: 100, Currency: "EUR"}
+		for range 1 + i%3 {
+			msgs = append(msgs, outgoing{payment: p, routingKey: p.OrderID})
+		}
+	}
+	msgs = append(msgs, outgoing{raw: []byte(`{not json`), routingKey: "bad-1"},
+		outgoing{raw: []byte(`{"order_id": "ord-bad", "amount_cents": 0, "currency": "EUR"}`), routingKey: "ord-bad"})
+	b.publishAll(t, b.queue, msgs)
 	testenv.WaitFor(t, "every order paid once and the invalid ones dead-lettered", func() bool {
 		return b.count(t, `SELECT count(*) FROM payments WHERE order_id LIKE 'ord-%'`) >= orders &&
 			amqptest.DepthOrZero(t, b.conn, b.queue+".dlq") == invalid

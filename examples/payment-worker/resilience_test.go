@@ -25,7 +25,7 @@ type timedGateway struct {
 }
 
 func (g *timedGateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	var req chargeRequest
+	var req Payment
 	if json.NewDecoder(r.Body).Decode(&req) != nil {
 		http.Error(w, "bad request", http.StatusBadRequest)
 		return

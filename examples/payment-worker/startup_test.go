@@ -136,3 +136,15 @@ func TestMigrateGivesUpOnADatabaseThatNeverAnswers(t *testing.T) {
 	require.Regexp(t, `PostgreSQL at \S+ did not answer within 2s \(CONNECT_TIMEOUT\)`, string(out))
 	require.NotContains(t, string(out), "s3cret")
 }
+
+// A missing or unknown command exits 1 and says which commands there are.
+func TestUnknownCommandExitsOne(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{nil, {"serve"}, {"run", "now"}} {
+		out, err := exec.CommandContext(t.Context(), workerBinary(t), args...).CombinedOutput()
+		var exitErr *exec.ExitError
+		require.ErrorAs(t, err, &exitErr, "%v: %s", args, out)
+		require.Equal(t, 1, exitErr.ExitCode(), "%v", args)
+		require.Contains(t, string(out), "want migrate or run", "%v", args)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"io"
 	"net/http"
+	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -77,4 +78,22 @@ func TestWorkerExportsTracesWhenConfigured(t *testing.T) {
 	for _, want := range []string{"payments-under-test", "process " + b.queue, "INSERT INTO payments", "POST"} {
 		require.True(t, sink.contains([]byte(want)), "the export holds %q", want)
 	}
+}
+
+// The worker traces over OTLP/HTTP only: it links no gRPC exporter and no
+// other exporter. (otlptracehttp's own configuration package imports parts
+// of google.golang.org/grpc; docs/performance.md gives the binary's size.)
+func TestWorkerLinksOnlyTheHTTPExporter(t *testing.T) {
+	t.Parallel()
+	out, err := exec.CommandContext(t.Context(), "go", "list", "-deps", "github.com/inboxmq/inboxmq/examples/payment-worker").Output()
+	require.NoError(t, err, "go list")
+	var extra []string
+	for _, pkg := range strings.Fields(string(out)) {
+		if strings.HasPrefix(pkg, "go.opentelemetry.io/otel/exporters/") &&
+			!strings.HasPrefix(pkg, "go.opentelemetry.io/otel/exporters/otlp/otlptrace") ||
+			strings.HasPrefix(pkg, "go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc") {
+			extra = append(extra, pkg)
+		}
+	}
+	require.Empty(t, extra)
 }

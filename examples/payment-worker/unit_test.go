@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -9,11 +10,19 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inboxmq/inboxmq"
-	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/inboxtype"
-	"github.com/inboxmq/inboxmq/middleware"
+	"github.com/inboxmq/inboxmq/internal/consumer"
 	"github.com/inboxmq/inboxmq/retry"
 )
+
+// validate is what the worker does to a decoded payment: Validate, then
+// the key check of every route (inboxtype.ValidKey).
+func validate(p Payment) error {
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	return inboxtype.ValidKey(p.IdempotencyKey())
+}
 
 func TestPaymentValidate(t *testing.T) {
 	t.Parallel()
@@ -29,6 +38,7 @@ func TestPaymentValidate(t *testing.T) {
 		{"negative amount", Payment{OrderID: "o", AmountCents: -3, Currency: "EUR"}, "not positive"},
 		{"long currency", Payment{OrderID: "o", AmountCents: 1, Currency: "EURO"}, "three letters"},
 		{"digit currency", Payment{OrderID: "o", AmountCents: 1, Currency: "E1R"}, "three letters"},
+		{"non-ASCII currency", Payment{OrderID: "o", AmountCents: 1, Currency: "éa"}, "three letters"},
 		{"largest amount", Payment{OrderID: "o", AmountCents: 1<<63 - 1, Currency: "EUR"}, ""},
 		{"order_id of 200 bytes", Payment{OrderID: strings.Repeat("o", 200), AmountCents: 1, Currency: "EUR"}, ""},
 		{"order_id of 201 bytes", Payment{OrderID: strings.Repeat("o", 201), AmountCents: 1, Currency: "EUR"}, "longer than 200"},
@@ -46,7 +56,7 @@ func TestPaymentValidate(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			err := tt.p.Validate()
+			err := validate(tt.p)
 			if tt.wantErr == "" {
 				require.NoError(t, err)
 				return
@@ -103,10 +113,7 @@ func TestPaymentInput(t *testing.T) {
 			var p Payment
 			err := consumer.JSON.Decode([]byte(tt.body), &p)
 			if err == nil {
-				err = p.Validate()
-			}
-			if err == nil {
-				err = inboxtype.ValidKey(p.IdempotencyKey())
+				err = validate(p)
 			}
 			if tt.want == "" {
 				require.NoError(t, err)
@@ -117,33 +124,67 @@ func TestPaymentInput(t *testing.T) {
 	}
 }
 
-func TestClassifyStatus(t *testing.T) {
+// Every gateway answer is classified: 2xx charged (its id returned), 5xx,
+// 408 and 429 (after its Retry-After) retried, other statuses permanent,
+// each with its reason.
+func TestGatewayClassifiesAnswers(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
-		code   int
-		kind   retry.Kind
-		reason string
+		code       int
+		retryAfter string
+		kind       retry.Kind
+		reason     string
+		delay      time.Duration
 	}{
-		{http.StatusOK, retry.KindSucceeded, ""},
-		{http.StatusCreated, retry.KindSucceeded, ""},
-		{http.StatusInternalServerError, retry.KindRetry, reasonGateway5xx},
-		{http.StatusServiceUnavailable, retry.KindRetry, reasonGateway5xx},
-		{http.StatusRequestTimeout, retry.KindRetry, reasonGatewayTimeout},
-		{http.StatusTooManyRequests, retry.KindRetry, reasonGateway429},
-		{http.StatusBadRequest, retry.KindPermanent, reasonGateway4xx},
-		{http.StatusUnprocessableEntity, retry.KindPermanent, reasonGateway4xx},
-		{http.StatusConflict, retry.KindPermanent, reasonGateway4xx},
+		{http.StatusOK, "", retry.KindSucceeded, "", 0},
+		{http.StatusCreated, "", retry.KindSucceeded, "", 0},
+		{http.StatusInternalServerError, "", retry.KindRetry, "gateway_5xx", 0},
+		{http.StatusServiceUnavailable, "", retry.KindRetry, "gateway_5xx", 0},
+		{http.StatusRequestTimeout, "", retry.KindRetry, "gateway_timeout", 0},
+		{http.StatusTooManyRequests, "", retry.KindRetry, "gateway_429", 0},
+		{http.StatusTooManyRequests, "7", retry.KindRetry, "gateway_429", 7 * time.Second},
+		{http.StatusTooManyRequests, "86400", retry.KindRetry, "gateway_429", 10 * time.Minute},
+		{http.StatusBadRequest, "", retry.KindPermanent, "gateway_4xx", 0},
+		{http.StatusUnprocessableEntity, "", retry.KindPermanent, "gateway_4xx", 0},
+		{http.StatusConflict, "", retry.KindPermanent, "gateway_4xx", 0},
 	}
 	for _, tt := range tests {
-		t.Run(http.StatusText(tt.code), func(t *testing.T) {
+		t.Run(fmt.Sprintf("%d %s", tt.code, tt.retryAfter), func(t *testing.T) {
 			t.Parallel()
-			d := retry.Classify(classifyStatus(tt.code, "", "o-1", "body"))
-			require.Equal(t, tt.kind, d.Kind)
+			srv := newLoopbackServer(t, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				w.Header().Set("Retry-After", tt.retryAfter)
+				w.WriteHeader(tt.code)
+				_, _ = w.Write([]byte(`{"id":"ch_1"}`))
+			}))
+			id, err := (&Gateway{BaseURL: srv}).Charge(t.Context(), "payment:o-1", Payment{OrderID: "o-1", AmountCents: 1, Currency: "EUR"})
+			d := retry.Classify(err)
+			require.Equal(t, tt.kind, d.Kind, "%v", err)
 			require.Equal(t, tt.reason, d.Reason)
+			require.Equal(t, tt.delay, d.Delay, "Retry-After is honoured, up to 10m")
+			if tt.kind == retry.KindSucceeded {
+				require.Equal(t, "ch_1", id)
+			}
 		})
 	}
-	d := retry.Classify(classifyStatus(http.StatusTooManyRequests, "7", "o-1", ""))
-	require.Equal(t, 7*time.Second, d.Delay, "Retry-After is honoured")
+}
+
+// A gateway that does not answer in time, or at all, is retried with its
+// reason.
+func TestGatewayTimeoutAndNetworkErrors(t *testing.T) {
+	t.Parallel()
+	hang := make(chan struct{})
+	slow := newLoopbackServer(t, http.HandlerFunc(func(http.ResponseWriter, *http.Request) { <-hang }))
+	t.Cleanup(func() { close(hang) })
+	p := Payment{OrderID: "o-1", AmountCents: 1, Currency: "EUR"}
+	_, err := (&Gateway{BaseURL: slow, Timeout: 100 * time.Millisecond}).Charge(t.Context(), p.IdempotencyKey(), p)
+	d := retry.Classify(err)
+	require.Equal(t, retry.KindRetry, d.Kind, "%v", err)
+	require.Equal(t, "gateway_timeout", d.Reason)
+
+	_, err = (&Gateway{BaseURL: "http://" + freeAddr(t)}).Charge(t.Context(), p.IdempotencyKey(), p)
+	d = retry.Classify(err)
+	require.Equal(t, retry.KindRetry, d.Kind, "%v", err)
+	require.Equal(t, "gateway_network", d.Reason)
 }
 
 // A request that can never succeed (a header value net/http refuses, a
@@ -186,122 +227,89 @@ func TestGatewayInvalidRequestIsPermanent(t *testing.T) {
 
 func TestConfigFromEnv(t *testing.T) {
 	t.Parallel()
-	env := func(kv ...string) func(string) string {
+	env := func(kv ...string) map[string]string {
 		m := map[string]string{}
 		for i := 0; i+1 < len(kv); i += 2 {
 			m[kv[i]] = kv[i+1]
 		}
-		return func(k string) string { return m[k] }
+		return m
 	}
-	c, err := configFromEnv(env())
+	c, err := loadConfig(env())
 	require.NoError(t, err)
 	require.Equal(t, config{
-		AMQPURL: defaultAMQPURL, DatabaseURL: defaultDatabaseURL, RedisURL: defaultRedisURL,
-		Queue: defaultQueue, LockTTL: 30 * time.Second, Concurrency: 8, MetricsAddr: defaultMetricsAddr,
-		EventsExchange: defaultEvents, ConnectTimeout: 30 * time.Second,
-		QueueType: consumer.Quorum, DeliveryLimit: 20,
-	}, c)
-	c, err = configFromEnv(env("QUEUE_TYPE", "classic", "DELIVERY_LIMIT", "5"))
+		AMQPURL: "amqp://guest:guest@127.0.0.1:5672/", DatabaseURL: "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
+		RedisURL: "redis://127.0.0.1:6379/0", Queue: "payments.requested", Events: "payments.events",
+		Lock: "auto", LockTTL: 30 * time.Second, Concurrency: 8, GroupCommit: "off", FaultEvents: "off",
+		MetricsAddr: "127.0.0.1:9464", ConnectTimeout: 30 * time.Second, QueueType: inboxmq.Quorum, DeliveryLimit: 20,
+		Breaker: "off", BreakerWindow: 30 * time.Second, BreakerThreshold: 0.5, BreakerMinCalls: 10, BreakerCoolDown: 15 * time.Second,
+		GatewayWorkers: 1,
+	}, c, "the README's defaults")
+	c, err = loadConfig(env("QUEUE_TYPE", "classic", "DELIVERY_LIMIT", "5", "LOCK_TTL", "", "PAYMENT_QUEUE", ""))
 	require.NoError(t, err)
-	require.Equal(t, consumer.Classic, c.QueueType)
+	require.Equal(t, inboxmq.Classic, c.QueueType)
 	require.Equal(t, 5, c.DeliveryLimit)
-	_, err = configFromEnv(env("QUEUE_TYPE", "stream"))
-	require.EqualError(t, err, `QUEUE_TYPE "stream": want quorum or classic`)
+	require.Equal(t, 30*time.Second, c.LockTTL, "an empty variable is unset")
+	require.Equal(t, "payments.requested", c.Queue)
 
-	c, err = configFromEnv(env("LOCK_TTL", "2s", "WORKER_CONCURRENCY", "3", "PAYMENT_QUEUE", "q.1", "GATEWAY_URL", "http://127.0.0.1:1", "GROUP_COMMIT", "on",
-		"FAULT_EVENTS", "on"))
+	c, err = loadConfig(env("LOCK_TTL", "2s", "WORKER_CONCURRENCY", "3", "PAYMENT_QUEUE", "q.1", "GATEWAY_URL", "http://127.0.0.1:1",
+		"GROUP_COMMIT", "on", "FAULT_EVENTS", "on", "CONNECT_TIMEOUT", "5s", "LOCK", "on"))
 	require.NoError(t, err)
 	require.Equal(t, 2*time.Second, c.LockTTL)
 	require.Equal(t, 3, c.Concurrency)
 	require.Equal(t, "q.1", c.Queue)
-	require.True(t, c.GroupCommit)
-	require.True(t, c.FaultEvents)
-	c, err = configFromEnv(env("GROUP_COMMIT", "on"))
+	require.Equal(t, "on", c.GroupCommit)
+	require.Equal(t, "on", c.FaultEvents)
+	require.Equal(t, "on", c.Lock)
+	require.Equal(t, 5*time.Second, c.ConnectTimeout)
+	c, err = loadConfig(env("GROUP_COMMIT", "on"))
 	require.NoError(t, err)
 	require.Zero(t, c.Concurrency, "with group commit the route picks the concurrency")
-	c, err = configFromEnv(env("CONNECT_TIMEOUT", "5s"))
-	require.NoError(t, err)
-	require.Equal(t, 5*time.Second, c.ConnectTimeout)
 
-	c, err = configFromEnv(env())
-	require.NoError(t, err)
-	require.Nil(t, c.Breaker, "BREAKER defaults to off")
-	require.Zero(t, c.GatewayRateLimit, "no rate limit by default")
-	c, err = configFromEnv(env("BREAKER", "on", "BREAKER_WINDOW", "10s", "BREAKER_THRESHOLD", "0.25",
+	c, err = loadConfig(env("BREAKER", "on", "BREAKER_WINDOW", "10s", "BREAKER_THRESHOLD", "0.25",
 		"BREAKER_MIN_CALLS", "4", "BREAKER_COOLDOWN", "3s", "GATEWAY_RATE_LIMIT", "50", "GATEWAY_WORKERS", "3"))
 	require.NoError(t, err)
-	require.Equal(t, &middleware.BreakerOpts{
-		Downstream: "gateway", Window: 10 * time.Second, Threshold: 0.25, MinCalls: 4, CoolDown: 3 * time.Second,
-	}, c.Breaker)
-	require.InDelta(t, 50, c.GatewayRateLimit, 0)
+	require.Equal(t, "on", c.Breaker)
+	require.Equal(t, 10*time.Second, c.BreakerWindow)
+	require.InDelta(t, 0.25, c.BreakerThreshold, 0)
+	require.Equal(t, 4, c.BreakerMinCalls)
+	require.Equal(t, 3*time.Second, c.BreakerCoolDown)
+	require.InDelta(t, 50, c.RateLimit, 0)
 	require.Equal(t, 3, c.GatewayWorkers)
 
 	for _, bad := range [][]string{
-		{"BREAKER", "yes"}, {"BREAKER_WINDOW", "soon"}, {"BREAKER_COOLDOWN", "-1s"}, {"BREAKER_THRESHOLD", "2"},
-		{"BREAKER_MIN_CALLS", "0"}, {"GATEWAY_RATE_LIMIT", "-1"}, {"GATEWAY_RATE_LIMIT", "fast"}, {"GATEWAY_WORKERS", "0"},
+		{"BREAKER", "yes"}, {"BREAKER_WINDOW", "soon"}, {"BREAKER_WINDOW", "0s"}, {"BREAKER_COOLDOWN", "-1s"},
+		{"BREAKER_THRESHOLD", "2"}, {"BREAKER_THRESHOLD", "0"}, {"BREAKER_MIN_CALLS", "0"}, {"GATEWAY_RATE_LIMIT", "-1"},
+		{"GATEWAY_RATE_LIMIT", "fast"}, {"GATEWAY_WORKERS", "0"},
 		{"LOCK_TTL", "soon"}, {"LOCK_TTL", "-1s"}, {"LOCK_TTL", "1ns"}, {"LOCK_TTL", "1ms"}, {"LOCK_TTL", "999ms"},
-		{"LOCK_TTL", "1h"}, {"LOCK_TTL", "10m1s"}, {"WORKER_CONCURRENCY", "0"},
-		{"PAYMENT_QUEUE", "bad queue"}, {"GATEWAY_URL", "ftp://x"}, {"GROUP_COMMIT", "yes"},
-		{"FAULT_EVENTS", "yes"}, {"CONNECT_TIMEOUT", "0s"}, {"CONNECT_TIMEOUT", "soon"},
-		{"QUEUE_TYPE", "Quorum"}, {"QUEUE_TYPE", "mirrored"}, {"DELIVERY_LIMIT", "0"}, {"DELIVERY_LIMIT", "-3"},
-		{"DELIVERY_LIMIT", "many"},
+		{"LOCK_TTL", "1h"}, {"LOCK_TTL", "10m1s"}, {"WORKER_CONCURRENCY", "0"}, {"WORKER_CONCURRENCY", "many"},
+		{"PAYMENT_QUEUE", "bad queue"}, {"PAYMENT_EVENTS_EXCHANGE", "bad/exchange"}, {"GATEWAY_URL", "ftp://x"},
+		{"GATEWAY_URL", "http://"}, {"GROUP_COMMIT", "yes"}, {"FAULT_EVENTS", "yes"}, {"CONNECT_TIMEOUT", "0s"},
+		{"CONNECT_TIMEOUT", "soon"}, {"QUEUE_TYPE", "Quorum"}, {"QUEUE_TYPE", "mirrored"}, {"DELIVERY_LIMIT", "0"},
+		{"DELIVERY_LIMIT", "-3"}, {"DELIVERY_LIMIT", "many"}, {"LOCK", "yes"},
 	} {
-		_, err := configFromEnv(env(bad...))
-		require.Error(t, err, "%v", bad)
+		_, err := loadConfig(env(bad...))
+		require.ErrorContains(t, err, bad[0]+": want ", "%v: the error names the variable and what it wants", bad)
 	}
-	for v, want := range map[string]inboxmq.LockMode{"": inboxmq.LockAuto, "auto": inboxmq.LockAuto, "on": inboxmq.LockOn, "off": inboxmq.LockOff} {
-		c, err := configFromEnv(env("LOCK", v))
+	for v, want := range map[string]string{"": "auto", "auto": "auto", "on": "on", "off": "off"} {
+		c, err := loadConfig(env("LOCK", v))
 		require.NoError(t, err, "LOCK=%s", v)
 		require.Equal(t, want, c.Lock, "LOCK=%s", v)
 	}
-	_, err = configFromEnv(env("LOCK", "yes"))
-	require.EqualError(t, err, `LOCK "yes": want auto, on or off`)
+	_, err = loadConfig(env("LOCK", "yes"))
+	require.EqualError(t, err, `LOCK: want auto, on or off`)
+	_, err = loadConfig(env("QUEUE_TYPE", "stream"))
+	require.EqualError(t, err, `QUEUE_TYPE: want quorum or classic`)
 	for v, want := range map[string]time.Duration{"1s": time.Second, "10m": 10 * time.Minute} {
-		c, err := configFromEnv(env("LOCK_TTL", v))
+		c, err := loadConfig(env("LOCK_TTL", v))
 		require.NoError(t, err, "LOCK_TTL=%s is in range", v)
 		require.Equal(t, want, c.LockTTL)
 	}
-	_, err = configFromEnv(env("LOCK_TTL", "1h"))
-	require.EqualError(t, err, `LOCK_TTL "1h": want a Go duration from 1s to 10m0s, such as 30s`)
-	_, err = configFromEnv(env("GATEWAY_URL", "http//user:secret@"))
-	require.Error(t, err)
-	require.NotContains(t, err.Error(), "secret", "errors never show a password")
-}
-
-func TestSumMetric(t *testing.T) {
-	t.Parallel()
-	text := `# HELP inboxmq_duplicate_detected_total Duplicates.
-# TYPE inboxmq_duplicate_detected_total counter
-inboxmq_duplicate_detected_total{queue="q",source="inbox"} 3
-inboxmq_duplicate_detected_total{queue="q",source="cache"} 2
-inboxmq_job_retry_total{queue="q"} 9
-other 1
-`
-	v, err := sumMetric(strings.NewReader(text), "duplicate_detected_total")
-	require.NoError(t, err)
-	require.InDelta(t, 5.0, v, 0)
-}
-
-func TestBurst(t *testing.T) {
-	t.Parallel()
-	msgs, s := burst("run", 50, 3, 5)
-	require.Equal(t, 50, s.UniqueOrders)
-	require.Equal(t, 5, s.Invalid)
-	require.Equal(t, s.ValidCopies+s.Invalid, s.Published)
-	require.Len(t, msgs, s.Published)
-	require.GreaterOrEqual(t, s.ValidCopies, 50)
-	require.LessOrEqual(t, s.ValidCopies, 150)
-	ids := map[string]bool{}
-	invalid := 0
-	for _, m := range msgs {
-		require.False(t, ids[m.id], "message ids are all different")
-		ids[m.id] = true
-		if m.payment == nil {
-			invalid++
-			require.NotEmpty(t, m.raw)
-		}
+	for _, v := range []string{"1h", "soon"} {
+		_, err = loadConfig(env("LOCK_TTL", v))
+		require.EqualError(t, err, `LOCK_TTL: want a Go duration from 1s to 10m0s, such as 30s`, "LOCK_TTL=%s", v)
 	}
-	require.Equal(t, s.Invalid, invalid)
+	_, err = loadConfig(env("GATEWAY_URL", "http//user:secret@"))
+	require.EqualError(t, err, `GATEWAY_URL: want an http:// or https:// URL with a host`)
 }
 
 func TestPaymentFingerprint(t *testing.T) {

@@ -38,7 +38,7 @@ import (
 const (
 	RoleConsumer  = "consumer"  // the consumer's consuming connection
 	RolePublisher = "publisher" // the consumer's connection for retry and dead-letter copies
-	RoleParker    = "parker"    // control.DialParker's connection
+	RoleParker    = "parker"    // controlrun.DialParker's connection
 	RoleRelay     = "relay"     // an outbox relay lane's connection
 	RoleAdmin     = "admin"     // a short-lived connection: declarations, inboxctl
 	RoleProducer  = "producer"  // a producer.Producer's connection

@@ -20,7 +20,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/inboxmq/inboxmq/consumer"
+	"github.com/inboxmq/inboxmq/inboxtype"
+	"github.com/inboxmq/inboxmq/internal/consumer"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 )
 
@@ -60,12 +61,12 @@ func Dial(t testing.TB) *amqp.Connection {
 // default retry tiers (errors ignored: some may never have been declared).
 func DeleteQueues(t testing.TB, conn *amqp.Connection, queue string) {
 	t.Helper()
-	names := []string{queue, queue + ".dlq", queue + ".dead", queue + ".parked"}
+	names := []string{queue, inboxtype.DeadLetterQueue(queue), queue + ".dead", inboxtype.ParkedQueue(queue)}
 	for _, tier := range consumer.DefaultRetryTiers {
-		names = append(names, consumer.RetryQueueName(queue, tier))
+		names = append(names, inboxtype.RetryQueue(queue, tier))
 	}
 	for _, tier := range extraTiers {
-		names = append(names, consumer.RetryQueueName(queue, tier))
+		names = append(names, inboxtype.RetryQueue(queue, tier))
 	}
 	for _, n := range names {
 		ch, err := conn.Channel()

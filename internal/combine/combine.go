@@ -1,9 +1,9 @@
 // Package combine shares round trips between goroutines: the operations
 // that arrive while one round trip is under way go out together in the
-// next (flat combining). It has its own home because two layers use it —
-// the Redis lock's obtains and releases (lock.Batcher) and claim mode's
-// claims (package inbox) — and the hand-over below is the subtle part
-// both must get right once.
+// next (flat combining). It has its own home because several layers use
+// it — claim mode's claims (package inbox), the consumer's acks and the
+// completed-cache's reads and writes (package middleware) — and the
+// hand-over below is the subtle part all must get right once.
 //
 // Nothing waits to fill a round: an operation that finds no round trip
 // under way is sent at once, alone. The caller that sends a round sends

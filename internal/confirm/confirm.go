@@ -1,24 +1,34 @@
-// Package confirm publishes AMQP messages with publisher confirms and the
-// mandatory flag, one message in flight per channel, on a pool of
-// confirm-mode channels of one connection. It is the one publish-and-wait
-// mechanism of the consumer's retry and dead-letter copies and of package
-// producer; the outbox relay pipelines whole batches on a channel of its
-// own instead.
+// Package confirm is inboxmq's one way to publish and wait for the
+// broker's publisher confirms: the consumer's retry and dead-letter copies
+// and its DLQ replay, the parker and Release, the outbox relay and package
+// producer all publish through a [Pool] of confirm-mode channels of one
+// connection.
 //
-// Each channel carries one publish at a time: the broker sends a message's
-// basic.return before its confirm on the same channel, and amqp091 hands
-// both over in that order, so a return waiting on the channel once the
-// confirm arrived belongs to that publish. No header is needed to match a
-// return to its publish. A channel whose publish did not end in a confirm
-// (a timeout, a failed write) may still receive that publish's return, so
-// it is closed rather than reused.
+// A publish ([Pool.Publish]) or a batch ([Pool.PublishBatch]) has a
+// channel to itself from its first write to its last confirm, so every
+// return and confirm on that channel is its own. The broker sends a
+// message's basic.return before its confirm, and amqp091 hands both over
+// in that order, so once a message is confirmed its return, if any, is
+// there: a mandatory message returned and then confirmed is an error,
+// never a success. Within a batch a return is matched to its message by
+// destination and message id, in publish order. A channel whose publish
+// did not end with every confirm in (a timeout, a failed write) may still
+// receive that publish's return, so it is closed rather than reused.
+//
+// A message whose properties cannot fit in one frame of the connection is
+// refused before it is written ([*TooLargeError]): the broker would close
+// the connection on it, and with it every other publish in flight.
+//
+// A batch may be written to the socket at once: given a [Holder] (the
+// connection's amqpdial.HoldConn), its publishes are queued while amqp091
+// frames them and go out in one write.
 package confirm
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -62,203 +72,238 @@ func (e *ClosedError) Unwrap() error {
 	return e.Reason
 }
 
-// Pool is a pool of confirm-mode channels on one connection. It is safe
-// for concurrent use.
-type Pool struct {
-	conn    *amqp.Connection
-	idle    chan *channel
-	slots   chan struct{} // nil: unbounded
-	closing sync.WaitGroup
-
-	mu   sync.Mutex
-	shut bool // Close was called: channels are closed at once
+// TooLargeError is returned for a message whose content header (its
+// properties and headers, [ContentHeaderSize]) exceeds the connection's
+// frame size. It was not sent: sending it would make the broker close the
+// connection.
+type TooLargeError struct {
+	Size, FrameMax int
 }
 
-// channel is one channel of the pool, with its returns and close reason.
-type channel struct {
-	ch      *amqp.Channel
-	returns chan amqp.Return
-	closes  chan *amqp.Error
+func (e *TooLargeError) Error() string {
+	return fmt.Sprintf("its properties and headers take %d bytes, more than the connection's frame size of %d", e.Size, e.FrameMax)
 }
 
-// NewPool opens the first channel of a pool on conn (so a connection that
-// cannot publish with confirms fails at once) and keeps up to idle
-// channels open between publishes. maxOpen bounds the channels open at
-// once (publishes beyond it wait for one, bounded by their ctx); 0 means
-// no bound.
-func NewPool(conn *amqp.Connection, idle, maxOpen int) (*Pool, error) {
-	p := &Pool{conn: conn, idle: make(chan *channel, max(idle, 1))}
-	if maxOpen > 0 {
-		p.slots = make(chan struct{}, maxOpen)
-		p.slots <- struct{}{}
-	}
-	cc, err := p.open()
-	if err != nil {
-		return nil, err
-	}
-	p.release(cc)
-	return p, nil
+// Message is one message of a batch.
+type Message struct {
+	Exchange, RoutingKey string
+	// Mandatory asks the broker to return the message if no queue takes
+	// it: the message then fails with a [*ReturnedError].
+	Mandatory  bool
+	Publishing amqp.Publishing
 }
 
-func (p *Pool) open() (*channel, error) {
-	ch, err := p.conn.Channel()
-	if err != nil {
-		return nil, fmt.Errorf("open channel: %w", err)
-	}
-	if err := ch.Confirm(false); err != nil {
-		_ = ch.Close()
-		return nil, fmt.Errorf("put channel in confirm mode: %w", err)
-	}
-	// One publish at a time, so at most one return is ever pending.
-	return &channel{
-		ch:      ch,
-		returns: ch.NotifyReturn(make(chan amqp.Return, 1)),
-		closes:  ch.NotifyClose(make(chan *amqp.Error, 1)),
-	}, nil
-}
-
-// acquire takes an idle open channel, or opens one (waiting for a slot
-// when the pool is bounded).
-func (p *Pool) acquire(ctx context.Context) (*channel, error) {
-	for {
-		select {
-		case cc := <-p.idle:
-			if cc.ch.IsClosed() {
-				p.free()
-				continue
-			}
-			return cc, nil
-		default:
-		}
-		if p.slots == nil {
-			return p.open()
-		}
-		select {
-		case cc := <-p.idle:
-			if cc.ch.IsClosed() {
-				p.free()
-				continue
-			}
-			return cc, nil
-		case p.slots <- struct{}{}:
-			cc, err := p.open()
-			if err != nil {
-				p.free()
-			}
-			return cc, err
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-	}
-}
-
-// free gives back the slot of a channel that is gone.
-func (p *Pool) free() {
-	if p.slots != nil {
-		<-p.slots
-	}
-}
-
-// release puts cc back in the pool, or closes it when the pool is full.
-func (p *Pool) release(cc *channel) {
-	p.mu.Lock()
-	shut := p.shut
-	p.mu.Unlock()
-	if shut {
-		p.discard(cc)
-		return
-	}
-	select {
-	case p.idle <- cc:
-	default:
-		p.discard(cc)
-	}
-}
-
-// discard closes cc in the background: on a blocked connection the close
-// waits for the broker, and the publish that gave up on cc must not. After
-// Close it closes cc at once.
-func (p *Pool) discard(cc *channel) {
-	p.mu.Lock()
-	if p.shut {
-		p.mu.Unlock()
-		_ = cc.ch.Close()
-		p.free()
-		return
-	}
-	p.closing.Add(1)
-	p.mu.Unlock()
-	go func() {
-		defer p.closing.Done()
-		defer p.free()
-		_ = cc.ch.Close()
-	}()
-}
-
-// Close closes the pooled channels and waits for those being closed. Call
-// it after closing the connection, or with a connection that answers. It
-// may run while publishes are in flight (their channels close as they
-// end).
-func (p *Pool) Close() {
-	p.mu.Lock()
-	p.shut = true
-	p.mu.Unlock()
-	for {
-		select {
-		case cc := <-p.idle:
-			p.discard(cc)
-			continue
-		default:
-		}
-		break
-	}
-	p.closing.Wait()
+// Holder holds the socket writes of a connection: between Hold and
+// Release, what amqp091 writes is queued, and Release writes it at once,
+// returning the write's error. amqpdial.HoldConn is one.
+type Holder interface {
+	Hold()
+	Release() error
 }
 
 // Publish sends msg and waits for the broker's confirm, bounded by ctx. It
 // returns nil once the broker confirmed the message (and, with mandatory,
 // did not return it), [ErrNacked] for a nack, a [*ReturnedError] for a
 // mandatory message no queue took, a [*ClosedError] when the channel
-// closed first, or the error of the write or of ctx. Errors are not
-// prefixed: the caller names its package and destination.
+// closed first, a [*TooLargeError] for a message that cannot be sent, or
+// the error of the write or of ctx. Errors are not prefixed: the caller
+// names its package and destination.
 func (p *Pool) Publish(ctx context.Context, exchange, routingKey string, mandatory bool, msg amqp.Publishing) error {
+	errs, _ := p.PublishBatch(ctx, []Message{{Exchange: exchange, RoutingKey: routingKey, Mandatory: mandatory, Publishing: msg}}, nil)
+	return errs[0]
+}
+
+// PublishBatch sends msgs in order on one channel and waits for all their
+// confirms, bounded by ctx. With hold set, the publishes are queued while
+// amqp091 frames them and written at once when the last is framed; nothing
+// inside the hold waits for the broker.
+//
+// errs has one entry per message, with [Pool.Publish]'s meaning: nil for a
+// confirmed message; [ErrNacked] or a [*ReturnedError] for one the broker
+// refused; a [*TooLargeError] for one not sent; and err for one with no
+// answer. err says why the batch ended without every answer, or left its
+// channel unusable: a failed write or publish (a header amqp091 cannot
+// encode ends the batch there), a closed channel, ctx's end. It is nil
+// when every message got its answer.
+func (p *Pool) PublishBatch(ctx context.Context, msgs []Message, hold Holder) (errs []error, err error) {
+	errs = make([]error, len(msgs))
+	if len(msgs) == 0 {
+		return errs, nil
+	}
 	cc, err := p.acquire(ctx)
 	if err != nil {
-		return err
-	}
-	dc, err := cc.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, routingKey, mandatory, false, msg)
-	if err != nil {
-		p.discard(cc)
-		return err
-	}
-	ok, err := dc.WaitContext(ctx)
-	if err != nil {
-		p.discard(cc)
-		return err
-	}
-	var ret amqp.Return
-	returned := false
-	select {
-	case ret, returned = <-cc.returns: // false if the channel closed
-	default:
-	}
-	if !ok && cc.ch.IsClosed() {
-		// A closing channel resolves its pending confirms as nacks: that
-		// is "no answer", not the broker's nack.
-		var reason *amqp.Error
-		select {
-		case reason = <-cc.closes:
-		default:
+		for i := range errs {
+			errs[i] = err
 		}
+		return errs, err
+	}
+	if err := cc.publish(ctx, msgs, hold, p.frameMax, errs); err != nil || cc.ch.IsClosed() {
 		p.discard(cc)
-		return &ClosedError{Reason: reason}
+		return errs, err
 	}
 	p.release(cc)
-	if !ok {
-		return ErrNacked
+	return errs, nil
+}
+
+// publish sends msgs on cc, waits for their confirms and sets errs (see
+// PublishBatch). It returns the batch's error.
+func (cc *channel) publish(ctx context.Context, msgs []Message, hold Holder, frameMax int, errs []error) error {
+	dcs := make([]*amqp.DeferredConfirmation, len(msgs))
+	var err error
+	if hold != nil {
+		hold.Hold()
 	}
-	if returned {
-		return &ReturnedError{Return: ret}
+	for i := range msgs {
+		m := &msgs[i]
+		if errs[i] = check(&m.Publishing, frameMax); errs[i] != nil {
+			continue
+		}
+		dcs[i], err = cc.ch.PublishWithDeferredConfirmWithContext(ctx, m.Exchange, m.RoutingKey, m.Mandatory, false, m.Publishing)
+		if err != nil {
+			break // the channel or connection failed: the rest is not sent
+		}
+	}
+	if hold != nil {
+		if werr := hold.Release(); werr != nil {
+			// Nothing of the batch reached the broker: no confirm will come.
+			err = errors.Join(err, fmt.Errorf("write the batch: %w", werr))
+			for i := range dcs {
+				if errs[i] == nil {
+					errs[i] = err
+				}
+			}
+			return err
+		}
+	}
+
+	returns := cc.returns
+	var rets []amqp.Return
+	for _, dc := range dcs {
+		if dc == nil {
+			continue
+		}
+		if werr := waitFor(ctx, dc, &returns, &rets); werr != nil {
+			err = errors.Join(err, werr)
+			break
+		}
+	}
+	for returns != nil { // every return of a confirmed message is queued by now
+		select {
+		case r, ok := <-returns:
+			if !ok {
+				returns = nil
+				break
+			}
+			rets = append(rets, r)
+		default:
+			returns = nil
+		}
+	}
+	// A closing channel resolves its pending confirms as nacks: that is
+	// "no answer", not the broker's nack.
+	// A publish after the broker closed the channel fails with
+	// amqp.ErrClosed, before the close's reason may have reached us: that is
+	// the same closed channel.
+	closed := cc.ch.IsClosed()
+	if closed && (err == nil || errors.Is(err, amqp.ErrClosed)) {
+		err = &ClosedError{Reason: cc.closeReason(ctx)}
+	}
+
+	returned := match(msgs, dcs, rets)
+	for i, dc := range dcs {
+		switch {
+		case errs[i] != nil: // refused before the write
+		case dc == nil || !done(dc): // not sent, or no answer yet
+			errs[i] = err
+		case !dc.Acked() && closed:
+			errs[i] = err
+		case !dc.Acked():
+			errs[i] = ErrNacked
+		case returned != nil && returned[i] != nil:
+			errs[i] = &ReturnedError{Return: *returned[i]}
+		}
+	}
+	return err
+}
+
+// check refuses a message whose properties cannot fit in one frame.
+func check(msg *amqp.Publishing, frameMax int) error {
+	if frameMax > 0 {
+		if n := ContentHeaderSize(msg); n > frameMax {
+			return &TooLargeError{Size: n, FrameMax: frameMax}
+		}
 	}
 	return nil
+}
+
+// waitFor waits for dc's confirm, bounded by ctx, and meanwhile collects
+// the returns arriving on *returns into *rets, so that a batch with many
+// returns never makes amqp091's reader wait for room.
+func waitFor(ctx context.Context, dc *amqp.DeferredConfirmation, returns *chan amqp.Return, rets *[]amqp.Return) error {
+	for {
+		select {
+		case <-dc.Done():
+			return nil
+		case r, ok := <-*returns:
+			if !ok {
+				*returns = nil // the channel closed: its confirms resolve as nacks
+				continue
+			}
+			*rets = append(*rets, r)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// closeReason returns the broker's reason for closing cc, nil when the
+// channel closed with its connection. amqp091 marks a channel closed
+// before it hands over the reason, so it waits for the reason, bounded by
+// ctx and by closeWait.
+func (cc *channel) closeReason(ctx context.Context) *amqp.Error {
+	t := time.NewTimer(closeWait)
+	defer t.Stop()
+	select {
+	case reason := <-cc.closes:
+		return reason
+	case <-ctx.Done():
+	case <-t.C:
+	}
+	return nil
+}
+
+// closeWait bounds the wait for a closed channel's reason: amqp091 hands
+// it over within its shutdown, without waiting for the network.
+const closeWait = time.Second
+
+func done(dc *amqp.DeferredConfirmation) bool {
+	select {
+	case <-dc.Done():
+		return true
+	default:
+		return false
+	}
+}
+
+// match assigns each return to the first message sent with mandatory to
+// the same exchange and routing key, with the same message id, not yet
+// matched: the broker returns messages in publish order. It returns nil
+// when there is no return.
+func match(msgs []Message, dcs []*amqp.DeferredConfirmation, rets []amqp.Return) []*amqp.Return {
+	if len(rets) == 0 {
+		return nil
+	}
+	returned := make([]*amqp.Return, len(msgs))
+	for k := range rets {
+		r := &rets[k]
+		for i := range msgs {
+			m := &msgs[i]
+			if dcs[i] != nil && returned[i] == nil && m.Mandatory &&
+				m.Exchange == r.Exchange && m.RoutingKey == r.RoutingKey && m.Publishing.MessageId == r.MessageId {
+				returned[i] = r
+				break
+			}
+		}
+	}
+	return returned
 }

@@ -15,10 +15,6 @@ import (
 // distinct keys: two Redis round trips (EVALSHA each) per pair.
 func BenchmarkObtainRelease(b *testing.B) {
 	rdb, prefix := redistest.Client(b)
-	locker, err := lock.New(rdb, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
 	ctx := b.Context()
 	var n atomic.Int64
 	b.SetParallelism(8 / max(1, runtimeProcs()))
@@ -26,7 +22,7 @@ func BenchmarkObtainRelease(b *testing.B) {
 	b.RunParallel(func(pb *testing.PB) {
 		key := prefix + strconv.FormatInt(n.Add(1), 10)
 		for pb.Next() {
-			l, err := locker.Obtain(ctx, key, 10*time.Second, nil)
+			l, err := lock.Obtain(ctx, rdb, key, 10*time.Second, 0)
 			if err != nil {
 				b.Error(err)
 				return

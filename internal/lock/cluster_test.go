@@ -58,8 +58,6 @@ func TestRedisKeysShareClusterSlot(t *testing.T) {
 		require.NotEmpty(t, hashTag(lockKey), key)
 		require.Equal(t, hashTag(lockKey), hashTag(fenceKey), key)
 		require.Equal(t, slot(lockKey), slot(fenceKey), key)
-		markKey := lock.MarkKey("inboxmq:done:", key)
-		require.Equal(t, hashTag(lockKey), hashTag(markKey), key)
 	}
 }
 
@@ -67,9 +65,8 @@ func TestRedisKeysShareClusterSlot(t *testing.T) {
 // script whose keys hash to different slots just as a larger cluster does):
 // the server's CLUSTER KEYSLOT agrees with slot above for both keys of
 // every lock, including the middleware's "<prefix><consumer>:<key>" names,
-// and every script of the lock (obtain with its fence, refresh, ttl,
-// release, the Batcher's pipelined obtains and releases, and their marked
-// variants with the completed-cache entry of MarkKey) runs there.
+// and every script of the lock (obtain with its fence, refresh, release)
+// runs there.
 func TestLockOnRedisCluster(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
@@ -94,36 +91,20 @@ func TestLockOnRedisCluster(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, ls, fs, name)
 		require.Equal(t, int64(slot(lockKey)), ls, name)
-		ms, err := rdb.ClusterKeySlot(ctx, lock.MarkKey("inboxmq:done:", name)).Result()
-		require.NoError(t, err)
-		require.Equal(t, ls, ms, name)
 	}
 
-	locker, err := lock.New(rdb, nil)
-	require.NoError(t, err)
-	batcher, err := lock.NewBatcher(locker, nil)
-	require.NoError(t, err)
 	for _, name := range names {
 		key := t.Name() + ":" + name
-		l, err := locker.Obtain(ctx, key, 10*time.Second, nil)
+		l, err := lock.Obtain(ctx, rdb, key, 10*time.Second, time.Second)
 		require.NoError(t, err, name)
-		require.NoError(t, l.Refresh(ctx, 0), name)
-		_, err = l.TTL(ctx)
-		require.NoError(t, err, name)
-		_, err = batcher.Obtain(ctx, key, 10*time.Second)
+		require.NoError(t, l.Refresh(ctx), name)
+		_, err = lock.Obtain(ctx, rdb, key, 10*time.Second, 0)
 		require.ErrorIs(t, err, lock.ErrNotObtained, name)
-		require.NoError(t, batcher.Release(ctx, l), name)
+		require.NoError(t, l.Release(ctx), name)
 
-		l2, err := batcher.Obtain(ctx, key, 10*time.Second)
+		l2, err := lock.Obtain(ctx, rdb, key, 10*time.Second, 0)
 		require.NoError(t, err, name)
 		require.Greater(t, l2.Fence(), l.Fence(), name)
-
-		// The completed-cache entry of the lock joins its slot: the marked
-		// scripts run on the cluster too.
-		mark := lock.Mark{Key: lock.MarkKey("inboxmq:done:", key), Value: "fp", TTL: time.Minute}
-		require.NoError(t, batcher.ReleaseAndMark(ctx, l2, mark), name)
-		_, err = batcher.ObtainUnlessMarked(ctx, key, 10*time.Second, mark)
-		require.ErrorIs(t, err, lock.ErrMarked, name)
-		require.NoError(t, rdb.Del(ctx, mark.Key).Err())
+		require.NoError(t, l2.Release(ctx), name)
 	}
 }

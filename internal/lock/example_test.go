@@ -23,32 +23,28 @@ func exampleClient() *redis.Client {
 	return redis.NewClient(opt)
 }
 
-func ExampleLocker_Obtain() {
+func ExampleObtain() {
 	ctx := context.Background()
 	rdb := exampleClient()
 	defer rdb.Close()
 
-	locker, err := lock.New(rdb, nil)
-	if err != nil {
-		panic(err)
-	}
 	key := "example:invoice:" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	lockKey, fenceKey := lock.RedisKeys(key)
 	defer rdb.Del(ctx, lockKey, fenceKey)
 
-	first, err := locker.Obtain(ctx, key, 30*time.Second, nil)
+	first, err := lock.Obtain(ctx, rdb, key, 30*time.Second, 0)
 	if err != nil {
 		panic(err)
 	}
 	fmt.Println("first holder, fence", first.Fence())
 
-	_, err = locker.Obtain(ctx, key, 30*time.Second, nil)
+	_, err = lock.Obtain(ctx, rdb, key, 30*time.Second, 0)
 	fmt.Println("second holder:", errors.Is(err, lock.ErrNotObtained))
 
 	if err := first.Release(ctx); err != nil {
 		panic(err)
 	}
-	next, err := locker.Obtain(ctx, key, 30*time.Second, nil)
+	next, err := lock.Obtain(ctx, rdb, key, 30*time.Second, 0)
 	if err != nil {
 		panic(err)
 	}
@@ -68,20 +64,16 @@ func ExampleLock_KeepAlive() {
 	rdb := exampleClient()
 	defer rdb.Close()
 
-	locker, err := lock.New(rdb, nil)
-	if err != nil {
-		panic(err)
-	}
 	key := "example:report:" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	lockKey, fenceKey := lock.RedisKeys(key)
 	defer rdb.Del(ctx, lockKey, fenceKey)
 
-	l, err := locker.Obtain(ctx, key, 3*time.Second, nil)
+	l, err := lock.Obtain(ctx, rdb, key, 3*time.Second, 0)
 	if err != nil {
 		panic(err)
 	}
 	// Refresh every TTL/3, for at most 300ms in all.
-	workCtx, stop := l.KeepAlive(ctx, &lock.KeepAliveOpts{MaxHold: 300 * time.Millisecond})
+	workCtx, stop := l.KeepAlive(ctx, 300*time.Millisecond, 0)
 	<-workCtx.Done() // long work, cut short by the cap
 	stop()
 	fmt.Println(context.Cause(workCtx))
@@ -90,41 +82,4 @@ func ExampleLock_KeepAlive() {
 	// Output:
 	// lock: maximum hold reached
 	// release: <nil>
-}
-
-func ExampleBatcher() {
-	ctx := context.Background()
-	rdb := exampleClient()
-	defer rdb.Close()
-
-	locker, err := lock.New(rdb, nil)
-	if err != nil {
-		panic(err)
-	}
-	// Workers obtain and release through one Batcher; operations that
-	// coincide share a round trip.
-	batcher, err := lock.NewBatcher(locker, nil)
-	if err != nil {
-		panic(err)
-	}
-	key := "example:receipt:" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	_, fenceKey := lock.RedisKeys(key)
-	defer rdb.Del(ctx, fenceKey)
-
-	l, err := batcher.Obtain(ctx, key, 30*time.Second)
-	if err != nil {
-		panic(err)
-	}
-	fmt.Println("fence:", l.Fence())
-	_, err = batcher.Obtain(ctx, key, 30*time.Second)
-	var held *lock.HeldError
-	fmt.Println("second holder:", errors.Is(err, lock.ErrNotObtained), errors.As(err, &held) && held.TTL > 0)
-	fmt.Println("released:", batcher.Release(ctx, l))
-	fmt.Println("again:", batcher.Release(ctx, l))
-
-	// Output:
-	// fence: 1
-	// second holder: true true
-	// released: <nil>
-	// again: lock: not held
 }

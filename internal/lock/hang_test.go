@@ -2,6 +2,7 @@ package lock_test
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"sync"
 	"testing"
@@ -15,90 +16,6 @@ import (
 	"github.com/inboxmq/inboxmq/internal/testenv"
 )
 
-// hangBundle is a Batcher whose Redis connections go through a proxy that
-// can hang, with a direct client for assertions.
-type hangBundle struct {
-	rdb    redis.UniversalClient // direct
-	prefix string
-	proxy  *redistest.Proxy
-	locker *lock.Locker
-	b      *lock.Batcher
-}
-
-func setupHang(t *testing.T, cfg *lock.Config) *hangBundle {
-	t.Helper()
-	rdb, prefix := redistest.Client(t)
-	proxy := redistest.NewProxy(t)
-	pc := proxy.Client(t)
-	// Four idle connections, ready before the hang: commands sent during
-	// it reach the proxy instead of waiting for a connection handshake.
-	conns := make([]*redis.Conn, 4)
-	for i := range conns {
-		conns[i] = pc.(*redis.Client).Conn()
-		require.NoError(t, conns[i].Ping(t.Context()).Err())
-	}
-	for _, c := range conns {
-		require.NoError(t, c.Close())
-	}
-	locker, err := lock.New(pc, cfg)
-	require.NoError(t, err)
-	b, err := lock.NewBatcher(locker, &lock.BatcherOpts{RoundTimeout: 100 * time.Millisecond})
-	require.NoError(t, err)
-	// Load the scripts, so an obtain is one EVALSHA.
-	l, err := b.Obtain(t.Context(), prefix+"warm", time.Minute)
-	require.NoError(t, err)
-	require.NoError(t, b.Release(t.Context(), l))
-	return &hangBundle{rdb: rdb, prefix: prefix, proxy: proxy, locker: locker, b: b}
-}
-
-// abandon makes n obtains of prefix+"k<i>" while Redis hangs; each times
-// out, and none is answered. It returns the lock keys.
-func (h *hangBundle) abandon(t *testing.T, n int, ttl time.Duration) []string {
-	t.Helper()
-	h.proxy.Pause()
-	keys := make([]string, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for i := range n {
-		keys[i], _ = lock.RedisKeys(h.prefix + "k" + strconv.Itoa(i))
-		wg.Go(func() {
-			_, errs[i] = h.b.Obtain(t.Context(), h.prefix+"k"+strconv.Itoa(i), ttl)
-		})
-	}
-	wg.Wait()
-	for _, err := range errs {
-		require.Error(t, err)
-		require.NotErrorIs(t, err, lock.ErrNotObtained, "Redis did not answer")
-	}
-	return keys
-}
-
-// existing counts the keys that exist.
-func existing(ctx context.Context, rdb redis.UniversalClient, keys []string) int64 {
-	return rdb.Exists(ctx, keys...).Val()
-}
-
-// An obtain that timed out while Redis hung, but that Redis ran when it
-// answered again, leaves no lock behind: the next round trip of the
-// Batcher releases it by its token.
-func TestBatcher_AbandonedObtainIsReleased(t *testing.T) {
-	t.Parallel()
-	ctx := t.Context()
-	h := setupHang(t, nil)
-	keys := h.abandon(t, 4, time.Minute)
-
-	h.proxy.Resume()
-	testenv.WaitFor(t, "the abandoned obtains to run", func() bool { return existing(ctx, h.rdb, keys) > 0 })
-
-	// Redis answers again: the next round trip cleans up.
-	l, err := h.b.Obtain(ctx, h.prefix+"next", time.Minute)
-	require.NoError(t, err)
-	require.NoError(t, h.b.Release(ctx, l))
-	waitWithin(t, 3*time.Second, "the abandoned locks to be released", func() bool {
-		return existing(ctx, h.rdb, keys) == 0
-	})
-}
-
 // waitWithin is testenv.WaitFor with a tighter bound, which is what the
 // test asserts.
 func waitWithin(t *testing.T, bound time.Duration, msg string, cond func() bool) {
@@ -111,50 +28,78 @@ func waitWithin(t *testing.T, bound time.Duration, msg string, cond func() bool)
 	})
 }
 
-// With Config.Lease, an abandoned obtain whose release is lost too (no
-// round trip follows, or the worker died) leaves a lock for the lease, not
-// for the TTL asked for.
-func TestBatcher_AbandonedObtainLivesForItsLease(t *testing.T) {
-	t.Parallel()
-	ctx := t.Context()
-	h := setupHang(t, &lock.Config{Lease: time.Second})
-	keys := h.abandon(t, 2, time.Minute)
-	require.Equal(t, 2, h.b.Unsettled(), "both obtains are remembered for release")
-
-	h.proxy.Resume()
-	testenv.WaitFor(t, "the abandoned obtains to run", func() bool { return existing(ctx, h.rdb, keys) > 0 })
-	for _, k := range keys {
-		require.LessOrEqual(t, h.rdb.PTTL(ctx, k).Val(), time.Second, "set for the lease")
-	}
-	waitWithin(t, 3*time.Second, "the abandoned locks to expire", func() bool {
-		return existing(ctx, h.rdb, keys) == 0
-	})
-}
-
-// A lock obtained with a lease shorter than its TTL lives for the lease
-// until the keep-alive's first refresh, which comes within a third of the
-// lease and extends it to the TTL.
-func TestKeepAlive_ExtendsALease(t *testing.T) {
+// Obtains that timed out while Redis hung, but that Redis ran when it
+// answered again, leave locks that nobody releases: each lives for the
+// obtain's lease, not for the ttl asked for.
+func TestObtain_AbandonedLivesForItsLease(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	rdb, prefix := redistest.Client(t)
-	locker, err := lock.New(rdb, &lock.Config{Lease: 900 * time.Millisecond})
+	proxy := redistest.NewProxy(t)
+	pc := proxy.Client(t)
+	// Idle connections, ready before the hang: the obtains sent during it
+	// reach the proxy instead of waiting for a connection handshake.
+	conns := make([]*redis.Conn, 2)
+	for i := range conns {
+		conns[i] = pc.(*redis.Client).Conn()
+		require.NoError(t, conns[i].Ping(ctx).Err())
+	}
+	for _, c := range conns {
+		require.NoError(t, c.Close())
+	}
+	// Load the script, so that an obtain is one EVALSHA.
+	l, err := lock.Obtain(ctx, pc, prefix+"warm", time.Minute, 0)
 	require.NoError(t, err)
-	l, err := locker.Obtain(ctx, prefix+"k", time.Minute, nil)
-	require.NoError(t, err)
-	ttl, err := l.TTL(ctx)
-	require.NoError(t, err)
-	require.LessOrEqual(t, ttl, 900*time.Millisecond)
+	require.NoError(t, l.Release(ctx))
 
-	kctx, stop := l.KeepAlive(ctx, nil)
-	waitWithin(t, 600*time.Millisecond, "the first refresh to set the TTL", func() bool {
-		ttl, err := l.TTL(ctx)
-		return err == nil && ttl > 50*time.Second
+	proxy.Pause()
+	keys := make([]string, len(conns))
+	errs := make([]error, len(conns))
+	var wg sync.WaitGroup
+	for i := range keys {
+		name := prefix + "k" + strconv.Itoa(i)
+		keys[i], _ = lock.RedisKeys(name)
+		wg.Go(func() {
+			cctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+			defer cancel()
+			_, errs[i] = lock.Obtain(cctx, pc, name, time.Minute, time.Second)
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		// The context's deadline and the socket's (ContextTimeoutEnabled
+		// sets one from the other) end together: either error says so.
+		var timeout interface{ Timeout() bool }
+		require.True(t, errors.Is(err, context.DeadlineExceeded) || errors.As(err, &timeout) && timeout.Timeout(), "a timeout: %v", err)
+		require.NotErrorIs(t, err, lock.ErrNotObtained, "Redis did not answer")
+	}
+
+	proxy.Resume()
+	testenv.WaitFor(t, "the abandoned obtains to run", func() bool { return rdb.Exists(ctx, keys...).Val() > 0 })
+	for _, k := range keys {
+		require.LessOrEqual(t, rdb.PTTL(ctx, k).Val(), time.Second, "set for the lease")
+	}
+	waitWithin(t, 3*time.Second, "the abandoned locks to expire", func() bool {
+		return rdb.Exists(ctx, keys...).Val() == 0
+	})
+}
+
+// A lock obtained with a lease shorter than its ttl lives for the lease
+// until the keep-alive's first refresh, which comes within a third of the
+// lease and extends it to the ttl.
+func TestKeepAlive_ExtendsALease(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := setup(t)
+	l, err := lock.Obtain(ctx, b.rdb, b.prefix+"k", time.Minute, 900*time.Millisecond)
+	require.NoError(t, err)
+	require.LessOrEqual(t, b.pttl(t, "k"), 900*time.Millisecond)
+
+	kctx, stop := l.KeepAlive(ctx, 0, 0)
+	waitWithin(t, 600*time.Millisecond, "the first refresh to set the ttl", func() bool {
+		return b.pttl(t, "k") > 50*time.Second
 	})
 	stop()
 	require.ErrorIs(t, context.Cause(kctx), context.Canceled, "stopped, not lost")
 	require.NoError(t, l.Release(ctx))
-
-	_, err = lock.New(rdb, &lock.Config{Lease: -time.Second})
-	require.ErrorContains(t, err, "Lease must be 0 or at least 1ms")
 }

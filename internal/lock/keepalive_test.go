@@ -17,9 +17,8 @@ func TestKeepAliveExtendsPastTTL(t *testing.T) {
 	b := setup(t)
 
 	const ttl = 300 * time.Millisecond
-	l, err := b.locker.Obtain(ctx, b.prefix+"k", ttl, nil)
-	require.NoError(t, err)
-	kctx, stop := l.KeepAlive(ctx, nil)
+	l := b.obtain(t, "k", ttl)
+	kctx, stop := l.KeepAlive(ctx, 0, 0)
 	defer stop()
 
 	// Three TTLs later the lock is still ours and the context alive. The
@@ -29,18 +28,13 @@ func TestKeepAliveExtendsPastTTL(t *testing.T) {
 		t.Fatalf("keep-alive context ended: %v", context.Cause(kctx))
 	case <-time.After(3 * ttl):
 	}
-	remaining, err := l.TTL(ctx)
-	require.NoError(t, err)
-	require.Positive(t, remaining)
+	require.Positive(t, b.pttl(t, "k"))
 	require.GreaterOrEqual(t, b.flaky.Calls.Load(), int64(1+3), "obtain plus a refresh every TTL/3 (some may run late on a busy machine)")
 
 	stop()
 	require.ErrorIs(t, context.Cause(kctx), context.Canceled)
 	stop() // idempotent
-	// stop does not release.
-	_, err = l.TTL(ctx)
-	require.NoError(t, err)
-	require.NoError(t, l.Release(ctx))
+	require.NoError(t, l.Release(ctx), "stop does not release")
 }
 
 func TestKeepAliveMaxHold(t *testing.T) {
@@ -48,14 +42,12 @@ func TestKeepAliveMaxHold(t *testing.T) {
 	ctx := t.Context()
 	b := setup(t)
 
-	l, err := b.locker.Obtain(ctx, b.prefix+"k", 200*time.Millisecond, nil)
-	require.NoError(t, err)
-	kctx, stop := l.KeepAlive(ctx, &lock.KeepAliveOpts{MaxHold: 500 * time.Millisecond})
+	l := b.obtain(t, "k", 200*time.Millisecond)
+	kctx, stop := l.KeepAlive(ctx, 500*time.Millisecond, 0)
 	defer stop()
 
 	testenv.WaitChan(t, kctx.Done(), "keep-alive context to end at MaxHold")
 	require.ErrorIs(t, context.Cause(kctx), lock.ErrMaxHoldReached)
-	require.GreaterOrEqual(t, time.Since(l.ObtainedAt()), 500*time.Millisecond)
 	// It was kept past its TTL until the cap.
 	require.GreaterOrEqual(t, b.flaky.Calls.Load(), int64(1+3))
 	stop()
@@ -67,9 +59,8 @@ func TestKeepAliveLockDeleted(t *testing.T) {
 	ctx := t.Context()
 	b := setup(t)
 
-	l, err := b.locker.Obtain(ctx, b.prefix+"k", 300*time.Millisecond, nil)
-	require.NoError(t, err)
-	kctx, stop := l.KeepAlive(ctx, &lock.KeepAliveOpts{Interval: 20 * time.Millisecond})
+	l := b.obtain(t, "k", 300*time.Millisecond)
+	kctx, stop := l.KeepAlive(ctx, 0, 0)
 	defer stop()
 
 	lockKey, _ := lock.RedisKeys(b.prefix + "k")
@@ -85,18 +76,15 @@ func TestKeepAliveRedisDown(t *testing.T) {
 	ctx := t.Context()
 	b := setup(t)
 
-	const ttl = 300 * time.Millisecond
-	l, err := b.locker.Obtain(ctx, b.prefix+"k", ttl, nil)
-	require.NoError(t, err)
+	l := b.obtain(t, "k", 300*time.Millisecond)
 	b.flaky.Hang.Store(true) // Redis stops answering.
-	kctx, stop := l.KeepAlive(ctx, nil)
+	kctx, stop := l.KeepAlive(ctx, 0, 0)
 	defer stop()
 
 	testenv.WaitChan(t, kctx.Done(), "keep-alive context to end when the TTL ran out")
 	require.ErrorIs(t, context.Cause(kctx), lock.ErrLockLost)
 	require.ErrorContains(t, context.Cause(kctx), "ttl ran out without a successful refresh")
 	require.ErrorIs(t, context.Cause(kctx), context.DeadlineExceeded, "the last refresh's error is kept")
-	require.GreaterOrEqual(t, time.Since(l.ObtainedAt()), ttl)
 	b.flaky.Hang.Store(false)
 }
 
@@ -104,10 +92,9 @@ func TestKeepAliveParentEnds(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 
-	l, err := b.locker.Obtain(t.Context(), b.prefix+"k", time.Second, nil)
-	require.NoError(t, err)
+	l := b.obtain(t, "k", time.Second)
 	parent, cancel := context.WithCancel(t.Context())
-	kctx, stop := l.KeepAlive(parent, nil)
+	kctx, stop := l.KeepAlive(parent, 0, 0)
 	cancel()
 	testenv.WaitChan(t, kctx.Done(), "keep-alive context to follow its parent")
 	stop() // no refresh is under way, and no goroutine is left (goleak checks at the end)

@@ -15,19 +15,30 @@ import (
 )
 
 type testBundle struct {
-	rdb    redis.UniversalClient
-	flaky  *redistest.Flaky
-	locker *lock.Locker
+	rdb    redis.UniversalClient // direct, for assertions
+	flaky  *redistest.Flaky      // what the lock gets
 	prefix string
 }
 
 func setup(t *testing.T) *testBundle {
 	t.Helper()
 	rdb, prefix := redistest.Client(t)
-	flaky := redistest.NewFlaky(rdb)
-	locker, err := lock.New(flaky, nil)
+	return &testBundle{rdb: rdb, flaky: redistest.NewFlaky(rdb), prefix: prefix}
+}
+
+// obtain takes the lock named key with lease 0 (the whole ttl).
+func (b *testBundle) obtain(t *testing.T, key string, ttl time.Duration) *lock.Lock {
+	t.Helper()
+	l, err := lock.Obtain(t.Context(), b.flaky, b.prefix+key, ttl, 0)
 	require.NoError(t, err)
-	return &testBundle{rdb: rdb, flaky: flaky, locker: locker, prefix: prefix}
+	return l
+}
+
+// pttl is the remaining time to live of the lock named key.
+func (b *testBundle) pttl(t *testing.T, key string) time.Duration {
+	t.Helper()
+	lockKey, _ := lock.RedisKeys(b.prefix + key)
+	return b.rdb.PTTL(t.Context(), lockKey).Val()
 }
 
 func TestObtainRelease(t *testing.T) {
@@ -36,23 +47,14 @@ func TestObtainRelease(t *testing.T) {
 	b := setup(t)
 	key := b.prefix + "k"
 
-	l, err := b.locker.Obtain(ctx, key, 10*time.Second, nil)
-	require.NoError(t, err)
+	l := b.obtain(t, "k", 10*time.Second)
 	require.Equal(t, key, l.Key())
 	require.Positive(t, l.Fence())
-	require.NotEmpty(t, l.Token())
-
-	lockKey, _ := lock.RedisKeys(key)
-	val, err := b.rdb.Get(ctx, lockKey).Result()
-	require.NoError(t, err)
-	require.Equal(t, l.Token(), val)
-
-	ttl, err := l.TTL(ctx)
-	require.NoError(t, err)
+	ttl := b.pttl(t, "k")
 	require.Greater(t, ttl, 9*time.Second)
 	require.LessOrEqual(t, ttl, 10*time.Second)
 
-	_, err = b.locker.Obtain(ctx, key, 10*time.Second, nil)
+	_, err := lock.Obtain(ctx, b.flaky, key, 10*time.Second, 0)
 	require.ErrorIs(t, err, lock.ErrNotObtained)
 	var held *lock.HeldError
 	require.ErrorAs(t, err, &held, "the holder's remaining TTL comes with the answer")
@@ -62,74 +64,49 @@ func TestObtainRelease(t *testing.T) {
 
 	require.NoError(t, l.Release(ctx))
 	require.ErrorIs(t, l.Release(ctx), lock.ErrNotHeld)
-	_, err = l.TTL(ctx)
-	require.ErrorIs(t, err, lock.ErrNotHeld)
-	require.Equal(t, int64(0), b.rdb.Exists(ctx, lockKey).Val())
+	lockKey, _ := lock.RedisKeys(key)
+	require.Zero(t, b.rdb.Exists(ctx, lockKey).Val())
 
-	l2, err := b.locker.Obtain(ctx, key, 10*time.Second, nil)
-	require.NoError(t, err)
-	require.NotEqual(t, l.Token(), l2.Token())
+	l2 := b.obtain(t, "k", 10*time.Second)
+	require.Greater(t, l2.Fence(), l.Fence())
 	require.NoError(t, l2.Release(ctx))
 }
 
+// An obtain with a lease sets the lease; a refresh sets the ttl, and only
+// while the key holds the token: it never recreates a vanished lock.
 func TestRefresh(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	b := setup(t)
-	key := b.prefix + "k"
 
-	l, err := b.locker.Obtain(ctx, key, 2*time.Second, nil)
+	l, err := lock.Obtain(ctx, b.flaky, b.prefix+"k", time.Minute, 2*time.Second)
 	require.NoError(t, err)
-	require.NoError(t, l.Refresh(ctx, time.Minute))
-	ttl, err := l.TTL(ctx)
-	require.NoError(t, err)
-	require.Greater(t, ttl, 50*time.Second)
+	require.LessOrEqual(t, b.pttl(t, "k"), 2*time.Second)
+	require.NoError(t, l.Refresh(ctx))
+	require.Greater(t, b.pttl(t, "k"), 50*time.Second)
 
-	// Zero reuses the obtain TTL.
-	require.NoError(t, l.Refresh(ctx, 0))
-	ttl, err = l.TTL(ctx)
-	require.NoError(t, err)
-	require.LessOrEqual(t, ttl, 2*time.Second)
-
-	require.Error(t, l.Refresh(ctx, time.Microsecond))
-
-	// The key vanishes (expiry, or a flushed Redis): refresh must not
-	// recreate it.
-	lockKey, _ := lock.RedisKeys(key)
+	lockKey, _ := lock.RedisKeys(b.prefix + "k")
 	require.NoError(t, b.rdb.Del(ctx, lockKey).Err())
-	require.ErrorIs(t, l.Refresh(ctx, time.Minute), lock.ErrNotHeld)
-	require.Equal(t, int64(0), b.rdb.Exists(ctx, lockKey).Val())
+	require.ErrorIs(t, l.Refresh(ctx), lock.ErrNotHeld)
+	require.Zero(t, b.rdb.Exists(ctx, lockKey).Val())
 }
 
 func TestStaleTokenDoesNothing(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	b := setup(t)
-	key := b.prefix + "k"
 
-	stale, err := b.locker.Obtain(ctx, key, time.Minute, nil)
-	require.NoError(t, err)
+	stale := b.obtain(t, "k", time.Minute)
 	// The stale holder's lock expires (simulated by deleting it) and a new
 	// holder takes it.
-	lockKey, _ := lock.RedisKeys(key)
+	lockKey, _ := lock.RedisKeys(b.prefix + "k")
 	require.NoError(t, b.rdb.Del(ctx, lockKey).Err())
-	fresh, err := b.locker.Obtain(ctx, key, time.Minute, nil)
-	require.NoError(t, err)
+	fresh := b.obtain(t, "k", time.Minute)
 	require.Greater(t, fresh.Fence(), stale.Fence())
 
 	require.ErrorIs(t, stale.Release(ctx), lock.ErrNotHeld)
-	require.ErrorIs(t, stale.Refresh(ctx, time.Hour), lock.ErrNotHeld)
-	_, err = stale.TTL(ctx)
-	require.ErrorIs(t, err, lock.ErrNotHeld)
-
-	// The fresh holder is untouched.
-	val, err := b.rdb.Get(ctx, lockKey).Result()
-	require.NoError(t, err)
-	require.Equal(t, fresh.Token(), val)
-	ttl, err := fresh.TTL(ctx)
-	require.NoError(t, err)
-	require.LessOrEqual(t, ttl, time.Minute)
-	require.NoError(t, fresh.Release(ctx))
+	require.ErrorIs(t, stale.Refresh(ctx), lock.ErrNotHeld)
+	require.NoError(t, fresh.Release(ctx), "the fresh holder's lock was untouched")
 }
 
 func TestFenceStrictlyIncreases(t *testing.T) {
@@ -148,14 +125,15 @@ func TestFenceStrictlyIncreases(t *testing.T) {
 	for range 4 {
 		wg.Go(func() {
 			for got := 0; got < 10; {
-				l, err := b.locker.Obtain(ctx, key, 10*time.Second, &lock.ObtainOpts{Wait: 10 * time.Second, RetryInterval: time.Millisecond})
-				if err != nil {
-					t.Error(err)
-					return
-				}
 				mu.Lock()
-				fences = append(fences, l.Fence())
+				l, err := lock.Obtain(ctx, b.rdb, key, 10*time.Second, 0)
+				if err == nil {
+					fences = append(fences, l.Fence())
+				}
 				mu.Unlock()
+				if err != nil {
+					continue // held by another goroutine
+				}
 				if err := l.Release(ctx); err != nil {
 					t.Error(err)
 					return
@@ -169,80 +147,23 @@ func TestFenceStrictlyIncreases(t *testing.T) {
 	for i := 1; i < len(fences); i++ {
 		require.Greater(t, fences[i], fences[i-1], "fences in obtain order: %v", fences)
 	}
-
 	_, fenceKey := lock.RedisKeys(key)
-	ttl, err := b.rdb.PTTL(ctx, fenceKey).Result()
-	require.NoError(t, err)
-	require.Greater(t, ttl, 23*time.Hour, "fence counter carries Config.FenceTTL")
-}
-
-func TestObtainWait(t *testing.T) {
-	t.Parallel()
-	ctx := t.Context()
-	b := setup(t)
-	key := b.prefix + "k"
-
-	held, err := b.locker.Obtain(ctx, key, time.Minute, nil)
-	require.NoError(t, err)
-
-	t.Run("GivesUpAfterWait", func(t *testing.T) {
-		t.Parallel()
-		start := time.Now()
-		_, err := b.locker.Obtain(ctx, key, time.Minute, &lock.ObtainOpts{Wait: 100 * time.Millisecond, RetryInterval: 10 * time.Millisecond})
-		require.ErrorIs(t, err, lock.ErrNotObtained)
-		require.GreaterOrEqual(t, time.Since(start), 90*time.Millisecond)
-	})
-	t.Run("ContextEnds", func(t *testing.T) {
-		t.Parallel()
-		cctx, cancel := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() {
-			_, err := b.locker.Obtain(cctx, key, time.Minute, &lock.ObtainOpts{Wait: time.Hour})
-			done <- err
-		}()
-		cancel()
-		err := <-done
-		require.ErrorIs(t, err, context.Canceled)
-	})
-	t.Run("ObtainsOnRelease", func(t *testing.T) {
-		t.Parallel()
-		other, err := b.locker.Obtain(ctx, b.prefix+"other", time.Minute, nil)
-		require.NoError(t, err)
-		done := make(chan *lock.Lock, 1)
-		go func() {
-			l, err := b.locker.Obtain(ctx, b.prefix+"other", time.Minute, &lock.ObtainOpts{Wait: 20 * time.Second, RetryInterval: 5 * time.Millisecond})
-			if err != nil {
-				t.Error(err)
-			}
-			done <- l
-		}()
-		require.NoError(t, other.Release(ctx))
-		l := <-done
-		require.NotNil(t, l)
-		require.Greater(t, l.Fence(), other.Fence())
-		require.NoError(t, l.Release(ctx))
-	})
-	t.Cleanup(func() { _ = held.Release(context.Background()) })
+	require.Greater(t, b.rdb.PTTL(ctx, fenceKey).Val(), 23*time.Hour, "the counter outlives its locks")
 }
 
 func TestRedisErrors(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	b := setup(t)
-	key := b.prefix + "k"
-
-	l, err := b.locker.Obtain(ctx, key, time.Minute, nil)
-	require.NoError(t, err)
+	l := b.obtain(t, "k", time.Minute)
 
 	b.flaky.Fail.Store(true)
-	_, err = b.locker.Obtain(ctx, b.prefix+"other", time.Minute, nil)
+	_, err := lock.Obtain(ctx, b.flaky, b.prefix+"other", time.Minute, 0)
 	require.ErrorContains(t, err, "lock: obtain")
 	require.ErrorContains(t, err, "connection refused")
 	require.NotErrorIs(t, err, lock.ErrNotObtained)
 	require.ErrorContains(t, l.Release(ctx), "lock: release")
-	require.ErrorContains(t, l.Refresh(ctx, 0), "lock: refresh")
-	_, err = l.TTL(ctx)
-	require.ErrorContains(t, err, "lock: ttl")
+	require.ErrorContains(t, l.Refresh(ctx), "lock: refresh")
 
 	// A hung Redis: the caller's deadline ends the call, and its error is
 	// joined.
@@ -250,7 +171,7 @@ func TestRedisErrors(t *testing.T) {
 	b.flaky.Hang.Store(true)
 	cctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
 	defer cancel()
-	_, err = b.locker.Obtain(cctx, b.prefix+"other", time.Minute, nil)
+	_, err = lock.Obtain(cctx, b.flaky, b.prefix+"other", time.Minute, 0)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.True(t, strings.HasPrefix(err.Error(), "lock: "), err.Error())
 
@@ -264,57 +185,12 @@ func TestInvalidArguments(t *testing.T) {
 	b := setup(t)
 
 	for _, key := range []string{"", "}x"} {
-		_, err := b.locker.Obtain(ctx, key, time.Second, nil)
+		_, err := lock.Obtain(ctx, b.flaky, key, time.Second, 0)
 		require.ErrorContains(t, err, "lock: invalid key")
 	}
-	_, err := b.locker.Obtain(ctx, b.prefix+"k", time.Microsecond, nil)
-	require.ErrorContains(t, err, "ttl must be at least 1ms")
+	_, err := lock.Obtain(ctx, b.flaky, b.prefix+"k", time.Microsecond, 0)
+	require.ErrorContains(t, err, "want a ttl of 1ms or more")
+	_, err = lock.Obtain(ctx, b.flaky, b.prefix+"k", time.Second, -time.Second)
+	require.ErrorContains(t, err, "a lease of 0 or more")
 	require.Zero(t, b.flaky.Calls.Load(), "invalid calls never reach Redis")
-}
-
-func TestConfigValidate(t *testing.T) {
-	t.Parallel()
-	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:0"})
-	t.Cleanup(func() { _ = rdb.Close() })
-
-	tests := []struct {
-		name    string
-		cfg     *lock.Config
-		wantErr string
-	}{
-		{name: "Nil", cfg: nil},
-		{name: "Zero", cfg: &lock.Config{}},
-		{name: "NoExpiry", cfg: &lock.Config{FenceTTL: -1}},
-		{name: "Hour", cfg: &lock.Config{FenceTTL: time.Hour}},
-		{name: "Negative", cfg: &lock.Config{FenceTTL: -2}, wantErr: "FenceTTL must be positive or -1"},
-		{name: "TooShort", cfg: &lock.Config{FenceTTL: time.Microsecond}, wantErr: "at least 1ms"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			l, err := lock.New(rdb, tt.cfg)
-			if tt.wantErr != "" {
-				require.ErrorContains(t, err, tt.wantErr)
-				require.Nil(t, l)
-				return
-			}
-			require.NoError(t, err)
-			require.NotNil(t, l)
-		})
-	}
-	_, err := lock.New(nil, nil)
-	require.ErrorContains(t, err, "lock: nil client")
-}
-
-func TestFenceTTLDisabled(t *testing.T) {
-	t.Parallel()
-	ctx := t.Context()
-	b := setup(t)
-	locker, err := lock.New(b.rdb, &lock.Config{FenceTTL: -1})
-	require.NoError(t, err)
-	l, err := locker.Obtain(ctx, b.prefix+"k", time.Second, nil)
-	require.NoError(t, err)
-	_, fenceKey := lock.RedisKeys(b.prefix + "k")
-	require.Equal(t, time.Duration(-1), b.rdb.PTTL(ctx, fenceKey).Val())
-	require.NoError(t, l.Release(ctx))
 }

@@ -8,9 +8,9 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/inboxmq/inboxmq/consumer"
 	"github.com/inboxmq/inboxmq/control"
 	"github.com/inboxmq/inboxmq/inboxtype"
+	"github.com/inboxmq/inboxmq/internal/consumer"
 )
 
 // ErrQueueNotFound reports a queue the broker does not have.
@@ -20,10 +20,10 @@ var ErrQueueNotFound = errors.New("ops: queue not found")
 type DeadLetter struct {
 	MessageID     string
 	Key           string
-	Error         string // consumer.DeadLetterReason
+	Error         string // inboxtype.DeadLetterReason
 	Attempt       int
 	ReplayCount   int
-	OriginalQueue string // consumer.DeadLetterOrigin
+	OriginalQueue string // inboxtype.DeadLetterOrigin
 	FirstFailedAt string
 	LastFailedAt  string
 	// Bytes is the body's full length; Body holds at most the bodyLimit
@@ -128,8 +128,8 @@ func PeekQueue(conn *amqp.Connection, name string, limit, bodyLimit int) (*Peek,
 		}
 		p.DeadLetters = append(p.DeadLetters, DeadLetter{
 			MessageID: d.MessageId, Key: headerString(d.Headers, inboxtype.HeaderIdempotencyKey),
-			Error: consumer.DeadLetterReason(d.Headers), Attempt: inboxtype.HeaderInt(d.Headers, inboxtype.HeaderAttempt),
-			ReplayCount: inboxtype.HeaderInt(d.Headers, inboxtype.HeaderReplayCount), OriginalQueue: consumer.DeadLetterOrigin(d.Headers),
+			Error: inboxtype.DeadLetterReason(d.Headers), Attempt: inboxtype.HeaderInt(d.Headers, inboxtype.HeaderAttempt),
+			ReplayCount: inboxtype.HeaderInt(d.Headers, inboxtype.HeaderReplayCount), OriginalQueue: inboxtype.DeadLetterOrigin(d.Headers),
 			FirstFailedAt: headerString(d.Headers, inboxtype.HeaderFirstFailedAt), LastFailedAt: headerString(d.Headers, inboxtype.HeaderLastFailedAt),
 			Bytes: len(d.Body), Body: body, ContentType: d.ContentType, Headers: d.Headers,
 		})
@@ -209,13 +209,13 @@ type UnblockResult struct {
 	Released int
 }
 
-// Unblock removes the block of pattern (a key, or a prefix) for consumer
+// Unblock removes the block of pattern (a key, or a prefix) for namespace
 // and then, when conn is not nil, releases the matching parked messages of
 // queue to it (control.Release). The order matters: a message released
 // while its key is still blocked would be parked again.
-func Unblock(ctx context.Context, st *control.Store, conn *amqp.Connection, consumerName, pattern string, prefix bool, queue string) (UnblockResult, error) {
+func Unblock(ctx context.Context, st *control.Store, conn *amqp.Connection, namespace, pattern string, prefix bool, queue string) (UnblockResult, error) {
 	var res UnblockResult
-	removed, err := st.Unblock(ctx, consumerName, pattern, prefix)
+	removed, err := st.Unblock(ctx, namespace, pattern, prefix)
 	if err != nil {
 		return res, err
 	}

@@ -15,9 +15,9 @@ type Querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// Summary is one consumer's inbox at one moment.
+// Summary is one namespace's inbox at one moment.
 type Summary struct {
-	Consumer string
+	Namespace string
 	// Received … Dead count the rows in each status.
 	Received, Processing, Completed, Failed, Dead int64
 	// OldestClaim is the age of the oldest claim (status processing),
@@ -31,12 +31,12 @@ type Summary struct {
 	Completed1m, Completed5m, Failed1m, Failed5m int64
 }
 
-// Summarize reads consumer's rows of the inbox table (a quoted name such
+// Summarize reads namespace's rows of the inbox table (a quoted name such
 // as inbox.Store.Table returns): counts by status, the oldest claim, the
 // stale claims and the completions and failures of the last minutes. It
-// scans the consumer's rows once; run it under [Bounded].
-func Summarize(ctx context.Context, q Querier, table, consumerName string) (*Summary, error) {
-	s := Summary{Consumer: consumerName}
+// scans the namespace's rows once; run it under [Bounded].
+func Summarize(ctx context.Context, q Querier, table, namespace string) (*Summary, error) {
+	s := Summary{Namespace: namespace}
 	var oldest *float64
 	err := q.QueryRow(ctx, `SELECT
 		count(*) FILTER (WHERE status = 'received'),
@@ -50,11 +50,11 @@ func Summarize(ctx context.Context, q Querier, table, consumerName string) (*Sum
 		count(*) FILTER (WHERE completed_at > now() - interval '5 minutes'),
 		count(*) FILTER (WHERE last_failed_at > now() - interval '1 minute'),
 		count(*) FILTER (WHERE last_failed_at > now() - interval '5 minutes')
-		FROM `+table+` WHERE consumer = $1`, consumerName,
+		FROM `+table+` WHERE consumer = $1`, namespace,
 	).Scan(&s.Received, &s.Processing, &s.Completed, &s.Failed, &s.Dead, &oldest, &s.StaleClaims,
 		&s.Completed1m, &s.Completed5m, &s.Failed1m, &s.Failed5m)
 	if err != nil {
-		return nil, fmt.Errorf("summarize %s: %w", consumerName, err)
+		return nil, fmt.Errorf("summarize %s: %w", namespace, err)
 	}
 	if oldest != nil {
 		d := time.Duration(*oldest * float64(time.Second))
@@ -73,12 +73,12 @@ type KeyRow struct {
 	UpdatedAt time.Time
 }
 
-// SearchKeys lists consumer's keys that start with prefix ("" for every
+// SearchKeys lists namespace's keys that start with prefix ("" for every
 // key), in key order after the key after ("" from the start), at most limit.
-func SearchKeys(ctx context.Context, q Querier, table, consumerName, prefix, after string, limit int) ([]KeyRow, error) {
+func SearchKeys(ctx context.Context, q Querier, table, namespace, prefix, after string, limit int) ([]KeyRow, error) {
 	rows, err := q.Query(ctx, `SELECT key, status, attempts, fence, last_error, updated_at FROM `+table+`
 		WHERE consumer = $1 AND key >= $2 AND starts_with(key, $2) AND key > $3
-		ORDER BY key LIMIT $4`, consumerName, prefix, after, limit)
+		ORDER BY key LIMIT $4`, namespace, prefix, after, limit)
 	if err != nil {
 		return nil, fmt.Errorf("search keys: %w", err)
 	}
@@ -100,14 +100,14 @@ type Payload struct {
 }
 
 // StoredPayload reads at most limit bytes of the payload stored with
-// (consumer, key); a missing row or payload reads as not kept.
-func StoredPayload(ctx context.Context, q Querier, table, consumerName, key string, limit int) (Payload, error) {
+// (namespace, key); a missing row or payload reads as not kept.
+func StoredPayload(ctx context.Context, q Querier, table, namespace, key string, limit int) (Payload, error) {
 	var (
 		p Payload
 		n *int
 	)
 	rows, err := q.Query(ctx, `SELECT octet_length(payload), substring(payload FROM 1 FOR $3) FROM `+table+`
-		WHERE consumer = $1 AND key = $2`, consumerName, key, limit)
+		WHERE consumer = $1 AND key = $2`, namespace, key, limit)
 	if err != nil {
 		return p, fmt.Errorf("stored payload: %w", err)
 	}
@@ -128,12 +128,12 @@ func StoredPayload(ctx context.Context, q Querier, table, consumerName, key stri
 
 // KeyStatuses returns the inbox status of each of keys that has a row for
 // consumer.
-func KeyStatuses(ctx context.Context, q Querier, table, consumerName string, keys []string) (map[string]string, error) {
+func KeyStatuses(ctx context.Context, q Querier, table, namespace string, keys []string) (map[string]string, error) {
 	out := make(map[string]string, len(keys))
 	if len(keys) == 0 {
 		return out, nil
 	}
-	rows, err := q.Query(ctx, `SELECT key, status FROM `+table+` WHERE consumer = $1 AND key = ANY($2)`, consumerName, keys)
+	rows, err := q.Query(ctx, `SELECT key, status FROM `+table+` WHERE consumer = $1 AND key = ANY($2)`, namespace, keys)
 	if err != nil {
 		return nil, fmt.Errorf("key statuses: %w", err)
 	}
@@ -151,9 +151,9 @@ func KeyStatuses(ctx context.Context, q Querier, table, consumerName string, key
 	return out, nil
 }
 
-// Consumers lists the distinct consumers of the inbox table, at most
+// Namespaces lists the distinct namespaces of the inbox table, at most
 // limit (a skip scan over the primary key, cheap on a large table).
-func Consumers(ctx context.Context, q Querier, table string, limit int) ([]string, error) {
+func Namespaces(ctx context.Context, q Querier, table string, limit int) ([]string, error) {
 	rows, err := q.Query(ctx, `WITH RECURSIVE c(consumer) AS (
 		(SELECT consumer FROM `+table+` ORDER BY consumer LIMIT 1)
 		UNION ALL
@@ -161,11 +161,11 @@ func Consumers(ctx context.Context, q Querier, table string, limit int) ([]strin
 		FROM c WHERE c.consumer IS NOT NULL)
 		SELECT consumer FROM c WHERE consumer IS NOT NULL LIMIT $1`, limit)
 	if err != nil {
-		return nil, fmt.Errorf("consumers: %w", err)
+		return nil, fmt.Errorf("namespaces: %w", err)
 	}
 	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		return nil, fmt.Errorf("consumers: %w", err)
+		return nil, fmt.Errorf("namespaces: %w", err)
 	}
 	return out, nil
 }

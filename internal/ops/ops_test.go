@@ -116,7 +116,10 @@ func TestBounded_TimeoutAndReadOnly(t *testing.T) {
 func TestSummarizeSearchAndPayload(t *testing.T) {
 	t.Parallel()
 	pool, _ := pgtest.Schema(t)
-	s, err := inbox.NewStore(t.Context(), pool, nil)
+	s, err := inbox.NewStore(pool, nil)
+	if err == nil {
+		err = s.Check(t.Context())
+	}
 	require.NoError(t, err)
 	_, err = pool.Exec(t.Context(), `INSERT INTO inboxmq_inbox (consumer, key, status, completed_at, last_failed_at, payload) VALUES
 		('c', 'a:1', 'completed', now() - interval '30 seconds', NULL, 'abcdef'),
@@ -127,7 +130,7 @@ func TestSummarizeSearchAndPayload(t *testing.T) {
 	err = ops.Bounded(t.Context(), pool, time.Second, func(tx pgx.Tx) error {
 		sum, err := ops.Summarize(t.Context(), tx, s.Table(), "c")
 		require.NoError(t, err)
-		require.Equal(t, ops.Summary{Consumer: "c", Completed: 2, Failed: 1, Completed1m: 1, Completed5m: 2, Failed1m: 1, Failed5m: 1}, *sum)
+		require.Equal(t, ops.Summary{Namespace: "c", Completed: 2, Failed: 1, Completed1m: 1, Completed5m: 2, Failed1m: 1, Failed5m: 1}, *sum)
 		rows, err := ops.SearchKeys(t.Context(), tx, s.Table(), "c", "a:", "", 10)
 		require.NoError(t, err)
 		require.Len(t, rows, 2)
@@ -143,7 +146,7 @@ func TestSummarizeSearchAndPayload(t *testing.T) {
 		st, err := ops.KeyStatuses(t.Context(), tx, s.Table(), "c", []string{"a:1", "b:1", "zz"})
 		require.NoError(t, err)
 		require.Equal(t, map[string]string{"a:1": "completed", "b:1": "failed"}, st)
-		names, err := ops.Consumers(t.Context(), tx, s.Table(), 10)
+		names, err := ops.Namespaces(t.Context(), tx, s.Table(), 10)
 		require.NoError(t, err)
 		require.Equal(t, []string{"c", "d"}, names)
 		return nil

@@ -13,7 +13,7 @@ import (
 // workers' presence rows: the live workers serving the namespace, split
 // by whether their controls are on.
 type Reach struct {
-	// Namespace is the controls' consumer name.
+	// Namespace is the namespace the change is to.
 	Namespace string `json:"-"`
 	// Obeying are the IDs of the live workers that serve Namespace with
 	// their controls on: they apply the change within 2 seconds.
@@ -48,10 +48,10 @@ func NewReach(ns string, workers []control.Presence, snap *control.Snapshot) Rea
 	}
 	if snap != nil {
 		for _, c := range snap.Controls {
-			known[c.Consumer] = true
+			known[c.Namespace] = true
 		}
 		for _, b := range snap.Blocks {
-			known[b.Consumer] = true
+			known[b.Namespace] = true
 		}
 	}
 	r.Known = known[ns]
@@ -118,7 +118,7 @@ func (r Reach) Unknown() error {
 	if len(r.Namespaces) > 0 {
 		known = strings.Join(r.Namespaces, ", ")
 	}
-	return fmt.Errorf("unknown consumer %q: no worker announced it and no control or block names it (known: %s)", r.Namespace, known)
+	return fmt.Errorf("unknown namespace %q: no worker announced it and no control or block names it (known: %s)", r.Namespace, known)
 }
 
 // WorkersSummary counts the workers by state: "2 live workers (1 with

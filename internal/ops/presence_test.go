@@ -23,8 +23,8 @@ func TestReach(t *testing.T) {
 		{ID: "w6", Namespaces: []string{"emails"}, Controls: false, State: "live"},
 	}
 	snap := &control.Snapshot{
-		Controls: []control.Control{{Consumer: "paused-long-ago"}},
-		Blocks:   []control.Block{{Consumer: "blocked-only", Pattern: "k"}},
+		Controls: []control.Control{{Namespace: "paused-long-ago"}},
+		Blocks:   []control.Block{{Namespace: "blocked-only", Pattern: "k"}},
 	}
 	for _, tc := range []struct {
 		ns               string
@@ -55,10 +55,10 @@ func TestReach(t *testing.T) {
 		if tc.known {
 			require.NoError(t, r.Unknown(), tc.ns)
 		} else {
-			require.EqualError(t, r.Unknown(), `unknown consumer "paymnets": no worker announced it and no control or block names it `+
+			require.EqualError(t, r.Unknown(), `unknown namespace "paymnets": no worker announced it and no control or block names it `+
 				`(known: blocked-only, emails, paused-long-ago, payments, refunds, reports)`)
 		}
 	}
 	require.EqualError(t, ops.NewReach("x", nil, nil).Unknown(),
-		`unknown consumer "x": no worker announced it and no control or block names it (known: none)`)
+		`unknown namespace "x": no worker announced it and no control or block names it (known: none)`)
 }

@@ -11,11 +11,11 @@ import (
 	"github.com/inboxmq/inboxmq/inbox"
 )
 
-// StatusCount is the number of inbox rows of one consumer in one status.
+// StatusCount is the number of inbox rows of one namespace in one status.
 type StatusCount struct {
-	Consumer string `json:"consumer"`
-	Status   string `json:"status"`
-	Count    int64  `json:"count"`
+	Namespace string `json:"namespace"`
+	Status    string `json:"status"`
+	Count     int64  `json:"count"`
 }
 
 // Stats are the inbox's row counts, its oldest claim and its size.
@@ -29,7 +29,7 @@ type Stats struct {
 	EstimatedRows         int64         `json:"estimated_rows"`
 }
 
-// InboxStats counts s's rows by consumer and status (a full scan), and
+// InboxStats counts s's rows by namespace and status (a full scan), and
 // reads the oldest live claim's age, the claims past their lease and the
 // table's and indexes' sizes.
 func InboxStats(ctx context.Context, s *inbox.Store) (*Stats, error) {

@@ -1,6 +1,7 @@
-// Package startstop gives every background service of inboxmq (the
-// control watcher, the inbox retention job and reconciler, the outbox
-// relay, the observe server) one lifecycle:
+// Package startstop gives every service of an inboxmq worker (the
+// consumer, the control watcher, the presence heartbeat, the inbox
+// retention job and reconciler, the outbox relay, the observe server) one
+// lifecycle:
 //
 //   - Start returns once the service runs, or with the error that kept it
 //     from starting. A Start while the service runs (or is still stopping)

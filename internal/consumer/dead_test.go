@@ -1,0 +1,112 @@
+package consumer_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inboxmq/inboxmq/inboxtype"
+	"github.com/inboxmq/inboxmq/internal/amqptest"
+	"github.com/inboxmq/inboxmq/internal/consumer"
+	"github.com/inboxmq/inboxmq/internal/testenv"
+	"github.com/inboxmq/inboxmq/retry"
+)
+
+// deadLetterLog records the route's OnDeadLetter calls.
+type deadLetterLog struct {
+	mu   sync.Mutex
+	seen []consumer.DeadLetter
+}
+
+func (l *deadLetterLog) hook(_ context.Context, dl consumer.DeadLetter) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.seen = append(l.seen, dl)
+	return nil
+}
+
+func (l *deadLetterLog) all() []consumer.DeadLetter {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]consumer.DeadLetter(nil), l.seen...)
+}
+
+// A message the broker dead-letters from the work queue (it expired, or
+// a quorum queue's delivery limit ended a crash loop) reaches the DLQ
+// through the consumer's own dead-letter settlement: its copy names the
+// broker's reason, carries its key, and OnDeadLetter runs once for it, as
+// for a handler's permanent failure.
+func TestConsumer_BrokerDeadLettersAreFiledWithTheirReason(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		typ    consumer.QueueType
+		reason string
+	}{
+		{"classic expiry", consumer.Classic, "broker_expired"},
+		{"quorum expiry", consumer.Quorum, "broker_expired"},
+		{"quorum delivery limit", consumer.Quorum, "broker_delivery_limit"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			var dead deadLetterLog
+			opts := fastOpts()
+			opts.Queue.Type, opts.OnDeadLetter = tt.typ, dead.hook
+			if tt.typ == consumer.Quorum {
+				opts.Queue.DeliveryLimit = 2
+			}
+			var calls int
+			var mu sync.Mutex
+			r := consumer.NewRouter()
+			consumer.Register(r, b.queue, inboxtype.HandlerFunc[order](func(_ context.Context, m *inboxtype.Message[order]) error {
+				mu.Lock()
+				calls++
+				mu.Unlock()
+				ch, ok := m.Delivery.Raw.Acknowledger.(*amqp.Channel)
+				require.True(t, ok)
+				_ = ch.Close() // the worker "crashes": nothing is settled
+				return nil
+			}), opts)
+			c := b.newConsumer(t, r, nil)
+			if tt.reason == "broker_expired" {
+				require.NoError(t, c.Pause(b.queue)) // the message expires unconsumed
+			}
+			require.NoError(t, c.Start(t.Context()))
+			msg := amqp.Publishing{MessageId: "m-1"}
+			if tt.reason == "broker_expired" {
+				msg.Expiration = "50"
+			}
+			b.pub.Publish(b.queue, []byte(`{"id":"p1","amount":5}`), msg)
+
+			testenv.WaitFor(t, "the dead letter filed in the DLQ", func() bool { return amqptest.Depth(t, b.conn, b.queue+".dlq") == 1 })
+			b.stop(t, c)
+			dlq := amqptest.Drain(t, b.conn, b.queue+".dlq")
+			require.Len(t, dlq, 1)
+			h := dlq[0].Headers
+			require.Equal(t, "m-1", dlq[0].MessageId)
+			require.Contains(t, h[inboxtype.HeaderError], tt.reason+": consumer: the broker dead-lettered the message from")
+			require.Equal(t, "order:p1", h[inboxtype.HeaderIdempotencyKey])
+			require.Equal(t, b.queue, h[inboxtype.HeaderOriginalQueue])
+			require.Equal(t, b.queue, inboxtype.DeadLetterOrigin(h))
+			require.Equal(t, 0, amqptest.Depth(t, b.conn, b.queue+".dead"), "filed, then acked")
+
+			got := dead.all()
+			require.Len(t, got, 1, "OnDeadLetter runs once per dead letter")
+			require.Equal(t, retry.KindPermanent, got[0].Decision.Kind)
+			require.Equal(t, tt.reason, got[0].Decision.Reason)
+			require.Equal(t, "order:p1", got[0].Delivery.Key)
+			mu.Lock()
+			defer mu.Unlock()
+			if tt.reason == "broker_expired" {
+				require.Zero(t, calls, "the handler never runs for a dead letter")
+			} else {
+				require.LessOrEqual(t, calls, 3, "bounded by the delivery limit")
+			}
+		})
+	}
+}
