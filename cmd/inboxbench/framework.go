@@ -35,6 +35,12 @@ func writePayment(ctx context.Context, tx pgx.Tx, p payment) error {
 	return err
 }
 
+// queuePayment queues writePayment's statements on b (case (eb)).
+func queuePayment(b *pgx.Batch, p payment) {
+	b.Queue(sqlPayment, p.OrderID, p.AmountCents, p.Currency)
+	b.Queue(sqlLedger, p.OrderID, p.AmountCents)
+}
+
 // doneObserver reports every acked delivery to the benchmark.
 type doneObserver struct {
 	inboxtype.NopObserver
@@ -100,6 +106,13 @@ func frameworkCases(e *env, typ consumer.QueueType) []benchCase {
 		{"e" + suffix, fmt.Sprintf("inboxmq group commit (%d per tx, %d in flight)%s", e.batch, e.inflight, on), typ, inboxmqCase(e, func(store *inbox.Store, r *consumer.Router, q string) {
 			consumer.Register(r, q, inbox.Handler(store, func(ctx context.Context, tx pgx.Tx, m *inboxtype.Message[payment]) error {
 				return writePayment(ctx, tx, m.Body)
+			}, e.groupCommit()),
+				&consumer.HandlerOpts{Namespace: benchConsumer, Queue: e.groupQueue(typ)})
+		}), nil},
+		{"eb" + suffix, fmt.Sprintf("inboxmq group commit through BatchHandler (HandleBatch; %d per tx, %d in flight)%s", e.batch, e.inflight, on), typ, inboxmqCase(e, func(store *inbox.Store, r *consumer.Router, q string) {
+			consumer.Register(r, q, inbox.BatchHandler(store, func(ctx context.Context, b *pgx.Batch, m *inboxtype.Message[payment]) error {
+				queuePayment(b, m.Body)
+				return nil
 			}, e.groupCommit()),
 				&consumer.HandlerOpts{Namespace: benchConsumer, Queue: e.groupQueue(typ)})
 		}), nil},

@@ -6,6 +6,7 @@
 //	(c) hand-written loop, batched tx          — the batched ceiling
 //	(d) inboxmq, per-message transactional mode
 //	(e) inboxmq, group commit
+//	(eb) inboxmq, group commit through inbox.BatchHandler (HandleBatch)
 //	(f) inboxmq, claim mode at the façade's default (no Redis lock)
 //	(fl) (f) behind the Redis lock (RouteOpts.Lock)
 //	(g) hand-written loop, claim protocol — (f)'s protocol by hand: its ceiling
@@ -137,7 +138,7 @@ func main() {
 	var (
 		n        = flag.Int("n", 20000, "messages per drain")
 		runs     = flag.Int("runs", 3, "drains per case (the median is reported)")
-		cases    = flag.String("cases", "a,b,c,d,e,f,fl,g,h,p,pg,pc", "cases to run")
+		cases    = flag.String("cases", "a,b,c,d,e,eb,f,fl,g,h,p,pg,pc", "cases to run")
 		quorum   = flag.String("quorum", "d,e", "cases (d,e,f,fl,h,p,pg,pc) to run again on a quorum queue, as (dq), (eq), …; empty for none")
 		workers  = flag.Int("workers", 8, "handlers for the per-message cases")
 		batch    = flag.Int("batch", 64, "deliveries per transaction in the batched cases")
@@ -648,6 +649,7 @@ func report(w io.Writer, rs []*result, n, runs, latRuns int) {
 	ratio("d", "b", "target ≥ 1.0")
 	ratio("e", "c", "target ≥ 0.80")
 	ratio("e", "b", "target ≥ 5")
+	ratio("eb", "c", "group commit through BatchHandler against 64 per tx by hand")
 	ratio("f", "d", "target ≥ 0.75")
 	ratio("f", "g", "claim mode against its hand-written protocol")
 	ratio("fl", "f", "claim mode with the Redis lock (RouteOpts.Lock) against without: the lock's cost")
