@@ -205,7 +205,7 @@ func (w *Worker) build(routes []*route) error {
 		})
 		w.services = append(w.services, service{name: "health", start: health.Start, stop: health.Stop})
 	}
-	w.services = append(w.services, service{name: "inbox", wait: "PostgreSQL", start: w.checkStore})
+	w.services = append(w.services, service{name: "inbox", wait: "PostgreSQL", start: w.checkStore, stop: w.store.Stop})
 	if len(s.Exchanges) > 0 {
 		w.services = append(w.services, service{name: "exchanges", wait: "RabbitMQ", start: w.declareExchanges})
 	}
@@ -361,7 +361,9 @@ func (w *Worker) checkStore(ctx context.Context) error {
 		return fmt.Errorf("inboxmq: the inbox table %s is partitioned and Config.RetentionWindow is -1: "+
 			"retention creates the partitions ahead and drops the old ones; leave it on", w.store.Table())
 	}
-	return nil
+	// The owner session: claims name it, so that this process's death
+	// frees them at once.
+	return w.store.Start(ctx)
 }
 
 // stopControls stops the watcher and closes the parker's connection.

@@ -128,6 +128,11 @@ type Claim struct {
 	req leaseReq
 	tx  lazyTx
 	hb  beat // the lease's heartbeat, while the handler runs
+	// session is the owner session the claim names (owner.go), nil for
+	// none; releaseErr is the handler's error kept for a release retried
+	// when the database answers again.
+	session    *ownerSession
+	releaseErr error
 }
 
 // resulter is what a claim reads its handler's result from: the message.
@@ -310,6 +315,16 @@ func ClaimHandler[T any](s *Store, h ClaimFunc[T], gc *GroupCommit, opts *ClaimO
 		hctx, cancel := context.WithCancelCause(ctx)
 		defer cancel(nil)
 		hb := s.heartbeat(hctx, cancel, c, o, capAt, msg.Delivery)
+		if c.session != nil {
+			// Once the owner session is gone, another worker may take the
+			// claim: stop the handler as for a lost lease.
+			unwatch := context.AfterFunc(c.session.gone, func() {
+				if !c.Completed() {
+					hb.lost(fmt.Errorf("%w: %w", ErrLeaseLost, errOwnerGone))
+				}
+			})
+			defer unwatch()
+		}
 		returned := false
 		defer func() {
 			// h panicked on this delivery's own goroutine: the panic goes
@@ -371,6 +386,9 @@ func (s *Store) claimLease(ctx context.Context, u *unit, o ClaimOpts) (c *Claim,
 	c = &Claim{Namespace: u.namespace, Key: u.key, Token: newToken(), s: s}
 	r := &c.req
 	*r = leaseReq{u: u, token: c.Token, lease: o.Lease.Microseconds(), durable: o.DurableClaim}
+	if c.session = s.owner.session(); c.session != nil {
+		r.session = &c.session.key
+	}
 	err = s.leases.Do(ctx, r)
 	if err == nil {
 		err = r.err
@@ -528,11 +546,33 @@ func (s *Store) extend(ctx context.Context, c *Claim, o ClaimOpts, capAt time.Ti
 
 // release gives the claim up after a failed attempt, so that a retry can
 // take it; it is fenced, so it never touches another owner's claim.
+//
+// A release that fails (the database away) is kept and retried by a
+// started store once the database answers again (owner.go); meanwhile a
+// copy may take the claim as soon as its owner session is gone.
 func (s *Store) release(ctx context.Context, c *Claim, herr error) {
+	err := s.releaseOnce(ctx, c, herr)
+	if err == nil {
+		return
+	}
+	msg := "inbox: release claim failed; it is released when PostgreSQL answers again"
+	c.releaseErr = herr
+	select {
+	case <-s.owner.svc.Stopped(): // not started: nothing would retry it
+		msg = "inbox: release claim failed; the reconciler releases it after its lease"
+	default:
+		if !s.owner.keep(c) {
+			msg = "inbox: release claim failed and too many releases wait already; the reconciler releases it after its lease"
+		}
+	}
+	s.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, msg,
+		slog.String("namespace", c.Namespace), slog.String("key", c.Key), slog.Int64("fence", c.Fence), slog.Any("error", err))
+}
+
+// releaseOnce runs the fenced release once.
+func (s *Store) releaseOnce(ctx context.Context, c *Claim, herr error) error {
 	ctx, cancel := s.cleanupCtx(ctx)
 	defer cancel()
-	if _, err := s.pool.Exec(ctx, s.sql.releaseClaim, c.Namespace, c.Key, c.Token, c.Fence, errorText(herr)); err != nil {
-		s.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "inbox: release claim failed; the reconciler will find it after its lease",
-			slog.String("namespace", c.Namespace), slog.String("key", c.Key), slog.Any("error", err))
-	}
+	_, err := s.pool.Exec(ctx, s.sql.releaseClaim, c.Namespace, c.Key, c.Token, c.Fence, errorText(herr))
+	return err
 }

@@ -15,7 +15,8 @@ import (
 type leaseReq struct {
 	u       *unit
 	token   string
-	lease   int64 // µs
+	session *int64 // the owner session's key; nil: none (owner.go)
+	lease   int64  // µs
 	durable bool
 
 	claimed  bool // false: the row was not free (see explainOne)
@@ -67,9 +68,10 @@ func (s *Store) sendLeases(batch []*leaseReq) {
 	n := len(batch)
 	consumers, keys, owners, mids := make([]string, n), make([]string, n), make([]string, n), make([]*string, n)
 	leases, fps, payloads, attempts := make([]int64, n), make([][]byte, n), make([][]byte, n), make([]int32, n)
+	sessions := make([]*int64, n)
 	byKey := make(map[unitKey]*leaseReq, n)
 	for i, r := range batch {
-		consumers[i], keys[i], owners[i], mids[i] = r.u.namespace, r.u.key, r.token, messageIDArg(r.u)
+		consumers[i], keys[i], owners[i], mids[i], sessions[i] = r.u.namespace, r.u.key, r.token, messageIDArg(r.u), r.session
 		leases[i], fps[i], payloads[i] = r.lease, r.u.fp, r.u.payload
 		attempts[i] = int32(min(r.u.attempt, math.MaxInt32)) //nolint:gosec // bounded above
 		byKey[unitKey{r.u.namespace, r.u.key}] = r
@@ -78,7 +80,11 @@ func (s *Store) sendLeases(batch []*leaseReq) {
 	if async {
 		sql = s.sql.claimLeasesAsync
 	}
-	rows, err := s.pool.Query(ctx, sql, consumers, keys, owners, leases, fps, mids, payloads, attempts)
+	args := []any{consumers, keys, owners, leases, fps, mids, payloads, attempts}
+	if s.sessions {
+		args = append(args, sessions)
+	}
+	rows, err := s.pool.Query(ctx, sql, args...)
 	if err == nil {
 		var k unitKey
 		var fence int64
@@ -128,7 +134,11 @@ func (s *Store) sendLease(ctx context.Context, r *leaseReq, async bool) {
 	if !async {
 		sql, dest = s.sql.claimLease, dest[:4]
 	}
-	err := s.pool.QueryRow(ctx, sql, r.u.namespace, r.u.key, r.token, r.lease, r.u.fp, messageIDArg(r.u), r.u.payload, r.u.attempt).Scan(dest...)
+	args := []any{r.u.namespace, r.u.key, r.token, r.lease, r.u.fp, messageIDArg(r.u), r.u.payload, r.u.attempt}
+	if s.sessions {
+		args = append(args, r.session)
+	}
+	err := s.pool.QueryRow(ctx, sql, args...).Scan(dest...)
 	r.claimed = err == nil
 	if !errors.Is(err, pgx.ErrNoRows) {
 		r.err = err

@@ -76,6 +76,27 @@ const claimLeaseConflict = `ON CONFLICT (consumer, key) DO UPDATE SET
 WHERE i.status IN ('received', 'failed', 'dead') OR (i.status = 'processing' AND i.lease_until <= now())
 `
 
+// ownerGone is true for a claim whose owner session (owner.go) has ended:
+// its advisory lock is no longer held in this database. pg_locks splits a
+// bigint key into classid (high 32 bits) and objid (low 32 bits), with
+// objsubid 1. It is evaluated only for a claim still within its lease.
+const ownerGone = `(i.owner_session IS NOT NULL AND NOT EXISTS (SELECT 1 FROM pg_locks l
+	WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+		AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+		AND l.classid = (i.owner_session >> 32)::oid AND l.objid = (i.owner_session & 4294967295)::oid))`
+
+// withOwnerSession makes a claim statement name its owner session
+// (parameter $n of claimLease, the array $n of claimLeases) and lets it
+// take over a claim whose owner session has ended.
+func withOwnerSession(stmt, value string) string {
+	stmt = strings.Replace(stmt, "(consumer, key, status, owner, ", "(consumer, key, status, owner, owner_session, ", 1)
+	stmt = strings.Replace(stmt, "'processing', $3, ", "'processing', $3, "+value+", ", 1)
+	stmt = strings.Replace(stmt, "'processing', k.owner, ", "'processing', k.owner, "+value+", ", 1)
+	stmt = strings.Replace(stmt, "owner = EXCLUDED.owner, ", "owner = EXCLUDED.owner, owner_session = EXCLUDED.owner_session, ", 1)
+	return strings.Replace(stmt, "(i.status = 'processing' AND i.lease_until <= now())",
+		"(i.status = 'processing' AND (i.lease_until <= now() OR "+ownerGone+"))", 1)
+}
+
 // claimConflict is the claim's conflict clause, shared by claim and
 // claimOne.
 const claimConflict = `ON CONFLICT (consumer, key) DO UPDATE SET
@@ -90,8 +111,10 @@ WHERE i.status <> 'completed' AND NOT (i.status = 'processing' AND i.lease_until
 // unpartitioned one: each inserting statement then also sets the bucket
 // column to fn(consumer, key), which serialises the claims of the key and
 // finds its row in whichever partition holds it, and its conflict target
-// includes bucket (docs/scaling.md).
-func buildStatements(t, fn string) statements {
+// includes bucket (docs/scaling.md). sessions says that the table has the
+// owner_session column (migration 00007): claims then name their owner
+// session ($9 of claimLease, $9 of claimLeases).
+func buildStatements(t, fn string, sessions bool) statements {
 	// col and val add the bucket column and its value to an INSERT.
 	col := func() string { return "" }
 	val := func(string, string) string { return "" }
@@ -208,6 +231,12 @@ WHERE consumer = $1 AND key = $2 AND fence = $3 AND status = 'processing'`,
 		reconcileRelease: `UPDATE ` + t + ` SET status = $4, owner = NULL, lease_until = NULL,
 	last_error = $5, last_failed_at = now(), updated_at = now()
 WHERE consumer = $1 AND key = $2 AND fence = $3 AND status = 'processing'`,
+	}
+	if sessions {
+		st.claimLease = withOwnerSession(st.claimLease, "$9")
+		st.claimLeases = strings.Replace(withOwnerSession(st.claimLeases, "k.session"),
+			"$8::int[]) AS k(consumer, key, owner, lease, fp, mid, payload, attempt)",
+			"$8::int[], $9::bigint[]) AS k(consumer, key, owner, lease, fp, mid, payload, attempt, session)", 1)
 	}
 	// claimLeaseAsync is claimLease committed without waiting for the WAL
 	// flush: set_config(…, true) in RETURNING applies to the statement's own

@@ -187,6 +187,10 @@ type Store struct {
 	leases *combine.Combiner[*leaseReq]
 	// heal guards the creation of partitions that ran out (partitioned).
 	heal partitionHealer
+	// owner is the owner session of a started store (owner.go); sessions
+	// says whether the table can record it.
+	owner    owner
+	sessions bool
 
 	// checked is set once Check has read the table's layout into sql and
 	// part; checkMu serialises the Checks.
@@ -209,6 +213,7 @@ func NewStore(pool *pgxpool.Pool, cfg *StoreConfig) (*Store, error) {
 	}
 	s := &Store{pool: pool, cfg: c, table: id.Sanitize()}
 	s.leases = s.newLeaseRounds()
+	s.owner.svc.Name = "inbox: owner session"
 	return s, nil
 }
 
@@ -247,7 +252,19 @@ func (s *Store) Check(ctx context.Context) error {
 	case !errors.Is(err, migrations.ErrNotPartitioned):
 		return fmt.Errorf("inbox: check partitioning: %w", err)
 	}
-	s.sql = buildStatements(s.table, fn)
+	// Claims name their owner session only on a table that has the
+	// column (migration 00007); before it, claims keep their leases alone.
+	var sessions bool
+	if err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute
+WHERE attrelid = to_regclass($1) AND attname = 'owner_session' AND NOT attisdropped)`, s.table).Scan(&sessions); err != nil {
+		return fmt.Errorf("inbox: check the owner_session column: %w", err)
+	}
+	if !sessions {
+		s.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "inbox: the inbox table has no owner_session column (run the migrations): "+
+			"a claim whose owner died waits out its lease", slog.String("table", s.table))
+	}
+	s.sessions = sessions
+	s.sql = buildStatements(s.table, fn, sessions)
 	if !configured(s.pool.Config()) {
 		s.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "inbox: the pool was not built through inbox.ConfigurePool: "+
 			"connections it opens after start-up are not checked for the primary, and may reach a standby or a fenced node after a fail-over")
