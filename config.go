@@ -70,7 +70,9 @@ type Config struct {
 
 	// Addr is the listen address of /metrics, /healthz (liveness: fails
 	// when the consumer holds deliveries and has settled none for longer
-	// than StallThreshold, a stuck worker that only a restart cures) and
+	// than StallThreshold, or when handlers that outlived their
+	// HandlerTimeout hold every slot of a route: a stuck worker that only a
+	// restart cures) and
 	// /readyz (readiness: start-up done, broker consuming, database
 	// answering, Redis degraded or not). Each answers 200 or 503 with a
 	// JSON body naming each check, and for a failing one its error, since
@@ -90,7 +92,10 @@ type Config struct {
 
 	// HandlerTimeout bounds one delivery's handling (middleware, inbox and
 	// handler): past it the handler's context ends and the delivery is
-	// retried. Defaults to 1m; -1 means no bound.
+	// retried. A handler still running a quarter of HandlerTimeout (at
+	// most 10s) after its context ended ignores the cancellation: it is
+	// logged at error with its key and counted in inboxmq_handlers_stuck
+	// until it returns. Defaults to 1m; -1 means no bound.
 	HandlerTimeout time.Duration
 
 	// StopTimeout bounds the whole of [Worker.Stop]. Defaults to 25s; a

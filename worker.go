@@ -49,6 +49,8 @@ type Worker struct {
 	// controls); nsOf maps a queue to its namespace for it.
 	reporter *controlrun.BreakerReporter
 	nsOf     map[string]string
+	// stuck counts each route's stuck handlers (stuck.go).
+	stuck stuckHandlers
 	// services are started in order by Start and stopped in reverse by
 	// Stop: the health listener first, the consumer last.
 	services []service
@@ -232,6 +234,7 @@ func (w *Worker) build(routes []*route) error {
 	presence := controlrun.NewHeartbeat(s.DB, control.Presence{
 		ID: s.Name, Host: host, PID: os.Getpid(), Namespaces: ns, Version: Version, Controls: w.watcher != nil,
 	}, w.logger)
+	presence.OnStale = w.metrics.SetWorkersStale
 	w.services = append(w.services, service{name: "presence", start: presence.Start, stop: presence.Stop})
 	if w.cons != nil {
 		w.services = append(w.services, service{name: "consumer", wait: "RabbitMQ", start: w.cons.Start, stop: w.cons.Stop})
@@ -246,7 +249,13 @@ func (w *Worker) build(routes []*route) error {
 // release and cache write), the rate limit, the route's own middleware and
 // the relay's wake-up; and its fault events and replies.
 func (w *Worker) addRoute(rt *route, block, wake inboxtype.Middleware) error {
-	var mw []inboxtype.Middleware
+	// Outermost of the route's: a handler that outlives its context is
+	// reported, with its key, however far in it got.
+	if w.stuck == nil {
+		w.stuck = stuckHandlers{}
+	}
+	w.stuck[rt.queue] = new(atomic.Int64)
+	mw := []inboxtype.Middleware{middleware.Stuck(w.s.stuckAfter(), w.reportStuck)}
 	if block != nil {
 		mw = append(mw, block)
 	}
@@ -449,15 +458,20 @@ func (w *Worker) checks() []observe.Check {
 	return checks
 }
 
-// liveness are the /healthz checks: the consumer's watchdog.
+// liveness are the /healthz checks: every slot of a route held by a
+// stuck handler, and the consumer's watchdog.
 func (w *Worker) liveness() []observe.Check {
-	if w.s.StallThreshold < 0 || w.cons == nil {
+	if w.cons == nil {
 		return nil
 	}
-	return []observe.Check{observe.Watchdog("consumer", func() (int, time.Time) {
+	checks := []observe.Check{w.stuckCheck()}
+	if w.s.StallThreshold < 0 {
+		return checks
+	}
+	return append(checks, observe.Watchdog("consumer", func() (int, time.Time) {
 		p := w.cons.Progress()
 		return p.InFlight, p.LastProgress
-	}, w.s.StallThreshold)}
+	}, w.s.StallThreshold))
 }
 
 // declareExchanges declares Config.Exchanges; ctx's deadline bounds the

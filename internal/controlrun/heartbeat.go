@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/inboxmq/inboxmq/control"
 	"github.com/inboxmq/inboxmq/internal/startstop"
 )
@@ -19,20 +21,35 @@ const (
 	pruneAfter        = 7 * 24 * time.Hour
 )
 
+// A peer is reported stale from staleAfter without a refresh (three
+// heartbeats, control.Store.Workers' "stale") until reportStaleFor: past
+// that it is history (inboxctl workers still lists it until pruneAfter).
+const (
+	staleAfter     = 15 * time.Second
+	reportStaleFor = 15 * time.Minute
+)
+
 // beat upserts the worker's row as live; fresh marks a new start
 // (started_at now). It also deletes the rows of other workers not seen
-// for pruneAfter.
+// for pruneAfter, and returns the peers that stopped refreshing their
+// rows without a graceful stop (stale since staleAfter, within
+// reportStaleFor).
 const beat = `
 WITH pruned AS (
     DELETE FROM inboxmq_workers WHERE id <> $1 AND last_seen < now() - $8 * interval '1 second'
+), up AS (
+    INSERT INTO inboxmq_workers AS w (id, host, pid, namespaces, version, controls, started_at, last_seen, stopped_at)
+    VALUES ($1, $2, $3, $4, $5, $6, now(), now(), NULL)
+    ON CONFLICT (id) DO UPDATE SET
+        host = excluded.host, pid = excluded.pid, namespaces = excluded.namespaces,
+        version = excluded.version, controls = excluded.controls,
+        started_at = CASE WHEN $7 THEN now() ELSE w.started_at END,
+        last_seen = now(), stopped_at = NULL
 )
-INSERT INTO inboxmq_workers AS w (id, host, pid, namespaces, version, controls, started_at, last_seen, stopped_at)
-VALUES ($1, $2, $3, $4, $5, $6, now(), now(), NULL)
-ON CONFLICT (id) DO UPDATE SET
-    host = excluded.host, pid = excluded.pid, namespaces = excluded.namespaces,
-    version = excluded.version, controls = excluded.controls,
-    started_at = CASE WHEN $7 THEN now() ELSE w.started_at END,
-    last_seen = now(), stopped_at = NULL`
+SELECT id, host, pid, extract(epoch FROM now() - last_seen)::float8 FROM inboxmq_workers
+WHERE id <> $1 AND stopped_at IS NULL
+    AND last_seen < now() - $9 * interval '1 millisecond' AND last_seen > now() - $10 * interval '1 millisecond'
+ORDER BY id`
 
 // Heartbeat announces a worker process in PostgreSQL (table
 // inboxmq_workers) so that inboxctl and the console can tell who obeys a
@@ -47,9 +64,14 @@ type Heartbeat struct {
 	logger   *slog.Logger
 	interval time.Duration
 
-	fresh     bool        // the next successful beat starts the row (only the loop's goroutine after Start)
-	failed    error       // the last beat's error, logged once
-	announced atomic.Bool // Start ran: Stop marks the row stopped
+	fresh     bool            // the next successful beat starts the row (only the loop's goroutine after Start)
+	failed    error           // the last beat's error, logged once
+	stale     map[string]bool // the peers reported stale (the loop's goroutine)
+	announced atomic.Bool     // Start ran: Stop marks the row stopped
+
+	// OnStale, if set before Start, is told after each beat how many peers
+	// have stopped refreshing their presence (the workers_stale gauge).
+	OnStale func(n int)
 
 	svc startstop.Service
 }
@@ -114,7 +136,18 @@ func (h *Heartbeat) beat(ctx context.Context) {
 	bctx, cancel := context.WithTimeout(ctx, h.interval)
 	defer cancel()
 	r := h.row
-	_, err := h.db.Exec(bctx, beat, r.ID, r.Host, r.PID, r.Namespaces, r.Version, r.Controls, h.fresh, int64(pruneAfter.Seconds()))
+	var peers []stalePeer
+	rows, err := h.db.Query(bctx, beat, r.ID, r.Host, r.PID, r.Namespaces, r.Version, r.Controls, h.fresh,
+		int64(pruneAfter.Seconds()), staleAfter.Milliseconds(), reportStaleFor.Milliseconds())
+	if err == nil {
+		peers, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (stalePeer, error) {
+			var p stalePeer
+			var secs float64
+			err := row.Scan(&p.id, &p.host, &p.pid, &secs)
+			p.ago = time.Duration(secs * float64(time.Second)).Round(time.Second)
+			return p, err
+		})
+	}
 	switch {
 	case err != nil && ctx.Err() != nil:
 		// Stopping: the loop ends.
@@ -129,5 +162,39 @@ func (h *Heartbeat) beat(ctx context.Context) {
 			h.logger.LogAttrs(ctx, slog.LevelInfo, "controlrun: worker heartbeat recovered", slog.String("worker", r.ID))
 		}
 		h.fresh, h.failed = false, nil
+		h.reportStale(ctx, peers)
+	}
+}
+
+// stalePeer is a worker whose presence row stopped being refreshed.
+type stalePeer struct {
+	id, host string
+	pid      int
+	ago      time.Duration
+}
+
+// reportStale logs the peers that turned stale since the last beat, and
+// those no longer stale (back, stopped, or past reportStaleFor), and
+// tells OnStale how many are.
+func (h *Heartbeat) reportStale(ctx context.Context, peers []stalePeer) {
+	now := make(map[string]bool, len(peers))
+	for _, p := range peers {
+		now[p.id] = true
+		if !h.stale[p.id] {
+			h.logger.LogAttrs(ctx, slog.LevelWarn,
+				"controlrun: a worker stopped refreshing its presence: it crashed, froze or lost PostgreSQL, and its deliveries return to the queue",
+				slog.String("peer", p.id), slog.String("peer_host", p.host), slog.Int("peer_pid", p.pid),
+				slog.Duration("last_seen_ago", p.ago), slog.String("worker", h.row.ID))
+		}
+	}
+	for id := range h.stale {
+		if !now[id] {
+			h.logger.LogAttrs(ctx, slog.LevelInfo, "controlrun: a worker reported stale no longer is (back, stopped or aged out)",
+				slog.String("peer", id), slog.String("worker", h.row.ID))
+		}
+	}
+	h.stale = now
+	if h.OnStale != nil {
+		h.OnStale(len(peers))
 	}
 }

@@ -3,6 +3,7 @@ package controlrun_test
 import (
 	"context"
 	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -122,4 +123,41 @@ func TestHeartbeat_FailureIsLoggedAndRetried(t *testing.T) {
 	w, _ := workerByID(t, s, "w1")
 	require.False(t, w.Controls)
 	require.Empty(t, w.Namespaces)
+}
+
+// A peer that stops refreshing its presence without a graceful stop is
+// reported by the others: a warning naming it, and the count to OnStale;
+// once it stops gracefully (or comes back) the count drops and that is
+// logged too. A peer stopped gracefully, or stale for longer than the
+// reporting window, is not reported.
+func TestHeartbeat_ReportsPeersThatStoppedRefreshing(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool, _ := pgtest.Schema(t)
+	_, err := pool.Exec(ctx, `INSERT INTO inboxmq_workers (id, host, pid, namespaces, version, controls, last_seen, stopped_at) VALUES
+		('killed', 'h1', 7, '{payments}', '0.0.1', true, now() - interval '1 minute', NULL),
+		('long-ago', 'h1', 8, '{payments}', '0.0.1', true, now() - interval '1 hour', NULL),
+		('graceful', 'h1', 9, '{payments}', '0.0.1', true, now() - interval '1 minute', now() - interval '1 minute')`)
+	require.NoError(t, err)
+
+	logger, logs := logtest.New(slog.LevelDebug)
+	var stale atomic.Int64
+	stale.Store(-1)
+	h := controlrun.NewHeartbeat(pool, control.Presence{ID: "w1", Host: "h", PID: 1, Version: "1.2.3"}, logger)
+	h.OnStale = func(n int) { stale.Store(int64(n)) }
+	controlrun.SetHeartbeatInterval(h, 10*time.Millisecond)
+	require.NoError(t, h.Start(ctx))
+	t.Cleanup(func() { require.NoError(t, h.Stop(context.Background())) })
+
+	require.Equal(t, int64(1), stale.Load(), "Start's beat counted the peers")
+	warned := logs.Containing("stopped refreshing its presence")
+	require.Len(t, warned, 1)
+	require.Equal(t, "killed", warned[0].Attrs["peer"])
+	require.Equal(t, slog.LevelWarn, warned[0].Level)
+
+	_, err = pool.Exec(ctx, `UPDATE inboxmq_workers SET stopped_at = now() WHERE id = 'killed'`)
+	require.NoError(t, err)
+	testenv.WaitFor(t, "the count to drop to 0", func() bool { return stale.Load() == 0 })
+	require.Len(t, logs.Containing("no longer is"), 1)
+	require.Len(t, logs.Containing("stopped refreshing its presence"), 1, "reported once, not at every beat")
 }

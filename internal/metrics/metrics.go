@@ -151,8 +151,10 @@ type Metrics struct {
 	stale        *prometheus.CounterVec
 	settleErrors *prometheus.CounterVec
 	handlerTime  *prometheus.HistogramVec
+	stuck        *prometheus.GaugeVec
 
 	redisDegraded      prometheus.Gauge
+	workersStale       prometheus.Gauge
 	degraded           atomic.Bool
 	degradedMu         sync.Mutex
 	degradedBy         map[string]bool // Redis users currently degraded
@@ -240,6 +242,14 @@ func New(reg prometheus.Registerer, cfg *Config) (*Metrics, error) {
 			Help:        "Time the last run of the middleware chain and handler (lock, inbox, business work) of each settled delivery took, by the kind of its decision.",
 			ConstLabels: c.ConstLabels, Buckets: c.Buckets,
 		}, []string{"queue", "consumer", "kind"}),
+		stuck: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Name: "handlers_stuck", ConstLabels: c.ConstLabels,
+			Help: "Handlers still running a while after their context ended (deadline or stop; a quarter of the handler timeout, at most 10s): they ignore cancellation and hold a slot each.",
+		}, qc),
+		workersStale: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Name: "workers_stale", ConstLabels: c.ConstLabels,
+			Help: "Other workers whose presence row stopped being refreshed without a graceful stop, 15s to 15m ago (crashed, frozen or cut off from PostgreSQL), as this worker sees them.",
+		}),
 		redisDegraded: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: ns, Name: "redis_degraded", ConstLabels: c.ConstLabels,
 			Help: "1 while Redis is unreachable and the cache and lock are bypassed and rate limits kept per worker (correctness holds; speed drops).",
@@ -273,7 +283,7 @@ func New(reg prometheus.Registerer, cfg *Config) (*Metrics, error) {
 	cols := []prometheus.Collector{
 		m.received, m.redelivered, m.settled, m.inFlight, m.duplicates, m.lockOK, m.lockFailed,
 		m.lockExpired, m.retries, m.inProcess, m.duration, m.conflicts, m.deadLettered, m.stale,
-		m.settleErrors, m.handlerTime, m.redisDegraded, m.reconnects, m.connected,
+		m.settleErrors, m.handlerTime, m.stuck, m.workersStale, m.redisDegraded, m.reconnects, m.connected,
 		m.nodeConns, m.nodeOpened,
 		m.breakerState, m.breakerTransitions, m.rateLimitWait,
 	}
@@ -311,6 +321,7 @@ func (m *Metrics) Unregister(reg prometheus.Registerer) {
 // event. Call it once per registered handler at startup.
 func (m *Metrics) Init(queue, namespace string) {
 	m.route(queue, namespace)
+	m.stuck.WithLabelValues(queue, namespace)
 	reasons := slices.Concat(knownReasons, m.extraReasons)
 	for _, s := range knownSources {
 		m.duplicates.WithLabelValues(queue, namespace, s)
@@ -592,3 +603,18 @@ func reasonOf(dec retry.Decision) string {
 	}
 	return retry.ReasonError
 }
+
+// HandlerStuck counts a handler of the route (queue, namespace) that
+// outlived its context (stuck) or, later, returned (!stuck): the
+// handlers_stuck gauge.
+func (m *Metrics) HandlerStuck(queue, namespace string, stuck bool) {
+	if stuck {
+		m.stuck.WithLabelValues(queue, namespace).Inc()
+		return
+	}
+	m.stuck.WithLabelValues(queue, namespace).Dec()
+}
+
+// SetWorkersStale sets the workers_stale gauge: how many other workers
+// stopped refreshing their presence.
+func (m *Metrics) SetWorkersStale(n int) { m.workersStale.Set(float64(n)) }
