@@ -39,6 +39,7 @@ const outsideCalls = `CREATE TABLE IF NOT EXISTS outside_calls (key text NOT NUL
 
 // TestOwnerProcess is the owner process; it does nothing in a normal run.
 func TestOwnerProcess(t *testing.T) {
+	t.Parallel()
 	stage := os.Getenv(ownerStageEnv)
 	if stage == "" {
 		return
