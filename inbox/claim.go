@@ -128,10 +128,8 @@ type Claim struct {
 	req leaseReq
 	tx  lazyTx
 	hb  beat // the lease's heartbeat, while the handler runs
-	// session is the owner session the claim names (owner.go), nil for
-	// none; releaseErr is the handler's error kept for a release retried
-	// when the database answers again.
-	session    *ownerSession
+	// releaseErr is the handler's error kept for a release retried when
+	// the database answers again (owner.go).
 	releaseErr error
 }
 
@@ -315,16 +313,6 @@ func ClaimHandler[T any](s *Store, h ClaimFunc[T], gc *GroupCommit, opts *ClaimO
 		hctx, cancel := context.WithCancelCause(ctx)
 		defer cancel(nil)
 		hb := s.heartbeat(hctx, cancel, c, o, capAt, msg.Delivery)
-		if c.session != nil {
-			// Once the owner session is gone, another worker may take the
-			// claim: stop the handler as for a lost lease.
-			unwatch := context.AfterFunc(c.session.gone, func() {
-				if !c.Completed() {
-					hb.lost(fmt.Errorf("%w: %w", ErrLeaseLost, errOwnerGone))
-				}
-			})
-			defer unwatch()
-		}
 		returned := false
 		defer func() {
 			// h panicked on this delivery's own goroutine: the panic goes
@@ -386,8 +374,8 @@ func (s *Store) claimLease(ctx context.Context, u *unit, o ClaimOpts) (c *Claim,
 	c = &Claim{Namespace: u.namespace, Key: u.key, Token: newToken(), s: s}
 	r := &c.req
 	*r = leaseReq{u: u, token: c.Token, lease: o.Lease.Microseconds(), durable: o.DurableClaim}
-	if c.session = s.owner.session(); c.session != nil {
-		r.session = &c.session.key
+	if sess := s.owner.session(); sess != nil {
+		r.session = &sess.key
 	}
 	err = s.leases.Do(ctx, r)
 	if err == nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -33,11 +32,9 @@ const ownerPing = time.Second
 // ownerMaxPending bounds the releases kept for the database's return.
 const ownerMaxPending = 10_000
 
-// ownerSession is one owner session: its advisory-lock key, and a context
-// cancelled when the session is known to be gone.
+// ownerSession is one owner session: its advisory-lock key.
 type ownerSession struct {
-	key  int64
-	gone context.Context //nolint:containedctx // a signal shared by the session's claims
+	key int64
 }
 
 // owner is the store's owner session and the releases that failed while
@@ -107,22 +104,34 @@ func (s *Store) Stop(ctx context.Context) error { return s.owner.svc.Stop(ctx) }
 type heldSession struct {
 	conn *pgx.Conn
 	sess *ownerSession
-	lose context.CancelFunc
 }
 
 // holdSessions holds h until it fails, then opens new sessions (each with
 // a new key) until ctx ends.
+//
+// Losing a session does not stop the handlers of its claims: the process
+// is alive and the likeliest to finish them. Until a new session adopts
+// them, a copy of one of their messages may take the claim (fenced: this
+// process's completion of it then fails); the new session adopts the
+// claims still processing under the old key, after retrying the releases
+// that failed meanwhile.
 func (s *Store) holdSessions(ctx context.Context, h *heldSession) {
 	var wait time.Duration
+	var lost int64 // the key of the session lost, whose claims to adopt
 	for {
 		if h != nil {
+			if lost != 0 {
+				s.releasePending(ctx)
+				s.adopt(ctx, lost, h.sess.key)
+				lost = 0
+			}
 			err := s.holdSession(ctx, h)
 			if ctx.Err() != nil {
 				return
 			}
-			s.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "inbox: owner session lost; claims taken until it is back keep only their lease",
+			s.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "inbox: owner session lost; until it is back, a copy may take this worker's claims at once (fenced)",
 				slog.Any("error", err))
-			wait = 0 // at once: the database may be back already
+			lost, wait = h.sess.key, 0 // at once: the database may be back already
 		}
 		t := time.NewTimer(wait)
 		select {
@@ -135,6 +144,25 @@ func (s *Store) holdSessions(ctx context.Context, h *heldSession) {
 		if h, err = s.openSession(ctx); err != nil {
 			wait = min(max(2*wait, 100*time.Millisecond), 5*time.Second)
 		}
+	}
+}
+
+// adopt moves the claims still processing under the lost session's key to
+// the new session, so that a live process's claims are again held until
+// their leases run out. A claim taken over meanwhile names another key
+// and is left alone.
+func (s *Store) adopt(ctx context.Context, lost, key int64) {
+	if !s.sessions {
+		return // the table cannot name sessions (before migration 00007)
+	}
+	tag, err := s.pool.Exec(ctx, s.sql.adoptClaims, lost, key)
+	if err != nil {
+		s.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "inbox: adopting the claims of the lost owner session failed; they keep only their leases",
+			slog.Any("error", err))
+		return
+	}
+	if n := tag.RowsAffected(); n > 0 {
+		s.cfg.Logger.LogAttrs(ctx, slog.LevelInfo, "inbox: claims adopted by the new owner session", slog.Int64("claims", n))
 	}
 }
 
@@ -151,17 +179,15 @@ func (s *Store) openSession(ctx context.Context) (*heldSession, error) {
 		closeConn(ctx, conn)
 		return nil, fmt.Errorf("inbox: take the owner session's lock: %w", err)
 	}
-	gone, lose := context.WithCancel(context.Background())
-	h := &heldSession{conn: conn, sess: &ownerSession{key: key, gone: gone}, lose: lose}
+	h := &heldSession{conn: conn, sess: &ownerSession{key: key}}
 	s.owner.set(h.sess)
 	return h, nil
 }
 
-// holdSession holds h until it fails or ctx ends; the claims that named
-// it are then told it is gone, and its connection is closed.
+// holdSession holds h until it fails or ctx ends, then closes its
+// connection.
 func (s *Store) holdSession(ctx context.Context, h *heldSession) error {
 	defer closeConn(ctx, h.conn) // ends the session, and with it the lock
-	defer h.lose()
 	defer s.owner.set(nil)
 	t := time.NewTicker(ownerPing)
 	defer t.Stop()
@@ -209,6 +235,3 @@ func (s *Store) releasePending(ctx context.Context) {
 			slog.String("namespace", c.Namespace), slog.String("key", c.Key), slog.Int64("fence", c.Fence))
 	}
 }
-
-// errOwnerGone is the cause given to a handler whose owner session ended.
-var errOwnerGone = errors.New("the owner session ended (the database may take the claim over)")

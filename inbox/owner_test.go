@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"strings"
@@ -19,8 +20,10 @@ import (
 
 	"github.com/inboxmq/inboxmq/inbox"
 	"github.com/inboxmq/inboxmq/inboxtype"
+	"github.com/inboxmq/inboxmq/internal/logtest"
 	"github.com/inboxmq/inboxmq/internal/pgtest"
 	"github.com/inboxmq/inboxmq/internal/testenv"
+	"github.com/inboxmq/inboxmq/migrations"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
@@ -259,28 +262,22 @@ func TestClaim_PausedOwnerWakesAfterTakeoverAndIsFencedOut(t *testing.T) {
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`))
 }
 
-// An owner whose session the database ended (a server restart, a killed
-// backend) while the process lives is told: its handler is cancelled as
-// for a lost lease, a copy takes the claim at once, and the old owner's
-// completion is fenced out.
-func TestClaim_OwnerSessionEndedCancelsTheHandler(t *testing.T) {
+// An owner whose session the database ended (a killed backend, a server
+// restart) while the process lives goes on with its handler, and its new
+// session adopts the claim: a copy is then held as by any live owner, and
+// the owner completes.
+func TestClaim_LiveOwnerAdoptsItsClaimsInANewSession(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
-	_, err := b.pool.Exec(t.Context(), outsideCalls)
-	require.NoError(t, err)
 	require.NoError(t, b.store.Start(t.Context()))
 	t.Cleanup(func() { require.NoError(t, b.store.Stop(context.Background())) })
 
-	claimed := make(chan struct{})
-	cancelled := make(chan error, 1)
-	proceed := make(chan struct{})
+	claimed, proceed := make(chan struct{}), make(chan struct{})
 	done := make(chan error, 1)
 	h := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[order]) error {
 		close(claimed)
-		<-ctx.Done()
-		cancelled <- context.Cause(ctx)
 		<-proceed
-		return c.Complete(context.WithoutCancel(ctx), completeWithEffect(msg))
+		return c.Complete(ctx, completeWithEffect(msg))
 	}, nil, &inbox.ClaimOpts{Lease: time.Minute})
 	go func() {
 		done <- h.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "owned", Amount: 7}, false))
@@ -288,15 +285,54 @@ func TestClaim_OwnerSessionEndedCancelsTheHandler(t *testing.T) {
 	testenv.WaitChan(t, claimed, "the claim")
 	session := ownerSession(t, b, "order:owned")
 
-	_, err = b.pool.Exec(t.Context(), `SELECT pg_terminate_backend(pid) FROM pg_locks
-		WHERE locktype = 'advisory' AND granted AND objsubid = 1 AND classid = ($1::bigint >> 32)::oid
-			AND objid = ($1::bigint & 4294967295)::oid`, session)
-	require.NoError(t, err)
-	require.ErrorIs(t, testenv.WaitChan(t, cancelled, "the handler's cancellation"), inbox.ErrLeaseLost)
-	testenv.WaitFor(t, "the ended session's lock to go", func() bool { return !sessionHeld(t, b, session) })
+	terminateSession(t, b, session)
+	testenv.WaitFor(t, "the new session to adopt the claim", func() bool {
+		return ownerSession(t, b, "order:owned") != session
+	})
+	require.True(t, sessionHeld(t, b, ownerSession(t, b, "order:owned")))
 
-	fence, err := takeOver(t, b)
-	require.NoError(t, err, "the copy takes the claim of an ended session at once")
+	_, err := takeOver(t, b)
+	require.Equal(t, inbox.ReasonClaimHeld, retry.Classify(err).Reason, "an adopted claim is held: %v", err)
+	close(proceed)
+	require.NoError(t, testenv.WaitChan(t, done, "the owner completes"))
+	r := b.get(t, "payments", "order:owned")
+	require.Equal(t, inbox.RecordCompleted, r.Status)
+	require.Equal(t, int64(1), r.Fence)
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`))
+}
+
+// A claim whose owner session is gone and not replaced (here the store
+// stopped holding it; in life, the process died) is taken over at once by
+// another worker's copy, and a late completion of the old owner is fenced
+// out.
+func TestClaim_OwnerWithoutSessionIsTakenOverAndFencedOut(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	_, err := b.pool.Exec(t.Context(), outsideCalls)
+	require.NoError(t, err)
+	require.NoError(t, b.store.Start(t.Context()))
+
+	claimed, proceed := make(chan struct{}), make(chan struct{})
+	done := make(chan error, 1)
+	h := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[order]) error {
+		close(claimed)
+		<-proceed
+		return c.Complete(ctx, completeWithEffect(msg))
+	}, nil, &inbox.ClaimOpts{Lease: time.Minute})
+	go func() {
+		done <- h.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "owned", Amount: 7}, false))
+	}()
+	testenv.WaitChan(t, claimed, "the claim")
+	session := ownerSession(t, b, "order:owned")
+	require.NoError(t, b.store.Stop(t.Context()))
+	testenv.WaitFor(t, "the session's lock to go", func() bool { return !sessionHeld(t, b, session) })
+
+	// Another worker on the same inbox.
+	otherStore, err := inbox.NewStore(b.pool, nil)
+	require.NoError(t, err)
+	require.NoError(t, otherStore.Check(t.Context()))
+	fence, err := takeOver(t, &testBundle{pool: b.pool, store: otherStore})
+	require.NoError(t, err, "the copy takes the claim of a session gone")
 	require.Equal(t, int64(2), fence)
 	close(proceed)
 	require.ErrorIs(t, testenv.WaitChan(t, done, "the old owner's completion"), retry.ErrDuplicate)
@@ -305,6 +341,15 @@ func TestClaim_OwnerSessionEndedCancelsTheHandler(t *testing.T) {
 	require.Equal(t, inbox.RecordCompleted, r.Status)
 	require.Equal(t, int64(2), r.Fence)
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`))
+}
+
+// terminateSession ends the backend holding an owner session's lock.
+func terminateSession(t *testing.T, b *testBundle, key int64) {
+	t.Helper()
+	_, err := b.pool.Exec(t.Context(), `SELECT pg_terminate_backend(pid) FROM pg_locks
+		WHERE locktype = 'advisory' AND granted AND objsubid = 1 AND classid = ($1::bigint >> 32)::oid
+			AND objid = ($1::bigint & 4294967295)::oid`, key)
+	require.NoError(t, err)
 }
 
 // A release that fails while the database cannot answer is not left to the
@@ -336,4 +381,52 @@ func TestClaim_FailedReleaseIsRetriedWhenTheDatabaseAnswers(t *testing.T) {
 	r := b.get(t, "payments", "order:owned")
 	require.Nil(t, r.Owner)
 	require.Contains(t, *r.LastError, "gateway: 503")
+}
+
+// The database restarts under a worker (a server of the test's own): the
+// release of a claim whose handler failed while it was down is not left
+// to the lease. It goes through once the server answers, and the copy
+// that retries the message takes the key at once; nothing says "after its
+// lease".
+func TestClaim_ServerRestartLeavesNoClaimToItsLease(t *testing.T) {
+	t.Parallel()
+	srv := pgtest.StartPrimary(t)
+	pool, err := pgxpool.New(t.Context(), srv.URL())
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	require.NoError(t, migrations.Up(t.Context(), pool))
+	logger, logs := logtest.New(slog.LevelDebug)
+	b := setupOn(t, pool, &inbox.StoreConfig{Logger: logger, CleanupTimeout: 500 * time.Millisecond})
+	_, err = b.pool.Exec(t.Context(), outsideCalls)
+	require.NoError(t, err)
+	require.NoError(t, b.store.Start(t.Context()))
+	t.Cleanup(func() { require.NoError(t, b.store.Stop(context.Background())) })
+
+	claimed, proceed := make(chan struct{}), make(chan struct{})
+	h := inbox.ClaimHandler(b.store, func(ctx context.Context, c *inbox.Claim, msg *inboxtype.Message[order]) error {
+		close(claimed)
+		<-proceed
+		return errors.New("gateway: 503")
+	}, nil, &inbox.ClaimOpts{Lease: time.Minute})
+	done := make(chan error, 1)
+	go func() {
+		done <- h.Handle(t.Context(), newMsg(t, "payments", order{OrderID: "owned", Amount: 7}, false))
+	}()
+	testenv.WaitChan(t, claimed, "the claim")
+
+	srv.Stop(t)
+	close(proceed)
+	require.ErrorContains(t, testenv.WaitChan(t, done, "the failed attempt"), "gateway: 503")
+	srv.Start(t)
+
+	testenv.WaitFor(t, "the kept release to go through", func() bool {
+		r, err := b.store.Get(t.Context(), "payments", "order:owned")
+		return err == nil && r.Status == inbox.RecordFailed
+	})
+	fence, err := takeOver(t, b)
+	require.NoError(t, err, "the retry takes the key at once")
+	require.Equal(t, int64(2), fence)
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`))
+	require.NotEmpty(t, logs.Containing("released when PostgreSQL answers again"))
+	require.Empty(t, logs.Containing("after its lease"))
 }

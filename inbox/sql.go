@@ -61,6 +61,9 @@ type statements struct {
 	completeMany string
 	releaseClaim string
 	recordStep   string
+	// adoptClaims moves the claims of a lost owner session ($1) to the new
+	// one ($2) (owner.go).
+	adoptClaims string
 
 	staleForUpdate    string
 	reconcileComplete string
@@ -214,6 +217,8 @@ RETURNING i.consumer, i.key, i.fence`,
 		releaseClaim: `UPDATE ` + t + ` SET status = 'failed', owner = NULL, lease_until = NULL,
 	last_error = $5, last_failed_at = now(), updated_at = now()
 WHERE consumer = $1 AND key = $2 AND owner = $3 AND fence = $4 AND status = 'processing'`,
+
+		adoptClaims: `UPDATE ` + t + ` SET owner_session = $2 WHERE owner_session = $1 AND status = 'processing'`,
 
 		recordStep: `UPDATE ` + t + ` SET steps = steps || jsonb_build_object($5::text, $6::jsonb), updated_at = now()
 WHERE consumer = $1 AND key = $2 AND owner = $3 AND fence = $4 AND status = 'processing'`,
