@@ -79,6 +79,15 @@ type Config struct {
 	// when, and its threshold. Defaults to "": no listener.
 	Addr string
 
+	// ManagementURL is RabbitMQ's management API, which the worker's
+	// start-up topology lint reads: the routes' queues, their arguments
+	// and the policies on them, checked for what silently loses or loops
+	// messages (logged at error; inboxctl lint runs the same checks).
+	// Defaults to the first broker node's host on port 15672 (15671 for
+	// amqps://) with the broker URL's credentials; when it does not
+	// answer, the lint is skipped with a line at info.
+	ManagementURL string
+
 	// TracerProvider makes the worker's spans: one per delivery (its
 	// parent read from the message's headers), the inbox's below it, and
 	// one per message the outbox relay publishes. Defaults to

@@ -238,6 +238,12 @@ func (w *Worker) build(routes []*route) error {
 	w.services = append(w.services, service{name: "presence", start: presence.Start, stop: presence.Stop})
 	if w.cons != nil {
 		w.services = append(w.services, service{name: "consumer", wait: "RabbitMQ", start: w.cons.Start, stop: w.cons.Stop})
+		// Last: the consumer has declared the routes' queues.
+		lint := w.lintRoutes(routes)
+		w.services = append(w.services, service{name: "topology lint", start: func(ctx context.Context) error {
+			w.lintTopology(ctx, lint)
+			return nil
+		}})
 	}
 	return nil
 }

@@ -44,6 +44,7 @@
 #   +22 +23     Redis primary, replica TLS (CLUSTER_TLS=1)
 #   +30 +31 +32 Sentinels 1..3
 #   +33 +34 +35 Sentinels 1..3 TLS (CLUSTER_TLS=1)
+#   +36 +37 +38 RabbitMQ management API (HTTP, loopback), nodes 1..3
 #
 # With CLUSTER_TLS=1 the Redis nodes replicate over TLS, so the Sentinels name
 # the masters' TLS ports: use CLUSTER_REDIS_TLS_URL then (CLUSTER_REDIS_URL
@@ -91,6 +92,7 @@ REDIS_TLS_PORT=$((BASE + 22))
 REPLICA_TLS_PORT=$((BASE + 23))
 sentinel_port() { echo $((BASE + 29 + $1)); }
 sentinel_tls_port() { echo $((BASE + 32 + $1)); }
+mgmt_port() { echo $((BASE + 35 + $1)); }
 
 node_name() { echo "inboxmq${BASE}-$1@localhost"; }
 
@@ -275,7 +277,7 @@ rabbit_pidfile() { echo "$(node_dir "$1")/rabbit.pid"; }
 rabbit_configure() {
   mkdir -p "$R/home"
   : >"$R/rabbitmq-env.conf"
-  echo '[rabbitmq_consistent_hash_exchange].' >"$R/enabled_plugins"
+  echo '[rabbitmq_consistent_hash_exchange,rabbitmq_management].' >"$R/enabled_plugins"
   if [ ! -f "$R/home/.erlang.cookie" ]; then
     (umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' | tr 'a-f' 'A-F' >"$R/home/.erlang.cookie")
   fi
@@ -286,6 +288,8 @@ rabbit_configure() {
     mkdir -p "$d/mnesia" "$d/log"
     {
       echo "listeners.tcp.1 = 127.0.0.1:$(amqp_port "$n")"
+      echo "management.tcp.ip = 127.0.0.1"
+      echo "management.tcp.port = $(mgmt_port "$n")"
       echo "loopback_users.guest = true"
       echo "cluster_name = inboxmq$BASE"
       echo "cluster_partition_handling = pause_minority"
@@ -836,19 +840,20 @@ cluster_down() {
 
 check_ports_free() {
   local p busy=()
-  for p in $(seq "$BASE" $((BASE + 35))); do
+  for p in $(seq "$BASE" $((BASE + 38))); do
     if tcp_open 127.0.0.1 "$p"; then busy+=("$p"); fi
   done
   [ ${#busy[@]} -eq 0 ] ||
-    die "ports ${busy[*]} are in use by processes not of $DIR: choose another CLUSTER_PORT_BASE (ports base..base+35)"
+    die "ports ${busy[*]} are in use by processes not of $DIR: choose another CLUSTER_PORT_BASE (ports base..base+38)"
 }
 
 env_lines() {
-  local tls n amqp=() amqps=() nodes=()
+  local tls n amqp=() amqps=() nodes=() mgmt=()
   tls=$(state_tls)
   for n in 1 2 3; do
     amqp+=("amqp://guest:guest@127.0.0.1:$(amqp_port "$n")/")
     nodes+=("$(node_name "$n")")
+    mgmt+=("http://guest:guest@127.0.0.1:$(mgmt_port "$n")")
     [ "$tls" = 1 ] && amqps+=("amqps://guest:guest@127.0.0.1:$(amqps_port "$n")/")
   done
   join() {
@@ -861,6 +866,7 @@ env_lines() {
   echo "export CLUSTER_AMQP_URLS='$(join "${amqp[@]}")'"
   echo "export CLUSTER_AMQPS_URLS='$(join ${amqps[@]+"${amqps[@]}"})'"
   echo "export CLUSTER_RABBIT_NODES='$(join "${nodes[@]}")'"
+  echo "export CLUSTER_MANAGEMENT_URLS='$(join "${mgmt[@]}")'"
   echo "export CLUSTER_DATABASE_URL='$pgq:$PG_PRIMARY_PORT,127.0.0.1:$PG_STANDBY_PORT/postgres?sslmode=disable&target_session_attrs=read-write'"
   echo "export CLUSTER_PG_PRIMARY_URL='$pgq:$PG_PRIMARY_PORT/postgres?sslmode=disable'"
   echo "export CLUSTER_PG_STANDBY_URL='$pgq:$PG_STANDBY_PORT/postgres?sslmode=disable'"

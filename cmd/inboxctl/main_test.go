@@ -89,6 +89,7 @@ func TestHelpEverywhere(t *testing.T) {
 		{"unblock", "--help"},
 		{"controls", "--help"},
 		{"workers", "--help"},
+		{"lint", "--help"},
 		{"ui", "--help"},
 	} {
 		r := b.run(t, args...)

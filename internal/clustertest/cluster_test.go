@@ -33,6 +33,7 @@ import (
 
 	"github.com/inboxmq/inboxmq/internal/clustertest"
 	"github.com/inboxmq/inboxmq/internal/testenv"
+	"github.com/inboxmq/inboxmq/internal/topolint"
 )
 
 // TestCluster starts one cluster with TLS and proves each part of it real:
@@ -60,6 +61,10 @@ func TestCluster(t *testing.T) {
 			t.Run("Redis", func(t *testing.T) { t.Parallel(); testRedisTLS(t, c) })
 		})
 	}
+	// Before the failovers too: the lint reads node 1.
+	t.Run("Management", func(t *testing.T) {
+		t.Run("Lint", func(t *testing.T) { t.Parallel(); testLint(t, c) })
+	})
 	t.Run("Failover", func(t *testing.T) {
 		t.Run("RabbitMQ", func(t *testing.T) { t.Parallel(); testRabbitMQ(t, c) })
 		t.Run("PostgreSQL", func(t *testing.T) { t.Parallel(); testPostgres(t, c) })
@@ -430,4 +435,54 @@ func randomHex(t *testing.T) string {
 	_, err := rand.Read(b[:])
 	require.NoError(t, err)
 	return hex.EncodeToString(b[:]) + strconv.FormatInt(time.Now().UnixNano()%1000, 10)
+}
+
+// --- topology lint ----------------------------------------------------------
+
+// The topology lint reads a node's management API: a quorum queue as the
+// worker declares it has no finding; one declared with a delivery limit
+// below the route's attempts, and a classic queue under a policy that
+// expires messages with no dead-letter target, are errors.
+func testLint(t *testing.T, c *clustertest.Cluster) {
+	conn := dialAMQP(t, c.AMQPURLs[0])
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	defer ch.Close()
+	work := func(limit int64) amqp.Table {
+		return amqp.Table{"x-queue-type": "quorum", "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "lint.dead",
+			"x-delivery-limit": limit, "x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish"}
+	}
+	for name, args := range map[string]amqp.Table{"lint.ok": work(20), "lint.low": work(3), "lint.ttl": {"x-queue-type": "classic"}} {
+		_, err := ch.QueueDeclare(name, true, false, false, false, args)
+		require.NoError(t, err, name)
+		defer func() { _, _ = ch.QueueDelete(name, false, false, false) }() // the failover tests list every queue
+	}
+	c.Rabbitmqctl(t, 1, "set_policy", "lint-ttl", `^lint\.ttl$`, `{"message-ttl":60000}`, "--apply-to", "queues")
+	defer c.Rabbitmqctl(t, 1, "clear_policy", "lint-ttl")
+
+	declared := map[string]any(work(20))
+	route := func(name string) topolint.Route {
+		return topolint.Route{Attempts: 8, LongestRun: time.Minute,
+			Queues: []topolint.Queue{{Name: name, Role: "work", Args: declared, Consumed: true}}}
+	}
+	api, err := topolint.NewAPI(c.ManagementURLs[0], "", "")
+	require.NoError(t, err)
+	var found []topolint.Finding
+	testenv.WaitFor(t, "the policy to apply", func() bool {
+		found, err = topolint.Lint(t.Context(), api, "/", []topolint.Route{route("lint.ok"), route("lint.low"), route("lint.ttl")})
+		require.NoError(t, err)
+		for _, f := range found {
+			if f.Rule == "ttl-without-dead-letter" {
+				return true
+			}
+		}
+		return false
+	})
+	got := map[string][]string{}
+	for _, f := range found {
+		got[f.Queue] = append(got[f.Queue], f.Severity+" "+f.Rule)
+	}
+	require.Empty(t, got["lint.ok"])
+	require.ElementsMatch(t, []string{"warning policy-override", "error delivery-limit"}, got["lint.low"])
+	require.ElementsMatch(t, []string{"error no-dead-letter-target", "error ttl-without-dead-letter"}, got["lint.ttl"])
 }

@@ -39,7 +39,7 @@ type Options struct {
 	TLS bool
 
 	// PortBase is the first of the cluster's ports (it uses PortBase to
-	// PortBase+35, laid out in scripts/cluster.sh). Defaults to 0: the first
+	// PortBase+38, laid out in scripts/cluster.sh). Defaults to 0: the first
 	// free base of 25800, 25850, … 26750, so clusters of test packages that
 	// run at once do not collide, nor with `make cluster`'s 25700.
 	PortBase int
@@ -55,6 +55,9 @@ type Cluster struct {
 	AMQPSURLs []string
 	// RabbitNodes holds the Erlang node names, node 1 first.
 	RabbitNodes []string
+	// ManagementURLs holds one management API URL per node (guest), node 1
+	// first.
+	ManagementURLs []string
 
 	// DatabaseURL lists primary and standby with
 	// target_session_attrs=read-write: it reaches whichever is writable.
@@ -99,7 +102,7 @@ const (
 	firstAutoBase = 25800
 	autoBaseStep  = 50
 	autoBases     = 20
-	portSpan      = 36
+	portSpan      = 39
 )
 
 // Start starts a cluster with scripts/cluster.sh up, in a folder of its own
@@ -272,6 +275,7 @@ func (c *Cluster) readEnv(path string) error {
 	c.AMQPURLs = list(vars["CLUSTER_AMQP_URLS"])
 	c.AMQPSURLs = list(vars["CLUSTER_AMQPS_URLS"])
 	c.RabbitNodes = list(vars["CLUSTER_RABBIT_NODES"])
+	c.ManagementURLs = list(vars["CLUSTER_MANAGEMENT_URLS"])
 	c.DatabaseURL = vars["CLUSTER_DATABASE_URL"]
 	c.PrimaryURL = vars["CLUSTER_PG_PRIMARY_URL"]
 	c.StandbyURL = vars["CLUSTER_PG_STANDBY_URL"]

@@ -374,3 +374,57 @@ func declareQueue(conn *amqp.Connection, qd queueDecl) error {
 	}
 	return nil
 }
+
+// QueueSpec is one queue of a route's topology as the consumer declares
+// it (for the topology lint).
+type QueueSpec struct {
+	Name string
+	// Role is "work", "dead", "retry" or "dlq".
+	Role string
+	Args amqp.Table
+	// Consumed says whether the consumer consumes the queue.
+	Consumed bool
+}
+
+// Topology returns the queues the consumer declares for the route of
+// queue, with their arguments, defaults applied; nil for a queue with no
+// route. An ordered route's shard queues are not listed.
+func (rt *Router) Topology(queue string) []QueueSpec {
+	rt.mu.Lock()
+	reg := rt.routes[queue]
+	rt.mu.Unlock()
+	if reg == nil {
+		return nil
+	}
+	return topologyOf(queue, reg.opts)
+}
+
+// Topology returns the queues a route of queue with opts declares, with
+// their arguments, as [Router.Topology] does for a registered route.
+func Topology(queue string, opts *HandlerOpts) []QueueSpec {
+	return topologyOf(queue, opts.withDefaults(queue))
+}
+
+func topologyOf(queue string, opts HandlerOpts) []QueueSpec {
+	q := opts.Queue
+	if opts.Ordered != nil {
+		return []QueueSpec{
+			{Name: q.DeadLetterQueue, Role: "dlq", Args: amqp.Table{argQueueType: string(q.Type)}},
+			{Name: deadQueueName(queue), Role: "dead", Args: deadQueueArgs(q), Consumed: true},
+		}
+	}
+	var out []QueueSpec
+	for i, qd := range topology(queue, q) {
+		s := QueueSpec{Name: qd.name, Args: qd.args, Role: "retry"}
+		switch {
+		case i == 0:
+			s.Role = "dlq"
+		case qd.name == deadQueueName(queue):
+			s.Role, s.Consumed = "dead", true
+		case qd.name == queue:
+			s.Role, s.Consumed = "work", true
+		}
+		out = append(out, s)
+	}
+	return out
+}
