@@ -134,6 +134,10 @@ func inboxmqCase(e *env, register func(store *inbox.Store, r *consumer.Router, q
 		if err := store.Check(ctx); err != nil {
 			return nil, err
 		}
+		// Started, as a worker's store is: claims name its owner session.
+		if err := store.Start(ctx); err != nil {
+			return nil, err
+		}
 		r := consumer.NewRouter()
 		register(store, r, queue)
 		c, err := consumer.New(&consumer.Config{
@@ -151,7 +155,7 @@ func inboxmqCase(e *env, register func(store *inbox.Store, r *consumer.Router, q
 		return func() error {
 			sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			return c.Stop(sctx)
+			return errors.Join(c.Stop(sctx), store.Stop(sctx))
 		}, nil
 	}
 }
