@@ -128,9 +128,13 @@ CHAOS_ARGS ?= -orders 500 -workers 4 -duration 60s
 # free port, stopped by its PID) and restarts that one as a fault; the
 # local Redis is never restarted. CHAOS_REDIS= leaves that fault out.
 CHAOS_REDIS ?= -restart-redis
+# -restart-postgres runs them on a PostgreSQL server of the run's own
+# (internal/pgserver, stopped by its PID) and restarts that one as a
+# fault; the local PostgreSQL is never restarted. CHAOS_PG= leaves it out.
+CHAOS_PG ?= -restart-postgres
 
-chaos: up ## Full-size fault-injection run against payment-worker processes; restarts only a Redis server of its own (CHAOS_ARGS="-seed 42 …" to tune)
-	$(GO) run ./cmd/inboxchaos $(CHAOS_ARGS) $(CHAOS_REDIS)
+chaos: up ## Full-size fault-injection run against payment-worker processes; restarts only a Redis and a PostgreSQL server of its own (CHAOS_ARGS="-seed 42 …" to tune)
+	$(GO) run ./cmd/inboxchaos $(CHAOS_ARGS) $(CHAOS_REDIS) $(CHAOS_PG)
 
 .PHONY: clean
 clean: ## Remove build output (the tools in bin/tools stay)

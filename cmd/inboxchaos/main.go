@@ -33,6 +33,7 @@ func main() {
 	flag.StringVar(&faults, "faults", "", "comma-separated faults (default: all but redis-restart): "+strings.Join(chaos.AllFaults, ","))
 	flag.StringVar(&scenarios, "scenarios", "", "comma-separated scenarios (default: inbox,gateway)")
 	flag.BoolVar(&cfg.RestartRedis, "restart-redis", false, "run the workers on a Redis server of the run's own (a free port) and restart it as a fault; the shared Redis is never restarted")
+	flag.BoolVar(&cfg.RestartPostgres, "restart-postgres", false, "run the workers on a PostgreSQL server of the run's own (a free port) and restart it as a fault; the shared PostgreSQL is never restarted")
 	flag.IntVar(&cfg.Concurrency, "concurrency", 8, "WORKER_CONCURRENCY of each worker")
 	flag.BoolVar(&cfg.GroupCommit, "group-commit", false, "run the workers with GROUP_COMMIT=on")
 	flag.StringVar(&cfg.Lock, "lock", "", "LOCK of each worker: auto, on or off (default: the worker's, auto)")

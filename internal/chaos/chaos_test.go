@@ -102,3 +102,53 @@ func chaosCI(t *testing.T, seed uint64, group bool) {
 	require.Equal(t, chaos.ScenarioGateway, gw.Name)
 	require.Equal(t, 120, gw.Check.ChargesCreated)
 }
+
+// TestChaosCI_Recovery is the Recovery issue's schedule: workers killed
+// and a PostgreSQL server of the run's own restarted (every session ends)
+// while claims are in flight, with a slow gateway. Nothing is lost or done
+// twice, and no claim is left to wait out its lease: a release that
+// failed while the server was down goes through when it answers.
+func TestChaosCI_Recovery(t *testing.T) {
+	t.Parallel()
+	var log bytes.Buffer
+	rep, err := chaos.Run(t.Context(), &chaos.Config{
+		Seed:            20261206,
+		Orders:          200,
+		Workers:         2,
+		Duration:        15 * time.Second,
+		FaultEvery:      1500 * time.Millisecond,
+		DrainTimeout:    90 * time.Second,
+		Faults:          []string{chaos.FaultKill, chaos.FaultPGRestart, chaos.FaultGatewaySlow},
+		RestartPostgres: true,
+		WorkDir:         t.TempDir(),
+		AMQPURL:         testenv.AMQPURL(),
+		RedisURL:        testenv.RedisURL(),
+		Log:             &log,
+	})
+	var table bytes.Buffer
+	if rep != nil {
+		rep.WriteTable(&table)
+	}
+	t.Log("\n" + log.String() + table.String())
+	require.NoError(t, err)
+	require.True(t, rep.OK(), "guarantees broken:\n%s", table.String())
+	kinds := map[string]int{}
+	for _, s := range rep.Scenarios {
+		require.NotNil(t, s.Check)
+		require.Equal(t, 200, s.Check.Payments)
+		require.Equal(t, 200, s.Check.LedgerEntries)
+		for _, f := range s.Faults {
+			require.Empty(t, f.Err, "fault %s at %s", f.Kind, f.At)
+			kinds[f.Kind]++
+		}
+		logs, err := filepath.Glob(filepath.Join(s.LogDir, "worker-*.log"))
+		require.NoError(t, err)
+		for _, l := range logs {
+			b, err := os.ReadFile(l)
+			require.NoError(t, err)
+			require.NotContains(t, string(b), "after its lease", l)
+		}
+	}
+	require.Positive(t, kinds[chaos.FaultPGRestart], "the server was restarted: %v", kinds)
+	require.Positive(t, kinds[chaos.FaultKill], "a worker was killed: %v", kinds)
+}

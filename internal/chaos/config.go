@@ -43,7 +43,8 @@ type Config struct {
 	// FaultEvery is the mean pause between two faults. Defaults to 2s.
 	FaultEvery time.Duration
 	// Faults are the fault kinds drawn from. Defaults to AllFaults (plus
-	// FaultRedisRestart when RestartRedis is set).
+	// FaultRedisRestart when RestartRedis is set, FaultPGRestart when
+	// RestartPostgres is).
 	Faults []string
 	// Scenarios are run in order. Defaults to ScenarioInbox then
 	// ScenarioGateway.
@@ -55,6 +56,14 @@ type Config struct {
 	// not start is never restarted. It needs redis-server on the PATH.
 	// Defaults to false.
 	RestartRedis bool
+	// RestartPostgres runs the workers and the run's checks on a
+	// PostgreSQL server of the run's own (internal/pgserver: a temporary
+	// folder, a free loopback port, stopped by its PID at the end) instead
+	// of DatabaseURL, and adds FaultPGRestart, which stops that server
+	// (fast shutdown) and starts it again: a server the run did not start
+	// is never restarted. It needs the PostgreSQL server binaries.
+	// Defaults to false.
+	RestartPostgres bool
 	// Concurrency is each worker's WORKER_CONCURRENCY. Defaults to 8.
 	Concurrency int
 	// GroupCommit runs the workers with GROUP_COMMIT=on: deliveries handled
@@ -140,6 +149,9 @@ func (c *Config) withDefaults() Config {
 		if out.RestartRedis {
 			out.Faults = append(out.Faults, FaultRedisRestart)
 		}
+		if out.RestartPostgres {
+			out.Faults = append(out.Faults, FaultPGRestart)
+		}
 	}
 	if out.Scenarios == nil {
 		out.Scenarios = []string{ScenarioInbox, ScenarioGateway}
@@ -219,11 +231,14 @@ func (c *Config) validate() error {
 		return fmt.Errorf("chaos: LockTTL %s is outside the lock's range %s..%s", c.LockTTL, middleware.MinLockTTL, middleware.MaxLockTTL)
 	}
 	for _, f := range c.Faults {
-		if !slices.Contains(AllFaults, f) && f != FaultRedisRestart {
+		if !slices.Contains(AllFaults, f) && f != FaultRedisRestart && f != FaultPGRestart {
 			return fmt.Errorf("chaos: unknown fault %q", f)
 		}
 		if f == FaultRedisRestart && !c.RestartRedis {
 			return errors.New("chaos: fault redis-restart needs RestartRedis")
+		}
+		if f == FaultPGRestart && !c.RestartPostgres {
+			return errors.New("chaos: fault pg-restart needs RestartPostgres")
 		}
 	}
 	if f := c.Failover; f != nil {

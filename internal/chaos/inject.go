@@ -32,6 +32,10 @@ const (
 	// FaultRedisRestart kills the run's own Redis server and starts it
 	// again, empty. Only with Config.RestartRedis.
 	FaultRedisRestart = "redis-restart"
+	// FaultPGRestart stops the run's own PostgreSQL server (a fast
+	// shutdown: every session ends) and starts it again 1 to 4 seconds
+	// later. Only with Config.RestartPostgres.
+	FaultPGRestart = "pg-restart"
 	// FaultStop SIGSTOPs a worker for longer than LOCK_TTL, then SIGCONTs it.
 	FaultStop = "stop"
 	// FaultGatewaySlow makes the fake gateway slow for a while.

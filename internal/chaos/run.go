@@ -170,9 +170,19 @@ func Run(ctx context.Context, cfg *Config) (*Report, error) {
 		fmt.Fprintf(c.Log, "chaos: a Redis server of the run's own on port %d (the redis-restart fault restarts it)\n", srv.port)
 		redisSrv, c.RedisURL, c.WorkerRedisURL = srv, srv.URL(), srv.URL()
 	}
+	var pgSrv *pgServer
+	if c.RestartPostgres {
+		srv, err := startPGServer(ctx)
+		if err != nil {
+			return nil, err
+		}
+		defer srv.remove()
+		fmt.Fprintf(c.Log, "chaos: a PostgreSQL server of the run's own on port %d (the pg-restart fault restarts it)\n", srv.Port)
+		pgSrv, c.DatabaseURL, c.WorkerDatabaseURL = srv, srv.URL(), srv.URL()
+	}
 	rnd := mrand.New(mrand.NewPCG(c.Seed, 0xc4a05))
 	for _, name := range c.Scenarios {
-		s, err := runScenario(ctx, &c, name, rnd, workDir, redisSrv)
+		s, err := runScenario(ctx, &c, name, rnd, workDir, redisSrv, pgSrv)
 		if s != nil {
 			rep.Scenarios = append(rep.Scenarios, s)
 		}
@@ -194,6 +204,7 @@ type scenarioRun struct {
 	pool    *pgxpool.Pool
 	rdb     redis.UniversalClient
 	redis   *redisServer // the run's own Redis server (Config.RestartRedis), or nil
+	pg      *pgServer    // the run's own PostgreSQL server (Config.RestartPostgres), or nil
 	gw      *Gateway
 	workers []*worker
 	start   time.Time
@@ -228,13 +239,14 @@ func withParams(u string, params ...string) string {
 	return u + sep + strings.Join(params, "&")
 }
 
-func runScenario(ctx context.Context, cfg *Config, name string, rnd *mrand.Rand, workDir string, redisSrv *redisServer) (*ScenarioReport, error) {
+func runScenario(ctx context.Context, cfg *Config, name string, rnd *mrand.Rand, workDir string, redisSrv *redisServer, pgSrv *pgServer) (*ScenarioReport, error) {
 	began := time.Now()
 	id := randomHex(4)
 	r := &scenarioRun{
 		cfg:    cfg,
 		rnd:    rnd,
 		redis:  redisSrv,
+		pg:     pgSrv,
 		runID:  id,
 		queue:  "chaos." + id + "." + name,
 		schema: "chaos_" + id + "_" + name,

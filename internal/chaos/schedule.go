@@ -123,6 +123,14 @@ func (r *scenarioRun) inject(ctx context.Context, kind string, w *worker) FaultE
 		}
 		err = r.redis.restart(ctx, down)
 		ev.Detail, ev.Worker, target = fmt.Sprintf("down for %s", down), -1, nil
+	case FaultPGRestart:
+		down := time.Duration(1000+r.rnd.IntN(3000)) * time.Millisecond
+		if r.pg == nil {
+			err = errors.New("chaos: pg-restart needs the run's own PostgreSQL server (Config.RestartPostgres)")
+			break
+		}
+		err = r.pg.restart(ctx, down)
+		ev.Detail, ev.Worker, target = fmt.Sprintf("down for %s", down), -1, nil
 	case FaultStop:
 		pause := r.cfg.LockTTL + time.Second
 		if err = w.signal(syscall.SIGSTOP); err == nil {
