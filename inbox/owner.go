@@ -74,14 +74,17 @@ func (o *owner) takePending() []*Claim {
 }
 
 // Start holds the store's owner session until Stop: claim mode's claims
-// taken meanwhile name it, so that when this process dies, or the
-// database ends its sessions, another worker's copy of a message takes the
-// claim at once rather than after its lease (the takeover is fenced: a
-// late completion of this process fails). Start returns once the first
-// session is open; a claim taken while a lost session is being opened
-// again keeps only its lease. Releases that failed while the database was
-// away are retried when it answers again. Without Start, claims are freed
-// by their leases only. Call [Store.Check] first; Worker.Start does both.
+// taken meanwhile name it, so that when this process dies, another
+// worker's copy of a message takes the claim at once rather than after its
+// lease (the takeover is fenced: a late completion of the dead owner
+// fails). When only the session ends (the server restarted, the backend
+// was killed), the store opens a new one and adopts its claims still
+// processing; until then a copy may take them, fenced the same way.
+// Releases that failed while the database was away are retried when it
+// answers again. Start returns once the first session is open; a claim
+// taken while no session is open keeps only its lease. Without Start,
+// claims are freed by their leases only. Call [Store.Check] first;
+// Worker.Start does both.
 func (s *Store) Start(ctx context.Context) error {
 	if err := s.ready(); err != nil {
 		return err
