@@ -10,7 +10,8 @@ import (
 
 // Backlog is the outbox's unsent rows at one moment.
 type Backlog struct {
-	// Pending is the number of rows not yet confirmed by the broker.
+	// Pending is the number of rows not yet confirmed by the broker. A
+	// retry the worker scheduled in the outbox counts from its due time.
 	Pending int64
 	// OldestAge is the age of the oldest pending row; 0 when none is
 	// pending.
@@ -24,7 +25,7 @@ type Querier interface {
 }
 
 const backlogSQL = `SELECT count(*), coalesce(extract(epoch FROM clock_timestamp() - min(created_at)), 0)::float8
-FROM inboxmq_outbox WHERE sent_at IS NULL`
+FROM inboxmq_outbox WHERE sent_at IS NULL AND created_at <= clock_timestamp()`
 
 // ReadBacklog counts the outbox's pending rows and the age of the oldest
 // (the relay's pending and oldest-age gauges, and the operator console's

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -32,6 +33,9 @@ type pendingRow struct {
 	contentType string
 	body        []byte
 	attempts    int
+	// props are the AMQP properties of a row that carries a whole message
+	// (a scheduled retry, schedule.go); nil for an enqueued row.
+	props []byte
 }
 
 // claimSQL takes up to $1 pending rows in id order, and of each ordering
@@ -39,7 +43,7 @@ type pendingRow struct {
 // by another lane or relay, backing off, or not yet published) waits, so
 // a key's rows go out one at a time, in enqueue order. The NOT EXISTS runs
 // only for a row that has a key (docs/internals.md has the plan).
-const claimSQL = `SELECT o.id, o.message_id, o.exchange, o.routing_key, o.headers, o.content_type, o.body, o.attempts
+const claimSQL = `SELECT o.id, o.message_id, o.exchange, o.routing_key, o.headers, o.content_type, o.body, o.attempts, o.properties
 FROM inboxmq_outbox o
 WHERE o.sent_at IS NULL AND o.available_at <= clock_timestamp()
   AND (o.ordering_key IS NULL OR NOT EXISTS (
@@ -48,6 +52,10 @@ WHERE o.sent_at IS NULL AND o.available_at <= clock_timestamp()
 ORDER BY o.id
 LIMIT $1
 FOR UPDATE OF o SKIP LOCKED`
+
+// claimSQLWithoutProperties is claimSQL on an outbox table without the
+// properties column (before migration 00008).
+var claimSQLWithoutProperties = strings.Replace(claimSQL, "o.properties", "NULL::jsonb", 1)
 
 const markSentSQL = `UPDATE inboxmq_outbox SET sent_at = clock_timestamp(), last_error = NULL
 WHERE id = ANY($1)
@@ -146,7 +154,7 @@ func (r *Relay) relayOne(ctx context.Context, l *lane, conn *pgx.Conn, batch []p
 	more = res.err == nil && ctx.Err() == nil && (full || len(l.wake) > 0)
 	claimNext := ""
 	if more {
-		claimNext = claimSQL
+		claimNext = r.claimSQL()
 		if !full {
 			select {
 			case <-l.wake: // this lane answers it
@@ -208,12 +216,13 @@ func (r *Relay) relayOne(ctx context.Context, l *lane, conn *pgx.Conn, batch []p
 func (r *Relay) claim(ctx context.Context, conn *pgx.Conn) (batch []pendingRow, err error) {
 	b := &pgx.Batch{}
 	b.Queue("begin")
-	b.Queue(claimSQL, r.cfg.BatchSize)
+	b.Queue(r.claimSQL(), r.cfg.BatchSize)
 	br := conn.SendBatch(ctx, b)
 	defer func() {
 		if cerr := br.Close(); err == nil && cerr != nil {
 			err = fmt.Errorf("relay: claim: %w", cerr)
 		}
+		r.checkProperties(ctx, err)
 	}()
 	return readClaim(br)
 }
@@ -314,7 +323,7 @@ func readClaim(br pgx.BatchResults) ([]pendingRow, error) {
 	}
 	batch, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (pendingRow, error) {
 		var p pendingRow
-		err := row.Scan(&p.id, &p.messageID, &p.exchange, &p.routingKey, &p.headers, &p.contentType, &p.body, &p.attempts)
+		err := row.Scan(&p.id, &p.messageID, &p.exchange, &p.routingKey, &p.headers, &p.contentType, &p.body, &p.attempts, &p.props)
 		return p, err
 	})
 	if err != nil {
@@ -386,20 +395,34 @@ func (r *Relay) publish(ctx context.Context, l *lane, batch []pendingRow) publis
 			res.failed = append(res.failed, failure{index: i, reason: reasonInvalid, detail: err.Error()})
 			continue
 		}
-		if span := r.startPublishSpan(ctx, p, headers); span != nil {
-			if res.spans == nil {
-				res.spans = make([]trace.Span, len(batch))
+		// A scheduled retry keeps the trace context its consumer gave it
+		// (the next attempt is the producer's child, linked to the last),
+		// as it would through a delay queue: it gets no span of the relay's.
+		if p.props == nil {
+			if span := r.startPublishSpan(ctx, p, headers); span != nil {
+				if res.spans == nil {
+					res.spans = make([]trace.Span, len(batch))
+				}
+				res.spans[i] = span
 			}
-			res.spans[i] = span
 		}
-		msgs = append(msgs, confirm.Message{Exchange: p.exchange, RoutingKey: p.routingKey, Mandatory: mandatory, Publishing: amqp.Publishing{
+		pub := amqp.Publishing{
 			Headers:      headers,
 			ContentType:  p.contentType,
 			DeliveryMode: amqp.Persistent,
 			MessageId:    p.messageID,
 			Timestamp:    now,
 			Body:         p.body,
-		}})
+		}
+		if p.props != nil {
+			if err := decodeProperties(p.props, &pub); err != nil {
+				res.failed = append(res.failed, failure{index: i, reason: reasonInvalid, detail: err.Error()})
+				continue
+			}
+		}
+		// A scheduled retry is never dropped as unroutable: it backs off
+		// until its queue is back.
+		msgs = append(msgs, confirm.Message{Exchange: p.exchange, RoutingKey: p.routingKey, Mandatory: mandatory || p.props != nil, Publishing: pub})
 		rows = append(rows, i)
 	}
 	l.msgs, l.rows = msgs, rows

@@ -48,6 +48,9 @@ type Relay struct {
 	// inFlight counts the lanes running batches: a lane woken while
 	// another is busy gathers too (rows keep arriving).
 	inFlight atomic.Int32
+	// props is true until a statement finds that the outbox table has no
+	// properties column (schedule.go).
+	props atomic.Bool
 
 	svc startstop.Service // the lanes' lifecycle
 }
@@ -103,7 +106,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Relay, error) {
 	if err != nil {
 		return nil, fmt.Errorf("relay: register metrics: %w", err)
 	}
-	return &Relay{
+	r := &Relay{
 		pool:    pool,
 		cfg:     c,
 		dialer:  dialer,
@@ -112,7 +115,9 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Relay, error) {
 		tracer:  c.TracerProvider.Tracer("github.com/inboxmq/inboxmq/outbox"),
 		svc:     startstop.Service{Name: "relay"},
 		wake:    make(chan struct{}, 1),
-	}, nil
+	}
+	r.props.Store(true)
+	return r, nil
 }
 
 // run relays until ctx is done, then returns nil; it returns early only
