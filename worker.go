@@ -187,11 +187,18 @@ func (w *Worker) build(routes []*route) error {
 	}
 	if len(routes) > 0 {
 		var err error
-		w.cons, err = consumer.New(&consumer.Config{
+		cc := &consumer.Config{
 			URL: s.URL, Name: s.Name, Router: w.router, Logger: w.logger, DialTimeout: s.ConnectTimeout,
 			Observers:    []inboxtype.Observer{w.metrics, logs.NewObserver(w.logger, nil), w.store.DeadLetterObserver()},
 			OnBrokerNode: w.brokerNodeHook(s.URL, amqpdial.RoleConsumer, amqpdial.RolePublisher),
-		})
+		}
+		if outboxRelay != nil {
+			// Retries wait in the outbox, not in the broker's delay
+			// queues: a retry comes back on time even when the node
+			// leading its queue is lost (docs/design.md, "Retries").
+			cc.ScheduleRetry = outboxRelay.Schedule
+		}
+		w.cons, err = consumer.New(cc)
 		if err != nil {
 			return fmt.Errorf("inboxmq: %w", err)
 		}

@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -9,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqpdial"
@@ -70,6 +73,14 @@ type Config struct {
 	// requeued without counting an attempt). Defaults to 10s; -1 cancels at
 	// once when Stop is called.
 	SoftStopTimeout time.Duration
+
+	// ScheduleRetry, when set, schedules a retry copy outside the broker:
+	// msg, the copy with its attempt number, is to be published to queue
+	// once delay has passed. The Worker sets it to its outbox relay's
+	// Schedule, so that a retry's wait does not depend on the broker's
+	// dead-letter hop. An error (bounded by PublishTimeout) falls back to
+	// the delay queues. Defaults to nil: retries wait in the delay queues.
+	ScheduleRetry func(ctx context.Context, queue string, attempt int, delay time.Duration, msg *amqp.Publishing) error
 
 	// PublishTimeout bounds the wait for the broker's publisher confirm of a
 	// retry or dead-letter copy. An unconfirmed copy leaves the original

@@ -444,18 +444,18 @@ func (c *Consumer) settle(r *route, j *job, d *inboxtype.Delivery, settled func(
 			}
 			next++
 		}
-		tier := retry.Tier(r.Opts.Queue.RetryTiers, max(dec.Delay, delay))
 		msg := envelope.Copy(&j.raw, func(h amqp.Table) {
 			setFailureHeaders(h, d.CopyHeaders, r.Queue, dec.Reason, dec.Err, time.Now())
 			h[inboxtype.HeaderAttempt] = int64(next)
 		})
-		if err := j.sess.pub.publish(c.baseCtx, inboxtype.RetryQueue(r.Queue, tier), msg); err != nil {
+		wait, err := c.sendRetry(r, j, d, next, max(dec.Delay, delay), &msg)
+		if err != nil {
 			status = c.requeueAfter(r, j, &out, err)
 			break
 		}
 		c.hooks.Load().runAfterPublish(d)
 		r.copyFailures.Store(0)
-		out.Action, out.Delay = inboxtype.ActionRetried, tier
+		out.Action, out.Delay = inboxtype.ActionRetried, wait
 		status = c.settled(r, j, &out, j.ack(), inboxtype.StatusRetry)
 	case dec.Kind == retry.KindPermanent:
 		status = c.deadLetter(r, j, d, &out)
@@ -479,6 +479,30 @@ func (c *Consumer) settle(r *route, j *job, d *inboxtype.Delivery, settled func(
 		o.OnOutcome(d, out)
 	}
 	return out.Action
+}
+
+// sendRetry makes msg, the retry copy of d with attempt number attempt,
+// come back to r's queue after delay, and returns the delay it will wait.
+// With Config.ScheduleRetry it is scheduled there, exactly delay ahead,
+// independent of the broker's dead-letter hop; if that fails (the database
+// does not answer), and without it, the copy is published with confirm to
+// the shortest delay queue that waits at least delay.
+func (c *Consumer) sendRetry(r *route, j *job, d *inboxtype.Delivery, attempt int, delay time.Duration, msg *amqp.Publishing) (time.Duration, error) {
+	if c.cfg.ScheduleRetry != nil {
+		if delay <= 0 { // as the delay queues do: not back at once, in a loop
+			delay = retry.Tier(r.Opts.Queue.RetryTiers, 0)
+		}
+		ctx, cancel := context.WithTimeout(c.baseCtx, c.cfg.PublishTimeout)
+		err := c.cfg.ScheduleRetry(ctx, r.Queue, attempt, delay, msg)
+		cancel()
+		if err == nil {
+			return delay, nil
+		}
+		c.log.LogAttrs(context.Background(), slog.LevelWarn, "consumer: retry not scheduled in the database; it waits in a delay queue",
+			slog.String("queue", r.Queue), slog.String("message_id", d.MessageID), slog.Any("error", err))
+	}
+	tier := retry.Tier(r.Opts.Queue.RetryTiers, delay)
+	return tier, j.sess.pub.publish(c.baseCtx, inboxtype.RetryQueue(r.Queue, tier), *msg)
 }
 
 // deadLetter publishes a copy to the DLQ with confirm, then acks.

@@ -1,0 +1,62 @@
+package inboxmq_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inboxmq/inboxmq"
+	"github.com/inboxmq/inboxmq/inboxtype"
+	"github.com/inboxmq/inboxmq/internal/amqptest"
+	"github.com/inboxmq/inboxmq/internal/testenv"
+	"github.com/inboxmq/inboxmq/retry"
+)
+
+// A failed delivery's retry waits in the outbox, not in the broker's
+// delay queues: the relay publishes the copy back to the work queue when
+// it is due, with the original's message id and the next attempt number,
+// and the delay queues stay empty.
+func TestWorker_RetryWaitsInTheOutbox(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	attempts := make(chan int, 4)
+	routes := inboxmq.NewRoutes()
+	inboxmq.HandleTx(routes, b.queue, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
+		attempts <- msg.Attempt
+		if msg.Attempt == 1 {
+			return errors.New("gateway timeout")
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO effects (id) VALUES ($1)`, msg.Body.ID)
+		return err
+	}, &inboxmq.RouteOpts{
+		Retry:     retry.Exponential{InitialInterval: 200 * time.Millisecond, RandomizationFactor: -1, MaxAttempts: 3},
+		InProcess: retry.InProcess{Tries: -1},
+		Queue:     &inboxmq.QueueOpts{RetryTiers: []time.Duration{time.Second, time.Minute}},
+	})
+	w, err := inboxmq.NewWorker(&inboxmq.Config{URL: testenv.AMQPURL(), DB: b.pool, Routes: routes})
+	require.NoError(t, err)
+	require.NoError(t, w.Start(t.Context()))
+	t.Cleanup(func() { _ = w.Stop(context.Background()) })
+
+	b.pub.Publish(b.queue, []byte(`{"id":"r1"}`), amqp.Publishing{MessageId: "m-r1"})
+	require.Equal(t, 1, testenv.WaitChan(t, attempts, "the first attempt"))
+	require.Equal(t, 2, testenv.WaitChan(t, attempts, "the retry"))
+	testenv.WaitFor(t, "the effect committed", func() bool { return b.count(t, `SELECT count(*) FROM effects`) == 1 })
+	testenv.WaitFor(t, "the retry's row sent", func() bool {
+		return b.count(t, `SELECT count(*) FROM inboxmq_outbox WHERE sent_at IS NOT NULL AND routing_key = '`+b.queue+`'
+			AND properties->>'message_id' = 'm-r1' AND (headers->'x-attempt') IS NOT NULL`) == 1
+	})
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM inboxmq_outbox`), "one row: the retry")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM inboxmq_outbox WHERE created_at - (SELECT first_seen_at FROM inboxmq_inbox) >= interval '200 milliseconds'`),
+		"due the policy's delay after the failure, not a tier's")
+	require.NoError(t, w.Stop(t.Context()))
+	for _, tier := range []time.Duration{time.Second, time.Minute} {
+		require.Equal(t, 0, amqptest.Depth(t, b.conn, inboxtype.RetryQueue(b.queue, tier)), "nothing went through the delay queues")
+	}
+	require.Equal(t, 0, amqptest.Depth(t, b.conn, b.queue))
+}
