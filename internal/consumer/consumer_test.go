@@ -218,7 +218,7 @@ func TestConsumer_RetriesExhaustedDeadLetters(t *testing.T) {
 
 	dead := amqptest.Drain(t, b.conn, b.queue+".dlq")
 	require.Len(t, dead, 1)
-	require.Equal(t, "exhausted: still down", dead[0].Headers[inboxtype.HeaderError])
+	require.Equal(t, "exhausted: after 2 failed attempts: still down", dead[0].Headers[inboxtype.HeaderError])
 	require.Equal(t, 2, inboxtype.HeaderInt(dead[0].Headers, inboxtype.HeaderAttempt))
 	require.Equal(t, 0, amqptest.Depth(t, b.conn, b.queue))
 }

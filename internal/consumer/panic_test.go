@@ -44,7 +44,7 @@ func TestConsumer_PanicEveryTimeEndsInDLQWithOneStackPerPanic(t *testing.T) {
 
 	dead := amqptest.Drain(t, b.conn, b.queue+".dlq")
 	require.Len(t, dead, 1)
-	require.Equal(t, "exhausted: consumer: handler panicked: nil map write", dead[0].Headers[inboxtype.HeaderError])
+	require.Equal(t, "exhausted: after 2 failed attempts: consumer: handler panicked: nil map write", dead[0].Headers[inboxtype.HeaderError])
 	require.Equal(t, 2, inboxtype.HeaderInt(dead[0].Headers, inboxtype.HeaderAttempt))
 
 	panics := logs.Message("consumer: handler panicked")

@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/inboxmq/inboxmq/internal/amqptest"
 	"github.com/inboxmq/inboxmq/internal/consumer"
 	"github.com/inboxmq/inboxmq/internal/testenv"
+	"github.com/inboxmq/inboxmq/retry"
 )
 
 // scheduled is one call of Config.ScheduleRetry.
@@ -106,3 +108,48 @@ func TestConsumer_RetryFallsBackToTheDelayQueues(t *testing.T) {
 	b.stop(t, c)
 }
 
+// Only the delivery's own failures spend its attempts: a deferral and a
+// lost connection (the broker returns the delivery, as after a crash)
+// keep its attempt number, and the dead letter says how many attempts
+// failed.
+func TestConsumer_ExhaustedCountsOnlyItsOwnFailures(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	seen := make(chan int, 8)
+	var calls atomic.Int32
+	r := consumer.NewRouter()
+	opts := fastOpts(100 * time.Millisecond)
+	opts.Policy = retry.Exponential{InitialInterval: 10 * time.Millisecond, RandomizationFactor: -1, MaxAttempts: 2}
+	consumer.Register(r, b.queue, inboxtype.HandlerFunc[order](func(_ context.Context, m *inboxtype.Message[order]) error {
+		seen <- m.Attempt
+		switch calls.Add(1) {
+		case 1, 4:
+			return retry.Defer(10*time.Millisecond, errors.New("rate limited"))
+		case 3:
+			ch, ok := m.Delivery.Raw.Acknowledger.(*amqp.Channel)
+			require.True(t, ok)
+			_ = ch.Close() // the delivery goes back to the broker unsettled
+			return errors.New("connection lost")
+		default:
+			return errors.New("gateway down")
+		}
+	}), opts)
+	c := b.start(t, r, nil)
+	b.publish(t, b.queue, `{"id":"x2"}`)
+
+	for i, want := range []int{1, 1, 2, 2, 2} {
+		require.Equal(t, want, testenv.WaitChan(t, seen, "handler call"), "call %d", i+1)
+	}
+	var o outcomeRec
+	for o.Outcome.Action != inboxtype.ActionDeadLettered { // each outcome is waited for
+		o = b.rec.next(t)
+	}
+	require.Equal(t, retry.ReasonExhausted, o.Outcome.Decision.Reason)
+	b.stop(t, c)
+
+	dead := amqptest.Drain(t, b.conn, b.queue+".dlq")
+	require.Len(t, dead, 1)
+	require.Equal(t, "exhausted: after 2 failed attempts: gateway down", dead[0].Headers[inboxtype.HeaderError])
+	require.Equal(t, 2, inboxtype.HeaderInt(dead[0].Headers, inboxtype.HeaderAttempt))
+	require.Equal(t, int32(5), calls.Load())
+}

@@ -427,7 +427,7 @@ func (c *Consumer) settle(r *route, j *job, d *inboxtype.Delivery, settled func(
 	case dec.Kind == retry.KindRetry && r.Opts.Ordered != nil:
 		// An ordered route retried in process (retryOrdered) until the
 		// policy gave up: the last attempt is spent.
-		out.Decision.Reason = retry.ReasonExhausted
+		out.Decision.Reason, out.Decision.Err = retry.ReasonExhausted, exhausted(rn.tries, dec.Err)
 		status = c.deadLetter(r, j, d, &out)
 	case dec.Kind == retry.KindRetry:
 		// A deferred retry (another worker holds the key) is not a failed
@@ -438,7 +438,9 @@ func (c *Consumer) settle(r *route, j *job, d *inboxtype.Delivery, settled func(
 			var ok bool
 			delay, ok = r.Opts.Policy.NextDelay(d.Attempt, dec.Err)
 			if !ok {
-				out.Decision.Reason = retry.ReasonExhausted
+				// Attempts count only the delivery's own failures:
+				// deferrals, stops and redeliveries keep its number.
+				out.Decision.Reason, out.Decision.Err = retry.ReasonExhausted, exhausted(d.Attempt, dec.Err)
 				status = c.deadLetter(r, j, d, &out)
 				break
 			}
@@ -479,6 +481,17 @@ func (c *Consumer) settle(r *route, j *job, d *inboxtype.Delivery, settled func(
 		o.OnOutcome(d, out)
 	}
 	return out.Action
+}
+
+// exhausted is the error of a delivery dead-lettered after n failed
+// attempts of its own, the last with err: the x-error of its dead letter,
+// its log line and its inbox row read "exhausted: after n failed
+// attempts: err".
+func exhausted(n int, err error) error {
+	if err == nil {
+		err = errors.New("unknown error")
+	}
+	return fmt.Errorf("after %d failed attempts: %w", n, err)
 }
 
 // sendRetry makes msg, the retry copy of d with attempt number attempt,
