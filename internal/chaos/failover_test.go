@@ -124,7 +124,15 @@ func TestFailover(t *testing.T) {
 			c.KillRabbit(t, killed)
 			return fmt.Sprintf("SIGKILLed node %d, the work queue's leader", killed), nil
 		},
-		check: reconnected,
+		check: func(t *testing.T, s *chaos.ScenarioReport) {
+			t.Helper()
+			reconnected(t, s)
+			// The duplicate copies deferred behind their key's lock were
+			// in flight as retries when the leader died: each went out
+			// on time, none waited for the broker's dead-letter hop.
+			require.Positive(t, s.Retries, "no retry was scheduled in the outbox")
+			require.Zero(t, s.RetriesLate, "retries published more than %s after their due time (the latest %s)", chaos.RetryLateBound, s.RetryLateMax)
+		},
 	}, {
 		name:   "redis-sentinel-failover",
 		orders: 20 * failoverRate,

@@ -76,6 +76,8 @@ func (r *Report) WriteTable(w io.Writer) {
 				s.Name, f.Kind, f.Detail, f.Took.Round(time.Millisecond), f.Pending, s.Orders, f.Stall.Round(10*time.Millisecond),
 				f.Recovery.Round(10*time.Millisecond), f.Tail.Round(10*time.Millisecond), f.RateBefore, f.RateAfter)
 		}
+		fmt.Fprintf(w, "retries scheduled in the outbox: %d, %d of them published more than %s after their due time (the latest %s after)\n",
+			s.Retries, s.RetriesLate, RetryLateBound, s.RetryLateMax.Round(10*time.Millisecond))
 		fmt.Fprintf(w, "metrics from the fault's start to the drain, summed over the workers:\n")
 		for _, line := range s.MetricChanges() {
 			fmt.Fprintf(w, "  %s\n", line)

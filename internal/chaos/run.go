@@ -94,6 +94,12 @@ type ScenarioReport struct {
 	Violations []string
 	// Drain is how long the queue took to settle after the faults stopped.
 	Drain time.Duration
+	// Retries are the retries the workers scheduled in the outbox
+	// (published back to the work queue when due), RetriesLate those of
+	// them published more than RetryLateBound after their due time, and
+	// RetryLateMax the latest.
+	Retries, RetriesLate int
+	RetryLateMax         time.Duration
 	// Elapsed is the scenario's wall time.
 	Elapsed time.Duration
 	// LogDir holds the workers' logs.
@@ -313,6 +319,7 @@ func runScenario(ctx context.Context, cfg *Config, name string, rnd *mrand.Rand,
 	if !drained {
 		r.violate("not drained: the run had not settled %s after the faults stopped", cfg.DrainTimeout)
 	}
+	r.measureRetries(ctx)
 	cancel()
 	wg.Wait()
 	r.scrapeAll(ctx)
@@ -766,6 +773,34 @@ func (r *scenarioRun) depth(queue string) (int, error) {
 	return q.Messages, nil
 }
 
+// retriesPending counts the retries scheduled in the outbox and not yet
+// published; -1 if the database does not answer.
+func (r *scenarioRun) retriesPending(ctx context.Context) int {
+	n := -1
+	_ = r.pool.QueryRow(ctx, `SELECT count(*) FROM inboxmq_outbox WHERE sent_at IS NULL AND properties IS NOT NULL`).Scan(&n)
+	return n
+}
+
+// RetryLateBound is how late a scheduled retry may go out (after its due
+// time) before the report counts it as late: the bound after the loss of
+// the broker node leading its queue.
+const RetryLateBound = 10 * time.Second
+
+// measureRetries reads the retries the workers scheduled in the outbox
+// and how late each went out (sent_at − created_at: a scheduled retry's
+// created_at is its due time).
+func (r *scenarioRun) measureRetries(ctx context.Context) {
+	var late float64
+	err := r.pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE sent_at - created_at > make_interval(secs => $1)),
+	coalesce(extract(epoch FROM max(sent_at - created_at)), 0)::float8
+FROM inboxmq_outbox WHERE properties IS NOT NULL AND sent_at IS NOT NULL`, RetryLateBound.Seconds()).Scan(&r.rep.Retries, &r.rep.RetriesLate, &late)
+	if err != nil {
+		r.violate("read the scheduled retries: %v", err)
+		return
+	}
+	r.rep.RetryLateMax = time.Duration(late * float64(time.Second))
+}
+
 func (r *scenarioRun) ledgerCount(ctx context.Context) int {
 	var n int
 	_ = r.pool.QueryRow(ctx, `SELECT count(DISTINCT order_id) FROM ledger_entries`).Scan(&n)
@@ -809,7 +844,7 @@ func (r *scenarioRun) waitDrain(ctx context.Context, exp Expect) bool {
 	defer tick.Stop()
 	settled := 0 // consecutive checks that found the run settled
 	for time.Now().Before(deadline) {
-		done := r.ledgerCount(ctx) >= len(exp.Orders)
+		done := r.ledgerCount(ctx) >= len(exp.Orders) && r.retriesPending(ctx) == 0
 		if done {
 			dlq, err := r.depth(inboxtype.DeadLetterQueue(r.queue))
 			done = err == nil && dlq >= len(exp.Poison)+len(exp.Declined)
