@@ -118,6 +118,9 @@ func (h *Heartbeat) Stop(ctx context.Context) error {
 	return err
 }
 
+// minBeatTimeout is the least bound of one beat.
+const minBeatTimeout = 2 * time.Second
+
 func (h *Heartbeat) run(ctx context.Context) error {
 	t := time.NewTicker(h.interval)
 	defer t.Stop()
@@ -131,9 +134,11 @@ func (h *Heartbeat) run(ctx context.Context) error {
 	}
 }
 
-// beat writes the row once, bounded by one interval.
+// beat writes the row once, bounded by one interval, and by at least
+// minBeatTimeout: a short interval (tests use 10ms) must not fail every
+// beat of a loaded machine, Start's included.
 func (h *Heartbeat) beat(ctx context.Context) {
-	bctx, cancel := context.WithTimeout(ctx, h.interval)
+	bctx, cancel := context.WithTimeout(ctx, max(h.interval, minBeatTimeout))
 	defer cancel()
 	r := h.row
 	var peers []stalePeer
