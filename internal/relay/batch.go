@@ -202,6 +202,11 @@ func (r *Relay) relayOne(ctx context.Context, l *lane, conn *pgx.Conn, batch []p
 	if res.err != nil {
 		return len(batch), nil, false, &brokerError{err: res.err}
 	}
+	if res.retryNacked {
+		// A channel may keep refusing a quorum queue whose leader it lost
+		// track of: the next batch goes out on a new connection.
+		l.closeBroker()
+	}
 	if claimErr != nil {
 		return len(batch), nil, false, claimErr
 	}
@@ -249,7 +254,13 @@ func finish(ctx context.Context, conn *pgx.Conn, batch []pendingRow, res *publis
 	}
 	for _, f := range res.failed {
 		p := batch[f.index]
-		b.Queue(markFailedSQL, p.id, f.reason+": "+f.detail, retryDelay(p.attempts+1).Seconds())
+		delay := retryDelay(p.attempts + 1)
+		if p.props != nil && f.reason == reasonNack {
+			// A scheduled retry has a due time: a queue that refused it
+			// (its leader moving) is tried again soon, not minutes later.
+			delay = min(delay, scheduledNackMaxDelay)
+		}
+		b.Queue(markFailedSQL, p.id, f.reason+": "+f.detail, delay.Seconds())
 	}
 	b.Queue("commit")
 	if claimNext != "" {
@@ -343,6 +354,7 @@ type publishResult struct {
 	unconfirmed int          // rows with no answer (connection lost): left as they were
 	err         error        // the broker failure, if any
 	spans       []trace.Span // per row of the batch; nil when not recording
+	retryNacked bool         // a scheduled retry was nacked
 }
 
 // endSpans ends the rows' publish spans with their result: confirmed,
@@ -437,6 +449,7 @@ func (r *Relay) publish(ctx context.Context, l *lane, batch []pendingRow) publis
 		}
 		if f, answered := rowFailure(rows[k], e); answered {
 			res.failed = append(res.failed, f)
+			res.retryNacked = res.retryNacked || (f.reason == reasonNack && batch[rows[k]].props != nil)
 		} else {
 			res.unconfirmed++
 		}

@@ -74,7 +74,9 @@ func (b *testBundle) newRelay(t *testing.T, cfg *Config) (*Relay, *prometheus.Re
 	}
 	reg := prometheus.NewRegistry()
 	c.Registerer = reg
-	c.Logger = slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
 	r, err := New(b.pool, &c)
 	require.NoError(t, err)
 	return r, reg

@@ -72,6 +72,10 @@ func (r *Relay) Schedule(ctx context.Context, queue string, attempt int, delay t
 	return nil
 }
 
+// scheduledNackMaxDelay bounds the pause before a scheduled retry that
+// the broker refused is published again.
+const scheduledNackMaxDelay = 2 * time.Second
+
 var errNoProperties = errors.New("relay: the outbox table has no properties column (run the migrations)")
 
 // checkProperties turns scheduling off, once, when err says that the

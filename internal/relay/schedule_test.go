@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"log/slog"
 	"testing"
 	"time"
 
@@ -8,6 +9,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inboxmq/inboxmq/internal/logtest"
 	"github.com/inboxmq/inboxmq/internal/testenv"
 	"github.com/inboxmq/inboxmq/outbox"
 )
@@ -125,4 +127,35 @@ func getOne(t *testing.T, conn *amqp.Connection, queue string) amqp.Delivery {
 		return ok
 	})
 	return d
+}
+
+// A scheduled retry the broker refuses (its queue's leader moving) is
+// tried again within seconds, not after the relay's growing per-row
+// backoff, and on a new connection: a channel may keep refusing a quorum
+// queue whose leader it lost track of.
+func TestScheduleNackedRetryIsTriedAgainSoonOnANewConnection(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ch, err := b.conn.Channel()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ch.Close() })
+	full := b.queue + ".full" // refuses every publish
+	_, err = ch.QueueDeclare(full, true, false, false, false, amqp.Table{"x-max-length": int32(0), "x-overflow": "reject-publish"})
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = ch.QueueDelete(full, false, false, false) })
+
+	logger, logs := logtest.New(slog.LevelInfo)
+	r, _ := b.newRelay(t, &Config{Logger: logger, Concurrency: 1, RetryMinDelay: time.Minute, RetryMaxDelay: time.Hour})
+	start(t, r)
+	require.NoError(t, r.Schedule(t.Context(), full, 2, 0, retryCopy("m-1")))
+	testenv.WaitFor(t, "the retry nacked", func() bool { return countRows(t, b.pool, "attempts > 0 AND last_error LIKE 'nack%'") == 1 })
+	require.Equal(t, 1, countRows(t, b.pool, "available_at <= clock_timestamp() + interval '2 seconds'"),
+		"due again within seconds, not after RetryMinDelay")
+	testenv.WaitFor(t, "the lane connected again", func() bool { return len(logs.Message("outbox relay connected")) >= 2 })
+
+	_, err = ch.QueueDelete(full, false, false, false)
+	require.NoError(t, err)
+	_, err = ch.QueueDeclare(full, true, false, false, false, nil)
+	require.NoError(t, err)
+	require.Equal(t, "m-1", getOne(t, b.conn, full).MessageId, "published once the queue takes it")
 }
