@@ -189,8 +189,9 @@ func (w *Worker) build(routes []*route) error {
 		var err error
 		cc := &consumer.Config{
 			URL: s.URL, Name: s.Name, Router: w.router, Logger: w.logger, DialTimeout: s.ConnectTimeout,
-			Observers:    []inboxtype.Observer{w.metrics, logs.NewObserver(w.logger, nil), w.store.DeadLetterObserver()},
-			OnBrokerNode: w.brokerNodeHook(s.URL, amqpdial.RoleConsumer, amqpdial.RolePublisher),
+			HandlerTimeout: max(s.HandlerTimeout, 0),
+			Observers:      []inboxtype.Observer{w.metrics, logs.NewObserver(w.logger, nil), w.store.DeadLetterObserver()},
+			OnBrokerNode:   w.brokerNodeHook(s.URL, amqpdial.RoleConsumer, amqpdial.RolePublisher),
 		}
 		if outboxRelay != nil {
 			// Retries wait in the outbox, not in the broker's delay

@@ -74,6 +74,13 @@ type Config struct {
 	// once when Stop is called.
 	SoftStopTimeout time.Duration
 
+	// HandlerTimeout is the bound on one run of a handler that the
+	// router's middleware enforces (the Worker's Config.HandlerTimeout).
+	// On a broker that takes per-consumer acknowledgement timeouts
+	// (RabbitMQ 3.11.15 and later) each route's consume asks for one above
+	// the longest a delivery may be held. Defaults to 0: none is asked for.
+	HandlerTimeout time.Duration
+
 	// ScheduleRetry, when set, schedules a retry copy outside the broker:
 	// msg, the copy with its attempt number, is to be published to queue
 	// once delay has passed. The Worker sets it to its outbox relay's

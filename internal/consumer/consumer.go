@@ -315,8 +315,11 @@ type session struct {
 	// publish, and acks and nacks on a blocked consumer connection would
 	// stall with them (RabbitMQ's advice: publish and consume on separate
 	// connections).
-	pubConn       *amqp.Connection
-	pub           *publisher
+	pubConn *amqp.Connection
+	pub     *publisher
+	// timeouts says that the broker takes per-consumer acknowledgement
+	// timeouts (consumer_timeout.go).
+	timeouts      bool
 	loops         sync.WaitGroup
 	stopConsuming chan struct{}
 
@@ -395,7 +398,8 @@ func (c *Consumer) connect(ctx context.Context) (*session, error) {
 		_ = conn.Close()
 		return nil, err
 	}
-	s := &session{c: c, conn: conn, pubConn: pubConn, stopConsuming: make(chan struct{}), failed: make(chan struct{})}
+	s := &session{c: c, conn: conn, pubConn: pubConn, stopConsuming: make(chan struct{}), failed: make(chan struct{}),
+		timeouts: consumerTimeouts(conn.Properties)}
 	if err := c.open(s); err != nil {
 		s.fail(err)
 		s.close()
@@ -452,7 +456,7 @@ func (c *Consumer) open(s *session) error {
 		tag := ""
 		if !r.isPaused() {
 			tag = c.consumerTag(r.Queue)
-			deliveries, err = ch.Consume(r.Queue, tag, false, false, false, false, nil)
+			deliveries, err = ch.Consume(r.Queue, tag, false, false, false, false, c.consumeArgs(r, s.timeouts))
 			if err != nil {
 				return fmt.Errorf("consumer: consume %q: %w", r.Queue, err)
 			}

@@ -93,7 +93,7 @@ func (s *session) consumeLoop(r *route, ch *amqp.Channel, tag string, deliveries
 			}
 			tag = s.c.consumerTag(r.Queue)
 			var err error
-			deliveries, err = ch.Consume(r.Queue, tag, false, false, false, false, nil)
+			deliveries, err = ch.Consume(r.Queue, tag, false, false, false, false, s.c.consumeArgs(r, s.timeouts))
 			if err != nil {
 				s.fail(fmt.Errorf("consumer: consume %q: %w", r.Queue, err))
 				return
