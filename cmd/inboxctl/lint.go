@@ -3,12 +3,12 @@ package main
 import (
 	"fmt"
 	"io"
-	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/inboxmq/inboxmq/internal/amqpdial"
 	"github.com/inboxmq/inboxmq/internal/consumer"
 	"github.com/inboxmq/inboxmq/internal/topolint"
 )
@@ -52,8 +52,13 @@ checks at start-up and logs what it finds.`,
 			if err != nil {
 				return err
 			}
-			first, _, _ := strings.Cut(broker, ",")
-			derived, vhost, err := topolint.ManagementURL(strings.TrimSpace(first))
+			// The node list is split as the worker splits it: a comma
+			// may sit in a password.
+			nodes, err := amqpdial.Parse(broker)
+			if err != nil {
+				return usageError{err}
+			}
+			derived, vhost, err := topolint.ManagementURL(nodes[0].URL)
 			if err != nil {
 				return usageError{err}
 			}
