@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
@@ -38,12 +40,13 @@ func TestWorker_RetryWaitsInTheOutbox(t *testing.T) {
 		InProcess: retry.InProcess{Tries: -1},
 		Queue:     &inboxmq.QueueOpts{RetryTiers: []time.Duration{time.Second, time.Minute}},
 	})
-	w, err := inboxmq.NewWorker(&inboxmq.Config{URL: testenv.AMQPURL(), DB: b.pool, Routes: routes})
+	reg := prometheus.NewRegistry()
+	w, err := inboxmq.NewWorker(&inboxmq.Config{URL: testenv.AMQPURL(), DB: b.pool, Routes: routes, Registerer: reg})
 	require.NoError(t, err)
 	require.NoError(t, w.Start(t.Context()))
 	t.Cleanup(func() { _ = w.Stop(context.Background()) })
 
-	b.pub.Publish(b.queue, []byte(`{"id":"r1"}`), amqp.Publishing{MessageId: "m-r1"})
+	b.pub.Publish(b.queue, []byte(`{"id":"r1"}`), amqp.Publishing{MessageId: "m-r1", Timestamp: time.Now()})
 	require.Equal(t, 1, testenv.WaitChan(t, attempts, "the first attempt"))
 	require.Equal(t, 2, testenv.WaitChan(t, attempts, "the retry"))
 	testenv.WaitFor(t, "the effect committed", func() bool { return b.count(t, `SELECT count(*) FROM effects`) == 1 })
@@ -54,9 +57,30 @@ func TestWorker_RetryWaitsInTheOutbox(t *testing.T) {
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM inboxmq_outbox`), "one row: the retry")
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM inboxmq_outbox WHERE created_at - (SELECT first_seen_at FROM inboxmq_inbox) >= interval '200 milliseconds'`),
 		"due the policy's delay after the failure, not a tier's")
+	// The job's critical time runs from its publication to its effect:
+	// the retry's delay is part of it.
+	testenv.WaitFor(t, "the job's critical time observed", func() bool {
+		h := histogram(t, reg, "inboxmq_critical_time_seconds")
+		return h != nil && h.GetSampleCount() == 1
+	})
+	require.GreaterOrEqual(t, histogram(t, reg, "inboxmq_critical_time_seconds").GetSampleSum(), 0.2)
 	require.NoError(t, w.Stop(t.Context()))
 	for _, tier := range []time.Duration{time.Second, time.Minute} {
 		require.Equal(t, 0, amqptest.Depth(t, b.conn, inboxtype.RetryQueue(b.queue, tier)), "nothing went through the delay queues")
 	}
 	require.Equal(t, 0, amqptest.Depth(t, b.conn, b.queue))
+}
+
+// histogram returns the one histogram of the metric name in reg, nil if
+// it has no sample yet.
+func histogram(t *testing.T, reg *prometheus.Registry, name string) *dto.Histogram {
+	t.Helper()
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetHistogram()
+		}
+	}
+	return nil
 }

@@ -80,6 +80,10 @@ var (
 // a fast cached duplicate (1ms) to a slow outside call (60s).
 var DefaultBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
 
+// criticalTimeBuckets are the critical_time_seconds buckets in seconds:
+// from a job done at once (50ms) to one that waited out retries (1h).
+var criticalTimeBuckets = []float64{.05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600}
+
 // Config configures [New]. A nil *Config means all defaults.
 type Config struct {
 	// Namespace prefixes every series name ("<namespace>_<name>").
@@ -151,6 +155,7 @@ type Metrics struct {
 	stale        *prometheus.CounterVec
 	settleErrors *prometheus.CounterVec
 	handlerTime  *prometheus.HistogramVec
+	critical     *prometheus.HistogramVec
 	stuck        *prometheus.GaugeVec
 
 	redisDegraded      prometheus.Gauge
@@ -242,6 +247,11 @@ func New(reg prometheus.Registerer, cfg *Config) (*Metrics, error) {
 			Help:        "Time the last run of the middleware chain and handler (lock, inbox, business work) of each settled delivery took, by the kind of its decision.",
 			ConstLabels: c.ConstLabels, Buckets: c.Buckets,
 		}, []string{"queue", "consumer", "kind"}),
+		critical: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: ns, Name: "critical_time_seconds",
+			Help:        "Time from a message's publication (its AMQP timestamp) to the commit of its effect, retries and waits in the queue included, for each delivery that completed its job.",
+			ConstLabels: c.ConstLabels, Buckets: criticalTimeBuckets,
+		}, qc),
 		stuck: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: ns, Name: "handlers_stuck", ConstLabels: c.ConstLabels,
 			Help: "Handlers still running a while after their context ended (deadline or stop; a quarter of the handler timeout, at most 10s): they ignore cancellation and hold a slot each.",
@@ -283,7 +293,7 @@ func New(reg prometheus.Registerer, cfg *Config) (*Metrics, error) {
 	cols := []prometheus.Collector{
 		m.received, m.redelivered, m.settled, m.inFlight, m.duplicates, m.lockOK, m.lockFailed,
 		m.lockExpired, m.retries, m.inProcess, m.duration, m.conflicts, m.deadLettered, m.stale,
-		m.settleErrors, m.handlerTime, m.stuck, m.workersStale, m.redisDegraded, m.reconnects, m.connected,
+		m.settleErrors, m.handlerTime, m.critical, m.stuck, m.workersStale, m.redisDegraded, m.reconnects, m.connected,
 		m.nodeConns, m.nodeOpened,
 		m.breakerState, m.breakerTransitions, m.rateLimitWait,
 	}
@@ -322,6 +332,7 @@ func (m *Metrics) Unregister(reg prometheus.Registerer) {
 func (m *Metrics) Init(queue, namespace string) {
 	m.route(queue, namespace)
 	m.stuck.WithLabelValues(queue, namespace)
+	m.critical.WithLabelValues(queue, namespace)
 	reasons := slices.Concat(knownReasons, m.extraReasons)
 	for _, s := range knownSources {
 		m.duplicates.WithLabelValues(queue, namespace, s)
@@ -405,6 +416,12 @@ func (m *Metrics) OnOutcome(d *inboxtype.Delivery, o inboxtype.Outcome) {
 	observe(m.duration.WithLabelValues(q, c, outcomeOf(o)), o.Duration.Seconds(), d.TraceID)
 	if o.Handled > 0 {
 		observe(m.handlerTime.WithLabelValues(q, c, o.Decision.Kind.String()), o.Handled.Seconds(), d.TraceID)
+	}
+	if o.Action == inboxtype.ActionAcked && o.Decision.Kind == retry.KindSucceeded && d.Raw != nil && !d.Raw.Timestamp.IsZero() {
+		// The job's end to end: from its publication to its effect. A
+		// producer's clock ahead of ours counts as 0.
+		crit := d.ReceivedAt.Add(o.Duration).Sub(d.Raw.Timestamp)
+		observe(m.critical.WithLabelValues(q, c), max(crit, 0).Seconds(), d.TraceID)
 	}
 
 	dec := o.Decision

@@ -535,3 +535,37 @@ func TestMetrics_RateLimitWait(t *testing.T) {
 	hook(20 * time.Millisecond)
 	require.InDelta(t, 2, value(t, b.reg, "ratelimit_wait_seconds", l), 0)
 }
+
+// Critical time runs from the message's publication to its effect's
+// commit: only for a job done (succeeded and acked), from the AMQP
+// timestamp, 0 for a producer's clock ahead of ours, nothing without a
+// timestamp.
+func TestObserver_CriticalTime(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	done := inboxtype.Outcome{Decision: retry.Decision{Kind: retry.KindSucceeded}, Action: inboxtype.ActionAcked, Duration: 500 * time.Millisecond}
+	at := func(published time.Time) *inboxtype.Delivery {
+		return inboxtype.NewDelivery("payments", "payments-svc", "w1", &amqp.Delivery{MessageId: "m1", Timestamp: published})
+	}
+
+	d := at(time.Now().Add(-90 * time.Second)) // published 90 s ago: retries and a backlog
+	b.m.OnOutcome(d, done)
+	b.m.OnOutcome(at(time.Now().Add(time.Hour)), done) // a clock ahead
+	b.m.OnOutcome(at(time.Time{}), done)               // no timestamp
+	b.m.OnOutcome(at(time.Now()), inboxtype.Outcome{Decision: retry.Decision{Kind: retry.KindDuplicate}, Action: inboxtype.ActionAcked})
+	b.m.OnOutcome(at(time.Now()), inboxtype.Outcome{Decision: retry.Decision{Kind: retry.KindRetry}, Action: inboxtype.ActionRetried})
+
+	mfs, err := b.reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() != "inboxmq_critical_time_seconds" {
+			continue
+		}
+		h := mf.GetMetric()[0].GetHistogram()
+		require.Equal(t, uint64(2), h.GetSampleCount(), "the two jobs done with a timestamp")
+		want := d.ReceivedAt.Add(done.Duration).Sub(d.Raw.Timestamp).Seconds() // and 0 for the clock ahead
+		require.InDelta(t, want, h.GetSampleSum(), 1e-6)
+		return
+	}
+	t.Fatal("histogram not found")
+}
