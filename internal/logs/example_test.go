@@ -30,5 +30,5 @@ func ExampleNewObserver() {
 	d.Key = "payment:order-42"
 	obs.OnOutcome(d, inboxtype.Outcome{Action: inboxtype.ActionAcked, Decision: retry.Classify(retry.Duplicate(retry.SourceInbox, nil))})
 	// Output:
-	// {"level":"INFO","msg":"delivery duplicate","status":"duplicate","message_id":"m-1","idempotency_key":"payment:order-42","namespace":"payments","queue":"payments","worker_id":"worker-1","attempt":1,"redelivered":true,"duration":0,"duplicate_source":"inbox","error":"retry: duplicate message (inbox)"}
+	// {"level":"INFO","msg":"delivery duplicate","status":"duplicate","message_id":"m-1","idempotency_key":"payment:order-42","namespace":"payments","queue":"payments","worker_id":"worker-1","attempt":1,"redelivered":true,"duration":0,"duplicate_source":"inbox","duplicate_origin":"redelivery"}
 }

@@ -33,6 +33,7 @@ const (
 	logFieldFence          = "fence"
 	logFieldDuration       = "duration"
 	logFieldSource         = "duplicate_source"
+	logFieldOrigin         = "duplicate_origin"
 	logFieldReason         = "reason"
 	logFieldAction         = "action"
 	logFieldDelay          = "delay"
@@ -110,7 +111,9 @@ type logObserver struct {
 // Levels: received, locked, processing and completed are written at
 // opts.SuccessLevel and sampled (per status: the first SampleFirst of
 // each SampleInterval, then one in SampleThereafter); duplicate lines
-// (with duplicate_source) are written at info, retry, retry_in_process,
+// (with duplicate_source, the layer that caught it, duplicate_origin,
+// where it came from — replay, redelivery, retry or resend — and no error
+// field: a duplicate is routine) are written at info, retry, retry_in_process,
 // lock_failed and requeued at warn, failed, dead_lettered and lock_expired
 // at error — and none of these is ever sampled. Settle failures and broker
 // connection changes are logged too. A line whose level the logger does
@@ -177,7 +180,8 @@ func (l *logObserver) OnOutcome(d *inboxtype.Delivery, o inboxtype.Outcome) {
 		switch o.Decision.Kind {
 		case retry.KindSucceeded:
 		case retry.KindDuplicate:
-			attrs = append(attrs, slog.String(logFieldSource, duplicateSource(o.Decision)))
+			attrs = append(attrs, slog.String(logFieldSource, duplicateSource(o.Decision)),
+				slog.String(logFieldOrigin, duplicateOrigin(d)))
 		default:
 			attrs = append(attrs, slog.String(logFieldReason, o.Decision.Reason))
 		}
@@ -185,6 +189,9 @@ func (l *logObserver) OnOutcome(d *inboxtype.Delivery, o inboxtype.Outcome) {
 			attrs = append(attrs, seconds(logFieldDelay, o.Delay))
 		}
 		err := o.Decision.Err
+		if o.Decision.Kind == retry.KindDuplicate {
+			err = nil // routine: no error field for a query to page on
+		}
 		if o.Err != nil {
 			err = o.Err
 		}
@@ -383,6 +390,25 @@ func (w *window) count(now, interval int64) uint64 {
 		return 1
 	}
 	return w.n.Add(1)
+}
+
+// duplicateOrigin names where a duplicate came from: a replay from the
+// DLQ (x-replay-count), the broker's redelivery of a delivery it had
+// handed out (the redelivered flag, a quorum queue's delivery count), a
+// retry copy of a job that has meanwhile completed (x-attempt above 1),
+// else a resend: the producer sent the job again, or another message
+// carries the same job.
+func duplicateOrigin(d *inboxtype.Delivery) string {
+	switch {
+	case d.Raw != nil && inboxtype.HeaderInt(d.Raw.Headers, inboxtype.HeaderReplayCount) > 0:
+		return "replay"
+	case d.Redelivered || d.DeliveryCount > 0:
+		return "redelivery"
+	case d.Attempt > 1:
+		return "retry"
+	default:
+		return "resend"
+	}
 }
 
 // duplicateSource names where a duplicate was caught: the decision's

@@ -71,7 +71,7 @@ func TestLogObserver_LinePerTransition(t *testing.T) {
 		level  slog.Level
 	}{
 		{inboxtype.Outcome{Action: inboxtype.ActionAcked, Decision: retry.Classify(nil)}, inboxtype.StatusCompleted, nil, slog.LevelInfo},
-		{inboxtype.Outcome{Action: inboxtype.ActionAcked, Decision: retry.Classify(dup)}, inboxtype.StatusDuplicate, dup, slog.LevelInfo},
+		{inboxtype.Outcome{Action: inboxtype.ActionAcked, Decision: retry.Classify(dup)}, inboxtype.StatusDuplicate, nil, slog.LevelInfo}, // no error field
 		{inboxtype.Outcome{Action: inboxtype.ActionRetried, Decision: retry.Classify(deadlock), Delay: 5 * time.Second}, inboxtype.StatusRetry, deadlock, slog.LevelWarn},
 		{inboxtype.Outcome{Action: inboxtype.ActionDeadLettered, Decision: retry.Classify(badCard)}, inboxtype.StatusDeadLettered, badCard, slog.LevelError},
 		{inboxtype.Outcome{Action: inboxtype.ActionRequeued, Decision: retry.Decision{Kind: retry.KindInterrupted, Reason: "stopped", Err: stopping}}, inboxtype.StatusRequeued, stopping, slog.LevelWarn},
@@ -275,5 +275,28 @@ func TestLogObserver_SkippedLinesDoNotAllocate(t *testing.T) {
 			obs.OnTransition(d, inboxtype.StatusProcessing, nil)
 		})
 		require.Zero(t, allocs, name)
+	}
+}
+
+// A duplicate is routine: logged at info, with the layer that caught it
+// and where it came from, and no error field.
+func TestLogObserver_DuplicateOrigin(t *testing.T) {
+	t.Parallel()
+	b := setupLog(t, nil)
+	dup := inboxtype.Outcome{Action: inboxtype.ActionAcked, Decision: retry.Classify(retry.Duplicate(retry.SourceInbox, nil))}
+	for origin, raw := range map[string]*amqp.Delivery{
+		"resend":     {MessageId: "m-resend"},
+		"redelivery": {MessageId: "m-redelivery", Redelivered: true},
+		"retry":      {MessageId: "m-retry", Headers: amqp.Table{inboxtype.HeaderAttempt: int64(3)}},
+		"replay":     {MessageId: "m-replay", Redelivered: true, Headers: amqp.Table{inboxtype.HeaderReplayCount: int64(1)}},
+	} {
+		b.obs.OnOutcome(inboxtype.NewDelivery("payments", "payments", "w1", raw), dup)
+		lines := b.logs.Containing("delivery duplicate")
+		line := lines[len(lines)-1]
+		require.Equal(t, slog.LevelInfo, line.Level, origin)
+		require.Equal(t, "m-"+origin, line.Attrs["message_id"])
+		require.Equal(t, origin, line.Attrs["duplicate_origin"])
+		require.Equal(t, "inbox", line.Attrs["duplicate_source"])
+		require.NotContains(t, line.Attrs, "error", "%s: a duplicate is no error", origin)
 	}
 }
