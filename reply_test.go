@@ -100,16 +100,18 @@ func TestWorker_RepliesCarryTheHandlersBytes(t *testing.T) {
 	require.NoError(t, err)
 	replies, err := ch.Consume(rq.Name, "", true, true, false, false, nil)
 	require.NoError(t, err)
-	request := func(queue, corr string) string {
+	request := func(queue, corr string) amqp.Delivery {
 		t.Helper()
 		b.pub.Publish(queue, []byte(`{"id":"rpc"}`), amqp.Publishing{MessageId: corr, ReplyTo: rq.Name, CorrelationId: corr})
 		d := testenv.WaitChan(t, replies, "the reply to "+corr)
 		require.Equal(t, corr, d.CorrelationId)
-		return string(d.Body)
+		return d
 	}
 
 	for _, r := range all {
-		require.Equal(t, oddResult, request(r.queue, r.name+"-first"), "%s: the first reply carries the handler's bytes", r.name)
+		first := request(r.queue, r.name+"-first")
+		require.Equal(t, oddResult, string(first.Body), "%s: the first reply carries the handler's bytes", r.name)
+		require.NotContains(t, first.Headers, inboxtype.HeaderReplayedOutcome, "%s: a first answer", r.name)
 		var stored string
 		require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT result::text FROM inboxmq_inbox WHERE consumer = $1 AND key = 'order:rpc'`,
 			r.queue).Scan(&stored))
@@ -122,7 +124,9 @@ func TestWorker_RepliesCarryTheHandlersBytes(t *testing.T) {
 				return err == nil && n == 1
 			})
 		}
-		require.Equal(t, oddResult, request(r.queue, r.name+"-dup"), "%s: a duplicate's reply carries the same bytes", r.name)
+		dup := request(r.queue, r.name+"-dup")
+		require.Equal(t, oddResult, string(dup.Body), "%s: a duplicate's reply carries the same bytes", r.name)
+		require.Equal(t, true, dup.Headers[inboxtype.HeaderReplayedOutcome], "%s: marked as the stored outcome, replayed", r.name)
 		// The counter moves once the duplicate is settled, after its reply.
 		testenv.WaitFor(t, r.name+": the duplicate is counted as caught by the "+source, func() bool {
 			return duplicates(t, reg, r.queue, source)+duplicates(t, cachedReg, r.queue, source) == 1

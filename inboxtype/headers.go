@@ -31,6 +31,11 @@ const (
 	HeaderIdempotencyKey = "x-idempotency-key"
 	// HeaderReplayCount counts how often a message was replayed from the DLQ.
 	HeaderReplayCount = "x-replay-count"
+
+	// HeaderReplayedOutcome is true on a reply that a duplicate got: the
+	// stored outcome of the job's first run, replayed (the job did not run
+	// again). A first answer does not carry it.
+	HeaderReplayedOutcome = "x-replayed-outcome"
 	// HeaderDeliveryCount is set by quorum queues: how often the broker has
 	// delivered (and got back) the message.
 	HeaderDeliveryCount = "x-delivery-count"

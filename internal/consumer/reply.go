@@ -17,7 +17,8 @@ import (
 // it is acked, published to reply_to through the default exchange with the
 // delivery's own correlation_id, content type application/json and the
 // job's result as body (JSON null when there is none), with the broker's
-// confirm. The reply follows the commit, so it never announces an effect
+// confirm; a duplicate's reply carries
+// inboxtype.HeaderReplayedOutcome (true). The reply follows the commit, so it never announces an effect
 // that did not commit; it precedes the ack, so a reply that could not be
 // published (no confirm, a broken connection) requeues the delivery, which
 // comes back as a duplicate and replies then. A reply that no queue takes
@@ -57,8 +58,16 @@ func (c *Consumer) reply(r *route, j *job, d *inboxtype.Delivery, dec retry.Deci
 		CorrelationId: j.raw.CorrelationId,
 		Body:          body,
 	}
+	if d.Key != "" || dec.Kind == retry.KindDuplicate {
+		msg.Headers = make(amqp.Table, 2)
+	}
 	if d.Key != "" {
-		msg.Headers = amqp.Table{inboxtype.HeaderIdempotencyKey: d.Key}
+		msg.Headers[inboxtype.HeaderIdempotencyKey] = d.Key
+	}
+	if dec.Kind == retry.KindDuplicate {
+		// The job did not run again: the caller can tell this answer
+		// from a first one.
+		msg.Headers[inboxtype.HeaderReplayedOutcome] = true
 	}
 	err := j.sess.pub.publish(c.baseCtx, j.raw.ReplyTo, msg)
 	if errors.Is(err, errReturned) {
