@@ -25,7 +25,7 @@ import (
 // lag metric (sent_at − created_at) is how late the retry went out.
 const scheduleSQL = `INSERT INTO inboxmq_outbox AS o
 	(message_id, routing_key, headers, content_type, body, properties, available_at, created_at)
-VALUES ($1, $2, $3, $4, $5, $6, clock_timestamp() + make_interval(secs => $7), clock_timestamp() + make_interval(secs => $7))
+SELECT $1, $2, $3, $4, $5, $6, t.due, t.due FROM (SELECT clock_timestamp() + make_interval(secs => $7) AS due) t
 ON CONFLICT (message_id) DO UPDATE SET
 	headers = EXCLUDED.headers, content_type = EXCLUDED.content_type, body = EXCLUDED.body,
 	properties = EXCLUDED.properties, available_at = EXCLUDED.available_at, created_at = EXCLUDED.created_at,
