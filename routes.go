@@ -92,6 +92,13 @@ type RouteOpts struct {
 	// RateLimit bounds the route's calls to a downstream across every
 	// worker (see [RateLimitOpts]). Defaults to nil: no limit.
 	RateLimit *RateLimitOpts
+	// Tenant names a delivery's tenant (from its headers or its key; ""
+	// for none). When a run asks for a delay with retry.After (a
+	// downstream's 429 with Retry-After), the worker defers the rest of
+	// that tenant's deliveries until the delay ends, without running them
+	// and without counting an attempt, while other tenants flow. Defaults
+	// to nil: such a delay defers its own key alone.
+	Tenant func(d *inboxtype.Delivery) string
 }
 
 // QueueType is the RabbitMQ type of a route's queues.

@@ -278,6 +278,9 @@ func (w *Worker) addRoute(rt *route, block, wake inboxtype.Middleware) error {
 		// In front of the lock: a delivery the cache answers takes none.
 		mw = append(mw, middleware.Cache(rdb, &middleware.CacheOpts{Logger: w.logger, OnDegraded: w.degradedHook("cache", &w.cacheDown)}))
 	}
+	// Before the breaker and the lock: a deferred key or tenant takes no
+	// probe and no lock.
+	mw = append(mw, middleware.Deferral(rt.opts.Tenant))
 	if rt.opts.Breaker != nil {
 		b, err := w.breaker(rt)
 		if err != nil {

@@ -3,6 +3,8 @@ package inboxmq_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -83,4 +85,71 @@ func histogram(t *testing.T, reg *prometheus.Registry, name string) *dto.Histogr
 		}
 	}
 	return nil
+}
+
+// A run that asks for a delay (a downstream's 429 for one tenant) defers
+// that tenant's other deliveries without running them and without an
+// attempt, while another tenant's run at once; the deferred ones run once
+// the delay has passed.
+func TestWorker_TenantDeferral(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ran := make(chan string, 16)
+	var limited atomic.Bool
+	routes := inboxmq.NewRoutes()
+	inboxmq.HandleTx(routes, b.queue, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[order]) error {
+		ran <- msg.Body.ID
+		if msg.Body.ID == "acme-1" && limited.CompareAndSwap(false, true) {
+			return retry.After(time.Second, errors.New("HTTP 429 Too Many Requests"))
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO effects (id) VALUES ($1)`, msg.Body.ID)
+		return err
+	}, &inboxmq.RouteOpts{
+		Concurrency: 1,
+		InProcess:   retry.InProcess{Tries: -1},
+		Tenant:      func(d *inboxtype.Delivery) string { s, _ := d.Raw.Headers["tenant"].(string); return s },
+	})
+	reg := prometheus.NewRegistry()
+	w, err := inboxmq.NewWorker(&inboxmq.Config{URL: testenv.AMQPURL(), DB: b.pool, Routes: routes, Registerer: reg})
+	require.NoError(t, err)
+	require.NoError(t, w.Start(t.Context()))
+	t.Cleanup(func() { _ = w.Stop(context.Background()) })
+
+	send := func(id, tenant string) {
+		b.pub.Publish(b.queue, fmt.Appendf(nil, `{"id":%q}`, id), amqp.Publishing{MessageId: id, Headers: amqp.Table{"tenant": tenant}})
+	}
+	send("acme-1", "acme")
+	require.Equal(t, "acme-1", testenv.WaitChan(t, ran, "the run that gets the 429"))
+	send("acme-2", "acme")
+	send("globex-1", "globex")
+	require.Equal(t, "globex-1", testenv.WaitChan(t, ran, "the other tenant's run"),
+		"acme-2 did not run while acme is deferred")
+	testenv.WaitFor(t, "acme-2 deferred, uncounted", func() bool {
+		return counter(t, reg, "inboxmq_job_retry_total", "reason", "key_deferred") == 1
+	})
+	testenv.WaitFor(t, "every effect once the delay passed", func() bool {
+		return b.count(t, `SELECT count(*) FROM effects`) == 3
+	})
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects WHERE id = 'acme-2'`))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM inboxmq_inbox WHERE key = 'order:acme-2' AND attempts = 1`), "no attempt spent")
+}
+
+// counter is the value of the series of name whose label has value, 0 if none.
+func counter(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label && l.GetValue() == value {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
 }

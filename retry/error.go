@@ -97,8 +97,12 @@ type RetryableError struct {
 	Err       error
 }
 
-// After asks for the delivery to be retried after d (rounded up to the
-// nearest broker delay tier). A zero d lets the handler's policy choose.
+// After asks for the delivery to be retried after d: exactly d when an
+// inboxmq.Worker schedules the retry in its outbox, rounded up to the
+// nearest broker delay tier when the retry waits in the broker. A zero d
+// lets the handler's policy choose. Under a Worker a delay d also defers
+// the delivery's key (or the route's tenant, RouteOpts.Tenant) until d
+// ends: the key's next deliveries wait without running.
 func After(d time.Duration, err error) error {
 	if err == nil {
 		err = errors.New("retry requested")

@@ -28,6 +28,7 @@ const (
 	ReasonCrashLoop       = "crash_loop"       // the delivery count passed the crash-loop bound
 	ReasonBreakerOpen     = "breaker_open"     // a circuit breaker held the delivery back (not an attempt)
 	ReasonRateLimited     = "rate_limited"     // a downstream's rate limit deferred the delivery (not an attempt)
+	ReasonKeyDeferred     = "key_deferred"     // an earlier run of its key or tenant asked for a delay (not an attempt)
 )
 
 // Conflict kinds: the bounded values of idempotency_conflict_total{kind}.
@@ -58,6 +59,7 @@ var (
 		retry.ReasonExhausted,
 		ReasonLockUnavailable, ReasonLockExpired, ReasonDBSerialization, ReasonDBDeadlock,
 		ReasonDBConnection, ReasonDBNoPartition, ReasonClaimHeld, ReasonCrashLoop, ReasonBreakerOpen, ReasonRateLimited,
+		ReasonKeyDeferred,
 		// The consumer files what the broker dead-lettered with the
 		// broker's x-death reason: "broker_" + expired, delivery_limit,
 		// rejected or maxlen ("broker" without one).
