@@ -99,6 +99,12 @@ type RouteOpts struct {
 	// and without counting an attempt, while other tenants flow. Defaults
 	// to nil: such a delay defers its own key alone.
 	Tenant func(d *inboxtype.Delivery) string
+	// AfterDead says what a new delivery of a key that was dead-lettered
+	// does (see [ReusePolicy]): run again, be rejected to the DLQ, or be
+	// attached to the stored outcome. A replay from the DLQ always runs.
+	// Defaults to ReuseRun; the others cost one read of the key's row per
+	// delivery.
+	AfterDead ReusePolicy
 }
 
 // QueueType is the RabbitMQ type of a route's queues.

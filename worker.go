@@ -273,6 +273,13 @@ func (w *Worker) addRoute(rt *route, block, wake inboxtype.Middleware) error {
 	if block != nil {
 		mw = append(mw, block)
 	}
+	switch rt.opts.AfterDead {
+	case "", ReuseRun:
+	case ReuseReject, ReuseAttach:
+		mw = append(mw, reuseGuard(w.store, rt.opts.AfterDead))
+	default:
+		return fmt.Errorf("RouteOpts.AfterDead %q: want %q, %q or %q", rt.opts.AfterDead, ReuseRun, ReuseReject, ReuseAttach)
+	}
 	rdb := w.s.Redis
 	if rdb != nil {
 		// In front of the lock: a delivery the cache answers takes none.

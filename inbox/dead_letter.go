@@ -38,6 +38,9 @@ func (o deadLetterObserver) OnOutcome(d *inboxtype.Delivery, out inboxtype.Outco
 	if out.Action != inboxtype.ActionDeadLettered || out.Err != nil || d == nil || d.Key == "" || d.Namespace == "" || o.s.ready() != nil {
 		return
 	}
+	if out.Decision.Reason == ReasonKeyDead {
+		return // the key is dead already: its row keeps the error it died of
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), o.s.cfg.CleanupTimeout)
 	defer cancel()
 	attempt := int32(min(max(d.Attempt, 1), math.MaxInt32)) //nolint:gosec // bounded above

@@ -52,6 +52,10 @@ const (
 	ReasonClaimHeld            = "claim_held" // another worker holds a live claim
 	ReasonLeaseLost            = "lease_lost" // the claim's lease was lost or reached its cap
 	ReasonCrashLoop            = "crash_loop" // redelivered more than StoreConfig.CrashLimit times
+	// ReasonKeyDead: a new delivery of a key that was dead-lettered, which
+	// its route rejects (inboxmq.RouteOpts.AfterDead); the key's row keeps
+	// the error it died of.
+	ReasonKeyDead = "key_dead"
 
 	// ReasonDBNoPartition: a partitioned table has no partition for the
 	// row (SQLSTATE 23514 "no partition of relation … found for row"): the

@@ -29,6 +29,7 @@ const (
 	ReasonBreakerOpen     = "breaker_open"     // a circuit breaker held the delivery back (not an attempt)
 	ReasonRateLimited     = "rate_limited"     // a downstream's rate limit deferred the delivery (not an attempt)
 	ReasonKeyDeferred     = "key_deferred"     // an earlier run of its key or tenant asked for a delay (not an attempt)
+	ReasonKeyDead         = "key_dead"         // a new delivery of a dead-lettered key its route rejects
 )
 
 // Conflict kinds: the bounded values of idempotency_conflict_total{kind}.
@@ -59,7 +60,7 @@ var (
 		retry.ReasonExhausted,
 		ReasonLockUnavailable, ReasonLockExpired, ReasonDBSerialization, ReasonDBDeadlock,
 		ReasonDBConnection, ReasonDBNoPartition, ReasonClaimHeld, ReasonCrashLoop, ReasonBreakerOpen, ReasonRateLimited,
-		ReasonKeyDeferred,
+		ReasonKeyDeferred, ReasonKeyDead,
 		// The consumer files what the broker dead-lettered with the
 		// broker's x-death reason: "broker_" + expired, delivery_limit,
 		// rejected or maxlen ("broker" without one).
