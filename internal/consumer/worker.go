@@ -427,7 +427,7 @@ func (c *Consumer) settle(r *route, j *job, d *inboxtype.Delivery, settled func(
 	case dec.Kind == retry.KindRetry && r.Opts.Ordered != nil:
 		// An ordered route retried in process (retryOrdered) until the
 		// policy gave up: the last attempt is spent.
-		out.Decision.Reason, out.Decision.Err = retry.ReasonExhausted, exhausted(rn.tries, dec.Err)
+		out.Decision.Reason, out.Decision.Err = retry.ReasonExhausted, exhausted(d.Attempt, dec.Err)
 		status = c.deadLetter(r, j, d, &out)
 	case dec.Kind == retry.KindRetry:
 		// A deferred retry (another worker holds the key) is not a failed
