@@ -410,7 +410,9 @@ func (c *Consumer) settle(r *route, j *job, d *inboxtype.Delivery, settled func(
 	out := inboxtype.Outcome{Decision: dec, InProcessRetries: rn.inProcess(), Handled: rn.last}
 	var status inboxtype.Status
 	switch {
-	case j.sess.gone():
+	case j.sess.gone() || channelClosed(&j.raw):
+		// Nothing can settle it: the broker has it back. No copy either,
+		// which would only be a second one beside the redelivery.
 		out.Action, out.Err, status = inboxtype.ActionAbandoned, errChannelGone, inboxtype.StatusFailed
 	case dec.Kind == retry.KindSucceeded || dec.Kind == retry.KindDuplicate:
 		if err := c.reply(r, j, d, dec); err != nil {
@@ -481,6 +483,14 @@ func (c *Consumer) settle(r *route, j *job, d *inboxtype.Delivery, settled func(
 		o.OnOutcome(d, out)
 	}
 	return out.Action
+}
+
+// channelClosed reports whether raw's channel is closed already: the
+// session notices a closed channel a moment later (its watcher), and a
+// delivery settled in between would get a copy beside its redelivery.
+func channelClosed(raw *amqp.Delivery) bool {
+	ch, ok := raw.Acknowledger.(interface{ IsClosed() bool })
+	return ok && ch.IsClosed()
 }
 
 // exhausted is the error of a delivery dead-lettered after n failed
