@@ -107,6 +107,11 @@ func TestNewWorker_Validation(t *testing.T) {
 		{"invalid queue name", func(c *inboxmq.Config) {
 			c.Routes = routes(func(r *inboxmq.Routes) { inboxmq.HandleTx(r, "bad queue", noop[order], nil) })
 		}, `route "bad queue"`},
+		{"unknown reuse policy", func(c *inboxmq.Config) {
+			c.Routes = routes(func(r *inboxmq.Routes) {
+				inboxmq.HandleTx(r, "orders", noop[order], &inboxmq.RouteOpts{AfterDead: "retry"})
+			})
+		}, `RouteOpts.AfterDead "retry": want "run", "reject" or "attach"`},
 		{"fault events without an exchange", func(c *inboxmq.Config) {
 			c.Routes = routes(func(r *inboxmq.Routes) {
 				inboxmq.HandleTx(r, "orders", noop[order], &inboxmq.RouteOpts{Faults: &inboxmq.FaultOpts{}})
