@@ -427,7 +427,7 @@ func (r *Relay) publish(ctx context.Context, l *lane, batch []pendingRow) publis
 			Body:         p.body,
 		}
 		if p.props != nil {
-			if err := decodeProperties(p.props, &pub); err != nil {
+			if err := outboxwire.DecodeProperties(p.props, &pub); err != nil {
 				res.failed = append(res.failed, failure{index: i, reason: reasonInvalid, detail: err.Error()})
 				continue
 			}

@@ -3,7 +3,6 @@ package relay
 import (
 	"context"
 	"crypto/rand"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -50,7 +49,7 @@ func (r *Relay) Schedule(ctx context.Context, queue string, attempt int, delay t
 	if err != nil {
 		return fmt.Errorf("relay: schedule: %w", err)
 	}
-	props, err := encodeProperties(msg)
+	props, err := outboxwire.EncodeProperties(msg)
 	if err != nil {
 		return fmt.Errorf("relay: schedule: %w", err)
 	}
@@ -96,49 +95,4 @@ func (r *Relay) claimSQL() string {
 		return claimSQL
 	}
 	return claimSQLWithoutProperties
-}
-
-// properties are the AMQP properties of a scheduled message that the
-// outbox's columns do not hold.
-type properties struct {
-	MessageID       string     `json:"message_id,omitempty"`
-	CorrelationID   string     `json:"correlation_id,omitempty"`
-	ReplyTo         string     `json:"reply_to,omitempty"`
-	Type            string     `json:"type,omitempty"`
-	AppID           string     `json:"app_id,omitempty"`
-	ContentEncoding string     `json:"content_encoding,omitempty"`
-	Priority        uint8      `json:"priority,omitempty"`
-	DeliveryMode    uint8      `json:"delivery_mode,omitempty"`
-	Timestamp       *time.Time `json:"timestamp,omitempty"`
-}
-
-func encodeProperties(m *amqp.Publishing) ([]byte, error) {
-	p := properties{
-		MessageID: m.MessageId, CorrelationID: m.CorrelationId, ReplyTo: m.ReplyTo, Type: m.Type, AppID: m.AppId,
-		ContentEncoding: m.ContentEncoding, Priority: m.Priority, DeliveryMode: m.DeliveryMode,
-	}
-	if !m.Timestamp.IsZero() {
-		ts := m.Timestamp
-		p.Timestamp = &ts
-	}
-	return json.Marshal(p)
-}
-
-// decodeProperties sets pub's properties from a row's: the message is
-// published as it was scheduled, with no property of the relay's own.
-func decodeProperties(b []byte, pub *amqp.Publishing) error {
-	var p properties
-	if err := json.Unmarshal(b, &p); err != nil {
-		return fmt.Errorf("properties: %w", err)
-	}
-	pub.MessageId, pub.CorrelationId, pub.ReplyTo, pub.Type, pub.AppId = p.MessageID, p.CorrelationID, p.ReplyTo, p.Type, p.AppID
-	pub.ContentEncoding, pub.Priority = p.ContentEncoding, p.Priority
-	if p.DeliveryMode != 0 {
-		pub.DeliveryMode = p.DeliveryMode
-	}
-	pub.Timestamp = time.Time{}
-	if p.Timestamp != nil {
-		pub.Timestamp = *p.Timestamp
-	}
-	return nil
 }
