@@ -159,8 +159,8 @@ type QueueOpts struct {
 // the order the broker received them, across every worker, while other
 // keys run in parallel; workers that join or leave share the shards out.
 // A failed message is retried in process and holds its key's later
-// messages back until it succeeds or is dead-lettered (docs/scaling.md,
-// "Ordering").
+// messages back until it succeeds or is dead-lettered, or, with Strict,
+// until an operator releases the key (docs/ordering.md).
 type OrderedOpts struct {
 	// Shards is the number of shard queues "<queue>.shard.<i>", hence the
 	// most workers that consume the route at once. It must not change
@@ -175,6 +175,13 @@ type OrderedOpts struct {
 	// MaxRetryDelay caps the pause between two in-process retries of a
 	// message (its key's later messages wait through it). Defaults to 30s.
 	MaxRetryDelay time.Duration
+	// Strict keeps a key held after one of its messages was dead-lettered:
+	// the key's later messages wait, in order, in PostgreSQL, until an
+	// operator releases the key (the dead-lettered message runs again
+	// first) or skips that message (inboxctl ordered). Released messages go
+	// back through the outbox relay. Defaults to false: the key's next
+	// message runs after a dead letter.
+	Strict bool
 }
 
 // LockOpts configure a route's Redis lock (RouteOpts.Lock): a random

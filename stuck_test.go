@@ -45,7 +45,7 @@ func TestWorker_StuckHandlerIsReportedWithItsKey(t *testing.T) {
 	})
 	t.Cleanup(unblock) // before the worker stops
 	stuck := func() float64 {
-		return gaugeValue(t, reg, "inboxmq_handlers_stuck", b.queue)
+		return gaugeValue(t, reg, "inboxmq_handlers_stuck", "queue", b.queue)
 	}
 	require.Zero(t, stuck(), "the series exists from the start, at 0")
 
@@ -72,26 +72,4 @@ func TestWorker_StuckHandlerIsReportedWithItsKey(t *testing.T) {
 	})
 	require.Zero(t, stuck())
 	require.Len(t, logs.Message("stuck handler returned"), 1)
-}
-
-// gaugeValue returns the value of a gauge vector's child by its queue
-// label.
-func gaugeValue(t *testing.T, reg *prometheus.Registry, name, queue string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	require.NoError(t, err)
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "queue" && l.GetValue() == queue {
-					return m.GetGauge().GetValue()
-				}
-			}
-		}
-	}
-	t.Fatalf("no series %s{queue=%q}", name, queue)
-	return 0
 }

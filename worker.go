@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -20,6 +21,7 @@ import (
 	"github.com/inboxmq/inboxmq/internal/amqpdial"
 	"github.com/inboxmq/inboxmq/internal/consumer"
 	"github.com/inboxmq/inboxmq/internal/controlrun"
+	"github.com/inboxmq/inboxmq/internal/held"
 	"github.com/inboxmq/inboxmq/internal/logs"
 	"github.com/inboxmq/inboxmq/internal/metrics"
 	"github.com/inboxmq/inboxmq/internal/middleware"
@@ -42,6 +44,7 @@ type Worker struct {
 	router   *consumer.Router
 	cons     *consumer.Consumer
 	metrics  *metrics.Metrics
+	held     *held.Store // the strict ordered routes' held keys; nil without one
 	watcher  *controlrun.Watcher
 	parker   *controlrun.DialParker
 	breakers map[string]*middleware.Breaker
@@ -160,6 +163,18 @@ func (w *Worker) build(routes []*route) error {
 	// parent from the headers) and the bound on a handler's run. Panics
 	// become errors in the consumer's last guard, around the whole chain.
 	w.router.Use(middleware.Tracing(s.TracerProvider, nil), middleware.Timeout(s.HandlerTimeout))
+	// Then the held keys of strict ordered routes, before decoding: a
+	// message of a held key waits in its line whatever it holds.
+	strict := map[string]bool{}
+	for _, rt := range routes {
+		if o := rt.opts.Ordered; o != nil && o.Strict {
+			strict[rt.namespace()] = true
+		}
+	}
+	if len(strict) > 0 {
+		w.held = held.NewStore(s.DB)
+		w.router.Use(w.held.Guard(strict, w.logger))
+	}
 	var block inboxtype.Middleware
 	if w.watcher != nil {
 		var err error
@@ -328,6 +343,13 @@ func (w *Worker) addRoute(rt *route, block, wake inboxtype.Middleware) error {
 	if err != nil {
 		return err
 	}
+	if o := rt.opts.Ordered; o != nil && o.Strict {
+		// First the hold, then the fault event: a hook that fails
+		// requeues the delivery, and the hold is idempotent.
+		hold := w.held.OnDeadLetter(rt.namespace(), rt.queue, cmp.Or(o.Exchange, rt.queue), w.logger)
+		onDead = chainDeadLetter(hold, onDead)
+		w.metrics.InitHeld(rt.namespace())
+	}
 	var reply *consumer.ReplyOpts
 	if rt.opts.Reply {
 		reply = &consumer.ReplyOpts{Result: w.store.ReplyResult}
@@ -343,6 +365,20 @@ func (w *Worker) addRoute(rt *route, block, wake inboxtype.Middleware) error {
 		w.metrics.InitBreaker(rt.queue, cmp.Or(b.Downstream, "default"))
 	}
 	return nil
+}
+
+// chainDeadLetter runs the dead-letter hooks in order, stopping at the
+// first error; nil hooks are left out.
+func chainDeadLetter(hooks ...func(context.Context, consumer.DeadLetter) error) func(context.Context, consumer.DeadLetter) error {
+	hooks = slices.DeleteFunc(hooks, func(h func(context.Context, consumer.DeadLetter) error) bool { return h == nil })
+	return func(ctx context.Context, dl consumer.DeadLetter) error {
+		for _, h := range hooks {
+			if err := h(ctx, dl); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 }
 
 // maintenance adds the reconciler and the retention job to the services.

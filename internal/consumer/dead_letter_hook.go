@@ -6,6 +6,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/inboxmq/inboxmq/inboxtype"
+	"github.com/inboxmq/inboxmq/internal/envelope"
 	"github.com/inboxmq/inboxmq/retry"
 )
 
@@ -31,4 +32,24 @@ func (r *route) runOnDeadLetter(ctx context.Context, d *inboxtype.Delivery, dec 
 		return nil
 	}
 	return f(ctx, DeadLetter{Delivery: d, Decision: dec, Headers: h})
+}
+
+// OrderingKey is the ordering key of a dead letter of an ordered route,
+// and "" on other routes.
+func (dl DeadLetter) OrderingKey() string {
+	k, _ := dl.Headers[headerOrderingKey].(string)
+	return k
+}
+
+// Replay returns the message as [ReplayDLQ] would publish its dead letter
+// again: its headers without the failure headers, x-attempt 1 and
+// x-replay-count counted.
+func (dl DeadLetter) Replay() amqp.Publishing {
+	return envelope.Copy(dl.Delivery.Raw, func(h amqp.Table) {
+		clear(h)
+		for k, v := range dl.Headers {
+			h[k] = v
+		}
+		setReplayHeaders(h, inboxtype.HeaderInt(dl.Headers, inboxtype.HeaderReplayCount))
+	})
 }

@@ -50,10 +50,15 @@ type inboxCollector struct {
 	query string
 
 	rows, oldest, expired, success *prometheus.Desc
+	// The held keys of strict ordered routes, read in the same pass for
+	// the namespaces in held.
+	heldKeys, heldOldest, heldMessages *prometheus.Desc
 
 	mu        sync.Mutex
 	consumers map[string]struct{}
+	held      map[string]struct{}
 	last      []inboxRow
+	lastHeld  []heldRow
 	lastAt    time.Time
 	lastOK    bool
 }
@@ -88,8 +93,32 @@ func newInboxCollector(ns string, constLabels prometheus.Labels, cfg InboxConfig
 			[]string{"consumer"}, constLabels),
 		success: prometheus.NewDesc(ns+"_inbox_scrape_success",
 			"1 if the last query of the inbox table succeeded, 0 if it failed or timed out.", nil, constLabels),
+		heldKeys: prometheus.NewDesc(ns+"_held_keys",
+			"Ordering keys of strict ordered routes held after a dead letter, by the head's dead-letter reason.",
+			[]string{"consumer", "reason"}, constLabels),
+		heldOldest: prometheus.NewDesc(ns+"_held_key_oldest_age_seconds",
+			"Age of the oldest held ordering key (0 when there is none).", []string{"consumer"}, constLabels),
+		heldMessages: prometheus.NewDesc(ns+"_held_messages",
+			"Messages waiting behind held ordering keys, their heads' copies included.", []string{"consumer"}, constLabels),
 		consumers: map[string]struct{}{},
+		held:      map[string]struct{}{},
 	}
+}
+
+type heldRow struct {
+	consumer, reason       string
+	keys, oldest, messages float64
+}
+
+const heldQuery = `SELECT k.consumer, k.reason, count(*)::float8, EXTRACT(EPOCH FROM now() - min(k.held_at))::float8,
+       coalesce(sum((SELECT count(*) FROM inboxmq_held_messages m
+                     WHERE m.consumer = k.consumer AND m.ordering_key = k.ordering_key)), 0)::float8
+  FROM inboxmq_held_keys k GROUP BY k.consumer, k.reason`
+
+func (c *inboxCollector) addHeld(name string) {
+	c.mu.Lock()
+	c.held[name] = struct{}{}
+	c.mu.Unlock()
 }
 
 func (c *inboxCollector) addConsumer(name string) {
@@ -104,6 +133,9 @@ func (c *inboxCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.oldest
 	ch <- c.expired
 	ch <- c.success
+	ch <- c.heldKeys
+	ch <- c.heldOldest
+	ch <- c.heldMessages
 }
 
 // Collect implements prometheus.Collector: it queries the table (at most
@@ -113,13 +145,14 @@ func (c *inboxCollector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.cfg.MinInterval < 0 || c.lastAt.IsZero() || time.Since(c.lastAt) >= c.cfg.MinInterval {
-		rows, err := c.fetch()
+		rows, held, err := c.fetch()
 		c.lastAt = time.Now()
 		c.lastOK = err == nil
 		if err == nil {
-			c.last = rows
+			c.last, c.lastHeld = rows, held
 		}
 	}
+	c.collectHeld(ch)
 	ok := 0.0
 	if c.lastOK {
 		ok = 1
@@ -154,16 +187,47 @@ func (c *inboxCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-func (c *inboxCollector) fetch() ([]inboxRow, error) {
+func (c *inboxCollector) fetch() ([]inboxRow, []heldRow, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.Timeout)
 	defer cancel()
 	rows, err := c.cfg.DB.Query(ctx, c.query)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (inboxRow, error) {
+	inbox, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (inboxRow, error) {
 		var r inboxRow
 		err := row.Scan(&r.consumer, &r.status, &r.rows, &r.oldestAge, &r.expired)
 		return r, err
 	})
+	if err != nil || len(c.held) == 0 {
+		return inbox, nil, err
+	}
+	if rows, err = c.cfg.DB.Query(ctx, heldQuery); err != nil {
+		return nil, nil, err
+	}
+	held, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (heldRow, error) {
+		var r heldRow
+		err := row.Scan(&r.consumer, &r.reason, &r.keys, &r.oldest, &r.messages)
+		return r, err
+	})
+	return inbox, held, err
+}
+
+// collectHeld emits the held-key gauges: a series per (consumer, reason)
+// with held keys, and for every strict namespace the oldest age and the
+// waiting messages (zeros when nothing is held).
+func (c *inboxCollector) collectHeld(ch chan<- prometheus.Metric) {
+	oldest, messages := map[string]float64{}, map[string]float64{}
+	for name := range c.held {
+		oldest[name], messages[name] = 0, 0
+	}
+	for _, r := range c.lastHeld {
+		ch <- prometheus.MustNewConstMetric(c.heldKeys, prometheus.GaugeValue, r.keys, r.consumer, r.reason)
+		oldest[r.consumer] = max(oldest[r.consumer], r.oldest)
+		messages[r.consumer] += r.messages
+	}
+	for name, v := range oldest {
+		ch <- prometheus.MustNewConstMetric(c.heldOldest, prometheus.GaugeValue, v, name)
+		ch <- prometheus.MustNewConstMetric(c.heldMessages, prometheus.GaugeValue, messages[name], name)
+	}
 }

@@ -364,6 +364,14 @@ func (m *Metrics) Init(queue, namespace string) {
 	}
 }
 
+// InitHeld adds a strict ordered route's namespace to the held-key gauges,
+// read with the inbox gauges (nothing without them).
+func (m *Metrics) InitHeld(namespace string) {
+	if m.inbox != nil {
+		m.inbox.addHeld(namespace)
+	}
+}
+
 func (m *Metrics) route(queue, namespace string) *routeSeries {
 	k := routeKey{queue, namespace}
 	if v, ok := m.perRoute.Load(k); ok {
