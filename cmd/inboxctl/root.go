@@ -124,7 +124,7 @@ lists them.`,
 		c.migrateCmd(), c.partitionCmd(), c.statusCmd(), c.staleCmd(), c.reconcileCmd(), c.statsCmd(), c.purgeCmd(),
 		c.dlqCmd(),
 		c.pauseCmd(), c.resumeCmd(), c.concurrencyCmd(), c.blockCmd(), c.unblockCmd(), c.controlsCmd(), c.workersCmd(),
-		c.lintCmd(), c.uiCmd(),
+		c.orderedCmd(), c.lintCmd(), c.uiCmd(),
 	)
 	root.AddCommand(c.versionCmd())
 	return root
