@@ -21,6 +21,7 @@ import (
 	"github.com/inboxmq/inboxmq/control"
 	"github.com/inboxmq/inboxmq/inbox"
 	"github.com/inboxmq/inboxmq/internal/amqpdial"
+	"github.com/inboxmq/inboxmq/internal/held"
 	"github.com/inboxmq/inboxmq/internal/ops"
 )
 
@@ -31,8 +32,9 @@ var templateFS embed.FS
 var staticFS embed.FS
 
 // Console is the operator web console: an http.Handler serving the
-// overview, the inbox search, the stale claims, the dead letters and the
-// runtime controls. Build it with [New]; it is safe for concurrent use.
+// overview, the inbox search, the stale claims, the dead letters, the held
+// keys of strict ordered routes and the runtime controls. Build it with
+// [New]; it is safe for concurrent use.
 type Console struct {
 	cfg      Config
 	mux      *http.ServeMux
@@ -41,6 +43,7 @@ type Console struct {
 	sessions *sessions
 	actions  *prometheus.CounterVec
 	controls *control.Store
+	held     *held.Store
 
 	mu    sync.Mutex
 	store *inbox.Store
@@ -58,6 +61,7 @@ func New(cfg *Config) (*Console, error) {
 		cfg:      c,
 		sessions: newSessions(c.SessionTTL),
 		controls: control.NewStore(c.DB),
+		held:     held.NewStore(c.DB),
 		actions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "inboxmq_ui_actions_total",
 			Help: "Operator console actions by action and result (ok, error, refused).",
@@ -111,6 +115,9 @@ func (con *Console) routes() {
 	m.HandleFunc("POST /dlq/replay", con.action("dlq_replay", con.dlqReplay))
 	m.HandleFunc("GET /dlq/purge", con.dlqPurgePage)
 	m.HandleFunc("POST /dlq/purge", con.action("dlq_purge", con.dlqPurge))
+	m.HandleFunc("GET /held", con.heldPage)
+	m.HandleFunc("POST /held/release", con.action("held_release", con.heldRelease))
+	m.HandleFunc("POST /held/skip", con.action("held_skip", con.heldSkip))
 	m.HandleFunc("GET /controls", con.controlsPage)
 	m.HandleFunc("POST /controls/pause", con.action("pause", con.pause))
 	m.HandleFunc("POST /controls/resume", con.action("resume", con.resume))

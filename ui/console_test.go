@@ -182,8 +182,8 @@ func TestActions_RefusedWithoutTokenOrCSRF(t *testing.T) {
 	resp, _ := c.do(req)
 	require.Equal(t, http.StatusForbidden, resp.StatusCode, "a cross-origin post")
 	require.Zero(t, blocks(), "nothing changed")
-	for _, p := range []string{"/controls/pause", "/controls/concurrency", "/dlq/replay", "/dlq/purge", "/claims/reconcile", "/controls/unblock"} {
-		status, _ := anon.post(p, url.Values{"namespace": {b.queue}, "queue": {b.queue}, "n": {"1"}, "all": {"1"}, "confirm": {b.dlq}})
+	for _, p := range []string{"/controls/pause", "/controls/concurrency", "/dlq/replay", "/dlq/purge", "/claims/reconcile", "/controls/unblock", "/held/release", "/held/skip"} {
+		status, _ := anon.post(p, url.Values{"namespace": {b.queue}, "queue": {b.queue}, "n": {"1"}, "all": {"1"}, "confirm": {b.dlq}, "key": {"order:1"}})
 		require.Equal(t, http.StatusForbidden, status, p)
 	}
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM inboxmq_controls`))

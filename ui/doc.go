@@ -1,6 +1,6 @@
 // Package ui is inboxmq's operator web console: the inbox, the stale
-// claims, the dead letters and the runtime controls in a browser, doing
-// what the runbook asks of inboxctl.
+// claims, the dead letters, the held keys and the runtime controls in a
+// browser, doing what the runbook asks of inboxctl.
 //
 // [New] returns a [Console], an http.Handler: inboxctl ui serves it on
 // loopback, and a worker can mount it on its own listener:
@@ -30,7 +30,11 @@
 // letters page groups a DLQ's messages by reason, shows each body (pretty
 // JSON, bounded) and its headers, and replays one, a selection, a group or
 // all of them through the inbox, or purges the DLQ after a typed
-// confirmation. The controls page pauses, resumes, limits concurrency and
+// confirmation. The held keys page lists the ordering keys that strict
+// ordered routes hold after a dead letter (age, head, reason, error, the
+// messages parked behind it) and releases one (its head runs again first,
+// then the parked messages in order) or skips its head, as inboxctl
+// ordered does. The controls page pauses, resumes, limits concurrency and
 // blocks or unblocks keys and prefixes, with what is in force, since when,
 // and who obeys: each change says how many live workers obey it and warns
 // when none does.

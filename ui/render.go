@@ -18,7 +18,7 @@ import (
 )
 
 // pageNames are the templates, each rendered inside layout.html.
-var pageNames = []string{"overview", "login", "refused", "inbox", "row", "claims", "dlq", "purge", "controls", "error"}
+var pageNames = []string{"overview", "login", "refused", "inbox", "row", "claims", "dlq", "purge", "held", "controls", "error"}
 
 var funcs = template.FuncMap{
 	"since": func(t time.Time) string { return ago(time.Since(t)) },

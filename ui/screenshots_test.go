@@ -17,6 +17,7 @@ import (
 	"github.com/inboxmq/inboxmq/inboxtype"
 	"github.com/inboxmq/inboxmq/internal/amqptest"
 	"github.com/inboxmq/inboxmq/internal/controlrun"
+	"github.com/inboxmq/inboxmq/internal/held"
 	"github.com/inboxmq/inboxmq/ui"
 )
 
@@ -81,6 +82,15 @@ func TestBrowser_Screenshots(t *testing.T) {
 		require.NoError(t, h.Start(ctx))
 		t.Cleanup(func() { _ = h.Stop(context.Background()) })
 	}
+	hs := held.NewStore(b.pool)
+	for i, order := range []string{"order-1001", "order-1012", "order-1015"} {
+		dl := held.DeadLetter{Namespace: "payments", Queue: "payments", Key: "customer:c-311", MessageID: "6f1c2a90-" + order,
+			IdempotencyKey: "payment:" + order, Copy: &amqp.Publishing{Body: fmt.Appendf(nil, `{"order_id":%q}`, order)}}
+		if i == 0 {
+			dl.Reason, dl.Error = "exhausted", "gateway: 503 Service Unavailable"
+		}
+		require.NoError(t, hs.Hold(ctx, dl))
+	}
 	b.exec(t, `INSERT INTO inboxmq_outbox (message_id, routing_key, body, created_at)
 		SELECT 'receipt-' || g, 'receipts', '{}', now() - g * interval '3 seconds' FROM generate_series(1, 5) g`)
 
@@ -113,6 +123,7 @@ func TestBrowser_Screenshots(t *testing.T) {
 	shot("overview", "/")
 	tb.login("alice")
 	shot("dead-letters", "/dlq?queue=payments")
+	shot("held", "/held")
 	shot("key", "/inbox/row?ns=payments&key=payment:order-1001")
 	shot("claims", "/claims/dry-run?grace=30s")
 	shot("controls", "/controls")
