@@ -65,6 +65,17 @@ type OrderedOpts struct {
 	// delivery (the key's later messages wait through it). Defaults to
 	// 30s.
 	MaxRetryDelay time.Duration
+	// Fair makes the shards tenant shards: the routing key is a tenant,
+	// not an ordering key. The shard queues have no single active
+	// consumer, every worker consumes every shard (no members queue, no
+	// rebalancing), a tenant's deliveries run in parallel, and a worker's
+	// slots are shared among the tenants with deliveries waiting in it, by
+	// Weights (see fairShare). Retries run in process, as on an ordered
+	// route, and hold a slot of their tenant's share.
+	Fair bool
+	// Weights weigh the tenants of a Fair route; a tenant not named
+	// weighs 1.
+	Weights map[string]int
 }
 
 func (o *OrderedOpts) withDefaults(queue string) *OrderedOpts {
@@ -104,6 +115,11 @@ func (o *OrderedOpts) validate(queue string) error {
 	if o.MaxRetryDelay < 0 {
 		return fmt.Errorf("consumer: queue %q: Ordered.MaxRetryDelay %s is negative", queue, o.MaxRetryDelay)
 	}
+	for tenant, w := range o.Weights {
+		if w < 1 {
+			return fmt.Errorf("consumer: queue %q: the weight of tenant %q is %d; weights start at 1", queue, tenant, w)
+		}
+	}
 	return nil
 }
 
@@ -141,7 +157,9 @@ func declareOrdered(conn *amqp.Connection, queue string, q QueueOpts, o *Ordered
 	}
 	for i := range o.Shards {
 		args := workQueueArgs(queue, q)
-		args[argSingleActiveConsumer] = true
+		if !o.Fair {
+			args[argSingleActiveConsumer] = true
+		}
 		name := ShardQueueName(queue, i)
 		shape, err := declareWork(conn, queueDecl{name: name, args: args}, q)
 		if err != nil {
@@ -151,6 +169,9 @@ func declareOrdered(conn *amqp.Connection, queue string, q QueueOpts, o *Ordered
 		if err := bindShard(conn, name, o.Exchange); err != nil {
 			return false, err
 		}
+	}
+	if o.Fair {
+		return direct, nil
 	}
 	return direct, declareQueue(conn, queueDecl{name: membersQueueName(queue), args: amqp.Table{argQueueType: string(Classic)}})
 }

@@ -56,6 +56,9 @@ type shardSub struct {
 	reset atomic.Bool
 	// inflight counts the shard's deliveries admitted and not yet settled.
 	inflight sync.WaitGroup
+	// fair is the route's share of a fair route's slots (nil when the
+	// route is ordered): the loop hands deliveries to it, not to lanes.
+	fair *fairShare
 }
 
 // requestReset makes the shard loop end its subscription (see reset).
@@ -204,11 +207,20 @@ func orderingKey(raw *amqp.Delivery) string { return raw.RoutingKey }
 // rebalancer on session s.
 func (s *session) openOrdered(r *route) {
 	o := r.Opts.Ordered
+	var fair *fairShare
+	if o.Fair {
+		fair = newFairShare(o.Weights)
+		s.loops.Add(1)
+		go s.fairLoop(r, fair)
+	}
 	shards := make([]*shardSub, o.Shards)
 	for i := range shards {
-		shards[i] = &shardSub{queue: ShardQueueName(r.Queue, i), handover: make(chan struct{}, 1)}
+		shards[i] = &shardSub{queue: ShardQueueName(r.Queue, i), handover: make(chan struct{}, 1), fair: fair}
 		s.loops.Add(1)
 		go s.shardLoop(r, shards[i])
+	}
+	if fair != nil {
+		return // every worker consumes every shard: nothing to count or hand over
 	}
 	s.loops.Add(2)
 	go s.member(r)
@@ -278,7 +290,7 @@ func (s *session) subscribeShard(r *route, sh *shardSub) (*amqp.Channel, <-chan 
 	if err != nil {
 		return nil, nil, fmt.Errorf("consumer: open channel for %q: %w", sh.queue, err)
 	}
-	if err := ch.Qos(shardPrefetch(r.Opts.Queue), 0, false); err != nil {
+	if err := ch.Qos(shardPrefetch(r.Opts.Queue, r.Opts.Ordered), 0, false); err != nil {
 		return nil, nil, fmt.Errorf("consumer: set prefetch on %q: %w", sh.queue, err)
 	}
 	s.watchErr("channel of "+sh.queue, ch.NotifyClose(make(chan *amqp.Error, 1)))
@@ -297,8 +309,8 @@ func (s *session) subscribeShard(r *route, sh *shardSub) (*amqp.Channel, <-chan 
 // and not started when a worker hands the shard over (or crashes) could
 // swap. With one message outstanding per shard there is never more than
 // one to return, at the price of one delivery at a time per shard.
-func shardPrefetch(q QueueOpts) int {
-	if q.Type == Quorum {
+func shardPrefetch(q QueueOpts, o *OrderedOpts) int {
+	if q.Type == Quorum && !o.Fair {
 		return 1
 	}
 	return q.Prefetch
@@ -332,6 +344,11 @@ func (s *session) pumpShard(r *route, sh *shardSub, acks *acker, deliveries <-ch
 			}
 			j := job{raw: raw, sess: s, acks: acks, shard: sh, key: orderingKey(&raw)}
 			sh.inflight.Add(1)
+			if sh.fair != nil {
+				j.fair = sh.fair
+				sh.fair.push(j)
+				continue
+			}
 			if !r.lanes.admit(j) {
 				continue // waits behind its key
 			}

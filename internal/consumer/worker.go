@@ -32,6 +32,9 @@ type job struct {
 	// other routes); key is its ordering key.
 	shard *shardSub
 	key   string
+	// fair is the share of a fair route's delivery (its key is its
+	// tenant); nil on other routes.
+	fair *fairShare
 	// dead: the delivery came from the route's dead queue (see file).
 	dead bool
 }
@@ -56,7 +59,10 @@ func (j *job) finish(action inboxtype.Action) {
 	if j.shard == nil {
 		return
 	}
-	if !settledForGood(action) {
+	switch {
+	case j.fair != nil:
+		j.fair.done(j.key) // no order to keep: no reset
+	case !settledForGood(action):
 		j.shard.requestReset()
 	}
 	j.shard.inflight.Done()
