@@ -86,6 +86,11 @@ type RouteOpts struct {
 	// across workers (see [OrderedOpts]). Defaults to nil: one work queue,
 	// no order between messages.
 	Ordered *OrderedOpts
+	// Fair shares the route's slots among tenants, so that one tenant's
+	// burst does not hold another's messages back (see [FairOpts]).
+	// Defaults to nil: one work queue, first come first served. It
+	// excludes Ordered.
+	Fair *FairOpts
 	// Breaker pauses the route while the downstream its handler calls
 	// keeps failing (see [BreakerOpts]). Defaults to nil: no breaker.
 	Breaker *BreakerOpts
@@ -182,6 +187,30 @@ type OrderedOpts struct {
 	// back through the outbox relay. Defaults to false: the key's next
 	// message runs after a dead letter.
 	Strict bool
+}
+
+// FairOpts spread a route over tenant shards behind a consistent-hash
+// exchange (the broker's rabbitmq_consistent_hash_exchange plugin), as
+// [OrderedOpts] does, but for fairness rather than order: producers
+// publish to the exchange with the tenant (a customer's or an account's
+// id) as routing key, every worker consumes every shard, and each worker
+// gives its free slots to the tenants with messages waiting in it in
+// proportion to their weights, so that one tenant's burst does not delay
+// another's messages (docs/ordering.md, "Fair shares between tenants",
+// states the bound). A tenant's messages run in parallel; retries run in
+// process, in the tenant's share. The route's Tenant, when nil, is the
+// routing key.
+type FairOpts struct {
+	// Shards is the number of shard queues "<queue>.shard.<i>": tenants
+	// that hash to the same shard share its order. Defaults to 8.
+	Shards int
+	// Exchange is the exchange producers publish to. Defaults to the
+	// queue name.
+	Exchange string
+	// Weights weigh tenants by routing key: a tenant of weight 3 gets
+	// three slots for every one of a tenant of weight 1 while both have
+	// messages waiting. A tenant not named weighs 1.
+	Weights map[string]int
 }
 
 // LockOpts configure a route's Redis lock (RouteOpts.Lock): a random
@@ -301,6 +330,9 @@ func (r *route) queueOpts() consumer.QueueOpts {
 
 // orderedOpts returns the route's Ordered settings for the consumer.
 func (r *route) orderedOpts() *consumer.OrderedOpts {
+	if f := r.opts.Fair; f != nil {
+		return &consumer.OrderedOpts{Shards: f.Shards, Exchange: f.Exchange, Fair: true, Weights: f.Weights}
+	}
 	o := r.opts.Ordered
 	if o == nil {
 		return nil

@@ -288,6 +288,9 @@ func (w *Worker) addRoute(rt *route, block, wake inboxtype.Middleware) error {
 	if block != nil {
 		mw = append(mw, block)
 	}
+	if rt.opts.Fair != nil && rt.opts.Ordered != nil {
+		return errors.New("RouteOpts.Fair and RouteOpts.Ordered exclude each other")
+	}
 	switch rt.opts.AfterDead {
 	case "", ReuseRun:
 	case ReuseReject, ReuseAttach:
@@ -301,8 +304,18 @@ func (w *Worker) addRoute(rt *route, block, wake inboxtype.Middleware) error {
 		mw = append(mw, middleware.Cache(rdb, &middleware.CacheOpts{Logger: w.logger, OnDegraded: w.degradedHook("cache", &w.cacheDown)}))
 	}
 	// Before the breaker and the lock: a deferred key or tenant takes no
-	// probe and no lock.
-	mw = append(mw, middleware.Deferral(rt.opts.Tenant))
+	// probe and no lock. A fair route's tenant is its routing key unless
+	// the route names it.
+	tenant := rt.opts.Tenant
+	if rt.opts.Fair != nil && tenant == nil {
+		tenant = func(d *inboxtype.Delivery) string {
+			if d.Raw == nil {
+				return ""
+			}
+			return d.Raw.RoutingKey
+		}
+	}
+	mw = append(mw, middleware.Deferral(tenant))
 	if rt.opts.Breaker != nil {
 		b, err := w.breaker(rt)
 		if err != nil {
