@@ -70,7 +70,11 @@ func TestWorker_FairShares(t *testing.T) {
 			}
 			mu.Unlock()
 		}()
-		time.Sleep(5 * time.Millisecond) // the job's work, the same for every tenant
+		select { // the job's work, the same for every tenant
+		case <-time.After(5 * time.Millisecond):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 		_, err := tx.Exec(ctx, `INSERT INTO tenant_effects (tenant, n) VALUES ($1, $2)`, tenant, msg.Body.N)
 		return err
 	}, &inboxmq.RouteOpts{
@@ -181,7 +185,11 @@ func TestWorker_FairStopMidBurst(t *testing.T) {
 	const queue, n, shards = "work", 200, 2
 	routes := inboxmq.NewRoutes()
 	inboxmq.HandleTx(routes, queue, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[tenantJob]) error {
-		time.Sleep(2 * time.Millisecond) // the job's work
+		select { // the job's work
+		case <-time.After(2 * time.Millisecond):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 		_, err := tx.Exec(ctx, `INSERT INTO tenant_effects (tenant, n) VALUES ($1, $2)`, msg.Body.Tenant, msg.Body.N)
 		return err
 	}, &inboxmq.RouteOpts{

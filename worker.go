@@ -439,6 +439,11 @@ func (w *Worker) checkStore(ctx context.Context) error {
 	if err := w.store.Check(ctx); err != nil {
 		return err
 	}
+	if w.held != nil {
+		if err := w.held.Check(ctx); err != nil {
+			return fmt.Errorf("inboxmq: %w", err)
+		}
+	}
 	if w.store.Partitioned() && w.s.RetentionWindow == -1 {
 		return fmt.Errorf("inboxmq: the inbox table %s is partitioned and Config.RetentionWindow is -1: "+
 			"retention creates the partitions ahead and drops the old ones; leave it on", w.store.Table())

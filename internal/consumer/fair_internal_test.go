@@ -11,6 +11,7 @@ import (
 // deliveries for its weight, the earliest arrival on a tie; a tenant alone
 // takes every slot.
 func TestFairShareChoosesByRunningPerWeight(t *testing.T) {
+	t.Parallel()
 	f := newFairShare(map[string]int{"b": 3})
 	push := func(tenant string, tag uint64) { f.push(job{key: tenant, raw: amqp.Delivery{DeliveryTag: tag}}) }
 	grant := func() string {

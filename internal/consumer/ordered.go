@@ -47,7 +47,7 @@ const headerOrderingKey = "x-ordering-key"
 // message that is requeued instead (Stop, or a dead letter that could not
 // be written) holds them back too, on both queue types: the worker returns
 // what the shard handed it after that message to the queue, behind it.
-// docs/scaling.md, "Ordering", describes the guarantees and their limits.
+// docs/ordering.md describes the guarantees and their limits.
 type OrderedOpts struct {
 	// Shards is the number of shard queues, hence the most workers that
 	// consume the route at once. It must not change once the route has

@@ -26,6 +26,8 @@ import (
 //     the hold ends;
 //   - a replay of the held head from the DLQ runs, before the messages
 //     parked behind it, and once it has committed the key is released;
+//   - the held head itself again (redelivered after a crash before its
+//     ack) is acked as a duplicate: its copy heads the line already;
 //   - any other delivery of a held key is parked at the end of the key's
 //     line and acked as a duplicate (source parked).
 //
@@ -47,11 +49,15 @@ func (s *Store) Guard(namespaces map[string]bool, log *slog.Logger) inboxtype.Mi
 			seq := int64(inboxtype.HeaderInt(d.Headers, HeaderSeq))
 			idemKey, _ := d.Headers[inboxtype.HeaderIdempotencyKey].(string)
 			var after func(context.Context) error
+			replay := inboxtype.HeaderInt(d.Headers, inboxtype.HeaderReplayCount) > 0
 			switch {
+			case st.state == StateHeld && seq == 0 && !replay && st.isHead(d.MessageID, idemKey):
+				// The head itself again (redelivered after a crash before
+				// its ack, or a resend): its copy heads the line already.
+				return retry.Duplicate(retry.SourceParked, fmt.Errorf("held: the head of held ordering key %q waits in its line already", key))
 			case st.state == StateReleasing && seq != 0 && seq == st.releasedSeq:
 				after = func(ctx context.Context) error { return s.advance(ctx, d.Namespace, key, seq) }
-			case st.state == StateHeld && st.headParked && seq == 0 &&
-				inboxtype.HeaderInt(d.Headers, inboxtype.HeaderReplayCount) > 0 && st.isHead(d.MessageID, idemKey):
+			case st.state == StateHeld && st.headParked && seq == 0 && replay && st.isHead(d.MessageID, idemKey):
 				after = func(ctx context.Context) error { return s.headRan(ctx, d.Namespace, key, d.MessageID, idemKey) }
 			}
 			if after != nil {

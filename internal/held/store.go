@@ -78,13 +78,21 @@ type state struct {
 	releasedSeq int64
 }
 
-// isHead reports whether a message with this message id and idempotency
-// key is the key's dead-lettered head.
+// isHead reports whether a message with this message id or idempotency
+// key (a dead letter's header) is the key's dead-lettered head: a replay
+// of it, or the original come back (a crash before its ack).
 func (s state) isHead(msgID, idemKey string) bool {
-	if s.headKey != "" {
-		return idemKey == s.headKey
+	return (s.headKey != "" && idemKey == s.headKey) || (msgID != "" && msgID == s.headMsgID)
+}
+
+// Check reports an error that names the fix when the held-key tables are
+// missing (migration 00009 has not run).
+func (s *Store) Check(ctx context.Context) error {
+	if _, err := s.db.Exec(ctx, `SELECT 1 FROM inboxmq_held_keys, inboxmq_held_messages LIMIT 0`); err != nil {
+		return fmt.Errorf("held: a strict ordered route needs the tables inboxmq_held_keys and inboxmq_held_messages "+
+			"(schema version 9: run the migrations, inboxctl migrate): %w", err)
 	}
-	return msgID != "" && msgID == s.headMsgID
+	return nil
 }
 
 const getSQL = `SELECT state, head_message_id, head_key, head_seq IS NOT NULL, coalesce(released_seq, 0)

@@ -21,6 +21,7 @@ func TestDeployReferencesKnownSeries(t *testing.T) {
 	require.NoError(t, err)
 	m.Init("q", "c")
 	m.InitBreaker("q", "d")
+	m.InitHeld("c")
 	mfs, err := reg.Gather()
 	require.NoError(t, err)
 	known := map[string]bool{}
