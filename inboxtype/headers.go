@@ -31,6 +31,12 @@ const (
 	HeaderIdempotencyKey = "x-idempotency-key"
 	// HeaderReplayCount counts how often a message was replayed from the DLQ.
 	HeaderReplayCount = "x-replay-count"
+	// HeaderPublishedAt is when the message was first published, in Unix
+	// microseconds: package producer sets it, and the copies inboxmq makes
+	// (retries, dead letters, replays) keep it. The critical-time histogram
+	// measures from it, else from the AMQP timestamp, which has a
+	// resolution of one second.
+	HeaderPublishedAt = "x-published-at"
 
 	// HeaderReplayedOutcome is true on a reply that a duplicate got: the
 	// stored outcome of the job's first run, replayed (the job did not run

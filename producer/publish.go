@@ -167,6 +167,10 @@ func (p *Producer) Send(ctx context.Context, msg *Message) error {
 		))
 	defer span.End()
 	headers := envelope.Headers(sctx, msg.Headers, msg.Key)
+	now := time.Now()
+	if _, ok := headers[inboxtype.HeaderPublishedAt]; !ok {
+		headers[inboxtype.HeaderPublishedAt] = now.UnixMicro()
+	}
 	if err := headers.Validate(); err != nil {
 		err = &InvalidError{Err: fmt.Errorf("headers: %w", err)}
 		span.SetStatus(codes.Error, err.Error())
@@ -177,7 +181,7 @@ func (p *Producer) Send(ctx context.Context, msg *Message) error {
 		ContentType:  msg.ContentType,
 		DeliveryMode: amqp.Persistent,
 		MessageId:    id,
-		Timestamp:    time.Now(),
+		Timestamp:    now,
 		Body:         msg.Body,
 	})
 	if err != nil {

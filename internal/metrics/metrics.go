@@ -84,8 +84,20 @@ var (
 var DefaultBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
 
 // criticalTimeBuckets are the critical_time_seconds buckets in seconds:
-// from a job done at once (50ms) to one that waited out retries (1h).
-var criticalTimeBuckets = []float64{.05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600}
+// from a job done at once (5ms) to one that waited out retries (1h).
+var criticalTimeBuckets = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600}
+
+// publishedAt is when d was first published: its HeaderPublishedAt, else
+// its AMQP timestamp (whole seconds).
+func publishedAt(d *inboxtype.Delivery) (time.Time, bool) {
+	if us := inboxtype.HeaderInt(d.Headers, inboxtype.HeaderPublishedAt); us > 0 {
+		return time.UnixMicro(int64(us)), true
+	}
+	if d.Raw != nil && !d.Raw.Timestamp.IsZero() {
+		return d.Raw.Timestamp, true
+	}
+	return time.Time{}, false
+}
 
 // Config configures [New]. A nil *Config means all defaults.
 type Config struct {
@@ -428,11 +440,13 @@ func (m *Metrics) OnOutcome(d *inboxtype.Delivery, o inboxtype.Outcome) {
 	if o.Handled > 0 {
 		observe(m.handlerTime.WithLabelValues(q, c, o.Decision.Kind.String()), o.Handled.Seconds(), d.TraceID)
 	}
-	if o.Action == inboxtype.ActionAcked && o.Decision.Kind == retry.KindSucceeded && d.Raw != nil && !d.Raw.Timestamp.IsZero() {
-		// The job's end to end: from its publication to its effect. A
-		// producer's clock ahead of ours counts as 0.
-		crit := d.ReceivedAt.Add(o.Duration).Sub(d.Raw.Timestamp)
-		observe(m.critical.WithLabelValues(q, c), max(crit, 0).Seconds(), d.TraceID)
+	if o.Action == inboxtype.ActionAcked && o.Decision.Kind == retry.KindSucceeded {
+		if at, ok := publishedAt(d); ok {
+			// The job's end to end: from its publication to its effect. A
+			// producer's clock ahead of ours counts as 0.
+			crit := d.ReceivedAt.Add(o.Duration).Sub(at)
+			observe(m.critical.WithLabelValues(q, c), max(crit, 0).Seconds(), d.TraceID)
+		}
 	}
 
 	dec := o.Decision

@@ -537,9 +537,9 @@ func TestMetrics_RateLimitWait(t *testing.T) {
 }
 
 // Critical time runs from the message's publication to its effect's
-// commit: only for a job done (succeeded and acked), from the AMQP
-// timestamp, 0 for a producer's clock ahead of ours, nothing without a
-// timestamp.
+// commit: only for a job done (succeeded and acked), from the producer's
+// x-published-at, else the AMQP timestamp, 0 for a producer's clock ahead
+// of ours, nothing without either.
 func TestObserver_CriticalTime(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
@@ -552,6 +552,11 @@ func TestObserver_CriticalTime(t *testing.T) {
 	b.m.OnOutcome(d, done)
 	b.m.OnOutcome(at(time.Now().Add(time.Hour)), done) // a clock ahead
 	b.m.OnOutcome(at(time.Time{}), done)               // no timestamp
+	// The producer's header: published 2 ms before its effect began, in a
+	// second whose AMQP timestamp says an hour ago.
+	p := at(time.Now().Add(-time.Hour))
+	p.Headers = amqp.Table{inboxtype.HeaderPublishedAt: time.Now().Add(-2 * time.Millisecond).UnixMicro()}
+	b.m.OnOutcome(p, inboxtype.Outcome{Decision: retry.Decision{Kind: retry.KindSucceeded}, Action: inboxtype.ActionAcked, Duration: time.Millisecond})
 	b.m.OnOutcome(at(time.Now()), inboxtype.Outcome{Decision: retry.Decision{Kind: retry.KindDuplicate}, Action: inboxtype.ActionAcked})
 	b.m.OnOutcome(at(time.Now()), inboxtype.Outcome{Decision: retry.Decision{Kind: retry.KindRetry}, Action: inboxtype.ActionRetried})
 
@@ -562,9 +567,11 @@ func TestObserver_CriticalTime(t *testing.T) {
 			continue
 		}
 		h := mf.GetMetric()[0].GetHistogram()
-		require.Equal(t, uint64(2), h.GetSampleCount(), "the two jobs done with a timestamp")
+		require.Equal(t, uint64(3), h.GetSampleCount(), "the three jobs done with a publication time")
 		want := d.ReceivedAt.Add(done.Duration).Sub(d.Raw.Timestamp).Seconds() // and 0 for the clock ahead
+		want += p.ReceivedAt.Add(time.Millisecond).Sub(time.UnixMicro(int64(inboxtype.HeaderInt(p.Headers, inboxtype.HeaderPublishedAt)))).Seconds()
 		require.InDelta(t, want, h.GetSampleSum(), 1e-6)
+		require.Equal(t, uint64(2), h.GetBucket()[0].GetCumulativeCount(), "under 5 ms: the clock ahead (0), and the job the header dates to the microsecond (about 3 ms; its timestamp says an hour)")
 		return
 	}
 	t.Fatal("histogram not found")
