@@ -161,37 +161,7 @@ func batchedLoop(e *env, size, inflight int, wait time.Duration) runner {
 		}
 		batches := make(chan []amqp.Delivery, inflight)
 		var wg sync.WaitGroup
-		wg.Add(1)
-		go func() { // collector
-			defer wg.Done()
-			defer close(batches)
-			timer := time.NewTimer(time.Hour)
-			var cur []amqp.Delivery
-			flush := func() {
-				if len(cur) > 0 {
-					batches <- cur
-					cur = nil
-				}
-			}
-			for {
-				select {
-				case d, ok := <-msgs:
-					if !ok {
-						flush()
-						return
-					}
-					if len(cur) == 0 {
-						timer.Reset(wait)
-					}
-					cur = append(cur, d)
-					if len(cur) >= size {
-						flush()
-					}
-				case <-timer.C:
-					flush()
-				}
-			}
-		}()
+		wg.Go(func() { collect(msgs, batches, size, wait) })
 		for range inflight {
 			wg.Add(1)
 			go func() {

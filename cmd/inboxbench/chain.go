@@ -2,20 +2,16 @@ package main
 
 import (
 	"context"
-	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log"
 	"log/slog"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
-	amqp "github.com/rabbitmq/amqp091-go"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/inboxmq/inboxmq"
 	"github.com/inboxmq/inboxmq/inbox"
@@ -229,8 +225,8 @@ func (e *env) chainBatchField() string {
 	return "MaxBatch: " + strconv.Itoa(e.chainBatch)
 }
 
-// chainCases returns (p), (pt), (pg), (pts) and (pc) on a queue of type
-// typ (ids suffixed "q" on a quorum queue).
+// chainCases returns (p), (pt), (pg), (pts), (pc) and (pgc) on a queue of
+// type typ (ids suffixed "q" on a quorum queue).
 func chainCases(e *env, typ consumer.QueueType) []benchCase {
 	suffix, on := "", ""
 	if typ == consumer.Quorum {
@@ -245,8 +241,10 @@ func chainCases(e *env, typ consumer.QueueType) []benchCase {
 			chainCase(e, typ, &inbox.GroupCommit{MaxBatch: e.chainBatch}, 0, false), e.chainSettled},
 		{"pts" + suffix, fmt.Sprintf("(pg) with a transactional handler (HandleTx, GroupCommit{%s}: a savepoint per delivery)%s", e.chainBatchField(), on), typ,
 			chainCase(e, typ, &inbox.GroupCommit{MaxBatch: e.chainBatch}, 0, true), e.chainSettled},
-		{"pc" + suffix, fmt.Sprintf("hand-written full payment chain, %d handlers%s", e.workers, on), typ,
+		{"pc" + suffix, fmt.Sprintf("hand-written full payment chain, %d handlers, events pipelined%s", e.workers, on), typ,
 			chainLoop(e, e.workers), e.chainSettled},
+		{"pgc" + suffix, fmt.Sprintf("hand-written full payment chain, %d per tx, %d batches in flight, events pipelined%s", e.batch, e.inflight, on), typ,
+			chainBatchedLoop(e, e.batch, e.inflight, 2*time.Millisecond), e.chainSettled},
 	}
 }
 
@@ -262,168 +260,6 @@ VALUES ($1, $2, $3, $4, 'application/json', $5, $6) RETURNING id`
 )
 
 var errChainDuplicate = errors.New("inboxbench: duplicate")
-
-// chainLoop is case (pc): the work of (p) written directly against
-// amqp091, pgx and go-redis, as its ceiling. Per delivery, as (p) at the
-// worker's defaults (the completed-cache, no lock):
-//
-//  1. Redis: GET completed-cache;
-//  2. PostgreSQL, one batch: BEGIN, inbox row, payment, ledger entry
-//     (RETURNING id), outbox row (RETURNING id), COMMIT;
-//  3. the event published with a confirm, on the handler's own channel;
-//  4. the outbox row marked sent by a marker goroutine that takes every id
-//     waiting into one UPDATE (the delivery does not wait for it);
-//  5. Redis: SET completed-cache;
-//  6. ack.
-func chainLoop(e *env, workers int) runner {
-	return func(ctx context.Context, queue string, done func(time.Time)) (func() error, error) {
-		ch, err := e.conn.Channel()
-		if err != nil {
-			return nil, err
-		}
-		if err := ch.Qos(2*workers, 0, false); err != nil {
-			return nil, err
-		}
-		msgs, err := ch.Consume(queue, "", false, false, false, false, nil)
-		if err != nil {
-			return nil, err
-		}
-		marks := make(chan int64, 4*workers)
-		var markers sync.WaitGroup
-		markers.Go(func() { e.markSent(marks) })
-		var wg sync.WaitGroup
-		for range workers {
-			pub, err := e.conn.Channel()
-			if err != nil {
-				return nil, err
-			}
-			if err := pub.Confirm(false); err != nil {
-				return nil, err
-			}
-			confirms := pub.NotifyPublish(make(chan amqp.Confirmation, 1))
-			h := &chainHandler{e: e, pub: pub, confirms: confirms, marks: marks}
-			wg.Go(func() {
-				defer pub.Close()
-				for d := range msgs {
-					err := h.handle(ctx, d)
-					if err != nil && !errors.Is(err, errChainDuplicate) {
-						_ = d.Nack(false, true)
-						continue
-					}
-					if err := d.Ack(false); err != nil {
-						return
-					}
-					done(publishedAt(d.Headers))
-				}
-			})
-		}
-		return func() error {
-			err := ch.Close()
-			wg.Wait()
-			close(marks)
-			markers.Wait()
-			return err
-		}, nil
-	}
-}
-
-type chainHandler struct {
-	e        *env
-	pub      *amqp.Channel
-	confirms chan amqp.Confirmation
-	marks    chan<- int64
-}
-
-func (h *chainHandler) handle(ctx context.Context, d amqp.Delivery) error {
-	var p payment
-	if err := json.Unmarshal(d.Body, &p); err != nil {
-		return err
-	}
-	if err := p.Validate(); err != nil {
-		return err
-	}
-	key := p.IdempotencyKey()
-	cacheKey := benchName + ":pc:done:" + key
-
-	// 1. The cache.
-	switch err := h.e.redis.Get(ctx, cacheKey).Err(); {
-	case err == nil:
-		return errChainDuplicate
-	case !errors.Is(err, redis.Nil):
-		return err
-	}
-
-	// 2. The transaction, one round trip.
-	event, err := json.Marshal(chainEvent{OrderID: p.OrderID, AmountCents: p.AmountCents, Currency: p.Currency, Status: "completed"})
-	if err != nil {
-		return err
-	}
-	eventID := outbox.DeriveID(eventsExchange, eventRoutingKey, key)
-	headers := `{"` + inboxtype.HeaderIdempotencyKey + `":{"t":"string","v":` + strconv.Quote(key) + `}}`
-	fp := sha256.Sum256(d.Body)
-	res, err := json.Marshal(chainResult{OrderID: p.OrderID, Status: "completed"})
-	if err != nil {
-		return err
-	}
-	conn, err := h.e.pool.Acquire(ctx)
-	if err != nil {
-		return err
-	}
-	var b pgx.Batch
-	b.Queue("BEGIN")
-	b.Queue(sqlChainInbox, benchConsumer, key, fp[:], d.MessageId, string(res))
-	b.Queue(sqlPayment, p.OrderID, p.AmountCents, p.Currency)
-	b.Queue(sqlLedger, p.OrderID, p.AmountCents)
-	b.Queue(sqlChainOutbox, eventID, eventsExchange, eventRoutingKey, headers, event, key)
-	b.Queue("COMMIT")
-	br := conn.SendBatch(ctx, &b)
-	var rowID int64
-	_, err = br.Exec()
-	if err == nil {
-		var tag interface{ RowsAffected() int64 }
-		tag, err = br.Exec()
-		if err == nil && tag.RowsAffected() == 0 {
-			err = errChainDuplicate // the payment's primary key aborts the rest
-		}
-	}
-	if err == nil {
-		_, err = br.Exec()
-	}
-	if err == nil {
-		_, err = br.Exec()
-	}
-	if err == nil {
-		err = br.QueryRow().Scan(&rowID)
-	}
-	if err == nil {
-		_, err = br.Exec()
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
-		conn.Release()
-		return err
-	}
-	conn.Release()
-
-	// 3. The event, confirmed.
-	if err := h.pub.PublishWithContext(ctx, eventsExchange, eventRoutingKey, false, false, amqp.Publishing{
-		DeliveryMode: amqp.Persistent, ContentType: "application/json", MessageId: eventID,
-		Headers: amqp.Table{inboxtype.HeaderIdempotencyKey: key}, Body: event,
-	}); err != nil {
-		return err // the row stays pending: a relay would publish it
-	}
-	if c := <-h.confirms; !c.Ack {
-		return errors.New("inboxbench: event nacked")
-	}
-	// 4. Marked sent in the background, batched.
-	h.marks <- rowID
-	// 5. The cache.
-	_ = h.e.redis.Set(context.WithoutCancel(ctx), cacheKey, res, chainCacheTTL).Err()
-	return nil
-}
 
 // markSent marks the published rows sent, every id waiting in one UPDATE.
 func (e *env) markSent(marks <-chan int64) {
