@@ -115,6 +115,7 @@ func chainCase(e *env, typ consumer.QueueType, gc *inbox.GroupCommit, concurrenc
 			inboxmq.HandleBatch(routes, queue, recordPayment, opts)
 		}
 		reg := prometheus.NewRegistry()
+		e.registry.Store(reg)
 		w, err := inboxmq.NewWorker(&inboxmq.Config{
 			URL: e.amqpURL, DB: e.pool, Redis: e.redis, Routes: routes, Name: benchName,
 			Logger: exampleLogger(), Registerer: reg,
@@ -225,8 +226,8 @@ func (e *env) chainBatchField() string {
 	return "MaxBatch: " + strconv.Itoa(e.chainBatch)
 }
 
-// chainCases returns (p), (pt), (pg), (pts), (pc) and (pgc) on a queue of
-// type typ (ids suffixed "q" on a quorum queue).
+// chainCases returns (p), (pt), (pg), (pts), (pgx), (pc) and (pgc) on a
+// queue of type typ (ids suffixed "q" on a quorum queue).
 func chainCases(e *env, typ consumer.QueueType) []benchCase {
 	suffix, on := "", ""
 	if typ == consumer.Quorum {
@@ -241,6 +242,8 @@ func chainCases(e *env, typ consumer.QueueType) []benchCase {
 			chainCase(e, typ, &inbox.GroupCommit{MaxBatch: e.chainBatch}, 0, false), e.chainSettled},
 		{"pts" + suffix, fmt.Sprintf("(pg) with a transactional handler (HandleTx, GroupCommit{%s}: a savepoint per delivery)%s", e.chainBatchField(), on), typ,
 			chainCase(e, typ, &inbox.GroupCommit{MaxBatch: e.chainBatch}, 0, true), e.chainSettled},
+		{"pgx" + suffix, fmt.Sprintf("(pg) while another session holds a transaction open: the xmin horizon pinned%s", on), typ,
+			e.pinned("pgx"+suffix, chainCase(e, typ, &inbox.GroupCommit{MaxBatch: e.chainBatch}, 0, false)), e.chainSettled},
 		{"pc" + suffix, fmt.Sprintf("hand-written full payment chain, %d handlers, events pipelined%s", e.workers, on), typ,
 			chainLoop(e, e.workers), e.chainSettled},
 		{"pgc" + suffix, fmt.Sprintf("hand-written full payment chain, %d per tx, %d batches in flight, events pipelined%s", e.batch, e.inflight, on), typ,
