@@ -72,6 +72,7 @@ bench: up ## One-run benchmark against the ceilings (cmd/inboxbench): msgs/s, la
 	if [ -z "$$urls" ]; then echo "no cluster up (make cluster): the 3-node cases are left out"; exit 0; fi; \
 	echo "== the per-message and group-commit cases on the 3-node cluster (its first node; quorum queues replicate to all 3)"; \
 	$(GO) run ./cmd/inboxbench -amqp "$${urls%%,*}" -n $(BENCH_N) -runs $(BENCH_RUNS) -batch 64 -inflight 8 -cases b,c,d,e -latency 0
+	$(GO) run ./cmd/benchexample -n $(BENCH_N) -runs $(BENCH_RUNS)
 
 # bench/scale: the rows already in the table at each measured size. The
 # default reaches 100 M rows: 28 min on the 2-core VM
