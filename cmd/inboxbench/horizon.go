@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -15,24 +16,30 @@ import (
 
 // Case (pgx) and the critical-time run.
 
-// horizonNotes collects what (pgx)'s runs saw of the tables' dead tuples.
+// horizonNotes collects what (pgx)'s drains and latency runs saw of the
+// tables' dead tuples.
 var horizonNotes notes
 
 type notes struct {
-	mu sync.Mutex
-	l  []string
+	mu            sync.Mutex
+	inbox, outbox []string // "before→after", per run
 }
 
-func (n *notes) add(s string) {
+func (n *notes) add(inbox0, inbox1, outbox0, outbox1 int64) {
 	n.mu.Lock()
-	n.l = append(n.l, s)
-	n.mu.Unlock()
+	defer n.mu.Unlock()
+	n.inbox = append(n.inbox, fmt.Sprintf("%d→%d", inbox0, inbox1))
+	n.outbox = append(n.outbox, fmt.Sprintf("%d→%d", outbox0, outbox1))
 }
 
 func (n *notes) lines() []string {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return append([]string(nil), n.l...)
+	if len(n.inbox) == 0 {
+		return nil
+	}
+	return []string{fmt.Sprintf("(pgx) dead tuples while the horizon was pinned, per run (drains, then latency runs): inbox %s; outbox %s",
+		strings.Join(n.inbox, " "), strings.Join(n.outbox, " "))}
 }
 
 // criticalLine is the critical-time run's report line.
@@ -81,8 +88,7 @@ func (e *env) pinned(id string, inner runner) runner {
 			time.Sleep(1100 * time.Millisecond)
 			var inbox1, outbox1 int64
 			if qerr := e.admin.QueryRow(context.Background(), deadTuplesSQL, e.schema).Scan(&inbox1, &outbox1); qerr == nil {
-				horizonNotes.add(fmt.Sprintf("(%s) with transaction %d open: dead tuples of the inbox %d → %d, of the outbox %d → %d",
-					id, xid, inbox0, inbox1, outbox0, outbox1))
+				horizonNotes.add(inbox0, inbox1, outbox0, outbox1)
 			}
 			_, _ = conn.Exec(context.Background(), "ROLLBACK")
 			conn.Release()
