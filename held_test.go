@@ -119,6 +119,12 @@ func TestWorker_StrictOrderedHold(t *testing.T) {
 	require.Equal(t, "permanent", k.Reason)
 	require.Contains(t, k.LastError, "ledger rejects acct-a:2")
 	require.True(t, k.HeadParked)
+	// The gauges, read now: the first gather queries the tables, and the
+	// next ones within 10 s reuse its result.
+	gauge := func(name string, labels ...string) float64 { return gaugeValue(t, reg, name, labels...) }
+	require.InDelta(t, 1, gauge("inboxmq_held_keys", "consumer", queue, "reason", "permanent"), 0)
+	require.InDelta(t, 3, gauge("inboxmq_held_messages", "consumer", queue), 0)
+	require.Positive(t, gauge("inboxmq_held_key_oldest_age_seconds", "consumer", queue))
 	waitApplied("acct-x", 1, 2, 3)
 	// The head itself again (a resend, or a redelivery after a crash
 	// before its ack) is a duplicate of the copy heading the line; a new
@@ -129,10 +135,6 @@ func TestWorker_StrictOrderedHold(t *testing.T) {
 	require.Equal(t, 4, k.Parked, "the head's resend parked")
 	require.Equal(t, []int{1}, applied("acct-a"))
 	require.Equal(t, 1, amqptest.Depth(t, conn, inboxtype.DeadLetterQueue(queue)), "the head's dead letter")
-	gauge := func(name string, labels ...string) float64 { return gaugeValue(t, reg, name, labels...) }
-	require.InDelta(t, 1, gauge("inboxmq_held_keys", "consumer", queue, "reason", "permanent"), 0)
-	require.InDelta(t, 4, gauge("inboxmq_held_messages", "consumer", queue), 0)
-	require.Positive(t, gauge("inboxmq_held_key_oldest_age_seconds", "consumer", queue))
 
 	// Released while the cause remains: the head fails again and the key
 	// is held again, nothing lost and nothing applied.
