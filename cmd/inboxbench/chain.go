@@ -243,7 +243,7 @@ func chainCases(e *env, typ consumer.QueueType) []benchCase {
 		{"pts" + suffix, fmt.Sprintf("(pg) with a transactional handler (HandleTx, GroupCommit{%s}: a savepoint per delivery)%s", e.chainBatchField(), on), typ,
 			chainCase(e, typ, &inbox.GroupCommit{MaxBatch: e.chainBatch}, 0, true), e.chainSettled},
 		{"pgx" + suffix, fmt.Sprintf("(pg) while another session holds a transaction open: the xmin horizon pinned%s", on), typ,
-			e.pinned("pgx"+suffix, chainCase(e, typ, &inbox.GroupCommit{MaxBatch: e.chainBatch}, 0, false)), e.chainSettled},
+			e.pinned(chainCase(e, typ, &inbox.GroupCommit{MaxBatch: e.chainBatch}, 0, false)), e.chainSettled},
 		{"pc" + suffix, fmt.Sprintf("hand-written full payment chain, %d handlers, events pipelined%s", e.workers, on), typ,
 			chainLoop(e, e.workers), e.chainSettled},
 		{"pgc" + suffix, fmt.Sprintf("hand-written full payment chain, %d per tx, %d batches in flight, events pipelined%s", e.batch, e.inflight, on), typ,

@@ -56,7 +56,7 @@ FROM pg_stat_user_tables WHERE schemaname = $1`
 // that died after it began, in any table, until it ends — a long report
 // query or a forgotten psql session. It notes the inbox's and outbox's
 // dead tuples at the start and at the end of the run.
-func (e *env) pinned(id string, inner runner) runner {
+func (e *env) pinned(inner runner) runner {
 	return func(ctx context.Context, queue string, done func(time.Time)) (func() error, error) {
 		conn, err := e.admin.Acquire(ctx)
 		if err != nil {
