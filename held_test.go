@@ -214,3 +214,22 @@ func gaugeValue(t *testing.T, reg *prometheus.Registry, name string, labels ...s
 	t.Fatalf("no series %s%v", name, labels)
 	return 0
 }
+
+// A worker with a strict route on a schema without the held-key tables
+// (migration 00009 not run) does not start: the error names the fix.
+func TestWorker_StrictRouteNeedsTheHeldTables(t *testing.T) {
+	t.Parallel()
+	amqptest.RequireConsistentHash(t)
+	url := amqptest.Vhost(t)
+	pool, _ := pgtest.Schema(t)
+	_, err := pool.Exec(t.Context(), `DROP TABLE inboxmq_held_messages, inboxmq_held_keys`)
+	require.NoError(t, err)
+	routes := inboxmq.NewRoutes()
+	inboxmq.HandleTx(routes, "ledger", func(context.Context, pgx.Tx, *inboxtype.Message[accountEvent]) error { return nil },
+		&inboxmq.RouteOpts{Ordered: &inboxmq.OrderedOpts{Shards: 1, Strict: true}})
+	w, err := inboxmq.NewWorker(&inboxmq.Config{URL: url, DB: pool, Routes: routes, Name: "strict"})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = w.Stop(context.Background()) })
+	err = w.Start(t.Context())
+	require.ErrorContains(t, err, "schema version 9")
+}
