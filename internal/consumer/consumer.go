@@ -326,13 +326,54 @@ type session struct {
 	failOnce sync.Once
 	failed   chan struct{}
 	failErr  error
+
+	// settling counts the settlements under way (beginSettle). One that
+	// began before the session failed finishes on its own channel when
+	// that channel is still open: close waits for it, up to
+	// Config.PublishTimeout, before closing the connection. Otherwise the
+	// failure of one channel would cut off a healthy channel's settlement
+	// between its copy's confirm and its ack, and the broker's redelivery
+	// would file a second copy and run OnDeadLetter again.
+	gate     sync.RWMutex // fail holds it to close the gate
+	settling sync.WaitGroup
 }
 
 func (s *session) fail(err error) {
+	s.gate.Lock()
+	defer s.gate.Unlock()
 	s.failOnce.Do(func() {
 		s.failErr = err
 		close(s.failed)
 	})
+}
+
+// beginSettle reports whether a settlement may begin on the session: not
+// once it has failed. A true result must be followed by settling.Done.
+func (s *session) beginSettle() bool {
+	s.gate.RLock()
+	defer s.gate.RUnlock()
+	if s.gone() {
+		return false
+	}
+	s.settling.Add(1)
+	return true
+}
+
+// waitSettled waits for the settlements under way, at most d.
+func (s *session) waitSettled(d time.Duration) {
+	done := make(chan struct{})
+	go func() {
+		s.settling.Wait()
+		close(done)
+	}()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		s.c.log.LogAttrs(context.Background(), slog.LevelWarn, "consumer: settlements still under way when the session closed; the broker redelivers them",
+			slog.Duration("waited", d))
+	}
 }
 
 // gone reports whether the session's connection or one of its channels has
@@ -348,6 +389,7 @@ func (s *session) gone() bool {
 
 func (s *session) close() {
 	s.fail(errors.New("consumer: session closed"))
+	s.waitSettled(s.c.cfg.PublishTimeout)
 	_ = s.conn.Close()
 	if s.pubConn != nil {
 		_ = s.pubConn.Close()

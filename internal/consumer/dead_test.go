@@ -115,3 +115,67 @@ func TestConsumer_BrokerDeadLettersAreFiledWithTheirReason(t *testing.T) {
 		})
 	}
 }
+
+// A session that fails while a dead letter is being filed on another of
+// its channels lets that filing finish: the failure of the work queue's
+// channel (here a handler closes it) does not cut the dead queue's
+// settlement off between its copy's confirm and its ack, which would
+// leave the broker to redeliver it and the consumer to file a second copy
+// and run OnDeadLetter again.
+func TestConsumer_FilingOutlivesAnotherChannelsFailure(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	entered, release := make(chan struct{}), make(chan struct{})
+	var dead deadLetterLog
+	opts := fastOpts()
+	opts.OnDeadLetter = func(ctx context.Context, dl consumer.DeadLetter) error {
+		first := len(dead.all()) == 0
+		_ = dead.hook(ctx, dl)
+		if first { // the copy is confirmed; the ack waits for the test
+			close(entered)
+			select {
+			case <-release:
+			case <-t.Context().Done():
+			}
+		}
+		return nil
+	}
+	var closedOnce sync.Once
+	r := consumer.NewRouter()
+	consumer.Register(r, b.queue, inboxtype.HandlerFunc[order](func(_ context.Context, m *inboxtype.Message[order]) error {
+		closedOnce.Do(func() {
+			ch, ok := m.Delivery.Raw.Acknowledger.(*amqp.Channel)
+			require.True(t, ok)
+			_ = ch.Close() // the work queue's channel fails
+		})
+		return nil
+	}), opts)
+	c := b.newConsumer(t, r, nil)
+	require.NoError(t, c.Pause(b.queue)) // "a" expires unconsumed
+	require.NoError(t, c.Start(t.Context()))
+	b.pub.Publish(b.queue, []byte(`{"id":"a","amount":1}`), amqp.Publishing{MessageId: "m-a", Expiration: "50"})
+	testenv.WaitChan(t, entered, "the dead letter's copy confirmed")
+
+	require.NoError(t, c.Resume(b.queue))
+	b.pub.Publish(b.queue, []byte(`{"id":"b","amount":1}`), amqp.Publishing{MessageId: "m-b"})
+	b.rec.waitState(t, inboxtype.ConnDisconnected)
+	close(release)
+
+	var filed, applied int
+	for filed == 0 || applied == 0 {
+		switch o := b.rec.next(t); {
+		case o.Outcome.Action == inboxtype.ActionDeadLettered:
+			filed++
+			require.NoError(t, o.Outcome.Err, "the dead queue's copy is acked")
+		case o.ID == "b" && o.Outcome.Action == inboxtype.ActionAcked:
+			applied++
+		}
+	}
+	b.rec.waitState(t, inboxtype.ConnConnected)
+	b.stop(t, c)
+	dlq := amqptest.Drain(t, b.conn, b.queue+".dlq")
+	require.Len(t, dlq, 1, "one copy in the DLQ")
+	require.Equal(t, "m-a", dlq[0].MessageId)
+	require.Equal(t, 0, amqptest.Depth(t, b.conn, b.queue+".dead"), "filed, then acked")
+	require.Len(t, dead.all(), 1, "OnDeadLetter runs once")
+}

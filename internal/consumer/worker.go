@@ -415,10 +415,15 @@ func decide(ctx context.Context, err error, dec retry.Decision) retry.Decision {
 func (c *Consumer) settle(r *route, j *job, d *inboxtype.Delivery, settled func(inboxtype.Outcome), dec retry.Decision, rn runs) inboxtype.Action {
 	out := inboxtype.Outcome{Decision: dec, InProcessRetries: rn.inProcess(), Handled: rn.last}
 	var status inboxtype.Status
+	began := j.sess.beginSettle()
+	if began {
+		defer j.sess.settling.Done()
+	}
 	switch {
-	case j.sess.gone() || channelClosed(&j.raw):
-		// Nothing can settle it: the broker has it back. No copy either,
-		// which would only be a second one beside the redelivery.
+	case !began || channelClosed(&j.raw):
+		// Nothing can settle it: the broker has it back (or will, when
+		// the failed session closes). No copy either, which would only be
+		// a second one beside the redelivery.
 		out.Action, out.Err, status = inboxtype.ActionAbandoned, errChannelGone, inboxtype.StatusFailed
 	case dec.Kind == retry.KindSucceeded || dec.Kind == retry.KindDuplicate:
 		if err := c.reply(r, j, d, dec); err != nil {
