@@ -8,6 +8,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/inboxmq/inboxmq/inboxtype"
+	"github.com/inboxmq/inboxmq/internal/outboxwire"
 )
 
 // BatchHandlerFunc queues one message's writes in b instead of running
@@ -109,7 +110,8 @@ func (s *Store) buildUnit(u *unit, build func(context.Context, *pgx.Batch) error
 // statement for the whole group — writes each unit's result and raises
 // unless it claimed every key, so the batch commits whole or not at all.
 // Every unit's u.built is cleared: a failed attempt is not tried again.
-// On success each unit's fence is set and StatusProcessing reported before
+// The units' outbox events (outbox.AddToBatch) go in one statement, where
+// the first of them was (outboxwire.MergeInserts). On success each unit's fence is set and StatusProcessing reported before
 // its writes' callbacks run, and its delivery keeps the result it stored.
 func (s *Store) sendBuilt(ctx context.Context, units []*unit) error {
 	n := 1
@@ -149,6 +151,7 @@ func (s *Store) sendBuilt(ctx context.Context, units []*unit) error {
 		b.QueuedQueries = append(b.QueuedQueries, u.built.QueuedQueries...)
 		u.built = nil
 	}
+	b.QueuedQueries = outboxwire.MergeInserts(b.QueuedQueries)
 	// A span per traced delivery; a lone delivery's statements nest
 	// under its own.
 	spans := make([]trace.Span, 0, len(units))

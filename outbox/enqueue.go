@@ -96,11 +96,6 @@ func prepare(ctx context.Context, m Message) (row, error) {
 	return r, nil
 }
 
-const insertSQL = `INSERT INTO inboxmq_outbox
-	(message_id, exchange, routing_key, headers, content_type, body, ordering_key, idempotency_key)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-ON CONFLICT (message_id) DO NOTHING`
-
 const notifySQL = `SELECT pg_notify('` + outboxwire.NotifyChannel + `', current_schema())`
 
 // Enqueue writes msg to the outbox in the caller's transaction tx; an
@@ -180,7 +175,7 @@ func AddToBatch(ctx context.Context, b *pgx.Batch, msgs ...Message) error {
 func queueRows(ctx context.Context, b *pgx.Batch, rows []row) {
 	for i := range rows {
 		r := &rows[i]
-		b.Queue(insertSQL, &r.id, &r.exchange, &r.routingKey, &r.headers, &r.contentType, &r.body, r.orderingKey, r.idempotencyKey)
+		b.Queue(outboxwire.InsertSQL, &r.id, &r.exchange, &r.routingKey, &r.headers, &r.contentType, &r.body, r.orderingKey, r.idempotencyKey)
 	}
 	if !outboxwire.SkipNotify(ctx) {
 		b.Queue(notifySQL)
