@@ -50,8 +50,9 @@ func Deferral(tenant func(*inboxtype.Delivery) string) inboxtype.Middleware {
 					fmt.Errorf("middleware: %s deferred until %s by an earlier run's retry.After", what, until.Format(time.RFC3339Nano))))
 			}
 			err := next(ctx, d)
-			var re *retry.RetryableError
-			if errors.As(err, &re) && re.Delay > 0 && !re.Uncounted {
+			// AsType, not As: a target variable would escape, one
+			// allocation per delivery.
+			if re, ok := errors.AsType[*retry.RetryableError](err); ok && re.Delay > 0 && !re.Uncounted {
 				s.set(id, time.Now().Add(re.Delay))
 			}
 			return err
