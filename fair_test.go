@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -50,11 +51,26 @@ func TestWorker_FairShares(t *testing.T) {
 		maxA    int // most A running at once once B was done
 		doneB   int
 		a, b    string
+		// While gated, A's jobs wait before they start, holding their
+		// slots: B's burst then reaches the worker before any slot frees.
+		gated   bool
+		blocked int
+		gate    = make(chan struct{})
 	)
 	routes := inboxmq.NewRoutes()
 	inboxmq.HandleTx(routes, queue, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[tenantJob]) error {
 		tenant := msg.Body.Tenant
 		mu.Lock()
+		if gated && tenant == a {
+			blocked++
+			mu.Unlock()
+			select {
+			case <-gate:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			mu.Lock()
+		}
 		shardOf[tenant] = msg.Delivery.Raw.ConsumerTag // one per shard subscription
 		starts = append(starts, tenant)
 		running[tenant]++
@@ -141,7 +157,25 @@ func TestWorker_FairShares(t *testing.T) {
 
 	publish(a, 1, burstA)
 	testenv.WaitFor(t, "A's burst running", func() bool { return count(a) > 10 })
+	// The bound holds while B has deliveries waiting in the worker: hold
+	// every slot with A until B's whole burst has left its shard queue
+	// for the worker, so that B's deliveries do not trickle in while A's
+	// run (which the route allows: it is work-conserving).
+	mu.Lock()
+	gated = true
+	bShard := strings.Split(shardOf[b], "/")[1] // the tag is "<worker>/<queue>/<n>"
+	mu.Unlock()
+	testenv.WaitFor(t, "every slot held by A", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return blocked == slots
+	})
 	publish(b, 1, burstB)
+	testenv.WaitFor(t, "B's burst handed to the worker", func() bool { return amqptest.Depth(t, conn, bShard) == 0 })
+	mu.Lock()
+	gated = false
+	close(gate)
+	mu.Unlock()
 	testenv.WaitFor(t, "every job applied", func() bool { return count(a) == burstA+1 && count(b) == burstB+1 })
 
 	mu.Lock()
