@@ -28,7 +28,7 @@ func Example_fairShares() {
 	ran := make(chan string, 64)
 	routes := inboxmq.NewRoutes()
 	inboxmq.HandleTx(routes, b.Queue, func(ctx context.Context, _ pgx.Tx, msg *inboxtype.Message[Payment]) error {
-		time.Sleep(5 * time.Millisecond) // the job's work
+		time.Sleep(20 * time.Millisecond) // the job's work
 		ran <- msg.Body.OrderID
 		return nil
 	}, &inboxmq.RouteOpts{
