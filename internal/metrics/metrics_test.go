@@ -576,3 +576,32 @@ func TestObserver_CriticalTime(t *testing.T) {
 	}
 	t.Fatal("histogram not found")
 }
+
+// The critical time's buckets tell a p99 of 25 ms from one of 40 ms: jobs
+// done 18 ms and 35 ms after their publication fall in buckets of their
+// own, not both in one from 25 to 50 ms.
+func TestObserver_CriticalTimeResolvesTensOfMilliseconds(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	for _, ms := range []int64{18, 35} {
+		published := time.Now().Add(-time.Duration(ms) * time.Millisecond).UnixMicro()
+		d := inboxtype.NewDelivery("payments", "payments-svc", "w1", &amqp.Delivery{MessageId: "m1",
+			Headers: amqp.Table{inboxtype.HeaderPublishedAt: published}})
+		b.m.OnOutcome(d, inboxtype.Outcome{Decision: retry.Decision{Kind: retry.KindSucceeded}, Action: inboxtype.ActionAcked})
+	}
+	mfs, err := b.reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() != "inboxmq_critical_time_seconds" {
+			continue
+		}
+		cum := map[float64]uint64{}
+		for _, bk := range mf.GetMetric()[0].GetHistogram().GetBucket() {
+			cum[bk.GetUpperBound()] = bk.GetCumulativeCount()
+		}
+		require.Equal(t, map[string]uint64{"15ms": 0, "20ms": 1, "30ms": 1, "40ms": 2},
+			map[string]uint64{"15ms": cum[.015], "20ms": cum[.02], "30ms": cum[.03], "40ms": cum[.04]})
+		return
+	}
+	t.Fatal("histogram not found")
+}
