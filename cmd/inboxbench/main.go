@@ -47,7 +47,8 @@
 // (dq)/(d), (eq)/(e): what a quorum queue costs against a classic one.
 // With (p), it then publishes to (p) at a steady 800 msg/s for a minute
 // (-critical, -criticalrate) and reports the p50 and p99 of its
-// critical-time histogram. Every case also gets its round trips per
+// critical-time histogram; with (pc), (pc) then runs at the same rate, its
+// p50 and p99 beside them: the ceiling of that tail. Every case also gets its round trips per
 // delivery to PostgreSQL and Redis, and the broker's packets in and out
 // (roundtrips.go says how each is counted). Pointed at one node of a RabbitMQ cluster (-amqp), the
 // quorum cases replicate every message to the other nodes.
@@ -316,7 +317,7 @@ func main() {
 		}
 	}
 	if *critDur > 0 && slices.Contains(want, "p") {
-		line, err := criticalTime(ctx, e, *critRate, *critDur)
+		line, err := criticalTime(ctx, e, *critRate, *critDur, slices.Contains(want, "pc"))
 		if err != nil {
 			log.Printf("critical time: %v", err)
 		}
