@@ -52,6 +52,11 @@ type Consumer struct {
 	stoppedOnce sync.Once
 	workersQuit chan struct{} // closed once no loop dispatches any more
 	workers     sync.WaitGroup
+	// filers counts the dead queues' loops (deadLoop), which file on their
+	// own goroutine and run OnDeadLetter there. A failed session's close
+	// does not wait for them past its bound (waitSettled): a filing stuck
+	// in its hook must not hold every route's reconnection. Stop does.
+	filers sync.WaitGroup
 
 	baseCtx    context.Context //nolint:containedctx // the service's own run context (river style)
 	cancelBase context.CancelCauseFunc
@@ -297,6 +302,7 @@ func (c *Consumer) shutdown(sess *session) {
 		close(sess.stopConsuming)
 		sess.loops.Wait()
 	}
+	c.filers.Wait() // this session's, and a failed one's still filing
 	close(c.workersQuit)
 	c.workers.Wait()
 	if sess != nil {
@@ -333,7 +339,9 @@ type session struct {
 	// Config.PublishTimeout, before closing the connection. Otherwise the
 	// failure of one channel would cut off a healthy channel's settlement
 	// between its copy's confirm and its ack, and the broker's redelivery
-	// would file a second copy and run OnDeadLetter again.
+	// would file a second copy and run OnDeadLetter again. One still under
+	// way after that is cut off: the broker redelivers it, and the next
+	// session files it again.
 	gate     sync.RWMutex // fail holds it to close the gate
 	settling sync.WaitGroup
 }

@@ -51,15 +51,18 @@ func (s *session) openDead(r *route) error {
 	if err != nil {
 		return fmt.Errorf("consumer: consume %q: %w", queue, err)
 	}
-	s.loops.Add(1)
+	s.c.filers.Add(1)
 	go s.deadLoop(r, ch, tag, deliveries)
 	return nil
 }
 
 // deadLoop files the dead queue's messages one by one until Stop or the
-// session's end.
+// session's end. It is one of the consumer's filers, not of the session's
+// loops: a failed session's close does not wait for a filing stuck in
+// OnDeadLetter past its bound, and the loop ends by itself once that
+// filing returns (its deliveries end with the connection).
 func (s *session) deadLoop(r *route, ch *amqp.Channel, tag string, deliveries <-chan amqp.Delivery) {
-	defer s.loops.Done()
+	defer s.c.filers.Done()
 	acks := newAcker(ch, &s.c.acks)
 	for {
 		select { // Stop wins over a ready delivery

@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 	"testing"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
@@ -178,4 +179,70 @@ func TestConsumer_FilingOutlivesAnotherChannelsFailure(t *testing.T) {
 	require.Equal(t, "m-a", dlq[0].MessageId)
 	require.Equal(t, 0, amqptest.Depth(t, b.conn, b.queue+".dead"), "filed, then acked")
 	require.Len(t, dead.all(), 1, "OnDeadLetter runs once")
+}
+
+// A filing that does not finish does not hold the session's recovery: close
+// waits for it at most PublishTimeout, then the consumer reconnects and
+// works on while OnDeadLetter is still stuck. The cut-off filing is
+// redelivered and filed again: its hook runs twice and the DLQ holds two
+// copies, the price of a hook that outlives the bound (docs/design.md).
+func TestConsumer_StuckFilingDoesNotHoldTheReconnect(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	entered, release := make(chan struct{}), make(chan struct{})
+	var dead deadLetterLog
+	opts := fastOpts()
+	opts.OnDeadLetter = func(ctx context.Context, dl consumer.DeadLetter) error {
+		first := len(dead.all()) == 0
+		_ = dead.hook(ctx, dl)
+		if first { // stuck until the test lets go
+			close(entered)
+			select {
+			case <-release:
+			case <-t.Context().Done():
+			}
+		}
+		return nil
+	}
+	var closedOnce sync.Once
+	r := consumer.NewRouter()
+	consumer.Register(r, b.queue, inboxtype.HandlerFunc[order](func(_ context.Context, m *inboxtype.Message[order]) error {
+		closedOnce.Do(func() {
+			ch, ok := m.Delivery.Raw.Acknowledger.(*amqp.Channel)
+			require.True(t, ok)
+			_ = ch.Close() // the work queue's channel fails
+		})
+		return nil
+	}), opts)
+	c := b.newConsumer(t, r, func(cfg *consumer.Config) { cfg.PublishTimeout = 200 * time.Millisecond })
+	require.NoError(t, c.Pause(b.queue)) // "a" expires unconsumed
+	require.NoError(t, c.Start(t.Context()))
+	b.pub.Publish(b.queue, []byte(`{"id":"a","amount":1}`), amqp.Publishing{MessageId: "m-a", Expiration: "50"})
+	testenv.WaitChan(t, entered, "the dead letter's hook entered")
+
+	require.NoError(t, c.Resume(b.queue))
+	b.pub.Publish(b.queue, []byte(`{"id":"b","amount":1}`), amqp.Publishing{MessageId: "m-b"})
+	b.rec.waitState(t, inboxtype.ConnDisconnected)
+	b.rec.waitState(t, inboxtype.ConnConnected) // with the first hook still stuck
+	for {
+		if o := b.rec.next(t); o.ID == "b" && o.Outcome.Action == inboxtype.ActionAcked && o.Outcome.Err == nil {
+			break // applied on the new session
+		}
+	}
+	select {
+	case <-release:
+		t.Fatal("the hook was let go before the consumer recovered")
+	default:
+	}
+	close(release)
+
+	for filed := 0; filed < 1; {
+		if o := b.rec.next(t); o.Outcome.Action == inboxtype.ActionDeadLettered && o.Outcome.Err == nil {
+			filed++ // the redelivered dead letter, filed and acked on the new session
+		}
+	}
+	b.stop(t, c)
+	require.Len(t, amqptest.Drain(t, b.conn, b.queue+".dlq"), 2, "the cut-off copy and the new one")
+	require.Equal(t, 0, amqptest.Depth(t, b.conn, b.queue+".dead"), "filed, then acked")
+	require.Len(t, dead.all(), 2, "OnDeadLetter ran again for the redelivery")
 }

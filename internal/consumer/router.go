@@ -94,8 +94,10 @@ type HandlerOpts struct {
 	// idempotent. It runs for every message that reaches the DLQ: the
 	// handler's dead letters and those the broker dead-lettered (expired,
 	// over the delivery limit), which the consumer files into the DLQ
-	// with reason "broker_" and the broker's x-death reason. Defaults to
-	// nil.
+	// with reason "broker_" and the broker's x-death reason. If the
+	// connection to the broker fails while it runs, the consumer
+	// reconnects without waiting for it past Config.PublishTimeout; the
+	// message is then filed, and the hook run, again. Defaults to nil.
 	OnDeadLetter func(ctx context.Context, dl DeadLetter) error
 	// Ordered, when non-nil, consumes the route through shard queues
 	// with per-key order across workers (see OrderedOpts); its retries
