@@ -98,11 +98,27 @@ func TestWorkerKeyConflictWithCompletedCache(t *testing.T) {
 	w := b.start(t)
 	ctx := t.Context()
 	first := func(id string) Payment { return Payment{OrderID: id, AmountCents: 100, Currency: "USD"} }
+	// warming counts the copies payOnce sent to fill the cache: on a loaded
+	// machine a cache write can time out (the cache is only an accelerator,
+	// and the worker goes on without it), and a copy, a duplicate the inbox
+	// catches, writes the entry again once Redis answers.
+	warming := 0
 	payOnce := func(id string) {
 		b.publishJSON(t, first(id))
-		testenv.WaitFor(t, id+" is paid and cached", func() bool {
-			return b.count(t, `SELECT count(*) FROM payments WHERE order_id = $1`, id) == 1 &&
-				rdb.Exists(ctx, b.cacheKey(id)).Val() == 1
+		testenv.WaitFor(t, id+" is paid", func() bool {
+			return b.count(t, `SELECT count(*) FROM payments WHERE order_id = $1`, id) == 1
+		})
+		sent := time.Now()
+		testenv.WaitFor(t, id+" is cached", func() bool {
+			if rdb.Exists(ctx, b.cacheKey(id)).Val() == 1 {
+				return true
+			}
+			if time.Since(sent) > time.Second && amqptest.Depth(t, b.conn, b.queue) == 0 {
+				b.publishJSON(t, first(id))
+				warming++
+				sent = time.Now()
+			}
+			return false
 		})
 	}
 
@@ -137,7 +153,7 @@ func TestWorkerKeyConflictWithCompletedCache(t *testing.T) {
 	testenv.WaitFor(t, "every conflict is dead-lettered and every copy of a paid job acked", func() bool {
 		return amqptest.Depth(t, b.conn, b.queue+".dlq") >= conflicts &&
 			b.count(t, `SELECT count(*) FROM payments WHERE order_id LIKE 'race-%'`) == races &&
-			w.metricSum(t, "duplicate_detected_total") >= 2
+			w.metricSum(t, "duplicate_detected_total") >= float64(2+warming)
 	})
 	testenv.WaitFor(t, "the work queue is empty", func() bool { return amqptest.Depth(t, b.conn, b.queue) == 0 })
 
@@ -159,7 +175,7 @@ func TestWorkerKeyConflictWithCompletedCache(t *testing.T) {
 		require.NotEqual(t, got.AmountCents, dead[id][0].AmountCents, "%s: the conflict is the job that was not paid", id)
 	}
 	require.Len(t, dead, 2+races, "no other dead letters")
-	require.InDelta(t, 2, w.metricSum(t, "duplicate_detected_total"), 0, "the copies of the first jobs, and nothing else, are duplicates")
+	require.InDelta(t, 2+warming, w.metricSum(t, "duplicate_detected_total"), 0, "the copies of the first jobs, and nothing else, are duplicates")
 	w.stop(t)
 }
 
