@@ -117,6 +117,63 @@ func TestConsumer_BrokerDeadLettersAreFiledWithTheirReason(t *testing.T) {
 	}
 }
 
+// heldFiling is a route whose first dead letter's OnDeadLetter hook holds
+// its filing, after the copy's confirm and before the ack, until release
+// closes (entered closes when it begins), and whose handler closes the
+// work queue's channel on its first message: the session fails while the
+// filing is held.
+type heldFiling struct {
+	entered, release chan struct{}
+	dead             deadLetterLog
+	router           *consumer.Router
+}
+
+func newHeldFiling(t *testing.T, b *testBundle) *heldFiling {
+	t.Helper()
+	f := &heldFiling{entered: make(chan struct{}), release: make(chan struct{}), router: consumer.NewRouter()}
+	opts := fastOpts()
+	opts.OnDeadLetter = func(ctx context.Context, dl consumer.DeadLetter) error {
+		first := len(f.dead.all()) == 0
+		_ = f.dead.hook(ctx, dl)
+		if first {
+			close(f.entered)
+			select {
+			case <-f.release:
+			case <-t.Context().Done():
+			}
+		}
+		return nil
+	}
+	var closedOnce sync.Once
+	consumer.Register(f.router, b.queue, inboxtype.HandlerFunc[order](func(_ context.Context, m *inboxtype.Message[order]) error {
+		closedOnce.Do(func() {
+			ch, ok := m.Delivery.Raw.Acknowledger.(*amqp.Channel)
+			require.True(t, ok)
+			_ = ch.Close() // the work queue's channel fails
+		})
+		return nil
+	}), opts)
+	return f
+}
+
+// failWhileHeld starts a consumer of f's route (cfg changed by mutate) and
+// brings about the failure: "a" expires unconsumed into the dead queue and
+// its filing is held in the hook; then "b" is consumed, and its handler
+// closes the work channel. It returns once the session failed.
+func (f *heldFiling) failWhileHeld(t *testing.T, b *testBundle, mutate func(*consumer.Config)) *consumer.Consumer {
+	t.Helper()
+	c := b.newConsumer(t, f.router, mutate)
+	require.NoError(t, c.Pause(b.queue)) // "a" expires unconsumed
+	require.NoError(t, c.Start(t.Context()))
+	b.pub.Publish(b.queue, []byte(`{"id":"a","amount":1}`), amqp.Publishing{MessageId: "m-a", Expiration: "50"})
+	testenv.WaitChan(t, f.entered, "the dead letter's copy confirmed, its hook entered")
+
+	require.NoError(t, c.Resume(b.queue))
+	b.pub.Publish(b.queue, []byte(`{"id":"b","amount":1}`), amqp.Publishing{MessageId: "m-b"})
+	b.rec.waitState(t, inboxtype.ConnDisconnected)
+	return c
+}
+
 // A session that fails while a dead letter is being filed on another of
 // its channels lets that filing finish: the failure of the work queue's
 // channel (here a handler closes it) does not cut the dead queue's
@@ -126,41 +183,9 @@ func TestConsumer_BrokerDeadLettersAreFiledWithTheirReason(t *testing.T) {
 func TestConsumer_FilingOutlivesAnotherChannelsFailure(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	entered, release := make(chan struct{}), make(chan struct{})
-	var dead deadLetterLog
-	opts := fastOpts()
-	opts.OnDeadLetter = func(ctx context.Context, dl consumer.DeadLetter) error {
-		first := len(dead.all()) == 0
-		_ = dead.hook(ctx, dl)
-		if first { // the copy is confirmed; the ack waits for the test
-			close(entered)
-			select {
-			case <-release:
-			case <-t.Context().Done():
-			}
-		}
-		return nil
-	}
-	var closedOnce sync.Once
-	r := consumer.NewRouter()
-	consumer.Register(r, b.queue, inboxtype.HandlerFunc[order](func(_ context.Context, m *inboxtype.Message[order]) error {
-		closedOnce.Do(func() {
-			ch, ok := m.Delivery.Raw.Acknowledger.(*amqp.Channel)
-			require.True(t, ok)
-			_ = ch.Close() // the work queue's channel fails
-		})
-		return nil
-	}), opts)
-	c := b.newConsumer(t, r, nil)
-	require.NoError(t, c.Pause(b.queue)) // "a" expires unconsumed
-	require.NoError(t, c.Start(t.Context()))
-	b.pub.Publish(b.queue, []byte(`{"id":"a","amount":1}`), amqp.Publishing{MessageId: "m-a", Expiration: "50"})
-	testenv.WaitChan(t, entered, "the dead letter's copy confirmed")
-
-	require.NoError(t, c.Resume(b.queue))
-	b.pub.Publish(b.queue, []byte(`{"id":"b","amount":1}`), amqp.Publishing{MessageId: "m-b"})
-	b.rec.waitState(t, inboxtype.ConnDisconnected)
-	close(release)
+	f := newHeldFiling(t, b)
+	c := f.failWhileHeld(t, b, nil)
+	close(f.release)
 
 	var filed, applied int
 	for filed == 0 || applied == 0 {
@@ -178,7 +203,7 @@ func TestConsumer_FilingOutlivesAnotherChannelsFailure(t *testing.T) {
 	require.Len(t, dlq, 1, "one copy in the DLQ")
 	require.Equal(t, "m-a", dlq[0].MessageId)
 	require.Equal(t, 0, amqptest.Depth(t, b.conn, b.queue+".dead"), "filed, then acked")
-	require.Len(t, dead.all(), 1, "OnDeadLetter runs once")
+	require.Len(t, f.dead.all(), 1, "OnDeadLetter runs once")
 }
 
 // A filing that does not finish does not hold the session's recovery: close
@@ -189,40 +214,8 @@ func TestConsumer_FilingOutlivesAnotherChannelsFailure(t *testing.T) {
 func TestConsumer_StuckFilingDoesNotHoldTheReconnect(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	entered, release := make(chan struct{}), make(chan struct{})
-	var dead deadLetterLog
-	opts := fastOpts()
-	opts.OnDeadLetter = func(ctx context.Context, dl consumer.DeadLetter) error {
-		first := len(dead.all()) == 0
-		_ = dead.hook(ctx, dl)
-		if first { // stuck until the test lets go
-			close(entered)
-			select {
-			case <-release:
-			case <-t.Context().Done():
-			}
-		}
-		return nil
-	}
-	var closedOnce sync.Once
-	r := consumer.NewRouter()
-	consumer.Register(r, b.queue, inboxtype.HandlerFunc[order](func(_ context.Context, m *inboxtype.Message[order]) error {
-		closedOnce.Do(func() {
-			ch, ok := m.Delivery.Raw.Acknowledger.(*amqp.Channel)
-			require.True(t, ok)
-			_ = ch.Close() // the work queue's channel fails
-		})
-		return nil
-	}), opts)
-	c := b.newConsumer(t, r, func(cfg *consumer.Config) { cfg.PublishTimeout = 200 * time.Millisecond })
-	require.NoError(t, c.Pause(b.queue)) // "a" expires unconsumed
-	require.NoError(t, c.Start(t.Context()))
-	b.pub.Publish(b.queue, []byte(`{"id":"a","amount":1}`), amqp.Publishing{MessageId: "m-a", Expiration: "50"})
-	testenv.WaitChan(t, entered, "the dead letter's hook entered")
-
-	require.NoError(t, c.Resume(b.queue))
-	b.pub.Publish(b.queue, []byte(`{"id":"b","amount":1}`), amqp.Publishing{MessageId: "m-b"})
-	b.rec.waitState(t, inboxtype.ConnDisconnected)
+	f := newHeldFiling(t, b)
+	c := f.failWhileHeld(t, b, func(cfg *consumer.Config) { cfg.PublishTimeout = 200 * time.Millisecond })
 	b.rec.waitState(t, inboxtype.ConnConnected) // with the first hook still stuck
 	// The new session applies "b" and files "a" again, in either order,
 	// while the first filing is stuck in its hook.
@@ -239,16 +232,16 @@ func TestConsumer_StuckFilingDoesNotHoldTheReconnect(t *testing.T) {
 		count(b.rec.next(t))
 	}
 	select {
-	case <-release:
+	case <-f.release:
 		t.Fatal("the hook was let go before the consumer recovered")
 	default:
 	}
-	close(release)
+	close(f.release)
 	for filed < 1 {
 		count(b.rec.next(t))
 	}
 	b.stop(t, c)
 	require.Len(t, amqptest.Drain(t, b.conn, b.queue+".dlq"), 2, "the cut-off copy and the new one")
 	require.Equal(t, 0, amqptest.Depth(t, b.conn, b.queue+".dead"), "filed, then acked")
-	require.Len(t, dead.all(), 2, "OnDeadLetter ran again for the redelivery")
+	require.Len(t, f.dead.all(), 2, "OnDeadLetter ran again for the redelivery")
 }
