@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -216,13 +217,24 @@ func TestWorker_FairStopMidBurst(t *testing.T) {
 	ctx := t.Context()
 	_, err := pool.Exec(ctx, `CREATE TABLE tenant_effects (id bigserial PRIMARY KEY, tenant text NOT NULL, n int NOT NULL)`)
 	require.NoError(t, err)
-	const queue, n, shards = "work", 200, 2
+	const queue, n, shards, before = "work", 200, 2, 20
+	// The jobs after the first `before` wait at the gate (held says so)
+	// until the worker stopped consuming: the stop comes mid-burst however
+	// fast the machine runs the first ones.
+	var started atomic.Int64
+	held, gate := make(chan struct{}, 2), make(chan struct{})
 	routes := inboxmq.NewRoutes()
 	inboxmq.HandleTx(routes, queue, func(ctx context.Context, tx pgx.Tx, msg *inboxtype.Message[tenantJob]) error {
-		select { // the job's work
-		case <-time.After(2 * time.Millisecond):
-		case <-ctx.Done():
-			return ctx.Err()
+		if started.Add(1) > before {
+			select {
+			case held <- struct{}{}:
+			default:
+			}
+			select {
+			case <-gate:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
 		}
 		_, err := tx.Exec(ctx, `INSERT INTO tenant_effects (tenant, n) VALUES ($1, $2)`, msg.Body.Tenant, msg.Body.N)
 		return err
@@ -251,10 +263,27 @@ func TestWorker_FairStopMidBurst(t *testing.T) {
 		require.NoError(t, err)
 		p.PublishTo(queue, tenant, body, amqp.Publishing{ContentType: "application/json"})
 	}
-	testenv.WaitFor(t, "some jobs applied", func() bool { return applied() >= 20 })
+	testenv.WaitChan(t, held, "a job held at the gate")
+	testenv.WaitChan(t, held, "both slots held at the gate")
+	shardConsumers := func() int {
+		ch, err := conn.Channel()
+		require.NoError(t, err)
+		defer ch.Close()
+		c := 0
+		for i := range shards {
+			q, err := ch.QueueDeclarePassive(queue+".shard."+strconv.Itoa(i), true, false, false, false, nil)
+			require.NoError(t, err)
+			c += q.Consumers
+		}
+		return c
+	}
 	stopCtx, cancel := context.WithTimeout(ctx, testenv.Timeout())
 	defer cancel()
-	require.NoError(t, w.Stop(stopCtx))
+	stopped := make(chan error, 1)
+	go func() { stopped <- w.Stop(stopCtx) }()
+	testenv.WaitFor(t, "the worker stopped consuming its shards", func() bool { return shardConsumers() == 0 })
+	close(gate) // the two held jobs finish; the rest waits in the worker
+	require.NoError(t, testenv.WaitChan(t, stopped, "the stop"))
 	queued := func() int {
 		q := 0
 		for i := range shards {
