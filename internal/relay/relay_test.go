@@ -388,14 +388,18 @@ func TestNotifyWakesRelay(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	r, _ := b.newRelay(t, &Config{PollInterval: time.Hour, Concurrency: 1})
-	// The listener wakes the lane once after LISTEN. Wait until the lane
-	// parks after that, with no wake-up queued: only a new NOTIFY can wake
-	// it then.
-	var listened atomic.Bool
+	// The lane claims once when it starts, and the listener wakes it once
+	// after LISTEN, whenever that comes (during the first claim, or after
+	// the lane has parked): nothing else wakes it within the hour's poll
+	// interval, so its second claim is the listener's. Wait until the lane
+	// parks after that claim with no wake-up queued: only a new NOTIFY can
+	// wake it then. (The lane can take the listener's wake-up and park
+	// before the listening hook runs, so that hook cannot say when.)
+	var claims atomic.Int64
 	parked := make(chan struct{}, 1)
-	r.hooks.listening = func() { listened.Store(true) }
+	r.hooks.claimed = func(int) { claims.Add(1) }
 	r.hooks.idle = func(wakePending bool) {
-		if listened.Load() && !wakePending {
+		if claims.Load() >= 2 && !wakePending {
 			notify(parked)
 		}
 	}
@@ -414,11 +418,9 @@ func TestNotifyWakesOneLane(t *testing.T) {
 	b := setup(t)
 	const lanes = 4
 	r, _ := b.newRelay(t, &Config{PollInterval: time.Hour, Concurrency: lanes})
-	var listened atomic.Bool
 	var parkings, claims, empty atomic.Int64
 	settled := make(chan struct{}, 1)
 	parked := make(chan struct{}, 16)
-	r.hooks.listening = func() { listened.Store(true) }
 	r.hooks.claimed = func(rows int) {
 		claims.Add(1)
 		if rows == 0 {
@@ -426,9 +428,12 @@ func TestNotifyWakesOneLane(t *testing.T) {
 		}
 	}
 	r.hooks.idle = func(wakePending bool) {
-		// Every lane has parked once, and the listener's wake-up after
-		// LISTEN has been taken: only a new NOTIFY wakes a lane now.
-		if parkings.Add(1) >= lanes && listened.Load() && !wakePending {
+		// Every lane parks once after its first claim. The listener's one
+		// wake-up after LISTEN (the lanes share it) makes one lane claim
+		// and park once more, and nothing else wakes a lane within the
+		// hour's poll interval: after that parking, with no wake-up
+		// queued, only a new NOTIFY wakes a lane.
+		if parkings.Add(1) >= lanes+1 && !wakePending {
 			notify(settled)
 		}
 		parked <- struct{}{}
@@ -444,11 +449,9 @@ func TestNotifyWakesOneLane(t *testing.T) {
 	enqueue(t, b.pool, msgTo(b.queue, "one"))
 	waitAllSent(t, b.pool, 1)
 	testenv.WaitChan(t, parked, "the lane that published parked again")
-	// The listener's own wake-up after LISTEN may still be in flight when
-	// the counts are reset: it accounts for at most one empty claim. Every
-	// lane woken by the NOTIFY would add lanes-1 = 3 more.
-	require.LessOrEqual(t, empty.Load(), int64(1), "no lane woke to claim nothing")
-	require.LessOrEqual(t, claims.Load(), int64(2), "one lane claimed the row")
+	// Every lane woken by the NOTIFY would add lanes-1 = 3 empty claims.
+	require.Zero(t, empty.Load(), "no lane woke to claim nothing")
+	require.Equal(t, int64(1), claims.Load(), "one lane claimed the row")
 	require.Len(t, amqptest.Drain(t, b.conn, b.queue), 1)
 }
 
