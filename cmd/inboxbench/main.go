@@ -32,26 +32,28 @@
 // messages (median of -runs, the cases' runs interleaved), then measures
 // publish-to-commit latency at a steady 50 % of that throughput (medians of
 // -latruns runs) — and group commit's also at per-message mode's load, the
-// latency it adds — and
-// prints msgs/s, allocations and CPU per delivery, RSS and the ratios
-// (d)/(b), (e)/(c), (e)/(b), (f)/(d), and (f)/(g), (fl)/(f), (g)/(b), (g)/(d): how
-// close claim mode comes to its own protocol's ceiling, and what the
-// protocol itself costs against one transaction per delivery — (g)/(d)
-// bounds what (f)/(d) can reach — and what the Redis lock costs claim
-// mode; and (h)/(e), (h)/(d):
-// claim mode with group commit against transactional mode with and
-// without it; (p)/(d), (p)/(pc), (pg)/(d) and (pg)/(p): the full chain
-// against the bare inbox and its own ceiling, and group commit on
-// against off on it; (pg)/(pgc), the group-committed chain against its
-// own ceiling, and (pgx)/(pg), what a pinned xmin horizon costs it; and
-// (dq)/(d), (eq)/(e): what a quorum queue costs against a classic one.
+// latency it adds — and prints msgs/s, allocations and CPU per delivery, RSS
+// and the ratios (d)/(b), (e)/(c), (e)/(b), (f)/(d), and (f)/(g), (fl)/(f),
+// (g)/(b), (g)/(d): how close claim mode comes to its own protocol's
+// ceiling, and what the protocol itself costs against one transaction per
+// delivery — (g)/(d) bounds what (f)/(d) can reach — and what the Redis lock
+// costs claim mode; and (h)/(e), (h)/(d): claim mode with group commit
+// against transactional mode with and without it; (p)/(d), (p)/(pc),
+// (pg)/(d) and (pg)/(p): the full chain against the bare inbox and its own
+// ceiling, and group commit on against off on it; (pg)/(pgc), the
+// group-committed chain against its own ceiling, and (pgx)/(pg), what a
+// pinned xmin horizon costs it; and (dq)/(d), (eq)/(e): what a quorum queue
+// costs against a classic one.
+//
 // With (p), it then publishes to (p) at a steady 800 msg/s for a minute
 // (-critical, -criticalrate) and reports the p50 and p99 of its
 // critical-time histogram; with (pc), (pc) then runs at the same rate, its
-// p50 and p99 beside them: the ceiling of that tail. Every case also gets its round trips per
-// delivery to PostgreSQL and Redis, and the broker's packets in and out
-// (roundtrips.go says how each is counted). Pointed at one node of a RabbitMQ cluster (-amqp), the
-// quorum cases replicate every message to the other nodes.
+// p50 and p99 beside them: the ceiling of that tail.
+//
+// Every case also gets its round trips per delivery to PostgreSQL and Redis,
+// and the broker's packets in and out (roundtrips.go says how each is
+// counted). Pointed at one node of a RabbitMQ cluster (-amqp), the quorum
+// cases replicate every message to the other nodes.
 //
 //	go run ./cmd/inboxbench -n 20000 -runs 3
 package main
