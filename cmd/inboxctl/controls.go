@@ -26,13 +26,11 @@ func (c *cli) controlChange(use, short, long string, apply func(cmd *cobra.Comma
 		Long:  long + reachHelp,
 		Args:  args,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx, cancel := c.ctx(cmd)
-			defer cancel()
-			pool, err := c.openDB(ctx)
+			ctx, pool, done, err := c.dbFor(cmd)
 			if err != nil {
 				return err
 			}
-			defer pool.Close()
+			defer done()
 			cmd.SetContext(ctx)
 			store := control.NewStore(pool)
 			reach, err := c.reach(ctx, store, args[0], force)
@@ -186,13 +184,11 @@ the parked messages.` + strings.ReplaceAll(reachHelp, "NAMESPACE", "NS"),
 			if err != nil {
 				return err
 			}
-			ctx, cancel := c.ctx(cmd)
-			defer cancel()
-			pool, err := c.openDB(ctx)
+			ctx, pool, done, err := c.dbFor(cmd)
 			if err != nil {
 				return err
 			}
-			defer pool.Close()
+			defer done()
 			store := control.NewStore(pool)
 			reach, err := c.reach(ctx, store, namespace, force)
 			if err != nil {
@@ -240,13 +236,11 @@ needed).`,
 			if err != nil {
 				return err
 			}
-			ctx, cancel := c.ctx(cmd)
-			defer cancel()
-			pool, err := c.openDB(ctx)
+			ctx, pool, done, err := c.dbFor(cmd)
 			if err != nil {
 				return err
 			}
-			defer pool.Close()
+			defer done()
 			var conn *amqp.Connection
 			if !noRelease {
 				if conn, err = c.dialBroker(); err != nil {
@@ -289,13 +283,11 @@ func (c *cli) controlsCmd() *cobra.Command {
 		Short: "List paused namespaces, concurrency limits, blocked keys and circuit breakers",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, cancel := c.ctx(cmd)
-			defer cancel()
-			pool, err := c.openDB(ctx)
+			ctx, pool, done, err := c.dbFor(cmd)
 			if err != nil {
 				return err
 			}
-			defer pool.Close()
+			defer done()
 			store := control.NewStore(pool)
 			snap, err := store.List(ctx)
 			if err != nil {

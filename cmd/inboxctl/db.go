@@ -25,13 +25,11 @@ in the first schema of the connection's search_path. It is safe to run
 concurrently and again: applied migrations are skipped.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, cancel := c.ctx(cmd)
-			defer cancel()
-			pool, err := c.openDB(ctx)
+			ctx, pool, done, err := c.dbFor(cmd)
 			if err != nil {
 				return err
 			}
-			defer pool.Close()
+			defer done()
 			if err := migrations.Up(ctx, pool); err != nil {
 				return err
 			}
@@ -125,13 +123,11 @@ it is 0 for a key that only went through retries.`,
   inboxctl status payment:42 --namespace payments -o json`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx, cancel := c.ctx(cmd)
-			defer cancel()
-			s, closeDB, err := c.openStore(ctx)
+			ctx, s, done, err := c.storeFor(cmd)
 			if err != nil {
 				return err
 			}
-			defer closeDB()
+			defer done()
 			r, err := s.Get(ctx, namespace, args[0])
 			if errors.Is(err, inbox.ErrNotFound) {
 				return notFoundError{fmt.Errorf("no inbox row for namespace %q, key %q", namespace, args[0])}
@@ -200,13 +196,11 @@ a worker that died or hung; reconcile makes it safe to retry.`,
 			if olderThan < 0 {
 				return usagef("--older-than %s: want a duration of 0 or more", olderThan)
 			}
-			ctx, cancel := c.ctx(cmd)
-			defer cancel()
-			s, closeDB, err := c.openStore(ctx)
+			ctx, s, done, err := c.storeFor(cmd)
 			if err != nil {
 				return err
 			}
-			defer closeDB()
+			defer done()
 			recs, err := s.Stale(ctx, olderThan)
 			if err != nil {
 				return err
@@ -253,13 +247,11 @@ partition, --batch-size rows per statement.`,
 			if err := intFlagAtLeast("batch-size", batch, 1, "want a positive number of rows per statement"); err != nil {
 				return err
 			}
-			ctx, cancel := c.ctx(cmd)
-			defer cancel()
-			s, closeDB, err := c.openStore(ctx)
+			ctx, s, done, err := c.storeFor(cmd)
 			if err != nil {
 				return err
 			}
-			defer closeDB()
+			defer done()
 			r, err := inbox.NewRetention(s, &inbox.RetentionConfig{Window: olderThan, BatchSize: batch})
 			if err != nil {
 				return err
@@ -304,13 +296,11 @@ of the inbox table and its indexes. Counting is a full scan of the table:
 on a very large inbox prefer the estimate (estimated_rows).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, cancel := c.ctx(cmd)
-			defer cancel()
-			s, closeDB, err := c.openStore(ctx)
+			ctx, s, done, err := c.storeFor(cmd)
 			if err != nil {
 				return err
 			}
-			defer closeDB()
+			defer done()
 			v, err := ops.InboxStats(ctx, s)
 			if err != nil {
 				return err

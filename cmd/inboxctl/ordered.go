@@ -42,13 +42,11 @@ func (c *cli) orderedListCmd() *cobra.Command {
 		Short: "List the held keys, oldest first",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, cancel := c.ctx(cmd)
-			defer cancel()
-			pool, err := c.openDB(ctx)
+			ctx, pool, done, err := c.dbFor(cmd)
 			if err != nil {
 				return err
 			}
-			defer pool.Close()
+			defer done()
 			keys, err := held.NewStore(pool).List(ctx, namespace)
 			if err != nil {
 				return err
@@ -88,13 +86,11 @@ func (c *cli) orderedActCmd(action string) *cobra.Command {
 		Example: "  inboxctl ordered " + action + " account-42 --namespace ledger",
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx, cancel := c.ctx(cmd)
-			defer cancel()
-			pool, err := c.openDB(ctx)
+			ctx, pool, done, err := c.dbFor(cmd)
 			if err != nil {
 				return err
 			}
-			defer pool.Close()
+			defer done()
 			s := held.NewStore(pool)
 			do := s.Release
 			if action == "skip" {

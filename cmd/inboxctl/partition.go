@@ -39,13 +39,11 @@ after the conversion.`,
 			if err := intFlagAtLeast("ahead", ahead, 0, "want 0 or more partitions"); err != nil {
 				return err
 			}
-			ctx, cancel := c.ctx(cmd)
-			defer cancel()
-			pool, err := c.openDB(ctx)
+			ctx, pool, done, err := c.dbFor(cmd)
 			if err != nil {
 				return err
 			}
-			defer pool.Close()
+			defer done()
 			p, err := migrations.PartitionInbox(ctx, pool, &migrations.PartitionConfig{Width: width, Ahead: max(ahead, 0), DropOld: dropOld})
 			if err != nil {
 				return err

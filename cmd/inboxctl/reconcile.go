@@ -66,13 +66,11 @@ none) and changes nothing.`,
 			if err := intFlagAtLeast("max-attempts", maxAttempts, -1, "want a positive bound, or -1 never to mark claims dead"); err != nil {
 				return err
 			}
-			ctx, cancel := c.ctx(cmd)
-			defer cancel()
-			s, closeDB, err := c.openStore(ctx)
+			ctx, s, done, err := c.storeFor(cmd)
 			if err != nil {
 				return err
 			}
-			defer closeDB()
+			defer done()
 			r, err := inbox.NewReconciler(s, &inbox.ReconcilerConfig{Grace: grace, BatchSize: batch, MaxAttempts: maxAttempts})
 			if err != nil {
 				return usageError{err}

@@ -183,22 +183,34 @@ func (c *cli) openDB(ctx context.Context) (*pgxpool.Pool, error) {
 	return pool, nil
 }
 
-// openStore opens the database and the inbox store on it; closeDB closes
-// the pool.
-func (c *cli) openStore(ctx context.Context) (s *inbox.Store, closeDB func(), err error) {
-	pool, err := c.openDB(ctx)
+// dbFor opens the database for cmd, bounded by --timeout; done closes
+// the pool and ends the bound.
+func (c *cli) dbFor(cmd *cobra.Command) (ctx context.Context, pool *pgxpool.Pool, done func(), err error) {
+	ctx, cancel := c.ctx(cmd)
+	pool, err = c.openDB(ctx)
 	if err != nil {
-		return nil, nil, err
+		cancel()
+		return nil, nil, nil, err
+	}
+	return ctx, pool, func() { pool.Close(); cancel() }, nil
+}
+
+// storeFor opens the database and the inbox store on it for cmd, as
+// dbFor.
+func (c *cli) storeFor(cmd *cobra.Command) (ctx context.Context, s *inbox.Store, done func(), err error) {
+	ctx, pool, done, err := c.dbFor(cmd)
+	if err != nil {
+		return nil, nil, nil, err
 	}
 	s, err = inbox.NewStore(pool, nil)
 	if err == nil {
 		err = s.Check(ctx)
 	}
 	if err != nil {
-		pool.Close()
-		return nil, nil, err
+		done()
+		return nil, nil, nil, err
 	}
-	return s, pool.Close, nil
+	return ctx, s, done, nil
 }
 
 // dialBroker connects to RabbitMQ: to one node that answers when the URL

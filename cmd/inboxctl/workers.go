@@ -25,13 +25,11 @@ a graceful stop: crashed, frozen or cut off from PostgreSQL) or stopped.
 Rows not seen for 7 days are deleted.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, cancel := c.ctx(cmd)
-			defer cancel()
-			pool, err := c.openDB(ctx)
+			ctx, pool, done, err := c.dbFor(cmd)
 			if err != nil {
 				return err
 			}
-			defer pool.Close()
+			defer done()
 			workers, err := control.NewStore(pool).Workers(ctx)
 			if err != nil {
 				return err
