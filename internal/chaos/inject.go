@@ -53,7 +53,8 @@ var AllFaults = []string{FaultKill, FaultRestart, FaultBrokerConn, FaultPGTermin
 // CloseBrokerConnections closes, from the server side, every broker
 // connection of process pid: those whose client port belongs to pid (read
 // from /proc) or whose connection_name ends in "-<pid>". It returns how
-// many it closed.
+// many it closed; one that ended on its own after it was listed is not
+// counted, and not an error.
 func CloseBrokerConnections(ctx context.Context, pid int) (int, error) {
 	ports, err := localPorts(pid)
 	if err != nil {
@@ -88,25 +89,42 @@ func CloseBrokerConnections(ctx context.Context, pid int) (int, error) {
 	// fault phase, and so that the worker loses them together, as it would
 	// when a node goes away.
 	errs := make([]error, len(mineIDs))
+	closed := make([]bool, len(mineIDs))
 	var wg sync.WaitGroup
 	for i, id := range mineIDs {
-		wg.Go(func() {
-			cmd := exec.CommandContext(ctx, "rabbitmqctl", "-q", "close_connection", id, "inboxmq chaos: injected connection loss")
-			var stderr bytes.Buffer
-			cmd.Stderr = &stderr
-			if err := cmd.Run(); err != nil {
-				errs[i] = fmt.Errorf("chaos: rabbitmqctl close_connection: %w: %s", err, stderr.String())
-			}
-		})
+		wg.Go(func() { closed[i], errs[i] = closeConnection(ctx, id) })
 	}
 	wg.Wait()
 	n := 0
-	for _, err := range errs {
-		if err == nil {
+	for _, c := range closed {
+		if c {
 			n++
 		}
 	}
 	return n, errors.Join(errs...)
+}
+
+// closeConnection closes the broker connection whose Erlang process is id.
+func closeConnection(ctx context.Context, id string) (closed bool, err error) {
+	cmd := exec.CommandContext(ctx, "rabbitmqctl", "-q", "close_connection", id, "inboxmq chaos: injected connection loss")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	return closeResult(cmd.Run(), stderr.String())
+}
+
+// closeResult reads how rabbitmqctl close_connection ended. A connection
+// that ended on its own while the command reached it (the worker closed
+// it, or reconnected: the broker answers noproc) is no failure of the
+// fault, and not a connection it closed.
+func closeResult(runErr error, stderr string) (closed bool, err error) {
+	switch {
+	case runErr == nil:
+		return true, nil
+	case strings.Contains(stderr, "{:noproc,"):
+		return false, nil
+	default:
+		return false, fmt.Errorf("chaos: rabbitmqctl close_connection: %w: %s", runErr, stderr)
+	}
 }
 
 // TerminateBackends terminates the PostgreSQL backends of one worker
